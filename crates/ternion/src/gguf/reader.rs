@@ -1,0 +1,500 @@
+//! GGUF reader: parses the header, metadata and tensor table of a memory-mapped file and
+//! checks every count, length, offset and size against the file before using it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::value::{Value, ValueType};
+use super::{DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+/// Deepest nesting of arrays inside arrays that the reader accepts.
+const MAX_ARRAY_DEPTH: usize = 4;
+
+/// Where a tensor lives in the file and what it holds.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    /// Tensor name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    /// Dimensions in ggml order: `shape[0]` is the contiguous (input) dimension.
+    pub shape: Vec<u64>,
+    /// Storage type.
+    pub ty: GgmlType,
+    /// Absolute byte offset of the data in the file.
+    pub offset: u64,
+    /// True size in bytes (I2_S included).
+    pub size: u64,
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn n_elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// Number of rows (product of every dimension after the first).
+    pub fn n_rows(&self) -> u64 {
+        self.shape.iter().skip(1).product()
+    }
+}
+
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+/// An opened GGUF file: metadata and tensor table parsed, tensor data left in place.
+pub struct GgufFile {
+    path: PathBuf,
+    bytes: Bytes,
+    /// Format version (2 or 3).
+    pub version: u32,
+    /// Metadata in file order.
+    pub metadata: Vec<(String, Value)>,
+    /// Tensors in file order.
+    pub tensors: Vec<TensorInfo>,
+    /// Absolute offset of the data section.
+    pub data_offset: u64,
+    /// Data alignment (`general.alignment`, default 32).
+    pub alignment: u64,
+    meta_index: HashMap<String, usize>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl GgufFile {
+    /// Memory-maps and parses a file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the map is read-only; the file is not expected to change while in use,
+        // as with every mmap-based model loader.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Self::parse(path.to_path_buf(), Bytes::Mapped(map))
+    }
+
+    /// Parses a file already in memory (tests, and callers that stream files).
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self> {
+        Self::parse(name.into(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, bytes: Bytes) -> Result<Self> {
+        let buf: &[u8] = match &bytes {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        };
+        let ctx = |msg: String| Error::Gguf(format!("{}: {msg}", path.display()));
+        let mut r = Cursor { buf, pos: 0 };
+        let magic = r.bytes(4).map_err(&ctx)?;
+        if magic != MAGIC {
+            return Err(ctx(format!("not a GGUF file (magic {magic:02x?})")));
+        }
+        let version = r.u32().map_err(&ctx)?;
+        if version == 1 {
+            return Err(ctx("GGUF version 1 is not supported (only 2 and 3)".into()));
+        }
+        if version != 2 && version != 3 {
+            let hint = if version.swap_bytes() <= 3 {
+                " (a big-endian file?)"
+            } else {
+                ""
+            };
+            return Err(ctx(format!(
+                "unsupported GGUF version {version}{hint}; expected 2 or 3"
+            )));
+        }
+        let n_tensors = r.u64().map_err(&ctx)?;
+        let n_kv = r.u64().map_err(&ctx)?;
+        // Each metadata entry takes at least 8 (key length) + 4 (type) + 1 bytes, each tensor
+        // info at least 8 + 4 + 8 + 4 + 8: bound the counts by the bytes left.
+        r.check_count(n_kv, 13, "metadata entries").map_err(&ctx)?;
+        r.check_count(n_tensors, 32, "tensor infos").map_err(&ctx)?;
+
+        let mut metadata = Vec::with_capacity(n_kv as usize);
+        let mut meta_index = HashMap::with_capacity(n_kv as usize);
+        for i in 0..n_kv {
+            let key = r
+                .string()
+                .map_err(|e| ctx(format!("metadata entry {i}: key: {e}")))?;
+            let ty = r.u32().map_err(|e| ctx(format!("metadata '{key}': {e}")))?;
+            let value = r
+                .value(ty, 0)
+                .map_err(|e| ctx(format!("metadata '{key}': {e}")))?;
+            if meta_index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(ctx(format!("duplicate metadata key '{key}'")));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match meta_index.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(&i) => match metadata[i].1.as_int() {
+                Some(a) if a > 0 && a <= 1 << 30 && (a & (a - 1)) == 0 => a as u64,
+                _ => {
+                    return Err(ctx(format!(
+                        "general.alignment must be a power of two, found {}",
+                        metadata[i].1.summary()
+                    )))
+                }
+            },
+        };
+
+        let mut infos = Vec::with_capacity(n_tensors as usize);
+        for i in 0..n_tensors {
+            let name = r
+                .string()
+                .map_err(|e| ctx(format!("tensor info {i}: name: {e}")))?;
+            let tctx = |e: String| ctx(format!("tensor '{name}': {e}"));
+            let n_dims = r.u32().map_err(tctx)?;
+            if n_dims == 0 || n_dims as usize > MAX_DIMS {
+                return Err(tctx(format!("n_dims {n_dims} not in 1..={MAX_DIMS}")));
+            }
+            let mut shape = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                let d = r.u64().map_err(tctx)?;
+                if d == 0 || d > i64::MAX as u64 {
+                    return Err(tctx(format!("dimension {d} out of range")));
+                }
+                shape.push(d);
+            }
+            let type_id = r.u32().map_err(tctx)?;
+            let offset = r.u64().map_err(tctx)?;
+            infos.push((name, shape, type_id, offset));
+        }
+
+        let data_offset =
+            align_up(r.pos as u64, alignment).ok_or_else(|| ctx("data offset overflows".into()))?;
+        let file_len = buf.len() as u64;
+        if data_offset > file_len && !infos.is_empty() {
+            return Err(ctx(format!(
+                "truncated: data section starts at {data_offset} but the file has {file_len} bytes"
+            )));
+        }
+
+        let mut tensors = Vec::with_capacity(infos.len());
+        let mut tensor_index = HashMap::with_capacity(infos.len());
+        for (name, shape, type_id, rel) in infos {
+            let ty = GgmlType::from_id(type_id).ok_or_else(|| Error::UnsupportedType {
+                tensor: name.clone(),
+                type_id,
+                type_name: "unknown".into(),
+            })?;
+            let tctx = |e: String| ctx(format!("tensor '{name}' ({ty}, shape {shape:?}): {e}"));
+            if shape[0] % ty.block_elems() as u64 != 0 {
+                return Err(tctx(format!(
+                    "row length {} is not a multiple of the block size {}",
+                    shape[0],
+                    ty.block_elems()
+                )));
+            }
+            let size = ty
+                .tensor_bytes(&shape)
+                .ok_or_else(|| tctx("size overflows".into()))?;
+            if rel % alignment != 0 {
+                return Err(tctx(format!(
+                    "offset {rel} is not a multiple of the alignment {alignment}"
+                )));
+            }
+            let offset = data_offset
+                .checked_add(rel)
+                .ok_or_else(|| tctx("offset overflows".into()))?;
+            let end = offset
+                .checked_add(size)
+                .ok_or_else(|| tctx("end overflows".into()))?;
+            if end > file_len {
+                return Err(tctx(format!(
+                    "data [{offset}, {end}) lies past the end of the file ({file_len} bytes)"
+                )));
+            }
+            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
+                return Err(ctx(format!("duplicate tensor name '{name}'")));
+            }
+            tensors.push(TensorInfo {
+                name,
+                shape,
+                ty,
+                offset,
+                size,
+            });
+        }
+        check_overlaps(&tensors).map_err(&ctx)?;
+
+        Ok(GgufFile {
+            path,
+            bytes,
+            version,
+            metadata,
+            tensors,
+            data_offset,
+            alignment,
+            meta_index,
+            tensor_index,
+        })
+    }
+
+    /// The path the file was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Size of the whole file in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.raw().len() as u64
+    }
+
+    fn raw(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    /// A metadata value by key.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.meta_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// A tensor's info by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// A tensor's bytes (bounds were checked when the file was opened).
+    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        &self.raw()[info.offset as usize..(info.offset + info.size) as usize]
+    }
+
+    /// Advises the kernel that tensor data will be read soon and randomly (mapped files only).
+    pub fn advise_will_need(&self) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &self.bytes {
+            // Advice only: failure changes nothing but speed.
+            let _ = m.advise(memmap2::Advice::WillNeed);
+        }
+    }
+
+    fn meta_err(&self, key: &str, what: &str) -> Error {
+        let found = match self.get(key) {
+            None => "nothing".to_string(),
+            Some(v) => v.summary(),
+        };
+        Error::Model(format!(
+            "{}: metadata '{key}': expected {what}, found {found}",
+            self.path.display()
+        ))
+    }
+
+    /// A non-negative integer that fits u32, or `None` when the key is absent.
+    pub fn get_u32(&self, key: &str) -> Result<Option<u32>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_int() {
+                Some(i) if (0..=u32::MAX as i128).contains(&i) => Ok(Some(i as u32)),
+                _ => Err(self.meta_err(key, "an unsigned 32-bit integer")),
+            },
+        }
+    }
+
+    /// A number as f32, or `None` when the key is absent.
+    pub fn get_f32(&self, key: &str) -> Result<Option<f32>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| self.meta_err(key, "a number")),
+        }
+    }
+
+    /// A boolean (or integer 0/1), or `None` when the key is absent.
+    pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_int() {
+                Some(0) => Ok(Some(false)),
+                Some(1) => Ok(Some(true)),
+                _ => Err(self.meta_err(key, "a boolean")),
+            },
+        }
+    }
+
+    /// A string, or `None` when the key is absent.
+    pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.meta_err(key, "a string")),
+        }
+    }
+
+    /// A required non-negative integer.
+    pub fn require_u32(&self, key: &str) -> Result<u32> {
+        self.get_u32(key)?
+            .ok_or_else(|| self.meta_err(key, "an unsigned 32-bit integer"))
+    }
+
+    /// An array of strings, or `None` when the key is absent.
+    pub fn get_str_array(&self, key: &str) -> Result<Option<Vec<&str>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(Value::as_str).collect::<Option<Vec<_>>>())
+                .map(Some)
+                .ok_or_else(|| self.meta_err(key, "an array of strings")),
+        }
+    }
+
+    /// An array of numbers as f32, or `None` when the key is absent.
+    pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|x| x.as_f64().map(|f| f as f32))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .map(Some)
+                .ok_or_else(|| self.meta_err(key, "an array of numbers")),
+        }
+    }
+
+    /// An array of integers as i32, or `None` when the key is absent.
+    pub fn get_i32_array(&self, key: &str) -> Result<Option<Vec<i32>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|x| x.as_int().and_then(|i| i32::try_from(i).ok()))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .map(Some)
+                .ok_or_else(|| self.meta_err(key, "an array of 32-bit integers")),
+        }
+    }
+}
+
+fn align_up(x: u64, a: u64) -> Option<u64> {
+    Some(x.checked_add(a - 1)? / a * a)
+}
+
+fn check_overlaps(tensors: &[TensorInfo]) -> std::result::Result<(), String> {
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .map(|t| (t.offset, t.offset + t.size, t.name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(format!(
+                "tensors '{}' and '{}' overlap in the file",
+                w[0].2, w[1].2
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A bounds-checked little-endian reader over the file's bytes.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+type R<T> = std::result::Result<T, String>;
+
+impl<'a> Cursor<'a> {
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    fn bytes(&mut self, n: u64) -> R<&'a [u8]> {
+        if n > self.remaining() {
+            return Err(format!(
+                "truncated: need {n} bytes at offset {}, file has {}",
+                self.pos,
+                self.buf.len()
+            ));
+        }
+        let s = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> R<[u8; N]> {
+        Ok(self.bytes(N as u64)?.try_into().expect("length checked"))
+    }
+
+    fn u32(&mut self) -> R<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> R<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn check_count(&self, n: u64, min_each: u64, what: &str) -> R<()> {
+        match n.checked_mul(min_each) {
+            Some(b) if b <= self.remaining() => Ok(()),
+            _ => Err(format!(
+                "{n} {what} cannot fit in the {} bytes left",
+                self.remaining()
+            )),
+        }
+    }
+
+    fn string(&mut self) -> R<String> {
+        let len = self.u64()?;
+        if len > self.remaining() {
+            return Err(format!(
+                "string length {len} runs past the end of the file ({} bytes left)",
+                self.remaining()
+            ));
+        }
+        Ok(String::from_utf8_lossy(self.bytes(len)?).into_owned())
+    }
+
+    fn value(&mut self, type_id: u32, depth: usize) -> R<Value> {
+        let ty =
+            ValueType::from_id(type_id).ok_or_else(|| format!("unknown value type {type_id}"))?;
+        Ok(match ty {
+            ValueType::U8 => Value::U8(self.array::<1>()?[0]),
+            ValueType::I8 => Value::I8(self.array::<1>()?[0] as i8),
+            ValueType::U16 => Value::U16(u16::from_le_bytes(self.array()?)),
+            ValueType::I16 => Value::I16(i16::from_le_bytes(self.array()?)),
+            ValueType::U32 => Value::U32(self.u32()?),
+            ValueType::I32 => Value::I32(i32::from_le_bytes(self.array()?)),
+            ValueType::F32 => Value::F32(f32::from_le_bytes(self.array()?)),
+            ValueType::Bool => match self.array::<1>()?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return Err(format!("invalid bool byte {b}")),
+            },
+            ValueType::Str => Value::Str(self.string()?),
+            ValueType::U64 => Value::U64(self.u64()?),
+            ValueType::I64 => Value::I64(i64::from_le_bytes(self.array()?)),
+            ValueType::F64 => Value::F64(f64::from_le_bytes(self.array()?)),
+            ValueType::Array => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(format!("arrays nested deeper than {MAX_ARRAY_DEPTH}"));
+                }
+                let elem_id = self.u32()?;
+                let elem = ValueType::from_id(elem_id)
+                    .ok_or_else(|| format!("unknown array element type {elem_id}"))?;
+                let len = self.u64()?;
+                self.check_count(len, elem.min_encoded_len(), "array elements")?;
+                let mut items = Vec::with_capacity(len as usize);
+                for _ in 0..len {
+                    items.push(self.value(elem_id, depth + 1)?);
+                }
+                Value::Array(elem, items)
+            }
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! Tensor storage formats: the ggml type table and one module per block format.
+//!
+//! Every format module holds its layout constants, `dequantize_row`, `quantize_row` and a
+//! scalar reference dot product. Sizes here are the *true* byte sizes; BitNet's I2_S lies in
+//! ggml's generic table (it claims one byte per element) and is special-cased.
+
+/// ggml tensor types that can appear in a GGUF tensor table, with their on-disk ids.
+///
+/// Ids 36..=39 are BitNet's (I2_S, I8_S, TL1, TL2); upstream ggml later reused them for other
+/// types, so a file is read with BitNet's meaning.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    I8,
+    I16,
+    I32,
+    I64,
+    F64,
+    BF16,
+    TQ1_0,
+    TQ2_0,
+    I2_S,
+}
+
+/// (type, ggml id, name, elements per block, bytes per block).
+const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
+    (GgmlType::F32, 0, "F32", 1, 4),
+    (GgmlType::F16, 1, "F16", 1, 2),
+    (GgmlType::Q4_0, 2, "Q4_0", 32, 18),
+    (GgmlType::Q4_1, 3, "Q4_1", 32, 20),
+    (GgmlType::Q5_0, 6, "Q5_0", 32, 22),
+    (GgmlType::Q5_1, 7, "Q5_1", 32, 24),
+    (GgmlType::Q8_0, 8, "Q8_0", 32, 34),
+    (GgmlType::Q8_1, 9, "Q8_1", 32, 36),
+    (GgmlType::Q2_K, 10, "Q2_K", 256, 84),
+    (GgmlType::Q3_K, 11, "Q3_K", 256, 110),
+    (GgmlType::Q4_K, 12, "Q4_K", 256, 144),
+    (GgmlType::Q5_K, 13, "Q5_K", 256, 176),
+    (GgmlType::Q6_K, 14, "Q6_K", 256, 210),
+    (GgmlType::Q8_K, 15, "Q8_K", 256, 292),
+    (GgmlType::I8, 24, "I8", 1, 1),
+    (GgmlType::I16, 25, "I16", 1, 2),
+    (GgmlType::I32, 26, "I32", 1, 4),
+    (GgmlType::I64, 27, "I64", 1, 8),
+    (GgmlType::F64, 28, "F64", 1, 8),
+    (GgmlType::BF16, 30, "BF16", 1, 2),
+    (GgmlType::TQ1_0, 34, "TQ1_0", 256, 54),
+    (GgmlType::TQ2_0, 35, "TQ2_0", 256, 66),
+    (GgmlType::I2_S, 36, "I2_S", 128, 32),
+];
+
+impl GgmlType {
+    fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
+        TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every GgmlType has a table row")
+    }
+
+    /// The type for a ggml id, or `None` for ids this build does not know.
+    pub fn from_id(id: u32) -> Option<Self> {
+        TABLE.iter().find(|r| r.1 == id).map(|r| r.0)
+    }
+
+    /// The ggml id stored in GGUF tensor infos.
+    pub fn id(self) -> u32 {
+        self.row().1
+    }
+
+    /// The ggml name ("Q4_K", "I2_S", ...).
+    pub fn name(self) -> &'static str {
+        self.row().2
+    }
+
+    /// Elements per block (the row length must be a multiple of it).
+    pub fn block_elems(self) -> usize {
+        self.row().3
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        self.row().4
+    }
+
+    /// Bytes of one row of `n` elements, or `None` if `n` is not a whole number of blocks.
+    /// For I2_S this is the packed size only (rows are contiguous, the tensor tail is extra).
+    pub fn row_bytes(self, n: u64) -> Option<u64> {
+        let be = self.block_elems() as u64;
+        (n % be == 0).then(|| n / be * self.block_bytes() as u64)
+    }
+
+    /// The true byte size of a tensor of this type and shape (ggml order, `shape[0]`
+    /// contiguous), or `None` on overflow or when `shape[0]` is not a whole number of blocks.
+    /// I2_S adds its 32-byte tail that holds the per-tensor scale.
+    pub fn tensor_bytes(self, shape: &[u64]) -> Option<u64> {
+        let n0 = *shape.first().unwrap_or(&1);
+        let rows = shape
+            .iter()
+            .skip(1)
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+        let bytes = self.row_bytes(n0)?.checked_mul(rows)?;
+        match self {
+            GgmlType::I2_S => bytes.checked_add(i2s::TAIL_BYTES as u64),
+            _ => Some(bytes),
+        }
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+pub mod i2s;
