@@ -4,8 +4,10 @@
 //! and runs the forward pass on a backend ([`backend`]), [`tokenizer`] turns text into ids
 //! and back, [`sample`] picks the next id, and [`session`] drives prefill and decode.
 
+pub mod chat;
 pub mod error;
 pub mod gguf;
 pub mod quant;
+pub mod sample;
 
 pub use error::{Error, Result};

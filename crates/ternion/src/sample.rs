@@ -1,0 +1,596 @@
+//! Next-token sampling: penalties, truncation (top-k, top-p, min-p), temperature and a
+//! seeded draw, in llama.cpp's default chain order.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::{Error, Result};
+
+/// Sampling settings. Every stage can be switched off by its neutral value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerConfig {
+    /// Softmax temperature; `<= 0` selects greedy decoding (argmax after penalties).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` turns the stage off.
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability mass reaches `top_p`, in (0, 1];
+    /// `1` turns the stage off.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the best one's, in [0, 1];
+    /// `0` turns the stage off.
+    pub min_p: f32,
+    /// Repetition penalty (> 0): positive logits of recent tokens are divided by it,
+    /// negative ones multiplied; `1` turns it off.
+    pub repeat_penalty: f32,
+    /// How many of the most recent history ids the three penalties look at; `0` turns all
+    /// penalties off.
+    pub repeat_last_n: usize,
+    /// OpenAI-style presence penalty: subtracted once from every recent token's logit.
+    pub presence_penalty: f32,
+    /// OpenAI-style frequency penalty: subtracted once per occurrence of a recent token.
+    pub frequency_penalty: f32,
+    /// Seed of the random generator. Fixed rather than random by default, so that runs are
+    /// reproducible unless the caller asks otherwise.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    /// llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no
+    /// penalties over a 64-token window), with seed 0.
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Greedy decoding: always the most likely token, with every other stage off.
+    pub fn greedy() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+
+    /// Checks every field; the error names the offending field and its value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, value: f32, want: &str| {
+            Err(Error::Request(format!(
+                "sampler: {field} must be {want}, got {value}"
+            )))
+        };
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature", self.temperature, "finite and >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p, "in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", self.min_p, "in [0, 1]");
+        }
+        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
+            return bad("repeat_penalty", self.repeat_penalty, "finite and > 0");
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", self.presence_penalty, "finite");
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", self.frequency_penalty, "finite");
+        }
+        Ok(())
+    }
+
+    fn penalties_active(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+}
+
+/// One candidate token: its id and current (penalised, possibly scaled) logit.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    id: u32,
+    logit: f32,
+}
+
+/// Descending by logit, ties broken by ascending id: a total, deterministic order.
+fn by_logit_desc(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// A stateful sampler: owns the random generator and scratch buffers, so that after the
+/// first call [`Sampler::sample`] does not allocate.
+#[derive(Debug)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: StdRng,
+    candidates: Vec<Candidate>,
+    window: Vec<u32>,
+}
+
+impl Sampler {
+    /// Validates `cfg` and seeds the generator with `cfg.seed`.
+    pub fn new(cfg: SamplerConfig) -> Result<Sampler> {
+        cfg.validate()?;
+        Ok(Sampler {
+            rng: StdRng::seed_from_u64(cfg.seed),
+            cfg,
+            candidates: Vec::new(),
+            window: Vec::new(),
+        })
+    }
+
+    /// The settings this sampler runs with.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Picks the next token id from `logits` (one per vocabulary entry). `history` is the
+    /// prompt plus the ids generated so far; penalties look at its last `repeat_last_n`
+    /// ids. NaN logits are never chosen. Panics if `logits` is empty.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        assert!(!logits.is_empty(), "Sampler::sample: empty logits");
+        if self.cfg.temperature <= 0.0 && !self.cfg.penalties_active() {
+            return argmax(logits);
+        }
+        self.candidates.clear();
+        self.candidates
+            .extend(logits.iter().enumerate().map(|(id, &logit)| Candidate {
+                id: id as u32,
+                logit: if logit.is_nan() {
+                    f32::NEG_INFINITY
+                } else {
+                    logit
+                },
+            }));
+        self.apply_penalties(history);
+        if self.cfg.temperature <= 0.0 {
+            return best(&self.candidates);
+        }
+        self.top_k();
+        self.top_p();
+        self.min_p();
+        self.draw()
+    }
+
+    /// Repetition, presence and frequency penalties over the recent window of `history`.
+    /// Relies on `candidates[id].id == id` (no reordering yet).
+    fn apply_penalties(&mut self, history: &[u32]) {
+        if !self.cfg.penalties_active() {
+            return;
+        }
+        let start = history.len().saturating_sub(self.cfg.repeat_last_n);
+        self.window.clear();
+        self.window.extend_from_slice(&history[start..]);
+        self.window.sort_unstable();
+        for run in self.window.chunk_by(|a, b| a == b) {
+            let Some(c) = self.candidates.get_mut(run[0] as usize) else {
+                continue;
+            };
+            if c.logit > 0.0 {
+                c.logit /= self.cfg.repeat_penalty;
+            } else {
+                c.logit *= self.cfg.repeat_penalty;
+            }
+            c.logit -= run.len() as f32 * self.cfg.frequency_penalty + self.cfg.presence_penalty;
+        }
+    }
+
+    /// Keeps the `top_k` best candidates, sorted best first. With top-k off, sorts all
+    /// candidates only when top-p needs the order.
+    fn top_k(&mut self) {
+        let k = self.cfg.top_k;
+        if k > 0 && k < self.candidates.len() {
+            self.candidates.select_nth_unstable_by(k - 1, by_logit_desc);
+            self.candidates.truncate(k);
+            self.candidates.sort_unstable_by(by_logit_desc);
+        } else if k > 0 || self.cfg.top_p < 1.0 {
+            self.candidates.sort_unstable_by(by_logit_desc);
+        }
+    }
+
+    /// Keeps the shortest best-first prefix whose softmax mass reaches `top_p` (at least
+    /// one). Expects the candidates sorted best first.
+    fn top_p(&mut self) {
+        if self.cfg.top_p >= 1.0 {
+            return;
+        }
+        let max = self.candidates[0].logit;
+        let total: f64 = self
+            .candidates
+            .iter()
+            .map(|c| f64::from(c.logit - max).exp())
+            .sum();
+        let target = f64::from(self.cfg.top_p) * total;
+        let mut mass = 0.0;
+        let mut keep = self.candidates.len();
+        for (i, c) in self.candidates.iter().enumerate() {
+            mass += f64::from(c.logit - max).exp();
+            if mass >= target {
+                keep = i + 1;
+                break;
+            }
+        }
+        self.candidates.truncate(keep);
+    }
+
+    /// Drops candidates with probability below `min_p` times the best one's.
+    fn min_p(&mut self) {
+        if self.cfg.min_p <= 0.0 {
+            return;
+        }
+        let max = self
+            .candidates
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        // The best candidate always passes: ln(min_p) <= 0.
+        let threshold = max + self.cfg.min_p.ln();
+        self.candidates.retain(|c| c.logit >= threshold);
+    }
+
+    /// Applies the temperature, then draws from the softmax of the remaining candidates.
+    fn draw(&mut self) -> u32 {
+        let max = self
+            .candidates
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            // All -inf (nothing to weigh) or a +inf logit (certain): take the best.
+            return best(&self.candidates);
+        }
+        let inv_t = 1.0 / f64::from(self.cfg.temperature);
+        let weight = |c: &Candidate| (f64::from(c.logit - max) * inv_t).exp();
+        let total: f64 = self.candidates.iter().map(weight).sum();
+        let mut r = self.rng.random::<f64>() * total;
+        for c in &self.candidates {
+            let w = weight(c);
+            if r < w {
+                return c.id;
+            }
+            r -= w;
+        }
+        // Rounding left a sliver of mass: fall back to the last candidate with weight.
+        self.candidates
+            .iter()
+            .rev()
+            .find(|c| weight(c) > 0.0)
+            .map_or_else(|| best(&self.candidates), |c| c.id)
+    }
+}
+
+/// The best candidate: highest logit, lowest id among ties.
+fn best(candidates: &[Candidate]) -> u32 {
+    candidates
+        .iter()
+        .min_by(|a, b| by_logit_desc(a, b))
+        .map_or(0, |c| c.id)
+}
+
+/// Index of the largest logit: ties go to the lowest id and NaN never wins (all NaN gives
+/// 0). Panics if `logits` is empty.
+pub fn argmax(logits: &[f32]) -> u32 {
+    assert!(!logits.is_empty(), "argmax: empty logits");
+    let mut best_id = 0;
+    let mut best_val = f32::NAN;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_val || (best_val.is_nan() && !v.is_nan()) {
+            best_id = i;
+            best_val = v;
+        }
+    }
+    best_id as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplerConfig {
+        SamplerConfig {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            ..SamplerConfig::greedy()
+        }
+    }
+
+    /// Deterministic pseudo-random logits in [-5, 5).
+    fn logits(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random::<f32>() * 10.0 - 5.0).collect()
+    }
+
+    #[test]
+    fn argmax_ties_and_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, f32::NAN, 1.0]), 1);
+        assert_eq!(argmax(&[-1.0, f32::NAN]), 0);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY, -1e30]), 2);
+        let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
+        assert_eq!(s.sample(&[0.5, 2.0, 2.0, f32::NAN], &[]), 1);
+    }
+
+    #[test]
+    fn greedy_with_penalties_breaks_ties_low() {
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 1.5,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&[1.0, 4.0, 4.0, f32::NAN], &[0]), 1);
+    }
+
+    #[test]
+    fn top_k_one_equals_greedy() {
+        for seed in 0..20 {
+            let l = logits(1000, seed);
+            let mut s = Sampler::new(SamplerConfig {
+                seed,
+                ..cfg(1.5, 1, 1.0, 0.0)
+            })
+            .unwrap();
+            assert_eq!(s.sample(&l, &[]), argmax(&l));
+        }
+    }
+
+    #[test]
+    fn top_k_restricts_to_best_k() {
+        let l = logits(500, 7);
+        let mut sorted: Vec<u32> = (0..500).collect();
+        sorted.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]));
+        let allowed = &sorted[..5];
+        let mut s = Sampler::new(cfg(5.0, 5, 1.0, 0.0)).unwrap();
+        for _ in 0..500 {
+            assert!(allowed.contains(&s.sample(&l, &[])));
+        }
+    }
+
+    #[test]
+    fn tiny_top_p_keeps_only_best() {
+        let l = logits(2000, 3);
+        let mut s = Sampler::new(cfg(2.0, 0, 1e-6, 0.0)).unwrap();
+        for _ in 0..200 {
+            assert_eq!(s.sample(&l, &[]), argmax(&l));
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125: top-p 0.7 keeps the first two only.
+        let l = [2f32.ln() * 2.0, 2f32.ln(), 0.0, 0.0];
+        let mut s = Sampler::new(cfg(1.0, 0, 0.7, 0.0)).unwrap();
+        let mut seen = [0usize; 4];
+        for _ in 0..2000 {
+            seen[s.sample(&l, &[]) as usize] += 1;
+        }
+        assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+        assert_eq!(seen[2] + seen[3], 0, "{seen:?}");
+    }
+
+    #[test]
+    fn min_p_filters() {
+        // Relative probabilities 1, 0.5, 0.05, 0.01: min-p 0.1 keeps ids 0 and 1.
+        let l = [0.0, 0.5f32.ln(), 0.05f32.ln(), 0.01f32.ln()];
+        let mut s = Sampler::new(cfg(1.0, 0, 1.0, 0.1)).unwrap();
+        let mut seen = [0usize; 4];
+        for _ in 0..3000 {
+            seen[s.sample(&l, &[]) as usize] += 1;
+        }
+        assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+        assert_eq!(seen[2] + seen[3], 0, "{seen:?}");
+        // min-p 1 keeps only the best.
+        let mut s = Sampler::new(cfg(1.0, 0, 1.0, 1.0)).unwrap();
+        for _ in 0..200 {
+            assert_eq!(s.sample(&l, &[]), 0);
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_changes_greedy_choice() {
+        let l = [2.0, 1.9, -1.0, -1.05];
+        let mut plain = Sampler::new(SamplerConfig::greedy()).unwrap();
+        assert_eq!(plain.sample(&l, &[0]), 0);
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 1.1,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        // 2.0 / 1.1 = 1.82 < 1.9.
+        assert_eq!(s.sample(&l, &[0]), 1);
+        // Outside the window the penalty does not apply.
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 1.1,
+            repeat_last_n: 2,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&l, &[0, 3, 3]), 0);
+        // Negative logits are multiplied: -1.0 * 1.1 = -1.1 < -1.05.
+        let neg = [-1.0, -1.05];
+        assert_eq!(s.sample(&neg, &[0]), 1);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties() {
+        let l = [1.0, 0.8, 0.5];
+        let mut s = Sampler::new(SamplerConfig {
+            presence_penalty: 0.3,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&l, &[0, 0, 0]), 1);
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 0.2,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        // Id 0 twice: 0.6 < 0.8. Ids 0 three times and 1 twice: 0.4 and 0.4 < 0.5.
+        assert_eq!(s.sample(&l, &[0, 0]), 1);
+        assert_eq!(s.sample(&l, &[0, 0, 0, 1, 1]), 2);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let l = logits(300, 11);
+        let run = |seed: u64| {
+            let mut s = Sampler::new(SamplerConfig {
+                seed,
+                top_k: 0,
+                min_p: 0.0,
+                temperature: 2.0,
+                ..SamplerConfig::default()
+            })
+            .unwrap();
+            let mut history = Vec::new();
+            for _ in 0..200 {
+                let t = s.sample(&l, &history);
+                history.push(t);
+            }
+            history
+        };
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
+    }
+
+    #[test]
+    fn frequencies_follow_softmax_at_temperature_one() {
+        let l = [1.0f32, 0.0, -0.5, 2.0, 0.3];
+        let max = 2.0f32;
+        let z: f64 = l.iter().map(|&x| f64::from(x - max).exp()).sum();
+        let p: Vec<f64> = l.iter().map(|&x| f64::from(x - max).exp() / z).collect();
+        let mut s = Sampler::new(SamplerConfig {
+            seed: 1234,
+            ..cfg(1.0, 0, 1.0, 0.0)
+        })
+        .unwrap();
+        let n = 100_000;
+        let mut counts = [0usize; 5];
+        for _ in 0..n {
+            counts[s.sample(&l, &[]) as usize] += 1;
+        }
+        let chi2: f64 = counts
+            .iter()
+            .zip(&p)
+            .map(|(&c, &pi)| {
+                let e = pi * n as f64;
+                (c as f64 - e).powi(2) / e
+            })
+            .sum();
+        // 4 degrees of freedom: the 0.999 quantile is 18.47.
+        assert!(chi2 < 18.47, "chi2 = {chi2}, counts = {counts:?}");
+    }
+
+    #[test]
+    fn no_reallocation_after_first_call() {
+        let l = logits(4096, 5);
+        let history: Vec<u32> = (0..100).collect();
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 1.2,
+            ..SamplerConfig::default()
+        })
+        .unwrap();
+        s.sample(&l, &history);
+        let (c, w) = (s.candidates.as_ptr(), s.window.as_ptr());
+        for _ in 0..50 {
+            s.sample(&l, &history);
+        }
+        assert_eq!((c, w), (s.candidates.as_ptr(), s.window.as_ptr()));
+    }
+
+    #[test]
+    fn invalid_configs_rejected() {
+        let d = SamplerConfig::default;
+        let cases = [
+            (
+                "temperature",
+                SamplerConfig {
+                    temperature: -0.1,
+                    ..d()
+                },
+            ),
+            (
+                "temperature",
+                SamplerConfig {
+                    temperature: f32::NAN,
+                    ..d()
+                },
+            ),
+            ("top_p", SamplerConfig { top_p: 0.0, ..d() }),
+            ("top_p", SamplerConfig { top_p: 1.5, ..d() }),
+            (
+                "top_p",
+                SamplerConfig {
+                    top_p: f32::NAN,
+                    ..d()
+                },
+            ),
+            ("min_p", SamplerConfig { min_p: -0.1, ..d() }),
+            ("min_p", SamplerConfig { min_p: 1.1, ..d() }),
+            (
+                "min_p",
+                SamplerConfig {
+                    min_p: f32::NAN,
+                    ..d()
+                },
+            ),
+            (
+                "repeat_penalty",
+                SamplerConfig {
+                    repeat_penalty: 0.0,
+                    ..d()
+                },
+            ),
+            (
+                "repeat_penalty",
+                SamplerConfig {
+                    repeat_penalty: f32::NAN,
+                    ..d()
+                },
+            ),
+            (
+                "presence_penalty",
+                SamplerConfig {
+                    presence_penalty: f32::NAN,
+                    ..d()
+                },
+            ),
+            (
+                "frequency_penalty",
+                SamplerConfig {
+                    frequency_penalty: f32::INFINITY,
+                    ..d()
+                },
+            ),
+        ];
+        for (field, c) in cases {
+            match Sampler::new(c.clone()) {
+                Err(Error::Request(msg)) => assert!(msg.contains(field), "{msg}"),
+                other => panic!("{c:?} accepted: {other:?}"),
+            }
+        }
+        assert!(SamplerConfig::default().validate().is_ok());
+        assert!(SamplerConfig::greedy().validate().is_ok());
+    }
+}
