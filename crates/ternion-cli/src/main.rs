@@ -1,1 +1,60 @@
-fn main() {}
+//! `ternion`: run, chat with, inspect, validate and benchmark GGUF models.
+
+mod bench;
+mod common;
+mod inspect;
+mod logits;
+mod run;
+mod synth;
+mod validate;
+
+use clap::{Parser, Subcommand};
+
+/// Ternion: fast, trustworthy inference for ternary (BitNet b1.58) and GGUF models.
+#[derive(Parser)]
+#[command(name = "ternion", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Run(run::RunArgs),
+    /// Interactive, streaming chat (multi-turn, reuses the KV cache).
+    Chat(run::ChatArgs),
+    /// Evaluate a prompt as one batch and write its logits as a .npy file.
+    Logits(logits::LogitsArgs),
+    /// Print the token ids of a text as a JSON list.
+    Tokenize(inspect::TokenizeArgs),
+    /// Check the engine against a golden manifest.
+    Validate(validate::ValidateArgs),
+    /// Print a GGUF file's metadata and tensor table.
+    Inspect(inspect::InspectArgs),
+    /// Write a random-weight model of a real shape.
+    Synth(synth::SynthArgs),
+    /// Measure prompt and decode speed.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Chat(a) => run::chat(a),
+        Command::Logits(a) => logits::run(a),
+        Command::Tokenize(a) => inspect::tokenize(a),
+        Command::Validate(a) => validate::run(a),
+        Command::Inspect(a) => inspect::inspect(a),
+        Command::Synth(a) => synth::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

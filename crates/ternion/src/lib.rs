@@ -2,12 +2,18 @@
 //!
 //! The path of a token: [`gguf`] reads the file, [`model`] validates the hyper-parameters
 //! and runs the forward pass on a backend ([`backend`]), [`tokenizer`] turns text into ids
-//! and back, [`sample`] picks the next id, and [`session`] drives prefill and decode.
+//! and back, [`sample`] picks the next id, and [`session`] drives prefill and decode;
+//! [`chat`] renders conversations with the model's template.
 
+pub mod backend;
 pub mod chat;
 pub mod error;
 pub mod gguf;
+pub mod kv;
+pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod session;
+pub mod synth;
 
 pub use error::{Error, Result};

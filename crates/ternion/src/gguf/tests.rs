@@ -1,1 +1,201 @@
+//! Reader/writer round trips and hostile-file rejection: every malformed file is a clean
+//! error, never a panic or an allocation sized by the file's claims.
 
+use super::*;
+use crate::quant::GgmlType;
+use crate::Error;
+
+/// A fresh temporary path (tests run in parallel, so every call gets its own name).
+fn tmp(name: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ternion-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{n}-{name}"))
+}
+
+/// A small valid file: a few metadata types and two tensors.
+fn sample_bytes() -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::Str("llama".into()))
+        .add("a.u32", Value::U32(7))
+        .add("a.f32", Value::F32(1.5))
+        .add("a.bool", Value::Bool(true))
+        .add_strings("a.strings", &["x", "yy", ""])
+        .add(
+            "a.nested",
+            Value::Array(
+                ValueType::Array,
+                vec![Value::Array(ValueType::I8, vec![Value::I8(-1)])],
+            ),
+        );
+    w.declare("t.f32", GgmlType::F32, &[3, 2]).unwrap();
+    w.declare("t.i2s", GgmlType::I2_S, &[128, 2]).unwrap();
+    let path = tmp("sample.gguf");
+    w.write_with(&path, vec![vec![1u8; 24], vec![2u8; 64 + 32]])
+        .unwrap();
+    std::fs::read(&path).unwrap()
+}
+
+fn parse(bytes: Vec<u8>) -> crate::Result<GgufFile> {
+    GgufFile::from_bytes("test.gguf", bytes)
+}
+
+fn expect_gguf_err(bytes: Vec<u8>, needle: &str) {
+    match parse(bytes) {
+        Err(Error::Gguf(msg)) => assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}"),
+        Err(e) => panic!("wrong error kind: {e}"),
+        Ok(_) => panic!("hostile file accepted (expected error containing {needle:?})"),
+    }
+}
+
+#[test]
+fn round_trip() {
+    let f = parse(sample_bytes()).unwrap();
+    assert_eq!(f.version, 3);
+    assert_eq!(f.get_str("general.architecture").unwrap(), Some("llama"));
+    assert_eq!(f.get_u32("a.u32").unwrap(), Some(7));
+    assert_eq!(f.get_f32("a.f32").unwrap(), Some(1.5));
+    assert_eq!(f.get_bool("a.bool").unwrap(), Some(true));
+    assert_eq!(
+        f.get_str_array("a.strings").unwrap(),
+        Some(vec!["x", "yy", ""])
+    );
+    let t = f.tensor("t.i2s").unwrap();
+    assert_eq!(t.size, 128 * 2 / 4 + 32, "I2_S true size is n/4 + 32");
+    assert_eq!(t.offset % 32, 0);
+    assert!(f.tensor_data(t).iter().all(|&b| b == 2));
+    assert_eq!(f.tensor_data(f.tensor("t.f32").unwrap()), &[1u8; 24][..]);
+    assert!(f.get_u32("a.strings").is_err(), "type mismatch is an error");
+}
+
+#[test]
+fn version_2_is_read() {
+    let mut b = sample_bytes();
+    b[4..8].copy_from_slice(&2u32.to_le_bytes());
+    assert_eq!(parse(b).unwrap().version, 2);
+}
+
+#[test]
+fn truncated_file() {
+    let b = sample_bytes();
+    for cut in [0, 3, 10, 30, 100, b.len() - 1] {
+        assert!(parse(b[..cut].to_vec()).is_err(), "cut at {cut} accepted");
+    }
+}
+
+/// Byte offset of the tensor table's first entry in `sample_bytes()`.
+fn find(b: &[u8], needle: &[u8]) -> usize {
+    b.windows(needle.len()).position(|w| w == needle).unwrap()
+}
+
+#[test]
+fn tensor_offset_past_end() {
+    let mut b = sample_bytes();
+    // name "t.i2s" (len 5) then n_dims u32, 2 dims, type u32, offset u64.
+    let at = find(&b, b"t.i2s") + 5 + 4 + 16 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    expect_gguf_err(b, "past the end");
+}
+
+#[test]
+fn dimensions_overflow() {
+    let mut b = sample_bytes();
+    let at = find(&b, b"t.f32") + 5 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    b[at + 8..at + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    expect_gguf_err(b, "overflow");
+}
+
+#[test]
+fn unknown_type_id() {
+    let mut b = sample_bytes();
+    let at = find(&b, b"t.f32") + 5 + 4 + 16;
+    b[at..at + 4].copy_from_slice(&77u32.to_le_bytes());
+    match parse(b) {
+        Err(Error::UnsupportedType {
+            tensor, type_id, ..
+        }) => {
+            assert_eq!(tensor, "t.f32");
+            assert_eq!(type_id, 77);
+        }
+        other => panic!("expected UnsupportedType, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn huge_array_length() {
+    let mut b = sample_bytes();
+    // "a.strings" key, then value type u32 (9), element type u32 (8), length u64.
+    let at = find(&b, b"a.strings") + 9 + 4 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    expect_gguf_err(b, "cannot fit");
+}
+
+#[test]
+fn string_length_past_end() {
+    let mut b = sample_bytes();
+    let at = find(&b, b"general.architecture") + 20 + 4;
+    b[at..at + 8].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+    expect_gguf_err(b, "past the end");
+}
+
+#[test]
+fn huge_counts() {
+    let mut b = sample_bytes();
+    b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    expect_gguf_err(b.clone(), "cannot fit");
+    let mut b = sample_bytes();
+    b[16..24].copy_from_slice(&(1u64 << 59).to_le_bytes());
+    expect_gguf_err(b, "cannot fit");
+}
+
+#[test]
+fn bad_magic_and_version() {
+    let mut b = sample_bytes();
+    b[0] = b'X';
+    expect_gguf_err(b, "not a GGUF");
+    let mut b = sample_bytes();
+    b[4..8].copy_from_slice(&3u32.to_be_bytes());
+    expect_gguf_err(b, "big-endian");
+    let mut b = sample_bytes();
+    b[4..8].copy_from_slice(&1u32.to_le_bytes());
+    expect_gguf_err(b, "version 1");
+}
+
+#[test]
+fn deep_nesting_rejected() {
+    // 100 levels of arrays of arrays: rejected by depth, not by stack overflow.
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.push(b'k');
+    b.extend_from_slice(&9u32.to_le_bytes());
+    for _ in 0..100 {
+        b.extend_from_slice(&9u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+    }
+    b.extend_from_slice(&[0u8; 64]);
+    expect_gguf_err(b, "nested");
+}
+
+#[test]
+fn misaligned_offset_and_overlap() {
+    let mut b = sample_bytes();
+    let at = find(&b, b"t.i2s") + 5 + 4 + 16 + 4;
+    b[at..at + 8].copy_from_slice(&8u64.to_le_bytes());
+    expect_gguf_err(b, "alignment");
+    let mut b = sample_bytes();
+    b[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    expect_gguf_err(b, "overlap");
+}
+
+#[test]
+fn i2s_row_length_must_be_whole_blocks() {
+    let mut w = GgufWriter::new();
+    assert!(w.declare("bad", GgmlType::I2_S, &[100, 2]).is_err());
+    assert!(w.declare("bad", GgmlType::Q4_0, &[33]).is_err());
+}

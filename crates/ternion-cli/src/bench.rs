@@ -1,0 +1,166 @@
+//! `ternion bench`: prompt (prefill) and decode speed on a model or a synthetic one.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use ternion::model::{self};
+use ternion::quant::GgmlType;
+use ternion::sample::argmax;
+use ternion::session::Session;
+use ternion::synth::{self, Shape, Spec, Vocab};
+
+use crate::common::{self, Backend};
+
+/// Arguments of `ternion bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// GGUF model file.
+    #[arg(long, short = 'm', conflicts_with = "synthetic")]
+    model: Option<PathBuf>,
+    /// A synthetic model `SHAPE-TYPE` (e.g. `2b-4t-i2_s`, `tiny-tq2_0`), written to the
+    /// cache folder on first use.
+    #[arg(long)]
+    synthetic: Option<String>,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 't')]
+    threads: Option<usize>,
+    /// Prompt tokens.
+    #[arg(short = 'p', long, default_value_t = 128)]
+    n_prompt: usize,
+    /// Tokens to decode.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    n_gen: usize,
+    /// Print one JSON object as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Peak resident memory of this process in bytes (Linux), if known.
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn synthetic_path(name: &str) -> Result<PathBuf> {
+    let (shape_name, ty) = name
+        .rsplit_once('-')
+        .with_context(|| format!("--synthetic '{name}': expected SHAPE-TYPE, e.g. 2b-4t-i2_s"))?;
+    let Some(shape) = Shape::named(shape_name) else {
+        bail!("unknown shape '{shape_name}' (known: {})", Shape::NAMES.join(", "));
+    };
+    let weight_type = match ty {
+        "i2_s" => GgmlType::I2_S,
+        "tq2_0" => GgmlType::TQ2_0,
+        "tq1_0" => GgmlType::TQ1_0,
+        _ => bail!("unknown ternary type '{ty}' (i2_s, tq2_0, tq1_0)"),
+    };
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("ternion");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("synth-{name}.gguf"));
+    if !path.exists() {
+        eprintln!("writing synthetic model {} ...", path.display());
+        let n_vocab = if shape_name == "2b-4t" { 128_256 } else { 32_000 };
+        let tmp = path.with_extension("part");
+        synth::write(
+            &Spec {
+                arch: "bitnet-b1.58",
+                shape,
+                weight_type,
+                vocab: Vocab::Bytes { n_vocab },
+                seed: 1,
+            },
+            &tmp,
+        )?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(path)
+}
+
+/// Runs `ternion bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    common::check_backend(a.backend)?;
+    let threads = common::init_threads(a.threads)?;
+    let path = match (&a.model, &a.synthetic) {
+        (Some(p), _) => p.clone(),
+        (None, Some(name)) => synthetic_path(name)?,
+        (None, None) => bail!("give --model FILE or --synthetic NAME"),
+    };
+    if a.n_prompt == 0 {
+        bail!("-p must be at least 1");
+    }
+    let t0 = Instant::now();
+    let (_file, model) = model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let cfg = model.config();
+    let n_ctx = a.n_prompt + a.n_gen + 1;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let prompt: Vec<u32> = (0..a.n_prompt)
+        .map(|_| rng.random_range(0..cfg.n_vocab as u32))
+        .collect();
+
+    // Warm-up: touch every weight page and the thread pool once.
+    Session::new(&model, 8).prefill(&prompt[..prompt.len().min(4)])?;
+
+    let mut s = Session::new(&model, n_ctx);
+    let t = Instant::now();
+    let mut next = argmax(s.prefill(&prompt)?);
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..a.n_gen {
+        next = argmax(s.decode(next)?);
+    }
+    let decode_s = t.elapsed().as_secs_f64();
+
+    let prefill_tok_s = a.n_prompt as f64 / prefill_s;
+    let decode_tok_s = a.n_gen as f64 / decode_s.max(1e-9);
+    let ms_per_token = decode_s * 1e3 / a.n_gen.max(1) as f64;
+    let bytes = model.weight_bytes_per_token();
+    let gb_s = bytes as f64 * decode_tok_s / 1e9;
+    let rss = peak_rss();
+    println!(
+        "{}: {} layers, width {}, vocab {}",
+        path.display(),
+        cfg.n_layer,
+        cfg.n_embd,
+        cfg.n_vocab
+    );
+    println!(
+        "cpu, {threads} threads | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        a.n_prompt,
+        a.n_gen,
+        bytes as f64 / 1e6,
+        rss.map_or("?".into(), |r| format!("{:.0} MB", r as f64 / 1e6)),
+    );
+    if a.json {
+        let v = json!({
+            "model": path.display().to_string(),
+            "backend": "cpu",
+            "threads": threads,
+            "n_prompt": a.n_prompt,
+            "n_gen": a.n_gen,
+            "prefill_tok_s": prefill_tok_s,
+            "decode_tok_s": decode_tok_s,
+            "ms_per_token": ms_per_token,
+            "weight_bytes_per_token": bytes,
+            "achieved_gb_s": gb_s,
+            "load_s": load_s,
+            "peak_rss_bytes": rss,
+            "file_bytes": std::fs::metadata(&path).map(|m| m.len()).ok(),
+        });
+        println!("{v}");
+    }
+    Ok(())
+}

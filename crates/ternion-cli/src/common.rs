@@ -1,0 +1,189 @@
+//! What several commands share: model location (local file or the Hugging Face cache),
+//! backend and thread settings, and prompt input.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use ternion::gguf::GgufFile;
+use ternion::model::{self, BitNet};
+use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
+
+/// The model `run` and `chat` use when no `--model` is given.
+pub const DEFAULT_REPO: &str = "microsoft/bitnet-b1.58-2B-4T-gguf";
+/// The file of [`DEFAULT_REPO`] that is downloaded.
+pub const DEFAULT_FILE: &str = "ggml-model-i2_s.gguf";
+
+/// Compute backend choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// SIMD, multi-threaded CPU.
+    Cpu,
+    /// WebGPU (wgpu): not in this build yet.
+    Gpu,
+    /// The GPU when there is one, else the CPU.
+    Auto,
+}
+
+/// Pre-tokenizer choice when the file does not name one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PreChoice {
+    /// Llama-3's pre-tokenizer (what Hugging Face uses for BitNet 2B-4T).
+    Llama3,
+    /// llama.cpp's fallback regex (what bitnet.cpp uses when `tokenizer.ggml.pre` is absent).
+    Default,
+    /// GPT-2's pre-tokenizer.
+    Gpt2,
+}
+
+impl From<PreChoice> for PreTokenizer {
+    fn from(p: PreChoice) -> PreTokenizer {
+        match p {
+            PreChoice::Llama3 => PreTokenizer::Llama3,
+            PreChoice::Default => PreTokenizer::Default,
+            PreChoice::Gpt2 => PreTokenizer::Gpt2,
+        }
+    }
+}
+
+/// Model selection and engine settings shared by the generating commands.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default for run/chat: BitNet b1.58 2B-4T from Hugging Face).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: Backend,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, at most 4096).
+    #[arg(long, short = 'c')]
+    pub ctx: Option<usize>,
+    /// Pre-tokenizer to use when the file has no `tokenizer.ggml.pre` (BitNet's files):
+    /// llama3 matches Hugging Face, default matches bitnet.cpp.
+    #[arg(long, value_enum, default_value = "llama3")]
+    pub pre_tokenizer: PreChoice,
+}
+
+/// Prompt input shared by `run`, `logits` and `bench`.
+#[derive(Args, Clone)]
+pub struct PromptArgs {
+    /// Prompt text (tokenized; BOS added when the model asks for it).
+    #[arg(long, short = 'p', conflicts_with = "tokens")]
+    pub prompt: Option<String>,
+    /// Comma-separated token ids, used as given.
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Option<Vec<u32>>,
+    /// Do not add the BOS token.
+    #[arg(long)]
+    pub no_bos: bool,
+    /// Parse special-token text (like `<|eot_id|>`) in the prompt.
+    #[arg(long)]
+    pub special: bool,
+}
+
+impl PromptArgs {
+    /// The prompt's token ids.
+    pub fn ids(&self, tok: &Tokenizer) -> Result<Vec<u32>> {
+        match (&self.prompt, &self.tokens) {
+            (_, Some(ids)) => Ok(ids.clone()),
+            (Some(text), None) => Ok(tok.encode(text, tok.add_bos() && !self.no_bos, self.special)?),
+            (None, None) => bail!("give a prompt with --prompt TEXT or --tokens IDS"),
+        }
+    }
+}
+
+/// A loaded model with its tokenizer and how long loading took.
+pub struct Loaded {
+    pub file: Arc<GgufFile>,
+    pub model: BitNet,
+    pub tokenizer: Tokenizer,
+    pub load_time: Duration,
+    pub n_ctx: usize,
+}
+
+/// Sets the size of the worker pool (once, before any parallel work).
+pub fn init_threads(threads: Option<usize>) -> Result<usize> {
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if n == 0 {
+        bail!("--threads must be at least 1");
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .context("starting the worker threads")?;
+    Ok(n)
+}
+
+/// Checks the backend choice: this build computes on the CPU only.
+pub fn check_backend(b: Backend) -> Result<()> {
+    if b == Backend::Gpu {
+        bail!("the GPU backend is not in this build yet; use --backend cpu (or auto)");
+    }
+    Ok(())
+}
+
+/// Tokenizer options for a file: BitNet files lack `tokenizer.ggml.pre`; use the choice.
+pub fn tokenizer_options(pre: PreChoice) -> TokenizerOptions {
+    TokenizerOptions {
+        pre: None,
+        pre_when_absent: pre.into(),
+    }
+}
+
+/// Opens the model named by `args` (or, when `default_model`, BitNet 2B-4T from the
+/// Hugging Face cache, downloading it on first use).
+pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
+    check_backend(args.backend)?;
+    init_threads(args.threads)?;
+    let path = match (&args.model, default_model) {
+        (Some(p), _) => p.clone(),
+        (None, true) => default_model_path()?,
+        (None, false) => bail!("give the model file with --model FILE"),
+    };
+    let t0 = Instant::now();
+    let (file, model) =
+        model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&file, &tokenizer_options(args.pre_tokenizer))
+        .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+    let train = model.config().n_ctx_train;
+    let n_ctx = args.ctx.unwrap_or(train.min(4096));
+    if n_ctx == 0 {
+        bail!("--ctx must be at least 1");
+    }
+    file.advise_will_need();
+    Ok(Loaded {
+        file,
+        model,
+        tokenizer,
+        load_time: t0.elapsed(),
+        n_ctx,
+    })
+}
+
+/// The default model's path: from the Hugging Face cache, or downloaded with a progress bar.
+fn default_model_path() -> Result<PathBuf> {
+    let cache = hf_hub::Cache::from_env();
+    if let Some(p) = cache.model(DEFAULT_REPO.into()).get(DEFAULT_FILE) {
+        return Ok(p);
+    }
+    eprintln!("Downloading {DEFAULT_REPO}/{DEFAULT_FILE} (1.2 GB, once) ...");
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(true)
+        .build()
+        .context("setting up the Hugging Face client")?;
+    api.model(DEFAULT_REPO.into())
+        .get(DEFAULT_FILE)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "could not download {DEFAULT_REPO}/{DEFAULT_FILE}: {e}\n\
+                 If this machine is offline, download the file elsewhere and pass it with \
+                 --model PATH/{DEFAULT_FILE}, or make a test model with \
+                 `ternion synth --shape 2b-4t --type i2_s --out model.gguf`."
+            )
+        })
+}

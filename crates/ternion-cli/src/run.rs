@@ -1,0 +1,202 @@
+//! `ternion run` (one prompt, streamed or as JSON) and `ternion chat` (interactive).
+
+use std::io::{BufRead, Write};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde_json::json;
+use ternion::chat::{ChatTemplate, Conversation, TurnText};
+use ternion::sample::{Sampler, SamplerConfig};
+use ternion::session::{GenerateOptions, GenerationStats, Session};
+
+use crate::common::{self, ModelArgs, PromptArgs};
+
+/// Sampling settings.
+#[derive(Args, Clone)]
+pub struct SampleArgs {
+    /// Temperature; 0 means greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0: off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1: off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the best one (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for tokens seen in the last `repeat_last_n` (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repetition penalty looks at.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (same seed and settings give the same tokens).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SampleArgs {
+    fn sampler(&self) -> Result<Sampler> {
+        Ok(Sampler::new(SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: self.seed,
+        })?)
+    }
+}
+
+/// Arguments of `ternion run`.
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    prompt: PromptArgs,
+    #[command(flatten)]
+    sample: SampleArgs,
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    n_predict: usize,
+    /// Do not stop at end-of-generation tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object (prompt_tokens, tokens, text, timings) instead of streaming.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `ternion run`.
+pub fn run(a: RunArgs) -> Result<()> {
+    let l = common::load(&a.model, true)?;
+    let ids = a.prompt.ids(&l.tokenizer)?;
+    if ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if ids.len() >= l.n_ctx {
+        bail!(
+            "the prompt has {} tokens but the context holds {} (raise --ctx)",
+            ids.len(),
+            l.n_ctx
+        );
+    }
+    let mut sampler = a.sample.sampler()?;
+    let mut session = Session::new(&l.model, l.n_ctx);
+    let opts = GenerateOptions {
+        max_tokens: a.n_predict,
+        ignore_eos: a.ignore_eos,
+    };
+    let mut out = std::io::stdout().lock();
+    let mut text = String::new();
+    let stats = session.generate(&ids, &l.tokenizer, &mut sampler, &opts, |piece| {
+        text.push_str(piece);
+        if !a.json {
+            // A closed stdout ends generation.
+            return write!(out, "{piece}").and_then(|_| out.flush()).is_ok();
+        }
+        true
+    })?;
+    if a.json {
+        let v = json!({
+            "prompt_tokens": ids,
+            "tokens": stats.generated,
+            "text": text,
+            "finish_reason": stats.finish.as_str(),
+            "load_ms": l.load_time.as_secs_f64() * 1e3,
+            "prompt_ms": stats.prompt_time.as_secs_f64() * 1e3,
+            "decode_ms": stats.decode_time.as_secs_f64() * 1e3,
+            "prompt_tok_s": stats.prompt_tok_s(),
+            "decode_tok_s": stats.decode_tok_s(),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out)?;
+        print_stats(l.load_time, &stats);
+    }
+    Ok(())
+}
+
+fn print_stats(load: std::time::Duration, s: &GenerationStats) {
+    eprintln!(
+        "load {:.2} s | prompt {} tokens, {:.1} tok/s | decode {} tokens, {:.1} tok/s",
+        load.as_secs_f64(),
+        s.prompt_tokens,
+        s.prompt_tok_s(),
+        s.generated.len(),
+        s.decode_tok_s()
+    );
+}
+
+/// Arguments of `ternion chat`.
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sample: SampleArgs,
+    /// System message.
+    #[arg(long, short = 's')]
+    system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    n_predict: usize,
+}
+
+/// Runs `ternion chat`: reads user turns from stdin, streams replies.
+pub fn chat(a: ChatArgs) -> Result<()> {
+    let l = common::load(&a.model, true)?;
+    let tok = &l.tokenizer;
+    let template = ChatTemplate::from_metadata(l.file.get_str("tokenizer.chat_template")?);
+    let piece = |id: Option<u32>| {
+        id.map(|i| String::from_utf8_lossy(tok.token_bytes(i)).into_owned())
+            .unwrap_or_default()
+    };
+    let mut conv = Conversation::new(template, piece(tok.bos_id()), piece(tok.eos_id()), a.system.clone());
+    let mut sampler = a.sample.sampler()?;
+    let mut session = Session::new(&l.model, l.n_ctx);
+    let opts = GenerateOptions {
+        max_tokens: a.n_predict,
+        ignore_eos: false,
+    };
+    eprintln!(
+        "Loaded in {:.2} s. Type a message; an empty line or Ctrl-D ends the chat.",
+        l.load_time.as_secs_f64()
+    );
+    let stdin = std::io::stdin();
+    let mut first = true;
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        let ids = match conv.add_user(line.trim_end_matches(['\r', '\n']))? {
+            TurnText::Append(t) => tok.encode(&t, first && tok.add_bos(), true)?,
+            TurnText::Restart(t) => {
+                session.reset();
+                tok.encode(&t, tok.add_bos(), true)?
+            }
+        };
+        first = false;
+        if ids.len() + 1 >= session.room() {
+            bail!("the conversation no longer fits the context ({} tokens); raise --ctx", session.n_ctx());
+        }
+        let mut reply = String::new();
+        let mut out = std::io::stdout().lock();
+        let stats = session.generate(&ids, tok, &mut sampler, &opts, |p| {
+            reply.push_str(p);
+            write!(out, "{p}").and_then(|_| out.flush()).is_ok()
+        })?;
+        writeln!(out)?;
+        print_stats(l.load_time, &stats);
+        conv.add_assistant(&reply);
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! `ternion synth`: write a random-weight model of a real shape.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use ternion::quant::GgmlType;
+use ternion::synth::{self, Shape, Spec, Vocab};
+
+/// Arguments of `ternion synth`.
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Architecture: bitnet-b1.58, bitnet-25 or bitnet.
+    #[arg(long, default_value = "bitnet-b1.58")]
+    arch: String,
+    /// Shape: 2b-4t (BitNet b1.58 2B-4T), small or tiny.
+    #[arg(long, default_value = "tiny")]
+    shape: String,
+    /// Ternary weight type: i2_s, tq2_0 or tq1_0.
+    #[arg(long = "type", default_value = "i2_s")]
+    ty: String,
+    /// GGUF whose tokenizer to copy (e.g. ../shared/vocab/ggml-vocab-llama3.gguf);
+    /// without it a 259-token byte vocabulary is used.
+    #[arg(long)]
+    vocab: Option<PathBuf>,
+    /// Keep at most this many tokens of --vocab (special tokens are kept).
+    #[arg(long)]
+    vocab_limit: Option<usize>,
+    /// RNG seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Runs `ternion synth`.
+pub fn run(a: SynthArgs) -> Result<()> {
+    let Some(shape) = Shape::named(&a.shape) else {
+        bail!("unknown shape '{}' (known: {})", a.shape, Shape::NAMES.join(", "));
+    };
+    let weight_type = match a.ty.to_ascii_lowercase().as_str() {
+        "i2_s" => GgmlType::I2_S,
+        "tq2_0" => GgmlType::TQ2_0,
+        "tq1_0" => GgmlType::TQ1_0,
+        other => bail!("unknown ternary type '{other}' (i2_s, tq2_0, tq1_0)"),
+    };
+    let vocab = match &a.vocab {
+        Some(p) => Vocab::File {
+            path: p,
+            limit: a.vocab_limit,
+        },
+        None => Vocab::Bytes { n_vocab: 259 },
+    };
+    let spec = Spec {
+        arch: &a.arch,
+        shape,
+        weight_type,
+        vocab,
+        seed: a.seed,
+    };
+    synth::write(&spec, &a.out)?;
+    eprintln!("wrote {}", a.out.display());
+    Ok(())
+}

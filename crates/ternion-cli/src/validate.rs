@@ -1,0 +1,227 @@
+//! `ternion validate MANIFEST.json`: run every case of a golden manifest and compare.
+//!
+//! Schema "bitnet golden" (`../shared/golden-bitnet/manifest.json`): per prompt, the
+//! reference's prompt logits (one batch), greedy ids with their margins, and the logits of
+//! each teacher-forced decode step. Tolerances are the ones the manifest's
+//! `numerics_notes` document:
+//! 1. prompt logits max |diff| ≤ 1e-2 (we emulate the reference's F16 roundings);
+//! 2. prompt top-1 equal wherever the golden top-1 margin > 0.05;
+//! 3. free-running greedy ids equal up to the first step whose margin < 0.05;
+//! 4. teacher-forced decode logits max |diff| ≤ 0.25, top-1 equal wherever margin > 0.05.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::Value;
+use ternion::model;
+use ternion::sample::argmax;
+use ternion::session::Session;
+use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
+
+use crate::common::{self, Backend};
+
+const PROMPT_MAX_ABS: f32 = 1e-2;
+const DECODE_MAX_ABS: f32 = 0.25;
+const MARGIN: f64 = 0.05;
+
+/// Arguments of `ternion validate`.
+#[derive(Args)]
+pub struct ValidateArgs {
+    /// Golden manifest.
+    manifest: PathBuf,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Worker threads.
+    #[arg(long, short = 't')]
+    threads: Option<usize>,
+}
+
+/// Comparison of two logit matrices.
+struct Diff {
+    max_abs: f32,
+    cosine: f64,
+}
+
+fn diff(a: &[f32], b: &[f32]) -> Diff {
+    let mut max_abs = 0f32;
+    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        max_abs = max_abs.max((x - y).abs());
+        dot += f64::from(x) * f64::from(y);
+        na += f64::from(x) * f64::from(x);
+        nb += f64::from(y) * f64::from(y);
+    }
+    if a.iter().chain(b).any(|v| !v.is_finite()) {
+        max_abs = f32::INFINITY;
+    }
+    Diff {
+        max_abs,
+        cosine: dot / (na.sqrt() * nb.sqrt()).max(1e-30),
+    }
+}
+
+fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.len() != n * 4 {
+        bail!("{}: expected {} floats, found {} bytes", path.display(), n, bytes.len());
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect())
+}
+
+fn ids(v: &Value, what: &str) -> Result<Vec<u32>> {
+    v.as_array()
+        .and_then(|a| a.iter().map(|x| x.as_u64().map(|i| i as u32)).collect())
+        .with_context(|| format!("manifest: '{what}' is not a list of ids"))
+}
+
+fn floats(v: &Value, what: &str) -> Result<Vec<f64>> {
+    v.as_array()
+        .and_then(|a| a.iter().map(Value::as_f64).collect())
+        .with_context(|| format!("manifest: '{what}' is not a list of numbers"))
+}
+
+/// Runs `ternion validate`.
+pub fn run(a: ValidateArgs) -> Result<()> {
+    common::check_backend(a.backend)?;
+    common::init_threads(a.threads)?;
+    let text = std::fs::read_to_string(&a.manifest)
+        .with_context(|| format!("reading {}", a.manifest.display()))?;
+    let m: Value = serde_json::from_str(&text).context("parsing the manifest")?;
+    let dir = a.manifest.parent().unwrap_or(Path::new("."));
+    if m.get("prompts").is_some() && m.get("model_file").is_some() {
+        validate_bitnet(&m, dir)
+    } else {
+        bail!("{}: unrecognised manifest schema (expected 'model_file' and 'prompts')", a.manifest.display())
+    }
+}
+
+fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
+    let model_path = dir.join(m["model_file"].as_str().context("manifest: model_file")?);
+    let (file, model) = model::load(&model_path)
+        .with_context(|| format!("loading {}", model_path.display()))?;
+    let n_vocab = model.config().n_vocab;
+    let prompts = m["prompts"].as_array().context("manifest: prompts")?;
+    let mut failures = 0;
+    for (pi, p) in prompts.iter().enumerate() {
+        let mut fail = |what: String| {
+            failures += 1;
+            println!("  FAIL {what}");
+        };
+        let prompt_ids = ids(&p["prompt_ids"], "prompt_ids")?;
+        let n = prompt_ids.len();
+        println!("case p{pi}: {:?} ({n} tokens)", p["prompt"].as_str().unwrap_or(""));
+
+        // Tokenization, with the pre-tokenizer the golden run used.
+        if let Some(text) = p["prompt"].as_str() {
+            let pre = match p["tokenize"]["pre_tokenizer"].as_str() {
+                Some("default") => PreTokenizer::Default,
+                _ => PreTokenizer::Llama3,
+            };
+            let opts = TokenizerOptions { pre: Some(pre), pre_when_absent: pre };
+            let tok = Tokenizer::from_gguf(&file, &opts)?;
+            let add_bos = p["tokenize"]["add_bos"].as_bool().unwrap_or(true);
+            let ours = tok.encode(text, add_bos, false)?;
+            if ours == prompt_ids {
+                println!("  tokens: match");
+            } else {
+                fail(format!("tokens: ours {ours:?} golden {prompt_ids:?}"));
+            }
+        }
+
+        // 1-2. Prompt logits as one batch.
+        let golden = read_f32(
+            &dir.join(p["prompt_logits"]["file"].as_str().context("prompt_logits.file")?),
+            n * n_vocab,
+        )?;
+        let mut s = Session::new(&model, 4096.min(model.config().n_ctx_train).max(n + 64));
+        let ours = s.logits_all(&prompt_ids)?;
+        let d = diff(&ours, &golden);
+        let margins = floats(&p["prompt_top1_margins"], "prompt_top1_margins")?;
+        let (mut agree, mut checked, mut top1_fail) = (0, 0, 0);
+        for r in 0..n {
+            let (o, g) = (&ours[r * n_vocab..][..n_vocab], &golden[r * n_vocab..][..n_vocab]);
+            let same = argmax(o) == argmax(g);
+            agree += same as usize;
+            if margins.get(r).is_some_and(|&mg| mg > MARGIN) {
+                checked += 1;
+                top1_fail += !same as usize;
+            }
+        }
+        println!(
+            "  prompt logits: max|diff| {:.3e}  cosine {:.7}  top-1 {agree}/{n} ({checked} with margin > {MARGIN})",
+            d.max_abs, d.cosine
+        );
+        if d.max_abs > PROMPT_MAX_ABS {
+            fail(format!("prompt logits max|diff| {:.3e} > {PROMPT_MAX_ABS}", d.max_abs));
+        }
+        if top1_fail > 0 {
+            fail(format!("prompt top-1 differs at {top1_fail} confident positions"));
+        }
+
+        // 3. Free-running greedy decode.
+        let greedy = ids(&p["greedy_ids"], "greedy_ids")?;
+        let gm = floats(&p["greedy_margins"], "greedy_margins")?;
+        let mut s = Session::new(&model, 4096.min(model.config().n_ctx_train).max(n + greedy.len() + 1));
+        let mut next = argmax(s.prefill(&prompt_ids)?);
+        let mut ours_greedy = Vec::new();
+        for k in 0..greedy.len() {
+            ours_greedy.push(next);
+            if k + 1 < greedy.len() {
+                next = argmax(s.decode(next)?);
+            }
+        }
+        let confident = gm.iter().position(|&x| x < MARGIN).unwrap_or(greedy.len());
+        let matched = ours_greedy.iter().zip(&greedy).take_while(|(a, b)| a == b).count();
+        println!(
+            "  greedy: {matched}/{} equal from the start; compared up to the first near-tie at step {confident}",
+            greedy.len()
+        );
+        if matched < confident {
+            fail(format!(
+                "greedy ids differ at step {matched} (ours {:?}, golden {:?})",
+                ours_greedy, greedy
+            ));
+        }
+
+        // 4. Teacher-forced decode logits.
+        let steps = p["gen_logits"]["shape"][0].as_u64().context("gen_logits.shape")? as usize;
+        let gen = read_f32(
+            &dir.join(p["gen_logits"]["file"].as_str().context("gen_logits.file")?),
+            steps * n_vocab,
+        )?;
+        let mut s = Session::new(&model, 4096.min(model.config().n_ctx_train).max(n + steps + 1));
+        s.prefill(&prompt_ids)?;
+        let (mut worst, mut cos_min, mut top_fail, mut top_agree) = (0f32, 1f64, 0, 0);
+        for k in 0..steps {
+            let row = s.decode(greedy[k])?;
+            let g = &gen[k * n_vocab..][..n_vocab];
+            let d = diff(row, g);
+            worst = worst.max(d.max_abs);
+            cos_min = cos_min.min(d.cosine);
+            let same = argmax(row) == argmax(g);
+            top_agree += same as usize;
+            if gm.get(k + 1).is_some_and(|&x| x > MARGIN) && !same {
+                top_fail += 1;
+            }
+        }
+        println!(
+            "  decode (teacher-forced, {steps} steps): max|diff| {worst:.3e}  min cosine {cos_min:.7}  top-1 {top_agree}/{steps}"
+        );
+        if worst > DECODE_MAX_ABS {
+            fail(format!("decode logits max|diff| {worst:.3e} > {DECODE_MAX_ABS}"));
+        }
+        if top_fail > 0 {
+            fail(format!("decode top-1 differs at {top_fail} confident steps"));
+        }
+    }
+    if failures > 0 {
+        bail!("{failures} check(s) failed");
+    }
+    println!("all {} cases pass", prompts.len());
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! End-to-end tests of the `ternion` binary on synthetic models and the golden sets in
+//! `../shared` (which must exist beside the repository).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn shared() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
+    assert!(
+        p.join("golden-bitnet/manifest.json").exists(),
+        "../shared (golden data) is missing beside the repository: {}",
+        p.display()
+    );
+    p
+}
+
+fn tmp_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ternion-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ternion(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ternion"))
+        .args(args)
+        .output()
+        .expect("the ternion binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = ternion(args);
+    assert!(
+        out.status.success(),
+        "ternion {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn last_json(stdout: &str) -> Value {
+    serde_json::from_str(stdout.lines().last().expect("some output")).expect("JSON last line")
+}
+
+/// A tiny BitNet b1.58 model with a truncated Llama-3 vocabulary, written once.
+fn tiny_model() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let out = tmp_dir().join("tiny.gguf");
+        let vocab = shared().join("vocab/ggml-vocab-llama3.gguf");
+        ok(&[
+            "synth",
+            "--shape",
+            "tiny",
+            "--type",
+            "i2_s",
+            "--vocab",
+            vocab.to_str().unwrap(),
+            "--vocab-limit",
+            "4000",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        out
+    })
+}
+
+#[test]
+fn validate_golden_bitnet_passes() {
+    let m = shared().join("golden-bitnet/manifest.json");
+    let out = ok(&["validate", m.to_str().unwrap()]);
+    assert!(out.contains("all 3 cases pass"), "{out}");
+}
+
+#[test]
+fn run_json_greedy_is_deterministic_and_thread_independent() {
+    let model = tiny_model().to_str().unwrap();
+    let run = |threads: &str| {
+        last_json(&ok(&[
+            "run", "--model", model, "--prompt", "Hello world", "-n", "12", "--temperature", "0",
+            "--ignore-eos", "--json", "-t", threads,
+        ]))
+    };
+    let a = run("1");
+    let b = run("2");
+    assert_eq!(a["tokens"].as_array().unwrap().len(), 12);
+    assert_eq!(a["tokens"], b["tokens"], "1 and 2 threads must agree");
+    // 4000 tokens kept: 3744 ordinary ones, then the 256 specials; BOS is the first special.
+    assert_eq!(a["prompt_tokens"][0], 3744, "BOS first");
+    assert!(a["decode_tok_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn logits_npy_has_the_right_shape() {
+    let out = tmp_dir().join("l.npy");
+    let stdout = ok(&[
+        "logits", "--model", tiny_model().to_str().unwrap(), "--tokens", "1,2,3", "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(last_json(&stdout)["tokens"], serde_json::json!([1, 2, 3]));
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(&bytes[..6], b"\x93NUMPY");
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+    assert!(header.contains("'shape': (3, 4000)"), "{header}");
+    assert_eq!(bytes.len(), 10 + hlen + 3 * 4000 * 4);
+    let vals: Vec<f32> = bytes[10 + hlen..]
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert!(vals.iter().all(|v| v.is_finite()));
+    assert!(vals.iter().any(|&v| v != 0.0));
+}
+
+/// Every case of llama.cpp's tokenizer vectors, through the CLI.
+fn tokenizer_vectors(vocab: &str) {
+    let dir = shared().join("vocab");
+    let inp = std::fs::read_to_string(dir.join(format!("{vocab}.inp"))).unwrap();
+    let out = std::fs::read_to_string(dir.join(format!("{vocab}.out"))).unwrap();
+    let cases: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
+    let expected: Vec<&str> = out.lines().collect();
+    let model = dir.join(vocab);
+    for (text, want) in cases.iter().zip(&expected) {
+        let got = ok(&["tokenize", "--model", model.to_str().unwrap(), "--no-bos", text]);
+        let ids: Vec<u64> = serde_json::from_str(got.trim()).unwrap();
+        let want: Vec<u64> = want.split_whitespace().map(|t| t.parse().unwrap()).collect();
+        assert_eq!(ids, want, "{vocab}: text {text:?}");
+    }
+}
+
+#[test]
+fn tokenize_llama3_vectors() {
+    tokenizer_vectors("ggml-vocab-llama3.gguf");
+}
+
+#[test]
+fn tokenize_gpt2_vectors() {
+    tokenizer_vectors("ggml-vocab-gpt-2.gguf");
+}
+
+#[test]
+fn inspect_prints_tensors() {
+    let out = ok(&["inspect", tiny_model().to_str().unwrap()]);
+    assert!(out.contains("blk.1.ffn_down.weight"));
+    assert!(out.contains("I2_S"));
+    assert!(out.contains("general.architecture = \"bitnet-b1.58\""));
+}
+
+/// A hostile file: clean error, non-zero exit, no panic, quickly.
+fn rejects(name: &str, bytes: &[u8], needle: &str) {
+    let path = tmp_dir().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    for cmd in [
+        vec!["inspect", path.to_str().unwrap()],
+        vec!["run", "--model", path.to_str().unwrap(), "--prompt", "hi", "-n", "2"],
+    ] {
+        let t = Instant::now();
+        let out = ternion(&cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: {cmd:?} succeeded");
+        assert_eq!(out.status.code(), Some(1), "{name}: exit code (a panic gives 101)");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert!(err.contains(needle), "{name}: stderr lacks {needle:?}: {err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{name}: too slow");
+    }
+}
+
+fn find(b: &[u8], needle: &[u8]) -> usize {
+    b.windows(needle.len()).position(|w| w == needle).unwrap()
+}
+
+#[test]
+fn hostile_files_are_rejected_cleanly() {
+    let good = std::fs::read(tiny_model()).unwrap();
+    rejects("truncated.gguf", &good[..good.len() / 2], "past the end");
+    rejects("header-cut.gguf", &good[..20], "truncated");
+
+    let mut b = good.clone();
+    let at = find(&b, b"blk.0.attn_q.weight") + 19 + 4 + 16 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 42).to_le_bytes());
+    rejects("offset.gguf", &b, "past the end");
+
+    let mut b = good.clone();
+    let at = find(&b, b"blk.0.attn_q.weight") + 19 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 33).to_le_bytes());
+    b[at + 8..at + 16].copy_from_slice(&(1u64 << 33).to_le_bytes());
+    rejects("overflow.gguf", &b, "overflow");
+
+    let mut b = good.clone();
+    let at = find(&b, b"blk.0.attn_q.weight") + 19 + 4 + 16;
+    b[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+    rejects("type.gguf", &b, "type id 99");
+
+    let mut b = good.clone();
+    let at = find(&b, b"tokenizer.ggml.tokens") + 21 + 4 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    rejects("array.gguf", &b, "cannot fit");
+
+    let mut b = good.clone();
+    let at = find(&b, b"general.architecture") + 20 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 50).to_le_bytes());
+    rejects("string.gguf", &b, "past the end");
+}
+
+#[test]
+fn unknown_architecture_is_an_error() {
+    let gpt2 = shared().join("vocab/ggml-vocab-gpt-2.gguf");
+    let out = ternion(&["run", "--model", gpt2.to_str().unwrap(), "--prompt", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("architecture") || err.contains("missing"), "{err}");
+}
+
+#[test]
+fn prompt_longer_than_context_is_an_error() {
+    let out = ternion(&[
+        "run", "--model", tiny_model().to_str().unwrap(), "--tokens", "1,2,3,4,5,6,7,8", "--ctx", "4",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context"));
+}
+
+#[test]
+fn offline_default_model_says_how_to_pass_a_file() {
+    let home = tmp_dir().join("hf-home");
+    let out = Command::new(env!("CARGO_BIN_EXE_ternion"))
+        .args(["run", "--prompt", "hi", "-n", "1"])
+        .env("HF_HOME", &home)
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--model"), "{err}");
+}
+
+#[test]
+fn bench_json_reports_speeds() {
+    let out = ok(&[
+        "bench", "--model", tiny_model().to_str().unwrap(), "-p", "16", "-n", "4", "--json",
+    ]);
+    let v = last_json(&out);
+    for k in ["prefill_tok_s", "decode_tok_s", "ms_per_token", "threads"] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    assert_eq!(v["backend"], "cpu");
+}

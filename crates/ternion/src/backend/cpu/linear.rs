@@ -1,0 +1,252 @@
+//! Matrix multiplication of a stored weight (still quantized) by a batch of activation rows.
+//!
+//! Each weight format multiplies against the activation format its reference engine uses:
+//! - I2_S: int8 per token (BITNET.md §4): `y = (Σ t·q) / s · w_scale`, exact integer dot;
+//! - TQ1_0 / TQ2_0: ggml's Q8_K (int8 per 256-block with an f32 scale);
+//! - F16 / F32: float activations (rounded to F16 first when the caller asks, as ggml does
+//!   for single-token F16 products).
+//!
+//! Rows of the output are computed in parallel blocks; every output element depends only on
+//! its weight row and token row, so results are identical for any thread count.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{self, act, GgmlType};
+use crate::{Error, Result};
+
+/// Weight rows handled by one parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// A weight matrix `[out_features × in_features]` left in its file format.
+pub struct Linear {
+    file: Arc<GgufFile>,
+    info: TensorInfo,
+    in_features: usize,
+    out_features: usize,
+    row_bytes: usize,
+    /// I2_S per-tensor scale (1 for other formats).
+    tensor_scale: f32,
+    /// Extra scale multiplied into the output (1bitLLM `.scale` tensors).
+    post_scale: f32,
+}
+
+impl Linear {
+    /// The named 2-D tensor of `file` as a linear layer; errors if absent or of a format
+    /// without a matmul kernel.
+    pub fn load(file: &Arc<GgufFile>, name: &str) -> Result<Linear> {
+        let info = file
+            .tensor(name)
+            .ok_or_else(|| Error::Model(format!("tensor '{name}' is missing")))?
+            .clone();
+        if info.shape.len() != 2 {
+            return Err(Error::Model(format!(
+                "tensor '{name}': expected 2 dimensions, found {:?}",
+                info.shape
+            )));
+        }
+        match info.ty {
+            GgmlType::I2_S | GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::F16 | GgmlType::F32 => {}
+            ty => {
+                return Err(Error::UnsupportedType {
+                    tensor: name.into(),
+                    type_id: ty.id(),
+                    type_name: format!("{ty} (no matmul kernel for it yet)"),
+                })
+            }
+        }
+        let (k, m) = (info.shape[0] as usize, info.shape[1] as usize);
+        let row_bytes = info.ty.row_bytes(k as u64).expect("checked by the reader") as usize;
+        let tensor_scale = match info.ty {
+            GgmlType::I2_S => quant::i2s::tensor_scale(file.tensor_data(&info), k * m),
+            _ => 1.0,
+        };
+        Ok(Linear {
+            file: file.clone(),
+            info,
+            in_features: k,
+            out_features: m,
+            row_bytes,
+            tensor_scale,
+            post_scale: 1.0,
+        })
+    }
+
+    /// Sets the scale multiplied into every output (1bitLLM's per-projection `.scale`).
+    pub fn with_post_scale(mut self, s: f32) -> Linear {
+        self.post_scale = s;
+        self
+    }
+
+    /// Input width.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// Output width.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Tensor name (for errors and profiles).
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// Bytes of weights read by one product.
+    pub fn weight_bytes(&self) -> u64 {
+        self.info.size
+    }
+
+    fn row(&self, data: &[u8], j: usize) -> &[u8] {
+        let start = j * self.row_bytes;
+        &data[start..start + self.row_bytes]
+    }
+
+    /// `out[t][j] = Σ_i W[j][i] · x[t][i]` for every input row `t` of `x`. `qi` caches the
+    /// quantized forms of `x`; it must have been reset for this `x`.
+    pub fn forward(&self, x: &[f32], qi: &mut QuantInput, out: &mut [f32]) {
+        let (k, m) = (self.in_features, self.out_features);
+        let rows = x.len() / k;
+        debug_assert_eq!(out.len(), rows * m);
+        let data = self.file.tensor_data(&self.info);
+        let post = self.tensor_scale * self.post_scale;
+        match self.info.ty {
+            GgmlType::I2_S => {
+                qi.ensure_per_token(x, k);
+                let (q, s) = (&qi.q, &qi.token_scale);
+                par_rows(out, m, |j, t| {
+                    let d = quant::i2s::dot(self.row(data, j), &q[t * k..(t + 1) * k]);
+                    (d as f32 / s[t]) * post
+                });
+            }
+            GgmlType::TQ1_0 | GgmlType::TQ2_0 => {
+                qi.ensure_q8k(x, k);
+                let (q, d) = (&qi.q8k, &qi.q8k_d);
+                let nb = k / act::QK_K;
+                let dot = match self.info.ty {
+                    GgmlType::TQ1_0 => quant::tq1_0::dot_q8k,
+                    _ => quant::tq2_0::dot_q8k,
+                };
+                par_rows(out, m, |j, t| {
+                    dot(
+                        self.row(data, j),
+                        &q[t * k..(t + 1) * k],
+                        &d[t * nb..(t + 1) * nb],
+                    ) * self.post_scale
+                });
+            }
+            GgmlType::F16 => {
+                let xs: &[f32] = if qi.round_f16 {
+                    qi.ensure_f16(x);
+                    &qi.x16
+                } else {
+                    x
+                };
+                par_rows(out, m, |j, t| {
+                    quant::float::dot_f16(self.row(data, j), &xs[t * k..(t + 1) * k])
+                        * self.post_scale
+                });
+            }
+            GgmlType::F32 => par_rows(out, m, |j, t| {
+                let w = self.row(data, j);
+                let xr = &x[t * k..(t + 1) * k];
+                w.chunks_exact(4)
+                    .zip(xr)
+                    .map(|(b, &v)| f32::from_le_bytes(b.try_into().expect("4 bytes")) * v)
+                    .sum::<f32>()
+                    * self.post_scale
+            }),
+            _ => unreachable!("format checked in Linear::load"),
+        }
+    }
+}
+
+/// Fills `out` (`rows × m`, row-major) with `f(j, t)` for output column `j`, input row `t`,
+/// in parallel over blocks of weight rows (each weight row is read once for all tokens).
+fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
+    let rows = out.len() / m;
+    let ptr = SendPtr(out.as_mut_ptr());
+    (0..m.div_ceil(ROWS_PER_TASK)).into_par_iter().for_each(|blk| {
+        let ptr = &ptr;
+        let j0 = blk * ROWS_PER_TASK;
+        for j in j0..(j0 + ROWS_PER_TASK).min(m) {
+            for t in 0..rows {
+                // SAFETY: index t·m + j < rows·m = out.len(), and each (j, t) pair belongs to
+                // exactly one task (j is in one block only), so writes never alias.
+                unsafe { *ptr.0.add(t * m + j) = f(j, t) };
+            }
+        }
+    });
+}
+
+/// A raw pointer that parallel tasks write through at disjoint indices.
+struct SendPtr(*mut f32);
+// SAFETY: only used by `par_rows`, whose tasks write disjoint elements.
+unsafe impl Sync for SendPtr {}
+
+/// The activation rows of one product in the quantized forms the weight formats need,
+/// computed at most once per input and reused by every weight that reads the same input
+/// (q, k and v; gate and up). Buffers are kept between calls so the hot path does not
+/// allocate once warm.
+#[derive(Default)]
+pub struct QuantInput {
+    fresh: [bool; 3],
+    q: Vec<i8>,
+    token_scale: Vec<f32>,
+    q8k: Vec<i8>,
+    q8k_d: Vec<f32>,
+    x16: Vec<f32>,
+    /// Round float activations to F16 before F16 products (single-token decode).
+    pub round_f16: bool,
+}
+
+impl QuantInput {
+    /// Forgets the cached forms: call whenever the input changes.
+    pub fn reset(&mut self) {
+        self.fresh = [false; 3];
+    }
+
+    fn ensure_per_token(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[0], true) {
+            return;
+        }
+        let rows = x.len() / k;
+        self.q.resize(x.len(), 0);
+        self.token_scale.resize(rows, 0.0);
+        for ((xr, qr), s) in x
+            .chunks_exact(k)
+            .zip(self.q.chunks_exact_mut(k))
+            .zip(self.token_scale.iter_mut())
+        {
+            *s = act::quantize_per_token(xr, qr).scale;
+        }
+    }
+
+    fn ensure_q8k(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[1], true) {
+            return;
+        }
+        let nb = k / act::QK_K;
+        self.q8k.resize(x.len(), 0);
+        self.q8k_d.resize(x.len() / k * nb, 0.0);
+        for ((xr, qr), dr) in x
+            .chunks_exact(k)
+            .zip(self.q8k.chunks_exact_mut(k))
+            .zip(self.q8k_d.chunks_exact_mut(nb))
+        {
+            act::quantize_q8k(xr, qr, dr);
+        }
+    }
+
+    fn ensure_f16(&mut self, x: &[f32]) {
+        if std::mem::replace(&mut self.fresh[2], true) {
+            return;
+        }
+        self.x16.clear();
+        self.x16
+            .extend(x.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+    }
+}

@@ -1,0 +1,3 @@
+//! Compute backends.
+
+pub mod cpu;

@@ -1,0 +1,176 @@
+//! Hyper-parameters read from GGUF metadata and validated once, before any tensor is used.
+
+use crate::gguf::GgufFile;
+use crate::{Error, Result};
+
+/// The architecture families this build runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// BitNet b1.58 2B-4T (`bitnet-b1.58`, and the older name `bitnet-25`): ReLU² FFN.
+    BitNetB158,
+    /// 1bitLLM's BitNet (`bitnet`): SiLU-gated FFN, optional per-projection scales.
+    BitNet,
+}
+
+impl Arch {
+    /// The architecture for a `general.architecture` string.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        match name {
+            "bitnet-b1.58" | "bitnet-25" => Some(Arch::BitNetB158),
+            "bitnet" => Some(Arch::BitNet),
+            _ => None,
+        }
+    }
+}
+
+/// Validated model hyper-parameters.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Architecture family.
+    pub arch: Arch,
+    /// The `general.architecture` string (the prefix of every hyper-parameter key).
+    pub arch_name: String,
+    /// Vocabulary size (rows of the token embedding).
+    pub n_vocab: usize,
+    /// Model width.
+    pub n_embd: usize,
+    /// Number of transformer blocks.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (GQA when fewer than `n_head`).
+    pub n_head_kv: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// FFN inner width.
+    pub n_ff: usize,
+    /// Context length the model was trained with.
+    pub n_ctx_train: usize,
+    /// RoPE frequency base.
+    pub rope_base: f32,
+    /// Rotated dimensions per head (NEOX pairing: i with i + n_rot/2).
+    pub n_rot: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+}
+
+/// Largest value accepted for any single dimension: guards against absurd metadata
+/// before it sizes a buffer.
+const MAX_DIM: u32 = 1 << 20;
+
+impl Config {
+    /// Reads and validates the hyper-parameters of a file.
+    pub fn from_gguf(file: &GgufFile) -> Result<Config> {
+        let arch_name = file
+            .get_str("general.architecture")?
+            .ok_or_else(|| Error::Model("metadata 'general.architecture' is missing".into()))?
+            .to_string();
+        let arch = Arch::from_name(&arch_name).ok_or_else(|| {
+            Error::Model(format!(
+                "unknown architecture '{arch_name}' (this build runs: bitnet-b1.58, bitnet-25, bitnet)"
+            ))
+        })?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let dim = |k: &str| -> Result<usize> {
+            let v = file.require_u32(&key(k))?;
+            if v == 0 || v > MAX_DIM {
+                return Err(Error::Model(format!(
+                    "metadata '{}' = {v} is out of range 1..={MAX_DIM}",
+                    key(k)
+                )));
+            }
+            Ok(v as usize)
+        };
+        let n_embd = dim("embedding_length")?;
+        let n_layer = dim("block_count")?;
+        let n_head = dim("attention.head_count")?;
+        let n_head_kv = match file.get_u32(&key("attention.head_count_kv"))? {
+            Some(_) => dim("attention.head_count_kv")?,
+            None => n_head,
+        };
+        let n_ff = dim("feed_forward_length")?;
+        let n_ctx_train = dim("context_length")?;
+        let head_dim = n_embd / n_head;
+        let n_rot = match file.get_u32(&key("rope.dimension_count"))? {
+            Some(_) => dim("rope.dimension_count")?,
+            None => head_dim,
+        };
+        let rope_base = file
+            .get_f32(&key("rope.freq_base"))?
+            .unwrap_or(10_000.0);
+        let rms_eps = file
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5);
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| Error::Model("tensor 'token_embd.weight' is missing".into()))?;
+        if embd.shape.len() != 2 || embd.shape[0] != n_embd as u64 {
+            return Err(Error::Model(format!(
+                "tensor 'token_embd.weight': expected shape [{n_embd}, n_vocab], found {:?}",
+                embd.shape
+            )));
+        }
+        let n_vocab = embd.shape[1] as usize;
+
+        let cfg = Config {
+            arch,
+            arch_name,
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_ctx_train,
+            rope_base,
+            n_rot,
+            rms_eps,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Model(m));
+        if self.n_embd % self.n_head != 0 {
+            return bad(format!(
+                "embedding_length {} is not a multiple of head_count {}",
+                self.n_embd, self.n_head
+            ));
+        }
+        if self.n_head % self.n_head_kv != 0 {
+            return bad(format!(
+                "head_count {} is not a multiple of head_count_kv {}",
+                self.n_head, self.n_head_kv
+            ));
+        }
+        if self.n_rot > self.head_dim || self.n_rot % 2 != 0 {
+            return bad(format!(
+                "rope.dimension_count {} must be even and at most the head size {}",
+                self.n_rot, self.head_dim
+            ));
+        }
+        if self.arch == Arch::BitNetB158 && self.n_rot != self.head_dim {
+            return bad(format!(
+                "bitnet-b1.58 requires rope.dimension_count ({}) = head size ({})",
+                self.n_rot, self.head_dim
+            ));
+        }
+        if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
+            return bad(format!("rope.freq_base {} must be positive", self.rope_base));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return bad(format!(
+                "attention.layer_norm_rms_epsilon {} must be positive",
+                self.rms_eps
+            ));
+        }
+        Ok(())
+    }
+
+    /// Width of the key/value projections.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}

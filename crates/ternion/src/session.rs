@@ -1,0 +1,221 @@
+//! A sequence being generated: prefill the prompt in batches, decode one token at a time,
+//! sample, stop on end-of-generation or a length limit.
+
+use std::time::{Duration, Instant};
+
+use crate::kv::KvCache;
+use crate::model::{BitNet, Logits, Workspace};
+use crate::sample::Sampler;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::Result;
+
+/// Largest number of prompt tokens evaluated as one batch.
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token was sampled.
+    Stop,
+    /// The token budget or the context ran out.
+    Length,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// The OpenAI-style name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Timings and counts of one `generate` call.
+#[derive(Clone, Debug)]
+pub struct GenerationStats {
+    /// Tokens evaluated in the prefill (the new prompt part).
+    pub prompt_tokens: usize,
+    /// Time spent in prefill.
+    pub prompt_time: Duration,
+    /// Tokens generated (sampled), end-of-generation token excluded.
+    pub generated: Vec<u32>,
+    /// Time spent decoding after the first sampled token.
+    pub decode_time: Duration,
+    /// Single-token forward passes run.
+    pub decode_steps: usize,
+    /// Why it stopped.
+    pub finish: FinishReason,
+}
+
+impl GenerationStats {
+    /// Prompt tokens per second.
+    pub fn prompt_tok_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Decode tokens per second.
+    pub fn decode_tok_s(&self) -> f64 {
+        self.decode_steps as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Options for [`Session::generate`].
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most tokens to sample.
+    pub max_tokens: usize,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+/// One sequence: the model, its KV cache, and the tokens it holds.
+pub struct Session<'m> {
+    model: &'m BitNet,
+    kv: KvCache,
+    ws: Workspace,
+    /// Tokens evaluated into the KV cache, in order.
+    tokens: Vec<u32>,
+    /// Tokens sampled but not yet evaluated (fed first by the next call).
+    pending: Vec<u32>,
+}
+
+impl<'m> Session<'m> {
+    /// A session with room for `n_ctx` positions.
+    pub fn new(model: &'m BitNet, n_ctx: usize) -> Session<'m> {
+        let c = model.config();
+        Session {
+            model,
+            kv: KvCache::new(c.n_layer, c.kv_dim(), n_ctx),
+            ws: Workspace::default(),
+            tokens: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Tokens evaluated so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Context size in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+
+    /// Positions still free (pending tokens count as used).
+    pub fn room(&self) -> usize {
+        self.kv.n_ctx() - self.kv.len() - self.pending.len()
+    }
+
+    /// Forgets everything.
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+        self.tokens.clear();
+        self.pending.clear();
+    }
+
+    /// Evaluates `ids` (after any pending tokens) in batches of at most [`PREFILL_CHUNK`];
+    /// returns the last token's logits.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<&[f32]> {
+        let mut all = std::mem::take(&mut self.pending);
+        all.extend_from_slice(ids);
+        self.kv.check_room(all.len())?;
+        if all.is_empty() {
+            return Err(crate::Error::Request("no tokens to evaluate".into()));
+        }
+        for chunk in all.chunks(PREFILL_CHUNK) {
+            self.model
+                .forward(chunk, &mut self.kv, Logits::Last, &mut self.ws)?;
+            self.tokens.extend_from_slice(chunk);
+        }
+        Ok(self.last_logits())
+    }
+
+    /// The logits of the last evaluated token.
+    pub fn last_logits(&self) -> &[f32] {
+        &self.ws.logits()[..self.model.config().n_vocab]
+    }
+
+    /// Evaluates `ids` as one batch and returns logits for every position
+    /// (`ids.len() × n_vocab`).
+    pub fn logits_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.kv.check_room(self.pending.len() + ids.len())?;
+        let pending = std::mem::take(&mut self.pending);
+        if !pending.is_empty() {
+            self.model
+                .forward(&pending, &mut self.kv, Logits::Last, &mut self.ws)?;
+            self.tokens.extend_from_slice(&pending);
+        }
+        let out = self
+            .model
+            .forward(ids, &mut self.kv, Logits::All, &mut self.ws)?
+            .to_vec();
+        self.tokens.extend_from_slice(ids);
+        Ok(out)
+    }
+
+    /// Evaluates one token and returns its logits.
+    pub fn decode(&mut self, id: u32) -> Result<&[f32]> {
+        self.prefill(&[id])
+    }
+
+    /// Prefills `prompt`, then samples up to `opts.max_tokens` tokens. `on_text` receives
+    /// the newly complete UTF-8 text after each token and returns `false` to stop.
+    /// The last sampled token stays pending, so a following call continues the sequence.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        tok: &Tokenizer,
+        sampler: &mut Sampler,
+        opts: &GenerateOptions,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<GenerationStats> {
+        let t0 = Instant::now();
+        let prompt_tokens = self.pending.len() + prompt.len();
+        self.prefill(prompt)?;
+        let prompt_time = t0.elapsed();
+        let mut stats = GenerationStats {
+            prompt_tokens,
+            prompt_time,
+            generated: Vec::new(),
+            decode_time: Duration::ZERO,
+            decode_steps: 0,
+            finish: FinishReason::Length,
+        };
+        let mut stream = StreamDecoder::default();
+        let t1 = Instant::now();
+        loop {
+            if stats.generated.len() >= opts.max_tokens {
+                break;
+            }
+            let id = sampler.sample(self.last_logits(), &self.tokens);
+            if tok.is_eog(id) && !opts.ignore_eos {
+                stats.finish = FinishReason::Stop;
+                break;
+            }
+            stats.generated.push(id);
+            let text = stream.push(tok, id);
+            if !on_text(&text) {
+                self.pending.push(id);
+                stats.finish = FinishReason::Cancelled;
+                break;
+            }
+            if stats.generated.len() >= opts.max_tokens || self.room() <= 1 {
+                self.pending.push(id);
+                break;
+            }
+            self.decode(id)?;
+            stats.decode_steps += 1;
+        }
+        let rest = stream.finish();
+        if !rest.is_empty() {
+            on_text(&rest);
+        }
+        stats.decode_time = t1.elapsed();
+        Ok(stats)
+    }
+}

@@ -1,0 +1,292 @@
+//! Random-weight GGUF models of real shapes, for tests and benchmarks where real weights
+//! cannot be downloaded. Ternary weights are drawn with p(−1) = p(+1) = ¼, p(0) = ½ and
+//! stored in the requested ternary format; the embedding is F16; norms are U(0.5, 1.5).
+
+use std::path::Path;
+
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::gguf::{GgufFile, GgufWriter, Value, ValueType};
+use crate::quant::{self, GgmlType};
+use crate::{Error, Result};
+
+/// Transformer dimensions of a synthetic model.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    /// Model width.
+    pub n_embd: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// FFN width.
+    pub n_ff: usize,
+}
+
+impl Shape {
+    /// A named shape: `2b-4t` (BitNet b1.58 2B-4T), `small`, `tiny`.
+    pub fn named(name: &str) -> Option<Shape> {
+        let s = |n_embd, n_layer, n_head, n_head_kv, n_ff| Shape {
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            n_ff,
+        };
+        Some(match name {
+            "2b-4t" => s(2560, 30, 20, 5, 6912),
+            "small" => s(512, 4, 8, 2, 1536),
+            "tiny" => s(256, 2, 4, 1, 768),
+            _ => return None,
+        })
+    }
+
+    /// Names accepted by [`Shape::named`].
+    pub const NAMES: &'static [&'static str] = &["2b-4t", "small", "tiny"];
+}
+
+/// Where the tokenizer metadata comes from.
+pub enum Vocab<'a> {
+    /// Copy `tokenizer.*` from a GGUF file, keeping at most `limit` tokens (the specials
+    /// are kept, ids remapped).
+    File { path: &'a Path, limit: Option<usize> },
+    /// A byte-level vocabulary of `n_vocab` tokens: 256 byte tokens, three specials, and
+    /// reserved control tokens up to the size (so the LM head has a real size).
+    Bytes {
+        /// Total tokens (at least 259).
+        n_vocab: usize,
+    },
+}
+
+/// Everything `write` needs.
+pub struct Spec<'a> {
+    /// `general.architecture`: `bitnet-b1.58`, `bitnet-25` or `bitnet`.
+    pub arch: &'a str,
+    /// Dimensions.
+    pub shape: Shape,
+    /// Storage type of the ternary projections (I2_S, TQ1_0, TQ2_0).
+    pub weight_type: GgmlType,
+    /// Tokenizer source.
+    pub vocab: Vocab<'a>,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+/// Writes a random-weight model to `out`.
+pub fn write(spec: &Spec, out: &Path) -> Result<()> {
+    if !quant::is_ternary(spec.weight_type) {
+        return Err(Error::Request(format!(
+            "synth: weight type {} is not ternary (use I2_S, TQ1_0 or TQ2_0)",
+            spec.weight_type
+        )));
+    }
+    if crate::model::Arch::from_name(spec.arch).is_none() {
+        return Err(Error::Request(format!(
+            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet)",
+            spec.arch
+        )));
+    }
+    let sh = &spec.shape;
+    let block = spec.weight_type.block_elems();
+    if sh.n_embd % block != 0 || sh.n_ff % block != 0 {
+        return Err(Error::Request(format!(
+            "synth: widths {} and {} must be multiples of {block} for {}",
+            sh.n_embd, sh.n_ff, spec.weight_type
+        )));
+    }
+    let mut w = GgufWriter::new();
+    let a = spec.arch;
+    let head_dim = sh.n_embd / sh.n_head;
+    w.add("general.architecture", Value::Str(a.into()))
+        .add("general.name", Value::Str(format!("ternion-synth-{a}")))
+        .add(&format!("{a}.context_length"), Value::U32(4096))
+        .add(&format!("{a}.embedding_length"), Value::U32(sh.n_embd as u32))
+        .add(&format!("{a}.block_count"), Value::U32(sh.n_layer as u32))
+        .add(&format!("{a}.feed_forward_length"), Value::U32(sh.n_ff as u32))
+        .add(&format!("{a}.rope.dimension_count"), Value::U32(head_dim as u32))
+        .add(&format!("{a}.attention.head_count"), Value::U32(sh.n_head as u32))
+        .add(&format!("{a}.attention.head_count_kv"), Value::U32(sh.n_head_kv as u32))
+        .add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+        .add(&format!("{a}.rope.freq_base"), Value::F32(500_000.0));
+    let n_vocab = add_vocab(&mut w, &spec.vocab)?;
+
+    let (d, ff, kv) = (sh.n_embd as u64, sh.n_ff as u64, (sh.n_head_kv * head_dim) as u64);
+    let wt = spec.weight_type;
+    w.declare("token_embd.weight", GgmlType::F16, &[d, n_vocab as u64])?;
+    w.declare("output_norm.weight", GgmlType::F32, &[d])?;
+    for i in 0..sh.n_layer {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        w.declare(&n("attn_norm"), GgmlType::F32, &[d])?;
+        w.declare(&n("attn_q"), wt, &[d, d])?;
+        w.declare(&n("attn_k"), wt, &[d, kv])?;
+        w.declare(&n("attn_v"), wt, &[d, kv])?;
+        w.declare(&n("attn_output"), wt, &[d, d])?;
+        w.declare(&n("attn_sub_norm"), GgmlType::F32, &[d])?;
+        w.declare(&n("ffn_norm"), GgmlType::F32, &[d])?;
+        w.declare(&n("ffn_gate"), wt, &[d, ff])?;
+        w.declare(&n("ffn_up"), wt, &[d, ff])?;
+        w.declare(&n("ffn_down"), wt, &[ff, d])?;
+        w.declare(&n("ffn_sub_norm"), GgmlType::F32, &[ff])?;
+    }
+
+    let mut rng = StdRng::seed_from_u64(spec.seed);
+    let file_err = |name: &str| Error::Model(format!("synth: no shape for '{name}'"));
+    w.write(out, |_, name| {
+        if name == "token_embd.weight" {
+            // Uniform with standard deviation 0.05.
+            let a = 0.05 * 3f32.sqrt();
+            let n = sh.n_embd * n_vocab;
+            let mut bytes = Vec::with_capacity(n * 2);
+            for _ in 0..n {
+                let v = f16::from_f32(rng.random_range(-a..a));
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+            return Ok(bytes);
+        }
+        if name.ends_with("norm.weight") {
+            let n = if name.contains("ffn_sub_norm") { sh.n_ff } else { sh.n_embd };
+            return Ok((0..n)
+                .flat_map(|_| rng.random_range(0.5f32..1.5).to_le_bytes())
+                .collect());
+        }
+        let (k, m) = if name.contains("ffn_down") {
+            (sh.n_ff, sh.n_embd)
+        } else if name.contains("ffn_") {
+            (sh.n_embd, sh.n_ff)
+        } else if name.contains("attn_k") || name.contains("attn_v") {
+            (sh.n_embd, kv as usize)
+        } else if name.contains("attn_") {
+            (sh.n_embd, sh.n_embd)
+        } else {
+            return Err(file_err(name));
+        };
+        Ok(ternary_tensor(&mut rng, wt, k, m))
+    })
+}
+
+/// A random ternary `m × k` matrix with scale `1/√(k/2)`, stored as `ty`.
+fn ternary_tensor(rng: &mut StdRng, ty: GgmlType, k: usize, m: usize) -> Vec<u8> {
+    let scale = f16::from_f32(1.0 / (k as f32 / 2.0).sqrt()).to_f32();
+    let mut vals = vec![0f32; k * m];
+    for chunk in vals.chunks_mut(32) {
+        let bits: u64 = rng.random();
+        for (i, v) in chunk.iter_mut().enumerate() {
+            *v = match (bits >> (2 * i)) & 3 {
+                0 => -scale,
+                2 => scale,
+                _ => 0.0,
+            };
+        }
+    }
+    let size = ty
+        .tensor_bytes(&[k as u64, m as u64])
+        .expect("shape checked") as usize;
+    let mut out = vec![0u8; size];
+    match ty {
+        GgmlType::I2_S => quant::i2s::quantize_tensor(&vals, &mut out),
+        GgmlType::TQ1_0 => quant::tq1_0::quantize_row(&vals, &mut out),
+        _ => quant::tq2_0::quantize_row(&vals, &mut out),
+    }
+    out
+}
+
+/// Copies (and optionally truncates) tokenizer metadata; returns the vocabulary size.
+fn add_vocab(w: &mut GgufWriter, vocab: &Vocab) -> Result<usize> {
+    let (path, limit) = match vocab {
+        Vocab::Bytes { n_vocab } => return Ok(add_byte_vocab(w, *n_vocab)),
+        Vocab::File { path, limit } => (*path, *limit),
+    };
+    let f = GgufFile::open(path)?;
+    let tokens = f
+        .get_str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| Error::Tokenizer(format!("{}: no tokenizer.ggml.tokens", path.display())))?;
+    let types = f.get_i32_array("tokenizer.ggml.token_type")?;
+    let n = tokens.len();
+    // Keep the first normal tokens and every special one, in their original order.
+    let is_normal = |i: usize| types.as_ref().is_none_or(|t| t[i] == 1);
+    let n_special = (0..n).filter(|&i| !is_normal(i)).count();
+    let keep_normal = limit.map_or(n, |l| l.saturating_sub(n_special));
+    let mut new_id = vec![None; n];
+    let mut kept = Vec::new();
+    let mut seen_normal = 0;
+    for i in 0..n {
+        let keep = if is_normal(i) {
+            seen_normal += 1;
+            seen_normal <= keep_normal
+        } else {
+            true
+        };
+        if keep {
+            new_id[i] = Some(kept.len() as u32);
+            kept.push(i);
+        }
+    }
+    for (key, value) in &f.metadata {
+        if !key.starts_with("tokenizer.") {
+            continue;
+        }
+        let remapped = match (key.as_str(), value) {
+            ("tokenizer.ggml.tokens", _) => {
+                Value::Array(ValueType::Str, kept.iter().map(|&i| Value::Str(tokens[i].into())).collect())
+            }
+            ("tokenizer.ggml.token_type" | "tokenizer.ggml.scores", Value::Array(t, items)) => {
+                Value::Array(*t, kept.iter().filter_map(|&i| items.get(i).cloned()).collect())
+            }
+            ("tokenizer.ggml.merges", Value::Array(t, items)) => {
+                let kept_text: std::collections::HashSet<&str> =
+                    kept.iter().map(|&i| tokens[i]).collect();
+                let ok = |m: &&Value| {
+                    m.as_str().is_some_and(|s| {
+                        s.split_once(' ').is_some_and(|(a, b)| {
+                            kept_text.contains(a)
+                                && kept_text.contains(b)
+                                && kept_text.contains(format!("{a}{b}").as_str())
+                        })
+                    })
+                };
+                Value::Array(*t, items.iter().filter(ok).cloned().collect())
+            }
+            (k, v) if k.ends_with("_token_id") => {
+                match v.as_int().and_then(|i| new_id.get(usize::try_from(i).ok()?).copied().flatten()) {
+                    Some(id) => Value::U32(id),
+                    None => continue,
+                }
+            }
+            _ => value.clone(),
+        };
+        w.add(key, remapped);
+    }
+    Ok(kept.len())
+}
+
+/// 256 byte tokens (GPT-2 byte-to-unicode text), `<|begin_of_text|>`,
+/// `<|end_of_text|>`, `<|eot_id|>`, then `<|reserved_N|>` control tokens up to `n_vocab`;
+/// returns the vocabulary size.
+fn add_byte_vocab(w: &mut GgufWriter, n_vocab: usize) -> usize {
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| crate::tokenizer::byte_to_unicode(b).to_string())
+        .collect();
+    let mut types = vec![Value::I32(1); 256];
+    for s in ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"] {
+        tokens.push(s.into());
+        types.push(Value::I32(3));
+    }
+    while tokens.len() < n_vocab {
+        tokens.push(format!("<|reserved_{}|>", tokens.len()));
+        types.push(Value::I32(3));
+    }
+    w.add("tokenizer.ggml.model", Value::Str("gpt2".into()))
+        .add("tokenizer.ggml.pre", Value::Str("llama-bpe".into()))
+        .add_strings("tokenizer.ggml.tokens", &tokens)
+        .add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types))
+        .add("tokenizer.ggml.merges", Value::Array(ValueType::Str, vec![]))
+        .add("tokenizer.ggml.bos_token_id", Value::U32(256))
+        .add("tokenizer.ggml.eos_token_id", Value::U32(257))
+        .add("tokenizer.ggml.eot_token_id", Value::U32(258))
+        .add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    tokens.len()
+}
