@@ -100,7 +100,8 @@ impl GgmlType {
     /// For I2_S this is the packed size only (rows are contiguous, the tensor tail is extra).
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        (n % be == 0).then(|| n / be * self.block_bytes() as u64)
+        n.is_multiple_of(be)
+            .then(|| n / be * self.block_bytes() as u64)
     }
 
     /// The true byte size of a tensor of this type and shape (ggml order, `shape[0]`
@@ -126,4 +127,6 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+pub mod act;
+pub mod float;
 pub mod i2s;
