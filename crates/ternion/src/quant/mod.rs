@@ -130,3 +130,9 @@ impl std::fmt::Display for GgmlType {
 pub mod act;
 pub mod float;
 pub mod i2s;
+pub mod q4_0;
+pub mod q4_k;
+pub mod q6_k;
+pub mod q8_0;
+pub mod tq1_0;
+pub mod tq2_0;
