@@ -100,7 +100,8 @@ impl GgmlType {
     /// For I2_S this is the packed size only (rows are contiguous, the tensor tail is extra).
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        (n % be == 0).then(|| n / be * self.block_bytes() as u64)
+        n.is_multiple_of(be)
+            .then(|| n / be * self.block_bytes() as u64)
     }
 
     /// The true byte size of a tensor of this type and shape (ggml order, `shape[0]`
@@ -126,4 +127,106 @@ impl std::fmt::Display for GgmlType {
     }
 }
 
+pub mod act;
+pub mod float;
 pub mod i2s;
+pub mod q4_0;
+pub mod q4_k;
+pub mod q6_k;
+pub mod q8_0;
+pub mod tq1_0;
+pub mod tq2_0;
+
+#[cfg(test)]
+mod tests;
+
+use crate::{Error, Result};
+
+/// Whether `ty` stores ternary weights {−1, 0, +1}·scale (I2_S, TQ1_0, TQ2_0).
+pub fn is_ternary(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::I2_S | GgmlType::TQ1_0 | GgmlType::TQ2_0)
+}
+
+/// A format's row dequantizer: packed bytes in, f32 elements out.
+type RowDequantizer = fn(&[u8], &mut [f32]);
+
+/// Dequantizes row `row` (of `n_per_row` elements) of a whole tensor's bytes `tensor` into
+/// `dst`. For I2_S, `tensor` must be the complete tensor, tail included: the scale is read
+/// from it.
+///
+/// Supported: F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K, TQ1_0, TQ2_0, I2_S. Other types give
+/// [`Error::UnsupportedType`]; a row length that is not whole blocks, a `dst` of the wrong
+/// length or a row past the end of the data give [`Error::Model`].
+pub fn dequantize_row(
+    ty: GgmlType,
+    tensor_name: &str,
+    tensor: &[u8],
+    n_per_row: usize,
+    row: usize,
+    dst: &mut [f32],
+) -> Result<()> {
+    let convert: Option<RowDequantizer> = match ty {
+        GgmlType::F32 => Some(float::dequantize_row_f32),
+        GgmlType::F16 => Some(float::dequantize_row_f16),
+        GgmlType::BF16 => Some(float::dequantize_row_bf16),
+        GgmlType::Q4_0 => Some(q4_0::dequantize_row),
+        GgmlType::Q8_0 => Some(q8_0::dequantize_row),
+        GgmlType::Q4_K => Some(q4_k::dequantize_row),
+        GgmlType::Q6_K => Some(q6_k::dequantize_row),
+        GgmlType::TQ1_0 => Some(tq1_0::dequantize_row),
+        GgmlType::TQ2_0 => Some(tq2_0::dequantize_row),
+        GgmlType::I2_S => None,
+        _ => {
+            return Err(Error::UnsupportedType {
+                tensor: tensor_name.to_string(),
+                type_id: ty.id(),
+                type_name: ty.name().to_string(),
+            })
+        }
+    };
+    let bad = |what: String| Error::Model(format!("tensor '{tensor_name}' ({ty}): {what}"));
+    if dst.len() != n_per_row {
+        return Err(bad(format!(
+            "output holds {} elements, the row has {n_per_row}",
+            dst.len()
+        )));
+    }
+    if n_per_row == 0 {
+        return Err(bad("rows of 0 elements".to_string()));
+    }
+    let row_bytes = ty.row_bytes(n_per_row as u64).ok_or_else(|| {
+        bad(format!(
+            "row length {n_per_row} is not a multiple of the block size {}",
+            ty.block_elems()
+        ))
+    })? as usize;
+    let data_bytes = match ty {
+        GgmlType::I2_S => tensor
+            .len()
+            .checked_sub(i2s::TAIL_BYTES)
+            .filter(|packed| packed % row_bytes == 0)
+            .ok_or_else(|| {
+                bad(format!(
+                    "{} bytes are not whole rows of {row_bytes} bytes plus the {}-byte tail",
+                    tensor.len(),
+                    i2s::TAIL_BYTES
+                ))
+            })?,
+        _ => tensor.len(),
+    };
+    let start = row.checked_mul(row_bytes);
+    let src = match start.and_then(|s| Some(s..s.checked_add(row_bytes)?)) {
+        Some(range) if range.end <= data_bytes => &tensor[range],
+        _ => {
+            return Err(bad(format!(
+                "row {row} is out of range ({} rows of {row_bytes} bytes)",
+                data_bytes / row_bytes
+            )))
+        }
+    };
+    match convert {
+        Some(f) => f(src, dst),
+        None => i2s::dequantize_row(src, i2s::tensor_scale(tensor, data_bytes * 4), dst),
+    }
+    Ok(())
+}

@@ -125,7 +125,7 @@ impl Linear {
             GgmlType::TQ1_0 | GgmlType::TQ2_0 => {
                 qi.ensure_q8k(x, k);
                 let (q, d) = (&qi.q8k, &qi.q8k_d);
-                let nb = k / act::QK_K;
+                let nb = k / act::Q8K_BLOCK;
                 let dot = match self.info.ty {
                     GgmlType::TQ1_0 => quant::tq1_0::dot_q8k,
                     _ => quant::tq2_0::dot_q8k,
@@ -229,7 +229,7 @@ impl QuantInput {
         if std::mem::replace(&mut self.fresh[1], true) {
             return;
         }
-        let nb = k / act::QK_K;
+        let nb = k / act::Q8K_BLOCK;
         self.q8k.resize(x.len(), 0);
         self.q8k_d.resize(x.len() / k * nb, 0.0);
         for ((xr, qr), dr) in x

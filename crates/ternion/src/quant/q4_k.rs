@@ -1,0 +1,107 @@
+//! Q4_K: ggml's 4-bit k-quant (dequantization only). 256-element super-blocks of 144
+//! bytes: F16 `d`, F16 `dmin`, `scales[12]` (eight 6-bit scales and eight 6-bit mins), then
+//! `qs[128]`. Each 64-element chunk c uses bytes qs[32c..32c+32]: its first 32 elements are
+//! the low nibbles, the next 32 the high nibbles, with sub-block scales 2c and 2c + 1.
+//! Element value = d·scale·nibble − dmin·min.
+
+use super::float::f16_at;
+
+/// Elements per super-block.
+pub const BLOCK_ELEMS: usize = 256;
+/// Bytes per super-block.
+pub const BLOCK_BYTES: usize = 144;
+
+/// The 6-bit scale and min of sub-block j (0..8) from the packed `scales[12]`: for j < 4
+/// the low 6 bits of bytes j and j + 4; for j ≥ 4 the nibbles of byte j + 4 with the top two
+/// bits of bytes j − 4 and j as high bits.
+fn scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4),
+            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Dequantizes a row of whole super-blocks.
+///
+/// # Panics
+/// If `dst.len()` is not a multiple of 256 or `src` is not `dst.len()/256` super-blocks.
+pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+    assert_eq!(
+        dst.len() % BLOCK_ELEMS,
+        0,
+        "Q4_K: {} elements is not whole blocks",
+        dst.len()
+    );
+    assert_eq!(
+        src.len(),
+        dst.len() / BLOCK_ELEMS * BLOCK_BYTES,
+        "Q4_K: {} bytes do not hold {} elements",
+        src.len(),
+        dst.len()
+    );
+    for (block, out) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(dst.chunks_exact_mut(BLOCK_ELEMS))
+    {
+        let d = f16_at(block, 0);
+        let dmin = f16_at(block, 2);
+        let scales = &block[4..16];
+        let qs = &block[16..];
+        for (c, (chunk, q)) in out
+            .chunks_exact_mut(64)
+            .zip(qs.chunks_exact(32))
+            .enumerate()
+        {
+            let (lo, hi) = chunk.split_at_mut(32);
+            let (s0, m0) = scale_min(scales, 2 * c);
+            let (s1, m1) = scale_min(scales, 2 * c + 1);
+            let (d0, min0) = (d * f32::from(s0), dmin * f32::from(m0));
+            let (d1, min1) = (d * f32::from(s1), dmin * f32::from(m1));
+            for ((l, h), &b) in lo.iter_mut().zip(hi.iter_mut()).zip(q) {
+                *l = d0 * f32::from(b & 0x0F) - min0;
+                *h = d1 * f32::from(b >> 4) - min1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::float::f16_bytes;
+
+    #[test]
+    fn scale_min_unpacking() {
+        // Sub-block 5: scale = low nibble of byte 9 | (byte 1 >> 6) << 4,
+        //              min = high nibble of byte 9 | (byte 5 >> 6) << 4.
+        let mut s = [0u8; 12];
+        s[1] = 0b10_000011; // scale 1 = 3, top bits 2
+        s[5] = 0b01_000111; // min 1 = 7, top bits 1
+        s[9] = 0xA6; // scale 5 low = 6, min 5 low = 10
+        assert_eq!(scale_min(&s, 1), (3, 7));
+        assert_eq!(scale_min(&s, 5), (6 | (2 << 4), 10 | (1 << 4)));
+    }
+
+    #[test]
+    fn known_block() {
+        let mut block = [0u8; BLOCK_BYTES];
+        block[..2].copy_from_slice(&f16_bytes(0.5));
+        block[2..4].copy_from_slice(&f16_bytes(0.25));
+        // Sub-block 0: scale 2, min 4; sub-block 1: scale 3, min 0; the rest 0.
+        block[4] = 2;
+        block[5] = 3;
+        block[8] = 4;
+        block[16] = 0x5A; // element 0: nibble 10, element 32: nibble 5
+        let mut out = [0f32; 256];
+        dequantize_row(&block, &mut out);
+        assert_eq!(out[0], 0.5 * 2.0 * 10.0 - 0.25 * 4.0);
+        assert_eq!(out[1], -1.0);
+        assert_eq!(out[32], 0.5 * 3.0 * 5.0);
+        assert_eq!(out[33], 0.0);
+        assert!(out[64..].iter().all(|&v| v == 0.0));
+    }
+}

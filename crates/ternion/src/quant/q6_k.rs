@@ -1,0 +1,87 @@
+//! Q6_K: ggml's 6-bit k-quant (dequantization only). 256-element super-blocks of 210
+//! bytes: `ql[128]` (low 4 bits), `qh[64]` (high 2 bits), `scales[16]` (i8), F16 `d`.
+//! Each 128-element half h uses ql[64h..64h+64], qh[32h..32h+32] and scales[8h..8h+8];
+//! within it, for l < 32, elements l, l+32, l+64, l+96 take the low nibbles of ql[l] and
+//! ql[l+32], then their high nibbles, with bits 0-1, 2-3, 4-5, 6-7 of qh[l] on top.
+//! Element value = d·scale·(q − 32), the scale indexed by element / 16.
+
+use super::float::f16_at;
+
+/// Elements per super-block.
+pub const BLOCK_ELEMS: usize = 256;
+/// Bytes per super-block.
+pub const BLOCK_BYTES: usize = 210;
+
+/// Dequantizes a row of whole super-blocks.
+///
+/// # Panics
+/// If `dst.len()` is not a multiple of 256 or `src` is not `dst.len()/256` super-blocks.
+pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+    assert_eq!(
+        dst.len() % BLOCK_ELEMS,
+        0,
+        "Q6_K: {} elements is not whole blocks",
+        dst.len()
+    );
+    assert_eq!(
+        src.len(),
+        dst.len() / BLOCK_ELEMS * BLOCK_BYTES,
+        "Q6_K: {} bytes do not hold {} elements",
+        src.len(),
+        dst.len()
+    );
+    for (block, out) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(dst.chunks_exact_mut(BLOCK_ELEMS))
+    {
+        let d = f16_at(block, 208);
+        for (h, half) in out.chunks_exact_mut(128).enumerate() {
+            let ql = &block[64 * h..64 * h + 64];
+            let qh = &block[128 + 32 * h..128 + 32 * h + 32];
+            let sc = &block[192 + 8 * h..192 + 8 * h + 8];
+            for l in 0..32 {
+                let q = [
+                    (ql[l] & 0x0F) | ((qh[l] & 3) << 4),
+                    (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4),
+                    (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                    (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+                ];
+                for (k, &qk) in q.iter().enumerate() {
+                    let scale = f32::from(sc[l / 16 + 2 * k] as i8);
+                    half[l + 32 * k] = d * scale * f32::from(qk as i8 - 32);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::float::f16_bytes;
+
+    #[test]
+    fn known_block() {
+        // All q = 32 (value 0): ql nibbles 0, qh pairs 2 (0b10101010).
+        let mut block = [0u8; BLOCK_BYTES];
+        block[128..192].fill(0xAA);
+        block[208..].copy_from_slice(&f16_bytes(0.5));
+        for (i, s) in block[192..208].iter_mut().enumerate() {
+            *s = (i as i8 - 4) as u8; // scales −4..11
+        }
+        // Element 17 (l = 17, k = 0): ql[17] low = 5, qh[17] bits 0-1 = 3 → q = 53 → 21.
+        block[17] = 0x05;
+        block[128 + 17] = 0b1010_1011;
+        // Element 128 + 96 + 20 (half 1, l = 20, k = 3): ql[64 + 52] high = 0, qh[32 + 20]
+        // bits 6-7 = 0 → q = 0 → −32.
+        block[128 + 32 + 20] = 0b0010_1010;
+        let mut out = [9f32; 256];
+        dequantize_row(&block, &mut out);
+        // Element 17 uses scale index 17/16 = 1 → scale −3.
+        assert_eq!(out[17], 0.5 * -3.0 * 21.0);
+        // Element 244 uses half 1, scale index 20/16 + 6 = 7 → scales[15] = 11.
+        assert_eq!(out[244], 0.5 * 11.0 * -32.0);
+        let nonzero: Vec<usize> = (0..256).filter(|&i| out[i] != 0.0).collect();
+        assert_eq!(nonzero, [17, 244]);
+    }
+}
