@@ -15,5 +15,6 @@ pub mod quant;
 pub mod sample;
 pub mod session;
 pub mod synth;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -100,7 +100,7 @@ impl Linear {
         self.info.size
     }
 
-    fn row(&self, data: &[u8], j: usize) -> &[u8] {
+    fn row<'a>(&self, data: &'a [u8], j: usize) -> &'a [u8] {
         let start = j * self.row_bytes;
         &data[start..start + self.row_bytes]
     }
