@@ -249,6 +249,13 @@ fn long_input_is_not_quadratic() {
 }
 
 fn tiny_gguf(build: impl FnOnce(&mut GgufWriter)) -> Result<Tokenizer> {
+    tiny_gguf_with(build, &TokenizerOptions::default())
+}
+
+fn tiny_gguf_with(
+    build: impl FnOnce(&mut GgufWriter),
+    opts: &TokenizerOptions,
+) -> Result<Tokenizer> {
     let mut w = GgufWriter::new();
     build(&mut w);
     let dir = std::env::temp_dir().join(format!("ternion-tok-{}", std::process::id()));
@@ -256,7 +263,8 @@ fn tiny_gguf(build: impl FnOnce(&mut GgufWriter)) -> Result<Tokenizer> {
     let path = dir.join(format!("{:?}.gguf", std::thread::current().id()));
     w.write_with(&path, Vec::new()).unwrap();
     let file = GgufFile::open(&path).unwrap();
-    Tokenizer::from_gguf(&file, &TokenizerOptions::default())
+    std::fs::remove_file(&path).unwrap();
+    Tokenizer::from_gguf(&file, opts)
 }
 
 fn str_value(s: &str) -> Value {
@@ -406,4 +414,23 @@ fn pre_tokenizer_splits() {
     for (pre, text, want) in cases {
         assert_eq!(pretokenize::split(pre, text), want, "{pre:?} {text:?}");
     }
+}
+
+#[test]
+fn absent_pre_uses_the_option() {
+    let build = |w: &mut GgufWriter| {
+        w.add("tokenizer.ggml.model", str_value("gpt2"));
+        w.add_strings("tokenizer.ggml.tokens", &["a", "b"]);
+        w.add_strings("tokenizer.ggml.merges", &["a b"]);
+    };
+    let tok = tiny_gguf(build).unwrap();
+    assert_eq!(tok.pre_tokenizer(), Some(PreTokenizer::Default));
+    assert!(!tok.add_bos());
+    let opts = TokenizerOptions {
+        pre: None,
+        pre_when_absent: PreTokenizer::Llama3,
+    };
+    let tok = tiny_gguf_with(build, &opts).unwrap();
+    assert_eq!(tok.pre_tokenizer(), Some(PreTokenizer::Llama3));
+    assert!(tok.add_bos());
 }
