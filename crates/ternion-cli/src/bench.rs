@@ -55,7 +55,10 @@ fn synthetic_path(name: &str) -> Result<PathBuf> {
         .rsplit_once('-')
         .with_context(|| format!("--synthetic '{name}': expected SHAPE-TYPE, e.g. 2b-4t-i2_s"))?;
     let Some(shape) = Shape::named(shape_name) else {
-        bail!("unknown shape '{shape_name}' (known: {})", Shape::NAMES.join(", "));
+        bail!(
+            "unknown shape '{shape_name}' (known: {})",
+            Shape::NAMES.join(", ")
+        );
     };
     let weight_type = match ty {
         "i2_s" => GgmlType::I2_S,
@@ -72,7 +75,11 @@ fn synthetic_path(name: &str) -> Result<PathBuf> {
     let path = dir.join(format!("synth-{name}.gguf"));
     if !path.exists() {
         eprintln!("writing synthetic model {} ...", path.display());
-        let n_vocab = if shape_name == "2b-4t" { 128_256 } else { 32_000 };
+        let n_vocab = if shape_name == "2b-4t" {
+            128_256
+        } else {
+            32_000
+        };
         let tmp = path.with_extension("part");
         synth::write(
             &Spec {
@@ -102,7 +109,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("-p must be at least 1");
     }
     let t0 = Instant::now();
-    let (_file, model) = model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let (_file, model) =
+        model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     let load_s = t0.elapsed().as_secs_f64();
     let cfg = model.config();
     let n_ctx = a.n_prompt + a.n_gen + 1;

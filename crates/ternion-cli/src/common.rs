@@ -91,7 +91,9 @@ impl PromptArgs {
     pub fn ids(&self, tok: &Tokenizer) -> Result<Vec<u32>> {
         match (&self.prompt, &self.tokens) {
             (_, Some(ids)) => Ok(ids.clone()),
-            (Some(text), None) => Ok(tok.encode(text, tok.add_bos() && !self.no_bos, self.special)?),
+            (Some(text), None) => {
+                Ok(tok.encode(text, tok.add_bos() && !self.no_bos, self.special)?)
+            }
             (None, None) => bail!("give a prompt with --prompt TEXT or --tokens IDS"),
         }
     }

@@ -39,9 +39,8 @@ pub fn run(a: LogitsArgs) -> Result<()> {
 
 /// Writes a 2-D little-endian float32 array in NumPy's `.npy` format (version 1.0).
 pub fn write_npy(path: &Path, data: &[f32], rows: usize, cols: usize) -> Result<()> {
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}"
-    );
+    let mut header =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
     // Magic (6) + version (2) + length (2) + header + '\n' is a multiple of 64.
     let pad = (64 - (10 + header.len() + 1) % 64) % 64;
     header.push_str(&" ".repeat(pad));

@@ -158,7 +158,12 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         id.map(|i| String::from_utf8_lossy(tok.token_bytes(i)).into_owned())
             .unwrap_or_default()
     };
-    let mut conv = Conversation::new(template, piece(tok.bos_id()), piece(tok.eos_id()), a.system.clone());
+    let mut conv = Conversation::new(
+        template,
+        piece(tok.bos_id()),
+        piece(tok.eos_id()),
+        a.system.clone(),
+    );
     let mut sampler = a.sample.sampler()?;
     let mut session = Session::new(&l.model, l.n_ctx);
     let opts = GenerateOptions {
@@ -186,7 +191,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         };
         first = false;
         if ids.len() + 1 >= session.room() {
-            bail!("the conversation no longer fits the context ({} tokens); raise --ctx", session.n_ctx());
+            bail!(
+                "the conversation no longer fits the context ({} tokens); raise --ctx",
+                session.n_ctx()
+            );
         }
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();

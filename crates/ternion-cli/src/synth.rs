@@ -37,7 +37,11 @@ pub struct SynthArgs {
 /// Runs `ternion synth`.
 pub fn run(a: SynthArgs) -> Result<()> {
     let Some(shape) = Shape::named(&a.shape) else {
-        bail!("unknown shape '{}' (known: {})", a.shape, Shape::NAMES.join(", "));
+        bail!(
+            "unknown shape '{}' (known: {})",
+            a.shape,
+            Shape::NAMES.join(", ")
+        );
     };
     let weight_type = match a.ty.to_ascii_lowercase().as_str() {
         "i2_s" => GgmlType::I2_S,

@@ -65,7 +65,12 @@ fn diff(a: &[f32], b: &[f32]) -> Diff {
 fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     if bytes.len() != n * 4 {
-        bail!("{}: expected {} floats, found {} bytes", path.display(), n, bytes.len());
+        bail!(
+            "{}: expected {} floats, found {} bytes",
+            path.display(),
+            n,
+            bytes.len()
+        );
     }
     Ok(bytes
         .chunks_exact(4)
@@ -96,14 +101,17 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
         validate_bitnet(&m, dir)
     } else {
-        bail!("{}: unrecognised manifest schema (expected 'model_file' and 'prompts')", a.manifest.display())
+        bail!(
+            "{}: unrecognised manifest schema (expected 'model_file' and 'prompts')",
+            a.manifest.display()
+        )
     }
 }
 
 fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
     let model_path = dir.join(m["model_file"].as_str().context("manifest: model_file")?);
-    let (file, model) = model::load(&model_path)
-        .with_context(|| format!("loading {}", model_path.display()))?;
+    let (file, model) =
+        model::load(&model_path).with_context(|| format!("loading {}", model_path.display()))?;
     let n_vocab = model.config().n_vocab;
     let prompts = m["prompts"].as_array().context("manifest: prompts")?;
     let mut failures = 0;
@@ -114,7 +122,10 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
         };
         let prompt_ids = ids(&p["prompt_ids"], "prompt_ids")?;
         let n = prompt_ids.len();
-        println!("case p{pi}: {:?} ({n} tokens)", p["prompt"].as_str().unwrap_or(""));
+        println!(
+            "case p{pi}: {:?} ({n} tokens)",
+            p["prompt"].as_str().unwrap_or("")
+        );
 
         // Tokenization, with the pre-tokenizer the golden run used.
         if let Some(text) = p["prompt"].as_str() {
@@ -122,10 +133,14 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
                 Some("default") => PreTokenizer::Default,
                 _ => PreTokenizer::Llama3,
             };
-            let opts = TokenizerOptions { pre: Some(pre), pre_when_absent: pre };
+            let opts = TokenizerOptions {
+                pre: Some(pre),
+                pre_when_absent: pre,
+            };
             let tok = Tokenizer::from_gguf(&file, &opts)?;
             let add_bos = p["tokenize"]["add_bos"].as_bool().unwrap_or(true);
-            let ours = tok.encode(text, add_bos, false)?;
+            let special = p["tokenize"]["parse_special"].as_bool().unwrap_or(false);
+            let ours = tok.encode(text, add_bos, special)?;
             if ours == prompt_ids {
                 println!("  tokens: match");
             } else {
@@ -135,7 +150,11 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
 
         // 1-2. Prompt logits as one batch.
         let golden = read_f32(
-            &dir.join(p["prompt_logits"]["file"].as_str().context("prompt_logits.file")?),
+            &dir.join(
+                p["prompt_logits"]["file"]
+                    .as_str()
+                    .context("prompt_logits.file")?,
+            ),
             n * n_vocab,
         )?;
         let mut s = Session::new(&model, 4096.min(model.config().n_ctx_train).max(n + 64));
@@ -144,7 +163,10 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
         let margins = floats(&p["prompt_top1_margins"], "prompt_top1_margins")?;
         let (mut agree, mut checked, mut top1_fail) = (0, 0, 0);
         for r in 0..n {
-            let (o, g) = (&ours[r * n_vocab..][..n_vocab], &golden[r * n_vocab..][..n_vocab]);
+            let (o, g) = (
+                &ours[r * n_vocab..][..n_vocab],
+                &golden[r * n_vocab..][..n_vocab],
+            );
             let same = argmax(o) == argmax(g);
             agree += same as usize;
             if margins.get(r).is_some_and(|&mg| mg > MARGIN) {
@@ -157,16 +179,25 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
             d.max_abs, d.cosine
         );
         if d.max_abs > PROMPT_MAX_ABS {
-            fail(format!("prompt logits max|diff| {:.3e} > {PROMPT_MAX_ABS}", d.max_abs));
+            fail(format!(
+                "prompt logits max|diff| {:.3e} > {PROMPT_MAX_ABS}",
+                d.max_abs
+            ));
         }
         if top1_fail > 0 {
-            fail(format!("prompt top-1 differs at {top1_fail} confident positions"));
+            fail(format!(
+                "prompt top-1 differs at {top1_fail} confident positions"
+            ));
         }
 
         // 3. Free-running greedy decode.
         let greedy = ids(&p["greedy_ids"], "greedy_ids")?;
         let gm = floats(&p["greedy_margins"], "greedy_margins")?;
-        let mut s = Session::new(&model, 4096.min(model.config().n_ctx_train).max(n + greedy.len() + 1));
+        let mut s = Session::new(
+            &model,
+            4096.min(model.config().n_ctx_train)
+                .max(n + greedy.len() + 1),
+        );
         let mut next = argmax(s.prefill(&prompt_ids)?);
         let mut ours_greedy = Vec::new();
         for k in 0..greedy.len() {
@@ -176,7 +207,11 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
             }
         }
         let confident = gm.iter().position(|&x| x < MARGIN).unwrap_or(greedy.len());
-        let matched = ours_greedy.iter().zip(&greedy).take_while(|(a, b)| a == b).count();
+        let matched = ours_greedy
+            .iter()
+            .zip(&greedy)
+            .take_while(|(a, b)| a == b)
+            .count();
         println!(
             "  greedy: {matched}/{} equal from the start; compared up to the first near-tie at step {confident}",
             greedy.len()
@@ -189,12 +224,21 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
         }
 
         // 4. Teacher-forced decode logits.
-        let steps = p["gen_logits"]["shape"][0].as_u64().context("gen_logits.shape")? as usize;
+        let steps = p["gen_logits"]["shape"][0]
+            .as_u64()
+            .context("gen_logits.shape")? as usize;
         let gen = read_f32(
-            &dir.join(p["gen_logits"]["file"].as_str().context("gen_logits.file")?),
+            &dir.join(
+                p["gen_logits"]["file"]
+                    .as_str()
+                    .context("gen_logits.file")?,
+            ),
             steps * n_vocab,
         )?;
-        let mut s = Session::new(&model, 4096.min(model.config().n_ctx_train).max(n + steps + 1));
+        let mut s = Session::new(
+            &model,
+            4096.min(model.config().n_ctx_train).max(n + steps + 1),
+        );
         s.prefill(&prompt_ids)?;
         let (mut worst, mut cos_min, mut top_fail, mut top_agree) = (0f32, 1f64, 0, 0);
         for k in 0..steps {
@@ -213,10 +257,14 @@ fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
             "  decode (teacher-forced, {steps} steps): max|diff| {worst:.3e}  min cosine {cos_min:.7}  top-1 {top_agree}/{steps}"
         );
         if worst > DECODE_MAX_ABS {
-            fail(format!("decode logits max|diff| {worst:.3e} > {DECODE_MAX_ABS}"));
+            fail(format!(
+                "decode logits max|diff| {worst:.3e} > {DECODE_MAX_ABS}"
+            ));
         }
         if top_fail > 0 {
-            fail(format!("decode top-1 differs at {top_fail} confident steps"));
+            fail(format!(
+                "decode top-1 differs at {top_fail} confident steps"
+            ));
         }
     }
     if failures > 0 {

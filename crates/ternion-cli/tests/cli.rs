@@ -80,8 +80,19 @@ fn run_json_greedy_is_deterministic_and_thread_independent() {
     let model = tiny_model().to_str().unwrap();
     let run = |threads: &str| {
         last_json(&ok(&[
-            "run", "--model", model, "--prompt", "Hello world", "-n", "12", "--temperature", "0",
-            "--ignore-eos", "--json", "-t", threads,
+            "run",
+            "--model",
+            model,
+            "--prompt",
+            "Hello world",
+            "-n",
+            "12",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--json",
+            "-t",
+            threads,
         ]))
     };
     let a = run("1");
@@ -97,7 +108,12 @@ fn run_json_greedy_is_deterministic_and_thread_independent() {
 fn logits_npy_has_the_right_shape() {
     let out = tmp_dir().join("l.npy");
     let stdout = ok(&[
-        "logits", "--model", tiny_model().to_str().unwrap(), "--tokens", "1,2,3", "--out",
+        "logits",
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "--tokens",
+        "1,2,3",
+        "--out",
         out.to_str().unwrap(),
     ]);
     assert_eq!(last_json(&stdout)["tokens"], serde_json::json!([1, 2, 3]));
@@ -124,9 +140,18 @@ fn tokenizer_vectors(vocab: &str) {
     let expected: Vec<&str> = out.lines().collect();
     let model = dir.join(vocab);
     for (text, want) in cases.iter().zip(&expected) {
-        let got = ok(&["tokenize", "--model", model.to_str().unwrap(), "--no-bos", text]);
+        let got = ok(&[
+            "tokenize",
+            "--model",
+            model.to_str().unwrap(),
+            "--no-bos",
+            text,
+        ]);
         let ids: Vec<u64> = serde_json::from_str(got.trim()).unwrap();
-        let want: Vec<u64> = want.split_whitespace().map(|t| t.parse().unwrap()).collect();
+        let want: Vec<u64> = want
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
         assert_eq!(ids, want, "{vocab}: text {text:?}");
     }
 }
@@ -155,15 +180,30 @@ fn rejects(name: &str, bytes: &[u8], needle: &str) {
     std::fs::write(&path, bytes).unwrap();
     for cmd in [
         vec!["inspect", path.to_str().unwrap()],
-        vec!["run", "--model", path.to_str().unwrap(), "--prompt", "hi", "-n", "2"],
+        vec![
+            "run",
+            "--model",
+            path.to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "-n",
+            "2",
+        ],
     ] {
         let t = Instant::now();
         let out = ternion(&cmd);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name}: {cmd:?} succeeded");
-        assert_eq!(out.status.code(), Some(1), "{name}: exit code (a panic gives 101)");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{name}: exit code (a panic gives 101)"
+        );
         assert!(!err.contains("panicked"), "{name}: {err}");
-        assert!(err.contains(needle), "{name}: stderr lacks {needle:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{name}: stderr lacks {needle:?}: {err}"
+        );
         assert!(t.elapsed() < Duration::from_secs(5), "{name}: too slow");
     }
 }
@@ -211,13 +251,22 @@ fn unknown_architecture_is_an_error() {
     let out = ternion(&["run", "--model", gpt2.to_str().unwrap(), "--prompt", "x"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("architecture") || err.contains("missing"), "{err}");
+    assert!(
+        err.contains("architecture") || err.contains("missing"),
+        "{err}"
+    );
 }
 
 #[test]
 fn prompt_longer_than_context_is_an_error() {
     let out = ternion(&[
-        "run", "--model", tiny_model().to_str().unwrap(), "--tokens", "1,2,3,4,5,6,7,8", "--ctx", "4",
+        "run",
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "--tokens",
+        "1,2,3,4,5,6,7,8",
+        "--ctx",
+        "4",
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("context"));
@@ -240,7 +289,14 @@ fn offline_default_model_says_how_to_pass_a_file() {
 #[test]
 fn bench_json_reports_speeds() {
     let out = ok(&[
-        "bench", "--model", tiny_model().to_str().unwrap(), "-p", "16", "-n", "4", "--json",
+        "bench",
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "--json",
     ]);
     let v = last_json(&out);
     for k in ["prefill_tok_s", "decode_tok_s", "ms_per_token", "threads"] {

@@ -53,7 +53,10 @@ impl Shape {
 pub enum Vocab<'a> {
     /// Copy `tokenizer.*` from a GGUF file, keeping at most `limit` tokens (the specials
     /// are kept, ids remapped).
-    File { path: &'a Path, limit: Option<usize> },
+    File {
+        path: &'a Path,
+        limit: Option<usize>,
+    },
     /// A byte-level vocabulary of `n_vocab` tokens: 256 byte tokens, three specials, and
     /// reserved control tokens up to the size (so the LM head has a real size).
     Bytes {
@@ -92,7 +95,7 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
     }
     let sh = &spec.shape;
     let block = spec.weight_type.block_elems();
-    if sh.n_embd % block != 0 || sh.n_ff % block != 0 {
+    if !sh.n_embd.is_multiple_of(block) || !sh.n_ff.is_multiple_of(block) {
         return Err(Error::Request(format!(
             "synth: widths {} and {} must be multiples of {block} for {}",
             sh.n_embd, sh.n_ff, spec.weight_type
@@ -104,17 +107,39 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
     w.add("general.architecture", Value::Str(a.into()))
         .add("general.name", Value::Str(format!("ternion-synth-{a}")))
         .add(&format!("{a}.context_length"), Value::U32(4096))
-        .add(&format!("{a}.embedding_length"), Value::U32(sh.n_embd as u32))
+        .add(
+            &format!("{a}.embedding_length"),
+            Value::U32(sh.n_embd as u32),
+        )
         .add(&format!("{a}.block_count"), Value::U32(sh.n_layer as u32))
-        .add(&format!("{a}.feed_forward_length"), Value::U32(sh.n_ff as u32))
-        .add(&format!("{a}.rope.dimension_count"), Value::U32(head_dim as u32))
-        .add(&format!("{a}.attention.head_count"), Value::U32(sh.n_head as u32))
-        .add(&format!("{a}.attention.head_count_kv"), Value::U32(sh.n_head_kv as u32))
-        .add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
+        .add(
+            &format!("{a}.feed_forward_length"),
+            Value::U32(sh.n_ff as u32),
+        )
+        .add(
+            &format!("{a}.rope.dimension_count"),
+            Value::U32(head_dim as u32),
+        )
+        .add(
+            &format!("{a}.attention.head_count"),
+            Value::U32(sh.n_head as u32),
+        )
+        .add(
+            &format!("{a}.attention.head_count_kv"),
+            Value::U32(sh.n_head_kv as u32),
+        )
+        .add(
+            &format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        )
         .add(&format!("{a}.rope.freq_base"), Value::F32(500_000.0));
     let n_vocab = add_vocab(&mut w, &spec.vocab)?;
 
-    let (d, ff, kv) = (sh.n_embd as u64, sh.n_ff as u64, (sh.n_head_kv * head_dim) as u64);
+    let (d, ff, kv) = (
+        sh.n_embd as u64,
+        sh.n_ff as u64,
+        (sh.n_head_kv * head_dim) as u64,
+    );
     let wt = spec.weight_type;
     w.declare("token_embd.weight", GgmlType::F16, &[d, n_vocab as u64])?;
     w.declare("output_norm.weight", GgmlType::F32, &[d])?;
@@ -148,7 +173,11 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
             return Ok(bytes);
         }
         if name.ends_with("norm.weight") {
-            let n = if name.contains("ffn_sub_norm") { sh.n_ff } else { sh.n_embd };
+            let n = if name.contains("ffn_sub_norm") {
+                sh.n_ff
+            } else {
+                sh.n_embd
+            };
             return Ok((0..n)
                 .flat_map(|_| rng.random_range(0.5f32..1.5).to_le_bytes())
                 .collect());
@@ -213,7 +242,7 @@ fn add_vocab(w: &mut GgufWriter, vocab: &Vocab) -> Result<usize> {
     let mut new_id = vec![None; n];
     let mut kept = Vec::new();
     let mut seen_normal = 0;
-    for i in 0..n {
+    for (i, slot) in new_id.iter_mut().enumerate() {
         let keep = if is_normal(i) {
             seen_normal += 1;
             seen_normal <= keep_normal
@@ -221,7 +250,7 @@ fn add_vocab(w: &mut GgufWriter, vocab: &Vocab) -> Result<usize> {
             true
         };
         if keep {
-            new_id[i] = Some(kept.len() as u32);
+            *slot = Some(kept.len() as u32);
             kept.push(i);
         }
     }
@@ -230,11 +259,15 @@ fn add_vocab(w: &mut GgufWriter, vocab: &Vocab) -> Result<usize> {
             continue;
         }
         let remapped = match (key.as_str(), value) {
-            ("tokenizer.ggml.tokens", _) => {
-                Value::Array(ValueType::Str, kept.iter().map(|&i| Value::Str(tokens[i].into())).collect())
-            }
+            ("tokenizer.ggml.tokens", _) => Value::Array(
+                ValueType::Str,
+                kept.iter().map(|&i| Value::Str(tokens[i].into())).collect(),
+            ),
             ("tokenizer.ggml.token_type" | "tokenizer.ggml.scores", Value::Array(t, items)) => {
-                Value::Array(*t, kept.iter().filter_map(|&i| items.get(i).cloned()).collect())
+                Value::Array(
+                    *t,
+                    kept.iter().filter_map(|&i| items.get(i).cloned()).collect(),
+                )
             }
             ("tokenizer.ggml.merges", Value::Array(t, items)) => {
                 let kept_text: std::collections::HashSet<&str> =
@@ -251,7 +284,10 @@ fn add_vocab(w: &mut GgufWriter, vocab: &Vocab) -> Result<usize> {
                 Value::Array(*t, items.iter().filter(ok).cloned().collect())
             }
             (k, v) if k.ends_with("_token_id") => {
-                match v.as_int().and_then(|i| new_id.get(usize::try_from(i).ok()?).copied().flatten()) {
+                match v
+                    .as_int()
+                    .and_then(|i| new_id.get(usize::try_from(i).ok()?).copied().flatten())
+                {
                     Some(id) => Value::U32(id),
                     None => continue,
                 }
@@ -282,8 +318,14 @@ fn add_byte_vocab(w: &mut GgufWriter, n_vocab: usize) -> usize {
     w.add("tokenizer.ggml.model", Value::Str("gpt2".into()))
         .add("tokenizer.ggml.pre", Value::Str("llama-bpe".into()))
         .add_strings("tokenizer.ggml.tokens", &tokens)
-        .add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types))
-        .add("tokenizer.ggml.merges", Value::Array(ValueType::Str, vec![]))
+        .add(
+            "tokenizer.ggml.token_type",
+            Value::Array(ValueType::I32, types),
+        )
+        .add(
+            "tokenizer.ggml.merges",
+            Value::Array(ValueType::Str, vec![]),
+        )
         .add("tokenizer.ggml.bos_token_id", Value::U32(256))
         .add("tokenizer.ggml.eos_token_id", Value::U32(257))
         .add("tokenizer.ggml.eot_token_id", Value::U32(258))

@@ -95,9 +95,7 @@ impl Config {
             Some(_) => dim("rope.dimension_count")?,
             None => head_dim,
         };
-        let rope_base = file
-            .get_f32(&key("rope.freq_base"))?
-            .unwrap_or(10_000.0);
+        let rope_base = file.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         let rms_eps = file
             .get_f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5);
@@ -133,19 +131,19 @@ impl Config {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Model(m));
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return bad(format!(
                 "embedding_length {} is not a multiple of head_count {}",
                 self.n_embd, self.n_head
             ));
         }
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_head, self.n_head_kv
             ));
         }
-        if self.n_rot > self.head_dim || self.n_rot % 2 != 0 {
+        if self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
             return bad(format!(
                 "rope.dimension_count {} must be even and at most the head size {}",
                 self.n_rot, self.head_dim
@@ -158,7 +156,10 @@ impl Config {
             ));
         }
         if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
-            return bad(format!("rope.freq_base {} must be positive", self.rope_base));
+            return bad(format!(
+                "rope.freq_base {} must be positive",
+                self.rope_base
+            ));
         }
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
             return bad(format!(

@@ -28,47 +28,45 @@ pub fn attention(q: &[f32], k: &[f16], v: &[f16], s: &AttnShape, out: &mut [f32]
     let kv_dim = s.n_head_kv * hd;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
-    out.par_chunks_mut(hd)
-        .enumerate()
-        .for_each_init(
-            || (Vec::new(), vec![0f32; hd]),
-            |(scores, qh), (i, o)| {
-                let (t, h) = (i / s.n_head, i % s.n_head);
-                let n_keys = s.pos0 + t + 1;
-                let kvh = h / group;
-                for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
-                    *d = f16::from_f32(x).to_f32();
+    out.par_chunks_mut(hd).enumerate().for_each_init(
+        || (Vec::new(), vec![0f32; hd]),
+        |(scores, qh), (i, o)| {
+            let (t, h) = (i / s.n_head, i % s.n_head);
+            let n_keys = s.pos0 + t + 1;
+            let kvh = h / group;
+            for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
+                *d = f16::from_f32(x).to_f32();
+            }
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for p in 0..n_keys {
+                let kr = &k[p * kv_dim + kvh * hd..][..hd];
+                let dot: f32 = qh.iter().zip(kr).map(|(a, b)| a * b.to_f32()).sum();
+                let sc = dot * scale;
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0f64;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += f64::from(*sc);
+            }
+            let inv = (1.0 / sum) as f32;
+            for sc in scores.iter_mut() {
+                *sc *= inv;
+                if s.round_probs {
+                    *sc = f16::from_f32(*sc).to_f32();
                 }
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for p in 0..n_keys {
-                    let kr = &k[p * kv_dim + kvh * hd..][..hd];
-                    let dot: f32 = qh.iter().zip(kr).map(|(a, b)| a * b.to_f32()).sum();
-                    let sc = dot * scale;
-                    max = max.max(sc);
-                    scores.push(sc);
+            }
+            o.fill(0.0);
+            for (p, &w) in scores.iter().enumerate() {
+                let vr = &v[p * kv_dim + kvh * hd..][..hd];
+                for (acc, &x) in o.iter_mut().zip(vr) {
+                    *acc += w * x.to_f32();
                 }
-                let mut sum = 0f64;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += f64::from(*sc);
-                }
-                let inv = (1.0 / sum) as f32;
-                for sc in scores.iter_mut() {
-                    *sc *= inv;
-                    if s.round_probs {
-                        *sc = f16::from_f32(*sc).to_f32();
-                    }
-                }
-                o.fill(0.0);
-                for (p, &w) in scores.iter().enumerate() {
-                    let vr = &v[p * kv_dim + kvh * hd..][..hd];
-                    for (acc, &x) in o.iter_mut().zip(vr) {
-                        *acc += w * x.to_f32();
-                    }
-                }
-            },
-        );
+            }
+        },
+    );
 }
 
 #[cfg(test)]

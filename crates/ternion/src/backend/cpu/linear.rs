@@ -169,17 +169,19 @@ impl Linear {
 fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
     let rows = out.len() / m;
     let ptr = SendPtr(out.as_mut_ptr());
-    (0..m.div_ceil(ROWS_PER_TASK)).into_par_iter().for_each(|blk| {
-        let ptr = &ptr;
-        let j0 = blk * ROWS_PER_TASK;
-        for j in j0..(j0 + ROWS_PER_TASK).min(m) {
-            for t in 0..rows {
-                // SAFETY: index t·m + j < rows·m = out.len(), and each (j, t) pair belongs to
-                // exactly one task (j is in one block only), so writes never alias.
-                unsafe { *ptr.0.add(t * m + j) = f(j, t) };
+    (0..m.div_ceil(ROWS_PER_TASK))
+        .into_par_iter()
+        .for_each(|blk| {
+            let ptr = &ptr;
+            let j0 = blk * ROWS_PER_TASK;
+            for j in j0..(j0 + ROWS_PER_TASK).min(m) {
+                for t in 0..rows {
+                    // SAFETY: index t·m + j < rows·m = out.len(), and each (j, t) pair belongs to
+                    // exactly one task (j is in one block only), so writes never alias.
+                    unsafe { *ptr.0.add(t * m + j) = f(j, t) };
+                }
             }
-        }
-    });
+        });
 }
 
 /// A raw pointer that parallel tasks write through at disjoint indices.

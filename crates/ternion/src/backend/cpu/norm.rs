@@ -31,6 +31,9 @@ mod tests {
         let w2 = vec![2.0; 7];
         let mut out2 = vec![0.0; 14];
         rms_norm(&x, &w2, 1e-6, &mut out2);
-        assert!(out.iter().zip(&out2).all(|(a, b)| (2.0 * a - b).abs() < 1e-6));
+        assert!(out
+            .iter()
+            .zip(&out2)
+            .all(|(a, b)| (2.0 * a - b).abs() < 1e-6));
     }
 }
