@@ -9,8 +9,9 @@ use crate::{Error, Result};
 
 /// Keys and values of every layer for the positions processed so far.
 pub struct KvCache {
-    k: Vec<Vec<f16>>,
-    v: Vec<Vec<f16>>,
+    /// F16 bit patterns; stored as `u16` so the zeroed allocation is lazily committed.
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
     kv_dim: usize,
     n_ctx: usize,
     len: usize,
@@ -19,7 +20,7 @@ pub struct KvCache {
 impl KvCache {
     /// A cache for `n_layer` layers of `kv_dim` values per position, `n_ctx` positions.
     pub fn new(n_layer: usize, kv_dim: usize, n_ctx: usize) -> KvCache {
-        let plane = || vec![f16::ZERO; n_ctx * kv_dim];
+        let plane = || vec![0u16; n_ctx * kv_dim];
         KvCache {
             k: (0..n_layer).map(|_| plane()).collect(),
             v: (0..n_layer).map(|_| plane()).collect(),
@@ -67,7 +68,7 @@ impl KvCache {
         let start = self.len * self.kv_dim;
         for (dst, src) in [(&mut self.k[layer], k), (&mut self.v[layer], v)] {
             for (d, &s) in dst[start..start + src.len()].iter_mut().zip(src) {
-                *d = f16::from_f32(s);
+                *d = f16::from_f32(s).to_bits();
             }
         }
     }
@@ -80,6 +81,9 @@ impl KvCache {
     /// Keys and values of `layer` for the first `n` positions.
     pub fn layer(&self, layer: usize, n: usize) -> (&[f16], &[f16]) {
         let e = n * self.kv_dim;
-        (&self.k[layer][..e], &self.v[layer][..e])
+        (
+            bytemuck::cast_slice(&self.k[layer][..e]),
+            bytemuck::cast_slice(&self.v[layer][..e]),
+        )
     }
 }

@@ -7,6 +7,8 @@
 use half::f16;
 use rayon::prelude::*;
 
+use super::simd;
+
 /// Shape of one attention call.
 pub struct AttnShape {
     /// Query heads.
@@ -28,6 +30,7 @@ pub fn attention(q: &[f32], k: &[f16], v: &[f16], s: &AttnShape, out: &mut [f32]
     let kv_dim = s.n_head_kv * hd;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
+    let level = simd::Level::detect();
     out.par_chunks_mut(hd).enumerate().for_each_init(
         || (Vec::new(), vec![0f32; hd]),
         |(scores, qh), (i, o)| {
@@ -41,7 +44,7 @@ pub fn attention(q: &[f32], k: &[f16], v: &[f16], s: &AttnShape, out: &mut [f32]
             let mut max = f32::NEG_INFINITY;
             for p in 0..n_keys {
                 let kr = &k[p * kv_dim + kvh * hd..][..hd];
-                let dot: f32 = qh.iter().zip(kr).map(|(a, b)| a * b.to_f32()).sum();
+                let dot = simd::f16_dot_halves(level, kr, qh);
                 let sc = dot * scale;
                 max = max.max(sc);
                 scores.push(sc);
@@ -60,10 +63,7 @@ pub fn attention(q: &[f32], k: &[f16], v: &[f16], s: &AttnShape, out: &mut [f32]
             }
             o.fill(0.0);
             for (p, &w) in scores.iter().enumerate() {
-                let vr = &v[p * kv_dim + kvh * hd..][..hd];
-                for (acc, &x) in o.iter_mut().zip(vr) {
-                    *acc += w * x.to_f32();
-                }
+                simd::f16_axpy(level, o, w, &v[p * kv_dim + kvh * hd..][..hd]);
             }
         },
     );

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::simd;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType};
 use crate::{Error, Result};
@@ -113,13 +114,27 @@ impl Linear {
         debug_assert_eq!(out.len(), rows * m);
         let data = self.file.tensor_data(&self.info);
         let post = self.tensor_scale * self.post_scale;
+        let level = simd::Level::detect();
         match self.info.ty {
             GgmlType::I2_S => {
                 qi.ensure_per_token(x, k);
-                let (q, s) = (&qi.q, &qi.token_scale);
-                par_rows(out, m, |j, t| {
-                    let d = quant::i2s::dot(self.row(data, j), &q[t * k..(t + 1) * k]);
-                    (d as f32 / s[t]) * post
+                let (q, s, sums) = (&qi.q, &qi.token_scale, &qi.token_sum);
+                let qrow = |t: usize| &q[t * k..(t + 1) * k];
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let d = if n == 4 {
+                        let ts: [usize; 4] = std::array::from_fn(|i| t0 + i);
+                        simd::i2s_dot4(level, w, ts.map(qrow), ts.map(|t| sums[t]))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                simd::i2s_dot(level, w, qrow(t0 + i), sums[t0 + i])
+                            } else {
+                                0
+                            }
+                        })
+                    };
+                    std::array::from_fn(|i| (d[i] as f32 / s[(t0 + i).min(rows - 1)]) * post)
                 });
             }
             GgmlType::TQ1_0 | GgmlType::TQ2_0 => {
@@ -130,7 +145,7 @@ impl Linear {
                     GgmlType::TQ1_0 => quant::tq1_0::dot_q8k,
                     _ => quant::tq2_0::dot_q8k,
                 };
-                par_rows(out, m, |j, t| {
+                par_rows_each(out, m, |j, t| {
                     dot(
                         self.row(data, j),
                         &q[t * k..(t + 1) * k],
@@ -145,12 +160,12 @@ impl Linear {
                 } else {
                     x
                 };
-                par_rows(out, m, |j, t| {
-                    quant::float::dot_f16(self.row(data, j), &xs[t * k..(t + 1) * k])
+                par_rows_each(out, m, |j, t| {
+                    simd::f16_dot(level, self.row(data, j), &xs[t * k..(t + 1) * k])
                         * self.post_scale
                 });
             }
-            GgmlType::F32 => par_rows(out, m, |j, t| {
+            GgmlType::F32 => par_rows_each(out, m, |j, t| {
                 let w = self.row(data, j);
                 let xr = &x[t * k..(t + 1) * k];
                 w.chunks_exact(4)
@@ -164,9 +179,10 @@ impl Linear {
     }
 }
 
-/// Fills `out` (`rows × m`, row-major) with `f(j, t)` for output column `j`, input row `t`,
-/// in parallel over blocks of weight rows (each weight row is read once for all tokens).
-fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
+/// Fills `out` (`rows × m`, row-major) in parallel over blocks of weight rows: each weight
+/// row is read once for all tokens. `f(j, t0, n)` returns output column `j` for the `n ≤ 4`
+/// input rows starting at `t0` (entries past `n` are ignored).
+fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize, usize) -> [f32; 4] + Sync) {
     let rows = out.len() / m;
     let ptr = SendPtr(out.as_mut_ptr());
     (0..m.div_ceil(ROWS_PER_TASK))
@@ -175,13 +191,24 @@ fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
             let ptr = &ptr;
             let j0 = blk * ROWS_PER_TASK;
             for j in j0..(j0 + ROWS_PER_TASK).min(m) {
-                for t in 0..rows {
-                    // SAFETY: index t·m + j < rows·m = out.len(), and each (j, t) pair belongs to
-                    // exactly one task (j is in one block only), so writes never alias.
-                    unsafe { *ptr.0.add(t * m + j) = f(j, t) };
+                for t0 in (0..rows).step_by(4) {
+                    let n = (rows - t0).min(4);
+                    let v = f(j, t0, n);
+                    for (i, &val) in v.iter().enumerate().take(n) {
+                        // SAFETY: index (t0+i)·m + j < rows·m = out.len(), and each (j, t) pair
+                        // belongs to exactly one task (j is in one block only): no aliasing.
+                        unsafe { *ptr.0.add((t0 + i) * m + j) = val };
+                    }
                 }
             }
         });
+}
+
+/// [`par_rows`] for kernels that take one input row at a time: `f(j, t)`.
+fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
+    par_rows(out, m, |j, t0, n| {
+        std::array::from_fn(|i| if i < n { f(j, t0 + i) } else { 0.0 })
+    });
 }
 
 /// A raw pointer that parallel tasks write through at disjoint indices.
@@ -198,6 +225,7 @@ pub struct QuantInput {
     fresh: [bool; 3],
     q: Vec<i8>,
     token_scale: Vec<f32>,
+    token_sum: Vec<i32>,
     q8k: Vec<i8>,
     q8k_d: Vec<f32>,
     x16: Vec<f32>,
@@ -218,12 +246,15 @@ impl QuantInput {
         let rows = x.len() / k;
         self.q.resize(x.len(), 0);
         self.token_scale.resize(rows, 0.0);
-        for ((xr, qr), s) in x
+        self.token_sum.resize(rows, 0);
+        for (t, (xr, qr)) in x
             .chunks_exact(k)
             .zip(self.q.chunks_exact_mut(k))
-            .zip(self.token_scale.iter_mut())
+            .enumerate()
         {
-            *s = act::quantize_per_token(xr, qr).scale;
+            let p = act::quantize_per_token(xr, qr);
+            self.token_scale[t] = p.scale;
+            self.token_sum[t] = p.sum;
         }
     }
 

@@ -4,6 +4,7 @@ mod attention;
 mod linear;
 mod norm;
 mod rope;
+pub mod simd;
 
 pub use attention::{attention, AttnShape};
 pub use linear::{Linear, QuantInput};

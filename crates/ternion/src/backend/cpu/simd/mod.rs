@@ -1,0 +1,131 @@
+//! Hot inner loops with runtime CPU-feature dispatch: AVX2 (+FMA, F16C) on x86-64, NEON on
+//! aarch64, and the scalar reference kernels of [`crate::quant`] everywhere else.
+//!
+//! Every kernel returns exactly what its scalar reference returns for integer dots; float
+//! dots may differ in the last bits (another summation order), never in a way that depends
+//! on the number of threads.
+
+use half::f16;
+
+use crate::quant;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// The instruction set the kernels use on this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// Portable Rust.
+    Scalar,
+    /// x86-64 AVX2 with FMA and F16C.
+    Avx2,
+    /// aarch64 NEON.
+    Neon,
+}
+
+impl Level {
+    /// The best level this CPU supports (detected once). `TERNION_SIMD=scalar` forces the
+    /// portable kernels (for testing and comparison).
+    pub fn detect() -> Level {
+        static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            if std::env::var("TERNION_SIMD").is_ok_and(|v| v == "scalar") {
+                return Level::Scalar;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Level::Avx2;
+            }
+            #[cfg(target_arch = "aarch64")]
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                return Level::Neon;
+            }
+            Level::Scalar
+        })
+    }
+
+    /// Lower-case name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Neon => "neon",
+        }
+    }
+}
+
+/// Σ t_i·q_i over one I2_S row (t = code − 1); `q_sum` = Σ q_i.
+#[inline]
+pub fn i2s_dot(level: Level, row: &[u8], q: &[i8], q_sum: i32) -> i32 {
+    match level {
+        // SAFETY: Avx2 is only returned by `detect` when the CPU has AVX2, FMA and F16C;
+        // the kernel checks the slice lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::i2s_dot(row, q, q_sum) },
+        // SAFETY: Neon is only returned when the CPU has NEON.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon::i2s_dot(row, q, q_sum) },
+        _ => {
+            let _ = q_sum;
+            quant::i2s::dot(row, q)
+        }
+    }
+}
+
+/// [`i2s_dot`] of one weight row against four token rows at once (prefill): the codes are
+/// unpacked once for all four.
+#[inline]
+pub fn i2s_dot4(level: Level, row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i32; 4] {
+    match level {
+        // SAFETY: as in `i2s_dot`.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::i2s_dot4(row, q, q_sum) },
+        _ => std::array::from_fn(|i| i2s_dot(level, row, q[i], q_sum[i])),
+    }
+}
+
+/// Σ w_i·x_i for a little-endian F16 row `w` (as bytes) and f32 `x`.
+#[inline]
+pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::f16_dot(w.as_ptr(), x) },
+        _ => quant::float::dot_f16(w, x),
+    }
+}
+
+/// Σ k_i·q_i for an F16 key row and an f32 query.
+#[inline]
+pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
+    assert_eq!(k.len(), q.len(), "f16_dot_halves: length mismatch");
+    match level {
+        // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
+        _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
+    }
+}
+
+/// `out_i += w · v_i` for an F16 value row.
+#[inline]
+pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
+    assert_eq!(out.len(), v.len(), "f16_axpy: length mismatch");
+    match level {
+        // SAFETY: as in `i2s_dot`; lengths asserted equal.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
+        _ => out
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, x)| *o += w * x.to_f32()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,97 @@
+//! Every dispatched kernel against its scalar reference, on random inputs of odd sizes.
+
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+fn random_i2s_row(rng: &mut StdRng, k: usize) -> Vec<u8> {
+    // Codes 0..=2 only, as in real files.
+    (0..k / 4)
+        .map(|_| (0..4).fold(0u8, |b, i| b | (rng.random_range(0..3u8) << (2 * i))))
+        .collect()
+}
+
+fn random_q(rng: &mut StdRng, k: usize) -> Vec<i8> {
+    (0..k)
+        .map(|_| rng.random_range(-128..=127i16) as i8)
+        .collect()
+}
+
+#[test]
+fn i2s_dot_matches_reference() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(3);
+    for k in [128, 384, 2560, 6912] {
+        let row = random_i2s_row(&mut rng, k);
+        let qs: Vec<Vec<i8>> = (0..4).map(|_| random_q(&mut rng, k)).collect();
+        let sums: Vec<i32> = qs
+            .iter()
+            .map(|q| q.iter().map(|&v| i32::from(v)).sum())
+            .collect();
+        let want: Vec<i32> = qs.iter().map(|q| quant::i2s::dot(&row, q)).collect();
+        for t in 0..4 {
+            assert_eq!(
+                i2s_dot(level, &row, &qs[t], sums[t]),
+                want[t],
+                "k={k} t={t}"
+            );
+        }
+        let four = i2s_dot4(
+            level,
+            &row,
+            [&qs[0], &qs[1], &qs[2], &qs[3]],
+            [sums[0], sums[1], sums[2], sums[3]],
+        );
+        assert_eq!(four.to_vec(), want, "k={k} dot4");
+    }
+}
+
+#[test]
+fn i2s_dot_extremes_are_exact() {
+    // All +1 against all −128 and all 127: the largest magnitudes the kernel can see.
+    let level = Level::detect();
+    let k = 6912;
+    let row = vec![0b10_10_10_10u8; k / 4];
+    for v in [-128i8, 127] {
+        let q = vec![v; k];
+        let sum = i32::from(v) * k as i32;
+        assert_eq!(i2s_dot(level, &row, &q, sum), sum);
+    }
+}
+
+#[test]
+fn f16_kernels_match_reference() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(5);
+    for n in [1, 7, 8, 31, 33, 64, 127, 2560] {
+        let w: Vec<f16> = (0..n)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+            .collect();
+        let x: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let bytes: Vec<u8> = w.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let want: f64 = w
+            .iter()
+            .zip(&x)
+            .map(|(a, b)| f64::from(a.to_f32()) * f64::from(*b))
+            .sum();
+        let tol = 1e-5 * (n as f64).sqrt() + 1e-6;
+        assert!(
+            (f64::from(f16_dot(level, &bytes, &x)) - want).abs() < tol,
+            "f16_dot n={n}"
+        );
+        assert!(
+            (f64::from(f16_dot_halves(level, &w, &x)) - want).abs() < tol,
+            "halves n={n}"
+        );
+        let mut out = x.clone();
+        f16_axpy(level, &mut out, 0.5, &w);
+        for i in 0..n {
+            assert!(
+                (out[i] - (x[i] + 0.5 * w[i].to_f32())).abs() < 1e-6,
+                "axpy n={n} i={i}"
+            );
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! AVX2 + FMA + F16C kernels. Callers guarantee the features (see `Level::detect`).
+
+use std::arch::x86_64::*;
+
+/// Horizontal sum of eight i32 lanes.
+#[target_feature(enable = "avx2")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Horizontal sum of eight f32 lanes.
+#[target_feature(enable = "avx2")]
+fn hsum_f32(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The four 32-code groups of one 32-byte I2_S block (shifts 6, 4, 2, 0), as bytes 0..=3.
+#[target_feature(enable = "avx2")]
+unsafe fn unpack(p: *const u8) -> [__m256i; 4] {
+    let mask = _mm256_set1_epi8(3);
+    let w = _mm256_loadu_si256(p.cast());
+    [
+        _mm256_and_si256(_mm256_srli_epi16::<6>(w), mask),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask),
+        _mm256_and_si256(_mm256_srli_epi16::<2>(w), mask),
+        _mm256_and_si256(w, mask),
+    ]
+}
+
+/// Σ code_i·q_i over one 128-element block as 16 i16 partial sums (|sum| ≤ 4·2·2·128).
+#[target_feature(enable = "avx2")]
+unsafe fn block_products(c: &[__m256i; 4], q: *const i8) -> __m256i {
+    let p0 = _mm256_maddubs_epi16(c[0], _mm256_loadu_si256(q.cast()));
+    let p1 = _mm256_maddubs_epi16(c[1], _mm256_loadu_si256(q.add(32).cast()));
+    let p2 = _mm256_maddubs_epi16(c[2], _mm256_loadu_si256(q.add(64).cast()));
+    let p3 = _mm256_maddubs_epi16(c[3], _mm256_loadu_si256(q.add(96).cast()));
+    _mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3))
+}
+
+/// Σ (code_i − 1)·q_i: `maddubs` multiplies the unsigned codes by the signed activations
+/// (exact: |code·q| ≤ 256), then Σq is subtracted.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn i2s_dot(row: &[u8], q: &[i8], q_sum: i32) -> i32 {
+    assert_eq!(
+        row.len() * 4,
+        q.len(),
+        "i2s_dot: row and activations differ in length"
+    );
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_si256();
+    for b in 0..row.len() / 32 {
+        let c = unpack(row.as_ptr().add(32 * b));
+        let s = block_products(&c, q.as_ptr().add(128 * b));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
+    }
+    hsum_i32(acc) - q_sum
+}
+
+/// [`i2s_dot`] against four activation rows, unpacking each block once.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn i2s_dot4(row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i32; 4] {
+    for qt in &q {
+        assert_eq!(row.len() * 4, qt.len(), "i2s_dot4: length mismatch");
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for b in 0..row.len() / 32 {
+        let c = unpack(row.as_ptr().add(32 * b));
+        for (a, qt) in acc.iter_mut().zip(&q) {
+            let s = block_products(&c, qt.as_ptr().add(128 * b));
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
+        }
+    }
+    std::array::from_fn(|i| hsum_i32(acc[i]) - q_sum[i])
+}
+
+/// Σ w_i·x_i for `x.len()` little-endian F16 values at `w`.
+///
+/// # Safety
+/// `w` must point at `2 · x.len()` readable bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
+    let n = x.len();
+    let w = w.cast::<u16>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
+            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i).cast()));
+        acc[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), acc[0]);
+        i += 8;
+    }
+    let mut sum = hsum_f32(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
+    while i < n {
+        sum += half::f16::from_bits(w.add(i).read_unaligned()).to_f32() * x[i];
+        i += 1;
+    }
+    sum
+}
+
+/// `out_i += a · v_i` for `out.len()` F16 values at `v`.
+///
+/// # Safety
+/// `v` must point at `2 · out.len()` readable bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_axpy(out: &mut [f32], a: f32, v: *const u8) {
+    let n = out.len();
+    let v = v.cast::<u16>();
+    let av = _mm256_set1_ps(a);
+    let mut i = 0;
+    while i + 8 <= n {
+        let vv = _mm256_cvtph_ps(_mm_loadu_si128(v.add(i).cast()));
+        let o = out.as_mut_ptr().add(i);
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(av, vv, _mm256_loadu_ps(o)));
+        i += 8;
+    }
+    while i < n {
+        out[i] += a * half::f16::from_bits(v.add(i).read_unaligned()).to_f32();
+        i += 1;
+    }
+}
