@@ -114,10 +114,9 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize> {
     if n == 0 {
         bail!("--threads must be at least 1");
     }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global()
-        .context("starting the worker threads")?;
+    if !ternion::backend::cpu::pool::init(n) {
+        bail!("the worker pool was already started with another thread count");
+    }
     Ok(n)
 }
 

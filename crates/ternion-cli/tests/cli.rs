@@ -69,10 +69,38 @@ fn tiny_model() -> &'static Path {
 }
 
 #[test]
-fn validate_golden_bitnet_passes() {
+fn validate_golden_bitnet_passes_with_1_2_4_threads() {
     let m = shared().join("golden-bitnet/manifest.json");
-    let out = ok(&["validate", m.to_str().unwrap()]);
-    assert!(out.contains("all 3 cases pass"), "{out}");
+    for t in ["1", "2", "4"] {
+        let out = ok(&["validate", m.to_str().unwrap(), "-t", t]);
+        assert!(out.contains("all 3 cases pass"), "{t} threads: {out}");
+    }
+}
+
+#[test]
+fn logits_are_identical_for_every_thread_count() {
+    let model = shared().join("golden-bitnet/bitnet-b158-tiny-pub.gguf");
+    let files: Vec<Vec<u8>> = ["1", "2", "3", "4"]
+        .iter()
+        .map(|t| {
+            let out = tmp_dir().join(format!("t{t}.npy"));
+            ok(&[
+                "logits",
+                "--model",
+                model.to_str().unwrap(),
+                "--prompt",
+                "Threads must not change a single bit.",
+                "-t",
+                t,
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            std::fs::read(out).unwrap()
+        })
+        .collect();
+    for f in &files[1..] {
+        assert!(f == &files[0], "logits differ between thread counts");
+    }
 }
 
 #[test]

@@ -81,6 +81,8 @@ pub struct Session<'m> {
     tokens: Vec<u32>,
     /// Tokens sampled but not yet evaluated (fed first by the next call).
     pending: Vec<u32>,
+    /// Reused buffer for pending + new ids.
+    batch: Vec<u32>,
 }
 
 impl<'m> Session<'m> {
@@ -91,8 +93,9 @@ impl<'m> Session<'m> {
             model,
             kv: KvCache::new(c.n_layer, c.kv_dim(), n_ctx),
             ws: Workspace::default(),
-            tokens: Vec::new(),
+            tokens: Vec::with_capacity(n_ctx),
             pending: Vec::new(),
+            batch: Vec::new(),
         }
     }
 
@@ -121,8 +124,17 @@ impl<'m> Session<'m> {
     /// Evaluates `ids` (after any pending tokens) in batches of at most [`PREFILL_CHUNK`];
     /// returns the last token's logits.
     pub fn prefill(&mut self, ids: &[u32]) -> Result<&[f32]> {
-        let mut all = std::mem::take(&mut self.pending);
+        let mut all = std::mem::take(&mut self.batch);
+        all.clear();
+        all.append(&mut self.pending);
         all.extend_from_slice(ids);
+        let result = self.run_chunks(&all);
+        self.batch = all;
+        result?;
+        Ok(self.last_logits())
+    }
+
+    fn run_chunks(&mut self, all: &[u32]) -> Result<()> {
         self.kv.check_room(all.len())?;
         if all.is_empty() {
             return Err(crate::Error::Request("no tokens to evaluate".into()));
@@ -132,7 +144,7 @@ impl<'m> Session<'m> {
                 .forward(chunk, &mut self.kv, Logits::Last, &mut self.ws)?;
             self.tokens.extend_from_slice(chunk);
         }
-        Ok(self.last_logits())
+        Ok(())
     }
 
     /// The logits of the last evaluated token.

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 
 use super::config::{Arch, Config};
-use crate::backend::cpu::{attention, rms_norm, rope_neox, AttnShape, Linear, QuantInput};
+use crate::backend::cpu::{
+    attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape, Linear, QuantInput,
+};
 use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::quant;
@@ -58,6 +60,7 @@ pub struct Workspace {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    attn_scratch: Vec<f32>,
     qi: QuantInput,
 }
 
@@ -202,7 +205,6 @@ impl BitNet {
         let c = &self.cfg;
         let (d, kvd, ff, hq) = (c.n_embd, c.kv_dim(), c.n_ff, c.n_head * c.head_dim);
         let pos0 = kv.len();
-        let positions: Vec<usize> = (pos0..pos0 + n).collect();
         let single = n == 1;
         ws.qi.round_f16 = single;
 
@@ -216,6 +218,10 @@ impl BitNet {
         let o = resize(&mut ws.o, n * d);
         let gate = resize(&mut ws.gate, n * ff);
         let up = resize(&mut ws.up, n * ff);
+        let attn_scratch = resize(
+            &mut ws.attn_scratch,
+            scratch_per_thread(kv.n_ctx(), c.head_dim) * pool::global().n_threads(),
+        );
         let qi = &mut ws.qi;
         let shape = AttnShape {
             n_head: c.n_head,
@@ -223,6 +229,7 @@ impl BitNet {
             head_dim: c.head_dim,
             pos0,
             round_probs: single,
+            capacity: kv.n_ctx(),
         };
 
         for (l, b) in self.blocks.iter().enumerate() {
@@ -232,11 +239,11 @@ impl BitNet {
             b.wq.forward(hd, qi, q);
             b.wk.forward(hd, qi, k);
             b.wv.forward(hd, qi, v);
-            rope_neox(q, &positions, c.head_dim, c.n_rot, c.rope_base);
-            rope_neox(k, &positions, c.head_dim, c.n_rot, c.rope_base);
+            rope_neox(q, n, pos0, c.head_dim, c.n_rot, c.rope_base);
+            rope_neox(k, n, pos0, c.head_dim, c.n_rot, c.rope_base);
             kv.write(l, k, v);
             let (kc, vc) = kv.layer(l, pos0 + n);
-            attention(q, kc, vc, &shape, att);
+            attention(q, kc, vc, &shape, att, attn_scratch);
             rms_norm(att, &b.attn_sub_norm, c.rms_eps, hd);
             qi.reset();
             b.wo.forward(hd, qi, o);

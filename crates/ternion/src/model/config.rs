@@ -143,10 +143,15 @@ impl Config {
                 self.n_head, self.n_head_kv
             ));
         }
-        if self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
+        if self.n_rot > self.head_dim
+            || self.n_rot > crate::backend::cpu::MAX_ROT
+            || !self.n_rot.is_multiple_of(2)
+        {
             return bad(format!(
-                "rope.dimension_count {} must be even and at most the head size {}",
-                self.n_rot, self.head_dim
+                "rope.dimension_count {} must be even and at most the head size {} (and {})",
+                self.n_rot,
+                self.head_dim,
+                crate::backend::cpu::MAX_ROT
             ));
         }
         if self.arch == Arch::BitNetB158 && self.n_rot != self.head_dim {

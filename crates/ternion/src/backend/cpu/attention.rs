@@ -4,10 +4,9 @@
 //! by 1/√head_dim, the softmax sums in f64, and for single-token decode the
 //! probabilities are rounded to F16 before P·V (a batch keeps them in f32).
 
-use half::f16;
-use rayon::prelude::*;
-
+use super::pool::{self, SharedMut};
 use super::simd;
+use half::f16;
 
 /// Shape of one attention call.
 pub struct AttnShape {
@@ -21,33 +20,60 @@ pub struct AttnShape {
     pub pos0: usize,
     /// Round probabilities to F16 before P·V (single-token decode).
     pub round_probs: bool,
+    /// Positions the cache can hold (scratch is sized for it once).
+    pub capacity: usize,
+}
+
+/// Scratch floats one thread needs for a cache of `capacity` positions and heads of
+/// `head_dim`.
+pub fn scratch_per_thread(capacity: usize, head_dim: usize) -> usize {
+    capacity + head_dim
 }
 
 /// `q` holds one row of `n_head · head_dim` per new token; `k`/`v` hold the cached rows for
 /// positions `0..pos0 + n_tokens`. Writes the concatenated head outputs to `out`.
-pub fn attention(q: &[f32], k: &[f16], v: &[f16], s: &AttnShape, out: &mut [f32]) {
+/// `scratch` holds [`scratch_per_thread`] floats for each thread of the global pool.
+pub fn attention(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    s: &AttnShape,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
     let hd = s.head_dim;
     let kv_dim = s.n_head_kv * hd;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let level = simd::Level::detect();
-    out.par_chunks_mut(hd).enumerate().for_each_init(
-        || (Vec::new(), vec![0f32; hd]),
-        |(scores, qh), (i, o)| {
+    let per_thread = scratch_per_thread(s.capacity, hd);
+    let pool = pool::global();
+    assert!(
+        scratch.len() >= per_thread * pool.n_threads(),
+        "attention: scratch too small"
+    );
+    let scratch = SharedMut(scratch.as_mut_ptr());
+    pool.for_each_chunk_mut(out, hd, |i, o, thread| {
+        {
+            let scratch = &scratch;
+            // SAFETY: thread `thread` alone uses floats [thread·per_thread, +per_thread) of
+            // the scratch (asserted large enough), and runs one chunk at a time.
+            let mine = unsafe {
+                std::slice::from_raw_parts_mut(scratch.0.add(thread * per_thread), per_thread)
+            };
+            let (qh, scores) = mine.split_at_mut(hd);
             let (t, h) = (i / s.n_head, i % s.n_head);
             let n_keys = s.pos0 + t + 1;
             let kvh = h / group;
             for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
                 *d = f16::from_f32(x).to_f32();
             }
-            scores.clear();
+            let scores = &mut scores[..n_keys];
             let mut max = f32::NEG_INFINITY;
-            for p in 0..n_keys {
+            for (p, sc) in scores.iter_mut().enumerate() {
                 let kr = &k[p * kv_dim + kvh * hd..][..hd];
-                let dot = simd::f16_dot_halves(level, kr, qh);
-                let sc = dot * scale;
-                max = max.max(sc);
-                scores.push(sc);
+                *sc = simd::f16_dot_halves(level, kr, qh) * scale;
+                max = max.max(*sc);
             }
             let mut sum = 0f64;
             for sc in scores.iter_mut() {
@@ -65,8 +91,8 @@ pub fn attention(q: &[f32], k: &[f16], v: &[f16], s: &AttnShape, out: &mut [f32]
             for (p, &w) in scores.iter().enumerate() {
                 simd::f16_axpy(level, o, w, &v[p * kv_dim + kvh * hd..][..hd]);
             }
-        },
-    );
+        }
+    });
 }
 
 #[cfg(test)]
@@ -87,8 +113,10 @@ mod tests {
             head_dim: hd,
             pos0: 0,
             round_probs: false,
+            capacity: 2,
         };
-        attention(&q, &k, &v, &s, &mut out);
+        let mut scratch = vec![0.0; 64 * pool::global().n_threads()];
+        attention(&q, &k, &v, &s, &mut out, &mut scratch);
         assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
     }
 
@@ -106,8 +134,10 @@ mod tests {
             head_dim: hd,
             pos0: 0,
             round_probs: false,
+            capacity: 2,
         };
-        attention(&q, &k, &v, &s, &mut out);
+        let mut scratch = vec![0.0; 64 * pool::global().n_threads()];
+        attention(&q, &k, &v, &s, &mut out, &mut scratch);
         assert_eq!(out, vec![2.0, 4.0, 4.0, 6.0]);
     }
 }

@@ -11,8 +11,7 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
+use super::pool::{self, SharedMut};
 use super::simd;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType};
@@ -139,18 +138,18 @@ impl Linear {
             }
             GgmlType::TQ1_0 | GgmlType::TQ2_0 => {
                 qi.ensure_q8k(x, k);
-                let (q, d) = (&qi.q8k, &qi.q8k_d);
+                let (q, d, bs) = (&qi.q8k, &qi.q8k_d, &qi.q8k_bsum);
                 let nb = k / act::Q8K_BLOCK;
-                let dot = match self.info.ty {
-                    GgmlType::TQ1_0 => quant::tq1_0::dot_q8k,
-                    _ => quant::tq2_0::dot_q8k,
-                };
+                let tq1 = self.info.ty == GgmlType::TQ1_0;
                 par_rows_each(out, m, |j, t| {
-                    dot(
-                        self.row(data, j),
-                        &q[t * k..(t + 1) * k],
-                        &d[t * nb..(t + 1) * nb],
-                    ) * self.post_scale
+                    let (qt, dt) = (&q[t * k..(t + 1) * k], &d[t * nb..(t + 1) * nb]);
+                    let w = self.row(data, j);
+                    let y = if tq1 {
+                        quant::tq1_0::dot_q8k(w, qt, dt)
+                    } else {
+                        simd::tq2_dot_q8k(level, w, qt, dt, &bs[t * nb..(t + 1) * nb])
+                    };
+                    y * self.post_scale
                 });
             }
             GgmlType::F16 => {
@@ -184,24 +183,22 @@ impl Linear {
 /// input rows starting at `t0` (entries past `n` are ignored).
 fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize, usize) -> [f32; 4] + Sync) {
     let rows = out.len() / m;
-    let ptr = SendPtr(out.as_mut_ptr());
-    (0..m.div_ceil(ROWS_PER_TASK))
-        .into_par_iter()
-        .for_each(|blk| {
-            let ptr = &ptr;
-            let j0 = blk * ROWS_PER_TASK;
-            for j in j0..(j0 + ROWS_PER_TASK).min(m) {
-                for t0 in (0..rows).step_by(4) {
-                    let n = (rows - t0).min(4);
-                    let v = f(j, t0, n);
-                    for (i, &val) in v.iter().enumerate().take(n) {
-                        // SAFETY: index (t0+i)·m + j < rows·m = out.len(), and each (j, t) pair
-                        // belongs to exactly one task (j is in one block only): no aliasing.
-                        unsafe { *ptr.0.add((t0 + i) * m + j) = val };
-                    }
+    let ptr = SharedMut(out.as_mut_ptr());
+    pool::global().run(m.div_ceil(ROWS_PER_TASK), &|blk, _| {
+        let ptr = &ptr;
+        let j0 = blk * ROWS_PER_TASK;
+        for j in j0..(j0 + ROWS_PER_TASK).min(m) {
+            for t0 in (0..rows).step_by(4) {
+                let n = (rows - t0).min(4);
+                let v = f(j, t0, n);
+                for (i, &val) in v.iter().enumerate().take(n) {
+                    // SAFETY: index (t0+i)·m + j < rows·m = out.len(), and each (j, t) pair
+                    // belongs to exactly one chunk (j is in one block only): no aliasing.
+                    unsafe { *ptr.0.add((t0 + i) * m + j) = val };
                 }
             }
-        });
+        }
+    });
 }
 
 /// [`par_rows`] for kernels that take one input row at a time: `f(j, t)`.
@@ -210,11 +207,6 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
         std::array::from_fn(|i| if i < n { f(j, t0 + i) } else { 0.0 })
     });
 }
-
-/// A raw pointer that parallel tasks write through at disjoint indices.
-struct SendPtr(*mut f32);
-// SAFETY: only used by `par_rows`, whose tasks write disjoint elements.
-unsafe impl Sync for SendPtr {}
 
 /// The activation rows of one product in the quantized forms the weight formats need,
 /// computed at most once per input and reused by every weight that reads the same input
@@ -228,6 +220,7 @@ pub struct QuantInput {
     token_sum: Vec<i32>,
     q8k: Vec<i8>,
     q8k_d: Vec<f32>,
+    q8k_bsum: Vec<i32>,
     x16: Vec<f32>,
     /// Round float activations to F16 before F16 products (single-token decode).
     pub round_f16: bool,
@@ -272,6 +265,12 @@ impl QuantInput {
         {
             act::quantize_q8k(xr, qr, dr);
         }
+        self.q8k_bsum.clear();
+        self.q8k_bsum.extend(
+            self.q8k
+                .chunks_exact(act::Q8K_BLOCK)
+                .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
+        );
     }
 
     fn ensure_f16(&mut self, x: &[f32]) {

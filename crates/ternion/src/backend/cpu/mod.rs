@@ -1,12 +1,14 @@
-//! The CPU backend: kernels for each op of the forward pass, threaded with rayon.
+//! The CPU backend: kernels for each op of the forward pass, run on a worker pool started
+//! once (see [`pool`]).
 
 mod attention;
 mod linear;
 mod norm;
+pub mod pool;
 mod rope;
 pub mod simd;
 
-pub use attention::{attention, AttnShape};
+pub use attention::{attention, scratch_per_thread, AttnShape};
 pub use linear::{Linear, QuantInput};
 pub use norm::rms_norm;
-pub use rope::rope_neox;
+pub use rope::{rope_neox, MAX_ROT};

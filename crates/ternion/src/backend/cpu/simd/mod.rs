@@ -89,6 +89,21 @@ pub fn i2s_dot4(level: Level, row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i3
     }
 }
 
+/// TQ2_0 row · Q8_K activations (`d`: per-block scales, `bsums`: per-block Σq), equal to
+/// [`quant::tq2_0::dot_q8k`].
+#[inline]
+pub fn tq2_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::tq2_dot_q8k(row, q, d, bsums) },
+        _ => {
+            let _ = bsums;
+            quant::tq2_0::dot_q8k(row, q, d)
+        }
+    }
+}
+
 /// Σ w_i·x_i for a little-endian F16 row `w` (as bytes) and f32 `x`.
 #[inline]
 pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {

@@ -95,3 +95,30 @@ fn f16_kernels_match_reference() {
         }
     }
 }
+
+#[test]
+fn tq2_dot_is_bit_identical_to_reference() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(9);
+    for k in [256, 768, 2560] {
+        let w: Vec<f32> = (0..k)
+            .map(|_| rng.random_range(-1i32..=1) as f32 * 0.37)
+            .collect();
+        let mut row = vec![0u8; k / 256 * 66];
+        quant::tq2_0::quantize_row(&w, &mut row);
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let mut q = vec![0i8; k];
+        let mut d = vec![0f32; k / 256];
+        quant::act::quantize_q8k(&x, &mut q, &mut d);
+        let bsums: Vec<i32> = q
+            .chunks(256)
+            .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+            .collect();
+        let want = quant::tq2_0::dot_q8k(&row, &q, &d);
+        assert_eq!(
+            tq2_dot_q8k(level, &row, &q, &d, &bsums).to_bits(),
+            want.to_bits(),
+            "k={k}"
+        );
+    }
+}

@@ -134,3 +134,34 @@ pub unsafe fn f16_axpy(out: &mut [f32], a: f32, v: *const u8) {
         i += 1;
     }
 }
+
+/// TQ2_0 row against Q8_K activations: per 256-block Σ (code_i − 1)·q_i exactly (codes of
+/// half h, shift 2n, pair with activations 128h + 32n ..), then `sumi · (d_act · d_w)`
+/// summed in block order, the reference's float order, so results are bit-identical.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tq2_dot_q8k(row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32 {
+    const BLOCK_BYTES: usize = 66;
+    let nb = row.len() / BLOCK_BYTES;
+    assert!(
+        q.len() == nb * 256 && d.len() == nb && bsums.len() == nb,
+        "tq2_dot_q8k: lengths"
+    );
+    let ones = _mm256_set1_epi16(1);
+    let mut sum = 0f32;
+    for b in 0..nb {
+        let blk = row.as_ptr().add(BLOCK_BYTES * b);
+        let qb = q.as_ptr().add(256 * b);
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            // `unpack` yields shifts 6, 4, 2, 0: groups n = 3, 2, 1, 0.
+            let c = unpack(blk.add(32 * h));
+            let g = [c[3], c[2], c[1], c[0]];
+            let s = block_products(&g, qb.add(128 * h));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
+        }
+        let sumi = hsum_i32(acc) - bsums[b];
+        let dw = half::f16::from_bits(u16::from_le_bytes([*blk.add(64), *blk.add(65)])).to_f32();
+        sum += sumi as f32 * (d[b] * dw);
+    }
+    sum
+}
