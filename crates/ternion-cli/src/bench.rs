@@ -13,7 +13,7 @@ use ternion::sample::argmax;
 use ternion::session::Session;
 use ternion::synth::{self, Shape, Spec, Vocab};
 
-use crate::common::{self, Backend};
+use crate::common::{self, Backend, LmHeadArg};
 
 /// Arguments of `ternion bench`.
 #[derive(Args)]
@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
+    /// LM head storage: as stored (exact) or requantized to Q8_0.
+    #[arg(long, value_enum, default_value = "stored")]
+    lm_head: LmHeadArg,
 }
 
 /// Peak resident memory of this process in bytes (Linux), if known.
@@ -109,8 +112,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("-p must be at least 1");
     }
     let t0 = Instant::now();
-    let (_file, model) =
-        model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let (_file, model) = model::load_with(&path, &a.lm_head.load_options())
+        .with_context(|| format!("loading {}", path.display()))?;
     let load_s = t0.elapsed().as_secs_f64();
     let cfg = model.config();
     let n_ctx = a.n_prompt + a.n_gen + 1;
@@ -157,6 +160,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "model": path.display().to_string(),
             "backend": "cpu",
             "threads": threads,
+            "simd": ternion::backend::cpu::simd::Level::detect().name(),
+            "lm_head": format!("{:?}", a.lm_head),
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
             "prefill_tok_s": prefill_tok_s,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ternion::gguf::GgufFile;
-use ternion::model::{self, BitNet};
+use ternion::model::{self, BitNet, LmHead, LoadOptions};
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
 /// The model `run` and `chat` use when no `--model` is given.
@@ -48,6 +48,28 @@ impl From<PreChoice> for PreTokenizer {
     }
 }
 
+/// LM head storage choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LmHeadArg {
+    /// As stored in the file (exact reference numerics).
+    Stored,
+    /// Requantized to Q8_0 at load: fewer bytes per token, approximate logits.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl LmHeadArg {
+    /// Load options for this choice.
+    pub fn load_options(self) -> LoadOptions {
+        LoadOptions {
+            lm_head: match self {
+                LmHeadArg::Stored => LmHead::AsStored,
+                LmHeadArg::Q8_0 => LmHead::Q8_0,
+            },
+        }
+    }
+}
+
 /// Model selection and engine settings shared by the generating commands.
 #[derive(Args, Clone)]
 pub struct ModelArgs {
@@ -67,6 +89,9 @@ pub struct ModelArgs {
     /// llama3 matches Hugging Face, default matches bitnet.cpp.
     #[arg(long, value_enum, default_value = "llama3")]
     pub pre_tokenizer: PreChoice,
+    /// LM head storage: as stored (exact) or requantized to Q8_0 (faster, approximate).
+    #[arg(long, value_enum, default_value = "stored")]
+    pub lm_head: LmHeadArg,
 }
 
 /// Prompt input shared by `run`, `logits` and `bench`.
@@ -147,8 +172,8 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
         (None, false) => bail!("give the model file with --model FILE"),
     };
     let t0 = Instant::now();
-    let (file, model) =
-        model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let (file, model) = model::load_with(&path, &args.lm_head.load_options())
+        .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file, &tokenizer_options(args.pre_tokenizer))
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     let train = model.config().n_ctx_train;

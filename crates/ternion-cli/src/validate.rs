@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
-use ternion::model;
+use ternion::model::{self, LoadOptions};
 use ternion::sample::argmax;
 use ternion::session::Session;
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
-use crate::common::{self, Backend};
+use crate::common::{self, Backend, LmHeadArg};
 
 const PROMPT_MAX_ABS: f32 = 1e-2;
 const DECODE_MAX_ABS: f32 = 0.25;
@@ -36,6 +36,9 @@ pub struct ValidateArgs {
     /// Worker threads.
     #[arg(long, short = 't')]
     threads: Option<usize>,
+    /// LM head storage (q8_0 is an approximation: expect larger logit differences).
+    #[arg(long, value_enum, default_value = "stored")]
+    lm_head: LmHeadArg,
 }
 
 /// Comparison of two logit matrices.
@@ -99,7 +102,7 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     let m: Value = serde_json::from_str(&text).context("parsing the manifest")?;
     let dir = a.manifest.parent().unwrap_or(Path::new("."));
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
-        validate_bitnet(&m, dir)
+        validate_bitnet(&m, dir, &a.lm_head.load_options())
     } else {
         bail!(
             "{}: unrecognised manifest schema (expected 'model_file' and 'prompts')",
@@ -108,10 +111,10 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     }
 }
 
-fn validate_bitnet(m: &Value, dir: &Path) -> Result<()> {
+fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
     let model_path = dir.join(m["model_file"].as_str().context("manifest: model_file")?);
-    let (file, model) =
-        model::load(&model_path).with_context(|| format!("loading {}", model_path.display()))?;
+    let (file, model) = model::load_with(&model_path, opts)
+        .with_context(|| format!("loading {}", model_path.display()))?;
     let n_vocab = model.config().n_vocab;
     let prompts = m["prompts"].as_array().context("manifest: prompts")?;
     let mut failures = 0;

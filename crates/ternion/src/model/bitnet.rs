@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use super::config::{Arch, Config};
+use super::{LmHead, LoadOptions};
 use crate::backend::cpu::{
     attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape, Linear, QuantInput,
 };
@@ -103,7 +104,7 @@ fn resize(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 impl BitNet {
     /// Binds every tensor of the file to the architecture, checking names and shapes.
-    pub fn load(file: Arc<GgufFile>, cfg: Config) -> Result<BitNet> {
+    pub fn load(file: Arc<GgufFile>, cfg: Config, opts: &LoadOptions) -> Result<BitNet> {
         let (d, kv, ff) = (cfg.n_embd, cfg.kv_dim(), cfg.n_ff);
         let linear = |name: &str, k: usize, m: usize| -> Result<Linear> {
             let mut l = Linear::load(&file, name)?;
@@ -140,7 +141,10 @@ impl BitNet {
         let output_norm = load_vector(&file, "output_norm.weight", d)?;
         // The LM head is tied to the token embedding even when `output.weight` exists,
         // as in the reference graph (BITNET.md §5).
-        let lm_head = linear("token_embd.weight", d, cfg.n_vocab)?;
+        let mut lm_head = linear("token_embd.weight", d, cfg.n_vocab)?;
+        if opts.lm_head == LmHead::Q8_0 {
+            lm_head = lm_head.requantized_q8_0()?;
+        }
         Ok(BitNet {
             cfg,
             file,

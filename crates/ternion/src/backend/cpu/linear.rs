@@ -20,10 +20,15 @@ use crate::{Error, Result};
 /// Weight rows handled by one parallel task.
 const ROWS_PER_TASK: usize = 16;
 
-/// A weight matrix `[out_features × in_features]` left in its file format.
+/// A weight matrix `[out_features × in_features]` left in its file format (or, on request,
+/// requantized once at load, e.g. an F16 LM head to Q8_0).
 pub struct Linear {
     file: Arc<GgufFile>,
     info: TensorInfo,
+    /// Storage format of the rows used (the file's, unless requantized).
+    ty: GgmlType,
+    /// Requantized rows, when not reading the file's.
+    owned: Option<Vec<u8>>,
     in_features: usize,
     out_features: usize,
     row_bytes: usize,
@@ -48,7 +53,12 @@ impl Linear {
             )));
         }
         match info.ty {
-            GgmlType::I2_S | GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::F16 | GgmlType::F32 => {}
+            GgmlType::I2_S
+            | GgmlType::TQ1_0
+            | GgmlType::TQ2_0
+            | GgmlType::Q8_0
+            | GgmlType::F16
+            | GgmlType::F32 => {}
             ty => {
                 return Err(Error::UnsupportedType {
                     tensor: name.into(),
@@ -65,6 +75,8 @@ impl Linear {
         };
         Ok(Linear {
             file: file.clone(),
+            ty: info.ty,
+            owned: None,
             info,
             in_features: k,
             out_features: m,
@@ -72,6 +84,63 @@ impl Linear {
             tensor_scale,
             post_scale: 1.0,
         })
+    }
+
+    /// The same weights requantized to Q8_0 (rows dequantized to f32 and quantized as ggml
+    /// does), held in memory; used for the opt-in Q8_0 LM head.
+    pub fn requantized_q8_0(&self) -> Result<Linear> {
+        let (k, m) = (self.in_features, self.out_features);
+        if !k.is_multiple_of(32) || self.tensor_scale != 1.0 {
+            return Err(Error::Model(format!(
+                "tensor '{}': cannot requantize {} rows of {k} to Q8_0",
+                self.info.name, self.ty
+            )));
+        }
+        let row_bytes = k / 32 * 34;
+        let mut out = vec![0u8; m * row_bytes];
+        let data = self.data();
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        pool::global().for_each_chunk_mut(&mut out, row_bytes * 64, |c, dst, _| {
+            let mut row = vec![0f32; k];
+            for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
+                let r = c * 64 + i;
+                if quant::dequantize_row(self.ty, &self.info.name, data, k, r, &mut row).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                quant::q8_0::quantize_row(&row, d);
+            }
+        });
+        if failed.into_inner() {
+            return Err(Error::Model(format!(
+                "tensor '{}': rows could not be dequantized",
+                self.info.name
+            )));
+        }
+        Ok(Linear {
+            file: self.file.clone(),
+            info: self.info.clone(),
+            ty: GgmlType::Q8_0,
+            owned: Some(out),
+            in_features: k,
+            out_features: m,
+            row_bytes,
+            tensor_scale: 1.0,
+            post_scale: self.post_scale,
+        })
+    }
+
+    /// The bytes of the rows used.
+    fn data(&self) -> &[u8] {
+        match &self.owned {
+            Some(v) => v,
+            None => self.file.tensor_data(&self.info),
+        }
+    }
+
+    /// Storage format of the rows used.
+    pub fn format(&self) -> GgmlType {
+        self.ty
     }
 
     /// Sets the scale multiplied into every output (1bitLLM's per-projection `.scale`).
@@ -97,7 +166,7 @@ impl Linear {
 
     /// Bytes of weights read by one product.
     pub fn weight_bytes(&self) -> u64 {
-        self.info.size
+        self.data().len() as u64
     }
 
     fn row<'a>(&self, data: &'a [u8], j: usize) -> &'a [u8] {
@@ -111,10 +180,10 @@ impl Linear {
         let (k, m) = (self.in_features, self.out_features);
         let rows = x.len() / k;
         debug_assert_eq!(out.len(), rows * m);
-        let data = self.file.tensor_data(&self.info);
+        let data = self.data();
         let post = self.tensor_scale * self.post_scale;
         let level = simd::Level::detect();
-        match self.info.ty {
+        match self.ty {
             GgmlType::I2_S => {
                 qi.ensure_per_token(x, k);
                 let (q, s, sums) = (&qi.q, &qi.token_scale, &qi.token_sum);
@@ -140,7 +209,7 @@ impl Linear {
                 qi.ensure_q8k(x, k);
                 let (q, d, bs) = (&qi.q8k, &qi.q8k_d, &qi.q8k_bsum);
                 let nb = k / act::Q8K_BLOCK;
-                let tq1 = self.info.ty == GgmlType::TQ1_0;
+                let tq1 = self.ty == GgmlType::TQ1_0;
                 par_rows_each(out, m, |j, t| {
                     let (qt, dt) = (&q[t * k..(t + 1) * k], &d[t * nb..(t + 1) * nb]);
                     let w = self.row(data, j);
@@ -150,6 +219,19 @@ impl Linear {
                         simd::tq2_dot_q8k(level, w, qt, dt, &bs[t * nb..(t + 1) * nb])
                     };
                     y * self.post_scale
+                });
+            }
+            GgmlType::Q8_0 => {
+                qi.ensure_q8_0(x, k);
+                let (q, d) = (&qi.q80, &qi.q80_d);
+                let nb = k / act::Q8_0_BLOCK;
+                par_rows_each(out, m, |j, t| {
+                    simd::q8_0_dot(
+                        level,
+                        self.row(data, j),
+                        &q[t * k..(t + 1) * k],
+                        &d[t * nb..(t + 1) * nb],
+                    ) * self.post_scale
                 });
             }
             GgmlType::F16 => {
@@ -214,7 +296,7 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
 /// allocate once warm.
 #[derive(Default)]
 pub struct QuantInput {
-    fresh: [bool; 3],
+    fresh: [bool; 4],
     q: Vec<i8>,
     token_scale: Vec<f32>,
     token_sum: Vec<i32>,
@@ -222,6 +304,8 @@ pub struct QuantInput {
     q8k_d: Vec<f32>,
     q8k_bsum: Vec<i32>,
     x16: Vec<f32>,
+    q80: Vec<i8>,
+    q80_d: Vec<f32>,
     /// Round float activations to F16 before F16 products (single-token decode).
     pub round_f16: bool,
 }
@@ -229,7 +313,7 @@ pub struct QuantInput {
 impl QuantInput {
     /// Forgets the cached forms: call whenever the input changes.
     pub fn reset(&mut self) {
-        self.fresh = [false; 3];
+        self.fresh = [false; 4];
     }
 
     fn ensure_per_token(&mut self, x: &[f32], k: usize) {
@@ -271,6 +355,16 @@ impl QuantInput {
                 .chunks_exact(act::Q8K_BLOCK)
                 .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
         );
+    }
+
+    fn ensure_q8_0(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[3], true) {
+            return;
+        }
+        let nb = k / act::Q8_0_BLOCK;
+        self.q80.resize(x.len(), 0);
+        self.q80_d.resize(x.len() / k * nb, 0.0);
+        act::quantize_q8_0(x, &mut self.q80, &mut self.q80_d);
     }
 
     fn ensure_f16(&mut self, x: &[f32]) {

@@ -165,3 +165,25 @@ pub unsafe fn tq2_dot_q8k(row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32
     }
     sum
 }
+
+/// Q8_0 row (34-byte blocks: F16 scale, 32 × i8) against Q8_0 activations: per block the
+/// exact integer dot (sign trick: |w| · (q·sign w) through `maddubs`), converted to f32 and
+/// accumulated with FMA by `d_w · d_act` (ggml's AVX2 order, not the scalar one).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    const BLOCK_BYTES: usize = 34;
+    let nb = row.len() / BLOCK_BYTES;
+    assert!(q.len() == nb * 32 && d.len() == nb, "q8_0_dot: lengths");
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let blk = row.as_ptr().add(BLOCK_BYTES * b);
+        let w = _mm256_loadu_si256(blk.add(2).cast());
+        let x = _mm256_loadu_si256(q.as_ptr().add(32 * b).cast());
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        let sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        let dw = half::f16::from_bits(u16::from_le_bytes([*blk, *blk.add(1)])).to_f32();
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), sumi, acc);
+    }
+    hsum_f32(acc)
+}
