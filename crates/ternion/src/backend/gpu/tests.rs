@@ -515,3 +515,87 @@ fn f32_only_context_runs_the_fallbacks() {
     assert!(!ctx.caps().f16 && !ctx.caps().subgroups);
     assert_eq!(ctx.variant(8), Variant::default());
 }
+
+/// Wall-clock per dispatch of the decode kernels at BitNet 2B-4T shapes, each recorded 200
+/// times into one pass (consecutive dispatches write the same buffer, so each waits for the
+/// previous one, as in a forward pass). Run with `--ignored --nocapture` on a real GPU.
+#[test]
+#[ignore]
+fn bench_decode_kernels() {
+    let Some(ctx) = ctx() else { return };
+    eprintln!("{:?}", ctx.caps());
+    let reps = 200u32;
+    let time = |label: &str, bytes: f64, f: &dyn Fn(&mut wgpu::ComputePass<'_>)| {
+        run(&ctx, |p| f(p)); // warm-up
+        let t = std::time::Instant::now();
+        run(&ctx, |p| {
+            for _ in 0..reps {
+                f(p)
+            }
+        });
+        let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
+        eprintln!("{label}: {us:.2} µs/dispatch, {:.0} GB/s", bytes / us / 1e3);
+    };
+    let mut r = rng(8);
+    let step = StepUniform::new(&ctx).unwrap();
+    for &(rows, k) in &[
+        (2560usize, 2560usize),
+        (640, 2560),
+        (6912, 2560),
+        (2560, 6912),
+    ] {
+        let data = ternary_tensor(&mut r, rows, k);
+        let w = TernaryWeights::upload(&ctx, "w", &data, k, rows).unwrap();
+        let x: Vec<f32> = (0..8 * k).map(|_| r.random_range(-2.0..2.0)).collect();
+        let (qa, _, _) = cpu_act(&ctx, &x, k);
+        let out = GpuBuffer::zeroed(&ctx, "y", (8 * rows * 4) as u64).unwrap();
+        for tpr in [16u32, 32, 64] {
+            let v = ctx.variant(tpr);
+            let op = TernaryMatvec::new(&ctx, v, tpr, &w, &qa, &out, Epilogue::Store, Some(&step))
+                .unwrap();
+            let b = (rows * k / 4) as f64;
+            time(&format!("ternary {rows}x{k} tpr {tpr} {v:?}"), b, &|p| {
+                op.record(p, 1, false)
+            });
+            step.write(&ctx, 8, 0);
+            time(&format!("ternary4 {rows}x{k} T=8 tpr {tpr}"), b, &|p| {
+                op.record(p, 8, true)
+            });
+        }
+    }
+    let (vocab, d) = (128_256usize, 2560usize);
+    let head: Vec<u16> = (0..vocab * d)
+        .map(|i| (0x3000 + (i * 7919) % 0x0800) as u16)
+        .collect();
+    let sh = Sharded::from_rows(&ctx, "head", bytemuck::cast_slice(&head), d * 2, None).unwrap();
+    drop(head);
+    let x = GpuBuffer::from_slice(&ctx, "x", &vec![0.5f32; d]).unwrap();
+    let logits = GpuBuffer::zeroed(&ctx, "logits", (vocab * 4) as u64).unwrap();
+    for tpr in [32u32, 64] {
+        let v = ctx.variant(tpr);
+        let op = F16Matvec::new(&ctx, v, tpr, &sh, &x, &logits, true).unwrap();
+        time(
+            &format!("lm head tpr {tpr} {v:?} ({} shards)", sh.shards.len()),
+            (vocab * d * 2) as f64,
+            &|p| op.record(p, 1),
+        );
+    }
+    let topk = TopK::new(&ctx, &logits, vocab as u32, 40).unwrap();
+    let argmax = TopK::new(&ctx, &logits, vocab as u32, 1).unwrap();
+    time("top-40", (vocab * 4) as f64, &|p| topk.record(p));
+    time("argmax", (vocab * 4) as f64, &|p| argmax.record(p));
+    let nw = GpuBuffer::from_slice(&ctx, "nw", &vec![1.0f32; 6912]).unwrap();
+    let xs = GpuBuffer::from_slice(&ctx, "xs", &vec![0.3f32; 6912]).unwrap();
+    let qa = QuantAct::new(&ctx, 6912, 1).unwrap();
+    let n = RmsNorm::new(
+        &ctx,
+        Variant::default(),
+        &xs,
+        &nw,
+        6912,
+        1e-5,
+        NormOut::Quant(&qa),
+    )
+    .unwrap();
+    time("rmsnorm_quant 6912", 6912.0 * 4.0, &|p| n.record(p, 1));
+}
