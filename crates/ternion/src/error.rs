@@ -42,6 +42,10 @@ pub enum Error {
     /// A request is invalid (prompt too long, bad token id, bad sampling settings).
     #[error("invalid request: {0}")]
     Request(String),
+    /// The GPU backend failed: no adapter, a shader or pipeline error, out of GPU memory,
+    /// or the device was lost.
+    #[error("gpu: {0}")]
+    Gpu(String),
 }
 
 impl Error {

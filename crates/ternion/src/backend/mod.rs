@@ -1,3 +1,5 @@
 //! Compute backends.
 
 pub mod cpu;
+#[cfg(feature = "gpu")]
+pub mod gpu;

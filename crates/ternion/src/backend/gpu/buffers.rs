@@ -1,0 +1,146 @@
+//! Typed storage buffers: upload, zeroed allocation, read-back (tests and one-off reads),
+//! and row-sharded buffers for tensors larger than one binding allows.
+
+use bytemuck::Pod;
+
+use super::context::GpuContext;
+use crate::{Error, Result};
+
+/// Usage of every storage buffer: bindable, and copyable both ways (uploads, read-back).
+pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// Usage of uniform parameter blocks.
+pub const UNIFORM: wgpu::BufferUsages =
+    wgpu::BufferUsages::UNIFORM.union(wgpu::BufferUsages::COPY_DST);
+
+/// A GPU buffer with its logical size in bytes (the allocation is rounded up to 4).
+#[derive(Clone, Debug)]
+pub struct GpuBuffer {
+    /// The wgpu buffer.
+    pub buf: wgpu::Buffer,
+    /// Bytes of meaningful data.
+    pub size: u64,
+}
+
+impl GpuBuffer {
+    /// A zero-filled storage buffer of `size` bytes.
+    pub fn zeroed(ctx: &GpuContext, label: &str, size: u64) -> Result<GpuBuffer> {
+        Self::with_usage(ctx, label, size, STORAGE)
+    }
+
+    /// A zero-filled buffer of `size` bytes with `usage`.
+    pub fn with_usage(
+        ctx: &GpuContext,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<GpuBuffer> {
+        let buf = ctx.create_buffer(label, size, usage)?;
+        Ok(GpuBuffer { buf, size })
+    }
+
+    /// A storage buffer holding `data`.
+    pub fn from_slice<T: Pod>(ctx: &GpuContext, label: &str, data: &[T]) -> Result<GpuBuffer> {
+        Self::from_bytes(ctx, label, bytemuck::cast_slice(data), STORAGE)
+    }
+
+    /// A buffer with `usage` (which must include COPY_DST) holding `bytes`, zero-padded to
+    /// a multiple of 4 bytes.
+    pub fn from_bytes(
+        ctx: &GpuContext,
+        label: &str,
+        bytes: &[u8],
+        usage: wgpu::BufferUsages,
+    ) -> Result<GpuBuffer> {
+        let b = Self::with_usage(ctx, label, bytes.len() as u64, usage)?;
+        b.write(ctx, 0, bytes);
+        Ok(b)
+    }
+
+    /// Queues a write of `bytes` at `offset` (ordered before the next submit).
+    pub fn write(&self, ctx: &GpuContext, offset: u64, bytes: &[u8]) {
+        if bytes.len().is_multiple_of(4) {
+            ctx.queue.write_buffer(&self.buf, offset, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().next_multiple_of(4), 0);
+            ctx.queue.write_buffer(&self.buf, offset, &padded);
+        }
+    }
+
+    /// Reads the whole buffer back as `T`s (blocks; for tests and one-off reads).
+    pub fn read<T: Pod>(&self, ctx: &GpuContext) -> Result<Vec<T>> {
+        let bytes = ctx.read_bytes(&self.buf, 0, self.size)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// The whole buffer as a binding.
+    pub fn binding(&self) -> wgpu::BufferBinding<'_> {
+        self.buf.as_entire_buffer_binding()
+    }
+}
+
+/// A row-major matrix stored as consecutive shards of whole rows, each shard small enough
+/// to bind (the 657 MB F16 LM head against lavapipe's 128 MiB binding limit). Kernels over
+/// it take one shard per dispatch.
+#[derive(Clone, Debug)]
+pub struct Sharded {
+    /// The shards; shard `i` holds rows `i·rows_per_shard ..`.
+    pub shards: Vec<GpuBuffer>,
+    /// Rows in every shard but possibly the last.
+    pub rows_per_shard: usize,
+    /// Total rows.
+    pub rows: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+}
+
+impl Sharded {
+    /// Uploads `data` (`rows × row_bytes`) in shards of at most `max_shard_bytes` (default:
+    /// the device's binding and buffer limits). `row_bytes` must be a multiple of 4.
+    pub fn from_rows(
+        ctx: &GpuContext,
+        label: &str,
+        data: &[u8],
+        row_bytes: usize,
+        max_shard_bytes: Option<u64>,
+    ) -> Result<Sharded> {
+        if row_bytes == 0 || !row_bytes.is_multiple_of(4) || !data.len().is_multiple_of(row_bytes) {
+            return Err(Error::Gpu(format!(
+                "{label}: {} bytes are not whole rows of {row_bytes} bytes (a multiple of 4)",
+                data.len()
+            )));
+        }
+        let caps = ctx.caps();
+        let limit = max_shard_bytes
+            .unwrap_or(u64::MAX)
+            .min(caps.max_binding)
+            .min(caps.max_buffer);
+        let rows_per_shard = (limit / row_bytes as u64) as usize;
+        if rows_per_shard == 0 {
+            return Err(Error::Gpu(format!(
+                "{label}: one row of {row_bytes} bytes exceeds the binding limit of {limit}"
+            )));
+        }
+        let rows = data.len() / row_bytes;
+        let shards = data
+            .chunks(rows_per_shard * row_bytes)
+            .enumerate()
+            .map(|(i, chunk)| GpuBuffer::from_bytes(ctx, &format!("{label}[{i}]"), chunk, STORAGE))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sharded {
+            shards,
+            rows_per_shard,
+            rows,
+            row_bytes,
+        })
+    }
+
+    /// First row and row count of shard `i`.
+    pub fn shard_rows(&self, i: usize) -> (usize, usize) {
+        let r0 = i * self.rows_per_shard;
+        (r0, self.rows_per_shard.min(self.rows - r0))
+    }
+}

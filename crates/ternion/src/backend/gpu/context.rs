@@ -1,0 +1,345 @@
+//! The wgpu device: adapter choice, limits and optional features, error capture, counters
+//! of created objects, submission and read-back.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::pipelines::PipelineCache;
+use crate::{Error, Result};
+
+/// How to open a GPU.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// Index into [`list_adapters`] (the CLI's `--device N`); `None` picks the best
+    /// adapter (discrete, then integrated, then virtual, then CPU such as lavapipe).
+    pub device_index: Option<usize>,
+    /// Backends to enumerate (Vulkan, Metal, DX12, GL...).
+    pub backends: wgpu::Backends,
+    /// Do not enable SHADER_F16 even when the adapter has it (tests the f32-only kernels).
+    pub disable_f16: bool,
+    /// Do not enable SUBGROUP even when the adapter has it.
+    pub disable_subgroups: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            device_index: None,
+            backends: wgpu::Backends::PRIMARY,
+            disable_f16: false,
+            disable_subgroups: false,
+        }
+    }
+}
+
+/// What the opened device can do.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    /// SHADER_F16 is enabled: kernels may use `enable f16;`.
+    pub f16: bool,
+    /// SUBGROUP is enabled: kernels may use subgroup operations.
+    pub subgroups: bool,
+    /// Smallest subgroup size the adapter may use (lavapipe: 8, NVIDIA: 32).
+    pub subgroup_min_size: u32,
+    /// TIMESTAMP_QUERY is enabled.
+    pub timestamps: bool,
+    /// Largest storage-buffer binding in bytes (lavapipe: 128 MiB).
+    pub max_binding: u64,
+    /// Largest buffer in bytes.
+    pub max_buffer: u64,
+    /// Adapter name, e.g. "llvmpipe (LLVM 15.0.6, 256 bits)".
+    pub name: String,
+    /// Backend name, e.g. "vulkan".
+    pub backend: String,
+}
+
+/// One adapter as listed for `--device N`.
+#[derive(Clone, Debug)]
+pub struct AdapterListing {
+    /// Position in the list (the value of `--device`).
+    pub index: usize,
+    /// Adapter name.
+    pub name: String,
+    /// Backend name.
+    pub backend: String,
+    /// Device type (discrete, integrated, cpu...).
+    pub device_type: String,
+}
+
+/// Counts of GPU objects created through a [`GpuContext`]; recording dispatches must not
+/// change them (DESIGN.md principle 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Compute pipelines compiled.
+    pub pipelines: u64,
+    /// Bind groups created.
+    pub bind_groups: u64,
+    /// Buffers created.
+    pub buffers: u64,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    pipelines: AtomicU64,
+    bind_groups: AtomicU64,
+    buffers: AtomicU64,
+}
+
+/// An opened GPU: device, queue, capabilities and the pipeline cache.
+pub struct GpuContext {
+    /// The wgpu device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    caps: Caps,
+    pub(crate) pipelines: PipelineCache,
+    counters: AtomicCounters,
+    /// First uncaptured error or device loss, reported by [`GpuContext::check`].
+    fault: Arc<Mutex<Option<String>>>,
+}
+
+fn enumerate(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
+    pollster::block_on(instance.enumerate_adapters(backends))
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+/// The adapters of `backends`, in the order `--device N` indexes them.
+pub fn list_adapters(backends: wgpu::Backends) -> Vec<AdapterListing> {
+    enumerate(backends)
+        .iter()
+        .enumerate()
+        .map(|(index, a)| {
+            let info = a.get_info();
+            AdapterListing {
+                index,
+                name: info.name,
+                backend: info.backend.to_string(),
+                device_type: format!("{:?}", info.device_type),
+            }
+        })
+        .collect()
+}
+
+impl GpuContext {
+    /// Opens the adapter chosen by `opts`, with the adapter's own limits and the optional
+    /// features the kernels can use (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY).
+    pub fn new(opts: &GpuOptions) -> Result<GpuContext> {
+        let mut adapters = enumerate(opts.backends);
+        if adapters.is_empty() {
+            return Err(Error::Gpu(format!(
+                "no GPU adapter found for backends {:?} (on Linux without a GPU, install \
+                 Mesa's lavapipe: mesa-vulkan-drivers)",
+                opts.backends
+            )));
+        }
+        let adapter = match opts.device_index {
+            Some(i) if i < adapters.len() => adapters.swap_remove(i),
+            Some(i) => {
+                return Err(Error::Gpu(format!(
+                    "device index {i} out of range: {} adapter(s) found",
+                    adapters.len()
+                )))
+            }
+            None => {
+                let best = (0..adapters.len())
+                    .min_by_key(|&i| type_rank(adapters[i].get_info().device_type))
+                    .expect("non-empty");
+                adapters.swap_remove(best)
+            }
+        };
+        let info = adapter.get_info();
+        let have = adapter.features();
+        let mut want = wgpu::Features::empty();
+        if !opts.disable_f16 {
+            want |= wgpu::Features::SHADER_F16;
+        }
+        if !opts.disable_subgroups {
+            want |= wgpu::Features::SUBGROUP;
+        }
+        want |= wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let features = have & want;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("ternion"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| Error::Gpu(format!("{}: request_device failed: {e}", info.name)))?;
+
+        let fault = Arc::new(Mutex::new(None::<String>));
+        let f = fault.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let msg = match &e {
+                wgpu::Error::OutOfMemory { .. } => format!("out of GPU memory: {e}"),
+                _ => format!("{e}"),
+            };
+            f.lock().expect("fault lock").get_or_insert(msg);
+        }));
+        let f = fault.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            f.lock()
+                .expect("fault lock")
+                .get_or_insert(format!("device lost ({reason:?}): {msg}"));
+        });
+
+        let caps = Caps {
+            f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_min_size: info.subgroup_min_size,
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            max_binding: limits.max_storage_buffer_binding_size,
+            max_buffer: limits.max_buffer_size,
+            name: info.name.clone(),
+            backend: info.backend.to_string(),
+        };
+        Ok(GpuContext {
+            device,
+            queue,
+            caps,
+            pipelines: PipelineCache::default(),
+            counters: AtomicCounters::default(),
+            fault,
+        })
+    }
+
+    /// What the device can do.
+    pub fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    /// Objects created so far.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            pipelines: self.counters.pipelines.load(Ordering::Relaxed),
+            bind_groups: self.counters.bind_groups.load(Ordering::Relaxed),
+            buffers: self.counters.buffers.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn count_pipeline(&self) {
+        self.counters.pipelines.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Errors if the device reported an uncaptured error or was lost.
+    pub fn check(&self) -> Result<()> {
+        match self.fault.lock().expect("fault lock").as_ref() {
+            Some(msg) => Err(Error::Gpu(msg.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Creates a buffer, turning out-of-memory and validation failures into errors.
+    pub fn create_buffer(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).next_multiple_of(4),
+            usage,
+            mapped_at_creation: false,
+        });
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            return Err(Error::Gpu(format!(
+                "out of GPU memory creating buffer '{label}' of {size} bytes: {e}"
+            )));
+        }
+        if let Some(e) = v {
+            return Err(Error::Gpu(format!(
+                "cannot create buffer '{label}' of {size} bytes: {e}"
+            )));
+        }
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        Ok(buf)
+    }
+
+    /// Creates a bind group of whole-buffer `(binding, buffer)` entries for `layout`.
+    pub fn create_bind_group(
+        &self,
+        label: &str,
+        layout: &wgpu::BindGroupLayout,
+        buffers: &[(u32, wgpu::BufferBinding<'_>)],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .map(|(binding, b)| wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: wgpu::BindingResource::Buffer(b.clone()),
+            })
+            .collect();
+        self.counters.bind_groups.fetch_add(1, Ordering::Relaxed);
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout,
+            entries: &entries,
+        })
+    }
+
+    /// A new command encoder.
+    pub fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    }
+
+    /// Submits one encoder's commands.
+    pub fn submit(&self, encoder: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
+        self.queue.submit([encoder.finish()])
+    }
+
+    /// Blocks until all submitted work is done; errors on device loss or an earlier fault.
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
+        self.check()
+    }
+
+    /// Copies `size` bytes at `offset` of `buf` (which needs COPY_SRC) back to the host.
+    /// Creates a staging buffer per call: for tests and one-off reads, not the hot path.
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let padded = size.next_multiple_of(4).max(4);
+        let staging = self.create_buffer(
+            "readback",
+            padded,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        let mut enc = self.encoder();
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, padded);
+        self.submit(enc);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| Error::Gpu("read-back: map callback dropped".into()))?
+            .map_err(|e| Error::Gpu(format!("read-back: map failed: {e}")))?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
+        let out = view[..size as usize].to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+}

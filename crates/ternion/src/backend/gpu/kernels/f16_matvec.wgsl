@@ -1,0 +1,94 @@
+// f16_matvec.wgsl — F16 weight rows × f32 hidden state → f32 (the tied LM head), one
+// shard of rows per dispatch (buffers.rs `Sharded`).
+//
+// Bindings (group 0):
+//   0 uniform Params { rows, k, row0, out_stride }: rows in this shard, row width (multiple
+//                     of 4), first output column of the shard, output row stride (vocab)
+//   1 storage read  w:   this shard's rows, row-major F16 as in the file: vec4<f16> (variant
+//                        F16) or vec2<u32> unpacked with unpack2x16float
+//   2 storage read  x:   array<vec4<f32>>  T × k hidden states
+//   3 storage rw    out: array<f32>        T × out_stride logits; writes row0 .. row0+rows
+// Dispatch: (ceil(rows / (256/TPR)), T, 1) per shard. TPR lanes per row, reduced by
+// subgroupShuffleXor (SUBGROUPS) or shared memory, like ternary.wgsl.
+// Numerics: f32 accumulation in a different order than the CPU's; ROUND_X rounds the hidden
+// state through F16 first (the reference does this for single-token decode).
+#if F16
+enable f16;
+#endif
+
+override TPR: u32 = 32u;
+override ROUND_X: bool = false;
+const WG: u32 = 256u;
+
+struct Params { rows: u32, k: u32, row0: u32, out_stride: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+#if F16
+@group(0) @binding(1) var<storage, read> w: array<vec4<f16>>;
+#else
+@group(0) @binding(1) var<storage, read> w: array<vec2<u32>>;
+#endif
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+#if SUBGROUPS
+fn reduce(v: f32, li: u32) -> f32 {
+    var s = v;
+    for (var o = TPR / 2u; o > 0u; o >>= 1u) {
+        s += subgroupShuffleXor(s, o);
+    }
+    return s;
+}
+#else
+var<workgroup> red: array<f32, WG>;
+
+fn reduce(v: f32, li: u32) -> f32 {
+    let lane = li % TPR;
+    red[li] = v;
+    workgroupBarrier();
+    for (var o = TPR / 2u; o > 0u; o >>= 1u) {
+        if (lane < o) {
+            red[li] = red[li] + red[li + o];
+        }
+        workgroupBarrier();
+    }
+    return red[li];
+}
+#endif
+
+fn load_w(i: u32) -> vec4<f32> {
+#if F16
+    return vec4<f32>(w[i]);
+#else
+    let v = w[i];
+    return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
+#endif
+}
+
+fn load_x(i: u32) -> vec4<f32> {
+    let v = x[i];
+    if (ROUND_X) {
+        return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+    }
+    return v;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let lane = li % TPR;
+    let row = wg.x * (WG / TPR) + li / TPR;
+    let t = wg.y;
+    let k4 = p.k / 4u;
+    var acc = 0.0;
+    if (row < p.rows) {
+        let wbase = row * k4;
+        let xbase = t * k4;
+        for (var i = lane; i < k4; i += TPR) {
+            acc += dot(load_w(wbase + i), load_x(xbase + i));
+        }
+    }
+    let s = reduce(acc, li);
+    if (lane == 0u && row < p.rows) {
+        out[t * p.out_stride + p.row0 + row] = s;
+    }
+}

@@ -1,0 +1,177 @@
+// rmsnorm.wgsl — RMSNorm times weight; optionally followed by BitNet's per-token int8
+// absmax quantization (BITNET.md §4), which feeds ternary.wgsl.
+//
+// Bindings (group 0):
+//   0 uniform Params { n, eps }: row width (multiple of 4 for the quant entry), epsilon
+//   1 storage read  x:    array<f32>        T × n input rows
+//   2 storage read  w:    array<f32>        n norm weights
+//   3 storage rw    out:  array<u32>        rmsnorm: T × n f32 (as bits);
+//                                          rmsnorm_quant: T × n/4 words of packed int8, element
+//                                          4i+b in byte b of word i (pack4xI8 order)
+//   4 storage rw    tok_scale: array<vec2<u32>>  rmsnorm_quant only: per token (bits of the f32
+//                                          scale s, bits of the i32 Σq)
+// Dispatch: (T, 1, 1), one workgroup of 256 threads per token.
+//
+// Numerics against the CPU reference (backend/cpu/norm.rs, quant/act.rs):
+// - Σx² is an f32 tree reduction (ggml and the CPU reference sum in f64); mean, the
+//   1/sqrt and the products (x·scale)·w are f32 in the reference's order. Results differ
+//   from the CPU by a few ulp.
+// - s = 127/max(m, 1e-5) is computed exactly as the reference's (f32)(127/(double)m): the
+//   quotient is formed by integer long division and rounded to nearest even, so it does not
+//   depend on the GPU's division precision.
+// - q = clamp(round(y·s), −128, 127); WGSL round() is round-half-to-even, like ggml's
+//   nearest_int. Because y differs by ulps, a product lying within an ulp of a .5 boundary
+//   can round the other way (rare; the tests count such cases).
+
+struct Params { n: u32, eps: f32 }
+
+const WG: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
+@group(0) @binding(4) var<storage, read_write> tok_scale: array<vec2<u32>>;
+
+var<workgroup> red_f: array<f32, WG>;
+var<workgroup> red_i: array<i32, WG>;
+
+fn sum_f(v: f32, li: u32) -> f32 {
+    red_f[li] = v;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
+            red_f[li] = red_f[li] + red_f[li + o];
+        }
+        workgroupBarrier();
+    }
+    let r = red_f[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn max_f(v: f32, li: u32) -> f32 {
+    red_f[li] = v;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
+            red_f[li] = max(red_f[li], red_f[li + o]);
+        }
+        workgroupBarrier();
+    }
+    let r = red_f[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn sum_i(v: i32, li: u32) -> i32 {
+    red_i[li] = v;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
+            red_i[li] = red_i[li] + red_i[li + o];
+        }
+        workgroupBarrier();
+    }
+    let r = red_i[0];
+    workgroupBarrier();
+    return r;
+}
+
+// 1/sqrt(mean(x²) + eps) of row t, computed by the whole workgroup.
+fn inv_rms(base: u32, li: u32) -> f32 {
+    var ss = 0.0;
+    for (var i = li; i < p.n; i += WG) {
+        let v = x[base + i];
+        ss += v * v;
+    }
+    let mean = sum_f(ss, li) / f32(p.n);
+    return 1.0 / sqrt(mean + p.eps);
+}
+
+fn normed(base: u32, i: u32, scale: f32) -> f32 {
+    return (x[base + i] * scale) * w[i];
+}
+
+// Correctly rounded f32 127/m for a normal m > 1e-5 (see the header).
+fn div127(m: f32) -> f32 {
+    let bits = bitcast<u32>(m);
+    let e = (bits >> 23u) & 0xffu;
+    let mm = (bits & 0x7fffffu) | 0x800000u;
+    var r = 127u << 17u;
+    var shift = 17u;
+    if (r < mm) {
+        r <<= 1u;
+        shift = 18u;
+    }
+    // Now mm <= r < 2·mm: 25 quotient bits of r/mm, the first one set.
+    var q = 0u;
+    for (var i = 0u; i < 25u; i++) {
+        q <<= 1u;
+        if (r >= mm) {
+            r -= mm;
+            q |= 1u;
+        }
+        r <<= 1u;
+    }
+    var mant = q >> 1u;
+    let round_bit = (q & 1u) != 0u;
+    if (round_bit && (r != 0u || (mant & 1u) != 0u)) {
+        mant += 1u;
+    }
+    var exp = 150u + 127u - e - shift;
+    if (mant == 0x1000000u) {
+        mant = 0x800000u;
+        exp += 1u;
+    }
+    return bitcast<f32>((exp << 23u) | (mant & 0x7fffffu));
+}
+
+fn quant_scale(amax: f32) -> f32 {
+    // m = max(amax, 1e-5) in f64: every f32 ≤ 1e-5f32 is below 1e-5, and 127/1e-5 = 12.7e6
+    // is exactly representable.
+    if (amax <= 1e-5) {
+        return 12700000.0;
+    }
+    return div127(amax);
+}
+
+fn q8(v: f32) -> i32 {
+    return i32(clamp(round(v), -128.0, 127.0));
+}
+
+@compute @workgroup_size(256)
+fn rmsnorm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let base = wg.x * p.n;
+    let scale = inv_rms(base, li);
+    for (var i = li; i < p.n; i += WG) {
+        out[base + i] = bitcast<u32>(normed(base, i, scale));
+    }
+}
+
+@compute @workgroup_size(256)
+fn rmsnorm_quant(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t = wg.x;
+    let base = t * p.n;
+    let scale = inv_rms(base, li);
+    var m = 0.0;
+    for (var i = li; i < p.n; i += WG) {
+        m = max(m, abs(normed(base, i, scale)));
+    }
+    let s = quant_scale(max_f(m, li));
+    var qs = 0;
+    for (var i = li * 4u; i < p.n; i += WG * 4u) {
+        let q = vec4<i32>(
+            q8(normed(base, i, scale) * s),
+            q8(normed(base, i + 1u, scale) * s),
+            q8(normed(base, i + 2u, scale) * s),
+            q8(normed(base, i + 3u, scale) * s),
+        );
+        qs += q.x + q.y + q.z + q.w;
+        out[(base + i) / 4u] = pack4xI8(q);
+    }
+    let total = sum_i(qs, li);
+    if (li == 0u) {
+        tok_scale[t] = vec2<u32>(bitcast<u32>(s), bitcast<u32>(total));
+    }
+}

@@ -1,0 +1,68 @@
+//! The GPU backend: wgpu with hand-written WGSL kernels (Vulkan, Metal, DX12; tested on
+//! Mesa's lavapipe).
+//!
+//! # Shape
+//! - [`GpuContext`] (`context.rs`) opens an adapter ([`GpuOptions`], [`list_adapters`] for
+//!   `--device N`) with the adapter's own limits and the optional features the kernels use
+//!   (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY), reports them as [`Caps`], turns uncaptured
+//!   errors and device loss into [`crate::Error::Gpu`] ([`GpuContext::check`]), and counts
+//!   every pipeline, bind group and buffer it creates ([`Counters`]).
+//! - `pipelines.rs`: a cache of compute pipelines keyed by [`PipelineKey`] = [`Kernel`]
+//!   (an enum with each kernel's small integer specialisations, passed to WGSL as
+//!   `override` constants) × [`Variant`] (f16, subgroups). Feature-gated code in a kernel
+//!   sits between `#if NAME` / `#else` / `#endif` lines (one small preprocessor, see
+//!   [`preprocess`]); nothing else rewrites shader text. Pipelines use automatic layouts.
+//! - `buffers.rs`: [`GpuBuffer`] (typed upload, read-back for tests) and [`Sharded`], a
+//!   row-major matrix split into shards of whole rows that each fit one binding (the
+//!   657 MB F16 embedding / LM head against lavapipe's 128 MiB limit). Kernels over a
+//!   sharded matrix launch one dispatch per shard.
+//! - `ops.rs`: one struct per kernel ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
+//!   [`F16Matvec`], [`TopK`]). `new` fetches the pipeline, creates the parameter
+//!   uniforms and the bind groups once; `record(&mut ComputePass, n_tokens)` only sets
+//!   the pipeline and bind group and dispatches, so recording creates nothing
+//!   (DESIGN.md principle 3; a test checks the counters).
+//! - `kernels/*.wgsl`: each file's header documents role, bindings, dispatch and layout.
+//!
+//! # A step
+//! Build the ops at load time against persistent buffers (hidden state, quantized
+//! activations, logits, a [`StepUniform`] for batched kernels). Per step: write the token
+//! ids (and the step uniform), then
+//! ```text
+//! let mut enc = ctx.encoder();
+//! {
+//!     let mut pass = enc.begin_compute_pass(&Default::default());
+//!     embed.record(&mut pass, n);
+//!     norm.record(&mut pass, n);            // rmsnorm + int8 quantization
+//!     wq.record(&mut pass, n, n > 1);       // ternary matvec / batched matmul
+//!     ...
+//!     topk.record(&mut pass);
+//! }
+//! topk.record_download(&mut enc);
+//! ctx.submit(enc);                           // one submit per step
+//! let best = topk.read(&ctx)?;               // k values, not the whole vocabulary
+//! ```
+//! Dispatches inside one pass are ordered by wgpu's usage tracking (a read-after-write on
+//! a storage buffer gets a barrier), which costs far less than a pass per kernel.
+//!
+//! # Numerics (see each kernel's header)
+//! - Ternary products are exact integer dots (`dot4I8Packed` on the I2_S codes as stored,
+//!   minus Σq), scaled in f32 in the reference's order.
+//! - RMSNorm sums squares in f32 by a tree (the reference uses f64); int8 quantization
+//!   reproduces `quantize_per_token` exactly given the same normalised values, including
+//!   the f64-then-f32 scale (exact integer division) and round-half-to-even.
+//! - F16 products accumulate in f32 in a different order than the CPU.
+
+mod buffers;
+mod context;
+mod ops;
+mod pipelines;
+#[cfg(test)]
+mod tests;
+
+pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
+pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, GpuOptions};
+pub use ops::{
+    Dispatch, Embed, F16Matvec, NormOut, QuantAct, RmsNorm, StepUniform, TernaryMatvec,
+    TernaryWeights, TopK, MAX_TOPK, SELECT_CHUNK, WG,
+};
+pub use pipelines::{preprocess, Epilogue, Kernel, PipelineCache, PipelineKey, Variant};

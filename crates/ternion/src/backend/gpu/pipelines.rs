@@ -1,0 +1,297 @@
+//! The pipeline cache, keyed by a typed [`PipelineKey`], and the WGSL preprocessor.
+//!
+//! ## Preprocessor
+//! Kernels are plain `.wgsl` files. Code that must not even appear when a feature is off
+//! (`enable f16;`, subgroup builtins) sits between lines that are exactly
+//! `#if NAME`, `#else` and `#endif` (leading spaces allowed, nesting allowed). The names
+//! are `F16` and `SUBGROUPS`, defined from the [`Variant`]. Nothing else is rewritten;
+//! numeric specialisations go through WGSL `override` constants.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::context::GpuContext;
+use crate::{Error, Result};
+
+/// Feature-dependent variant of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Variant {
+    /// Use `enable f16;` and `f16` loads.
+    pub f16: bool,
+    /// Use subgroup reductions instead of workgroup shared memory.
+    pub subgroups: bool,
+}
+
+/// What a ternary or float matvec does with its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// `out = y`.
+    Store,
+    /// `out += y` (residual add for the o- and down-projections).
+    Add,
+}
+
+/// The kernels and their small integer specialisations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `embed.wgsl`: F16 embedding rows → f32.
+    Embed,
+    /// `rmsnorm.wgsl`: RMSNorm, then int8 quantization (`quant`) or f32 output.
+    RmsNorm {
+        /// Quantize to packed int8 + per-token scale instead of writing f32.
+        quant: bool,
+    },
+    /// `ternary.wgsl`: I2_S × int8.
+    Ternary {
+        /// Threads per weight row (power of two, 1..=256).
+        tpr: u32,
+        /// Store or add.
+        epilogue: Epilogue,
+        /// The 4-tokens-per-workgroup prefill entry point.
+        batch: bool,
+    },
+    /// `f16_matvec.wgsl`: F16 weight shard × f32 hidden (LM head).
+    F16Matvec {
+        /// Threads per weight row (power of two, 1..=256).
+        tpr: u32,
+        /// Round the hidden state to F16 first (single-token decode numerics).
+        round_x: bool,
+    },
+    /// `select.wgsl`: top-k (argmax is k = 1); `partial` is the per-chunk pass.
+    Select {
+        /// Candidates kept (1..=64).
+        k: u32,
+        /// First pass (per chunk) or second pass (over the candidates).
+        partial: bool,
+    },
+}
+
+/// A compiled pipeline's identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    /// Which kernel, with its specialisations.
+    pub kernel: Kernel,
+    /// Feature variant.
+    pub variant: Variant,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Source {
+    Embed,
+    RmsNorm,
+    Ternary,
+    F16Matvec,
+    Select,
+}
+
+impl Source {
+    fn text(self) -> (&'static str, &'static str) {
+        match self {
+            Source::Embed => ("embed.wgsl", include_str!("kernels/embed.wgsl")),
+            Source::RmsNorm => ("rmsnorm.wgsl", include_str!("kernels/rmsnorm.wgsl")),
+            Source::Ternary => ("ternary.wgsl", include_str!("kernels/ternary.wgsl")),
+            Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
+            Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
+        }
+    }
+}
+
+impl Kernel {
+    fn source(self) -> Source {
+        match self {
+            Kernel::Embed => Source::Embed,
+            Kernel::RmsNorm { .. } => Source::RmsNorm,
+            Kernel::Ternary { .. } => Source::Ternary,
+            Kernel::F16Matvec { .. } => Source::F16Matvec,
+            Kernel::Select { .. } => Source::Select,
+        }
+    }
+
+    fn entry_point(self) -> &'static str {
+        match self {
+            Kernel::Embed => "main",
+            Kernel::RmsNorm { quant: true } => "rmsnorm_quant",
+            Kernel::RmsNorm { quant: false } => "rmsnorm",
+            Kernel::Ternary { batch: false, .. } => "matvec",
+            Kernel::Ternary { batch: true, .. } => "matmul4",
+            Kernel::F16Matvec { .. } => "main",
+            Kernel::Select { partial: true, .. } => "partial",
+            Kernel::Select { partial: false, .. } => "merge",
+        }
+    }
+
+    fn constants(self) -> Vec<(&'static str, f64)> {
+        match self {
+            Kernel::Embed | Kernel::RmsNorm { .. } => vec![],
+            Kernel::Ternary { tpr, epilogue, .. } => vec![
+                ("TPR", f64::from(tpr)),
+                (
+                    "EPILOGUE",
+                    if epilogue == Epilogue::Add { 1.0 } else { 0.0 },
+                ),
+            ],
+            Kernel::F16Matvec { tpr, round_x } => vec![
+                ("TPR", f64::from(tpr)),
+                ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
+            ],
+            Kernel::Select { k, .. } => vec![("K", f64::from(k))],
+        }
+    }
+}
+
+/// Applies the `#if NAME` / `#else` / `#endif` preprocessor (see the module docs).
+pub fn preprocess(file: &str, src: &str, defines: &[&str]) -> Result<String> {
+    // Each entry: (this branch is active, some enclosing branch is inactive).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let mut out = String::with_capacity(src.len());
+    let active =
+        |stack: &[(bool, bool)]| stack.last().is_none_or(|&(a, outer_off)| a && !outer_off);
+    for (n, line) in src.lines().enumerate() {
+        let t = line.trim();
+        let err = |what: &str| Error::Gpu(format!("{file}:{}: preprocessor: {what}", n + 1));
+        if let Some(name) = t.strip_prefix("#if ") {
+            let outer_off = !active(&stack);
+            stack.push((defines.contains(&name.trim()), outer_off));
+            out.push('\n');
+        } else if t == "#else" {
+            let top = stack.last_mut().ok_or_else(|| err("#else without #if"))?;
+            top.0 = !top.0;
+            out.push('\n');
+        } else if t == "#endif" {
+            stack.pop().ok_or_else(|| err("#endif without #if"))?;
+            out.push('\n');
+        } else if t.starts_with('#') {
+            return Err(err(&format!("unknown directive '{t}'")));
+        } else {
+            // Inactive lines become empty so that line numbers in errors stay right.
+            if active(&stack) {
+                out.push_str(line);
+            }
+            out.push('\n');
+        }
+    }
+    if !stack.is_empty() {
+        return Err(Error::Gpu(format!(
+            "{file}: preprocessor: unterminated #if"
+        )));
+    }
+    Ok(out)
+}
+
+/// Compiled shader modules and pipelines, created once and reused.
+#[derive(Default)]
+pub struct PipelineCache {
+    modules: Mutex<HashMap<(Source, Variant), wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+}
+
+impl PipelineCache {
+    /// Number of pipelines held.
+    pub fn len(&self) -> usize {
+        self.pipelines.lock().expect("pipeline lock").len()
+    }
+
+    /// True when no pipeline was compiled yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl GpuContext {
+    /// The pipeline for `key`, compiled on first use. Shader or pipeline errors (for
+    /// instance a variant the device cannot run) are returned with naga's message.
+    pub fn pipeline(&self, key: PipelineKey) -> Result<wgpu::ComputePipeline> {
+        if let Some(p) = self.pipelines.pipelines.lock().expect("lock").get(&key) {
+            return Ok(p.clone());
+        }
+        let src = key.kernel.source();
+        let (file, text) = src.text();
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = {
+            let mut modules = self.pipelines.modules.lock().expect("lock");
+            match modules.get(&(src, key.variant)) {
+                Some(m) => m.clone(),
+                None => {
+                    let mut defines = Vec::new();
+                    if key.variant.f16 {
+                        defines.push("F16");
+                    }
+                    if key.variant.subgroups {
+                        defines.push("SUBGROUPS");
+                    }
+                    let code = preprocess(file, text, &defines)?;
+                    let m = self
+                        .device
+                        .create_shader_module(wgpu::ShaderModuleDescriptor {
+                            label: Some(file),
+                            source: wgpu::ShaderSource::Wgsl(code.into()),
+                        });
+                    modules.insert((src, key.variant), m.clone());
+                    m
+                }
+            }
+        };
+        let constants = key.kernel.constants();
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(file),
+                layout: None,
+                module: &module,
+                entry_point: Some(key.kernel.entry_point()),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            // Forget a module that failed to compile so the error repeats rather than hides.
+            self.pipelines
+                .modules
+                .lock()
+                .expect("lock")
+                .remove(&(src, key.variant));
+            return Err(Error::Gpu(format!("{file} ({key:?}): {e}")));
+        }
+        self.count_pipeline();
+        self.pipelines
+            .pipelines
+            .lock()
+            .expect("lock")
+            .insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preprocess;
+
+    #[test]
+    fn preprocessor_branches_and_nesting() {
+        let src = "a\n#if X\nb\n#if Y\nc\n#else\nd\n#endif\n#else\ne\n#endif\nf\n";
+        let lines = |s: String| {
+            s.lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lines(preprocess("t", src, &[]).unwrap()), ["a", "e", "f"]);
+        assert_eq!(
+            lines(preprocess("t", src, &["X"]).unwrap()),
+            ["a", "b", "d", "f"]
+        );
+        assert_eq!(
+            lines(preprocess("t", src, &["X", "Y"]).unwrap()),
+            ["a", "b", "c", "f"]
+        );
+        assert_eq!(
+            lines(preprocess("t", src, &["Y"]).unwrap()),
+            ["a", "e", "f"]
+        );
+        assert!(preprocess("t", "#if X\n", &[]).is_err());
+        assert!(preprocess("t", "#endif\n", &[]).is_err());
+        assert!(preprocess("t", "#define X\n", &[]).is_err());
+    }
+}
