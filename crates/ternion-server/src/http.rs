@@ -10,8 +10,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -46,6 +47,9 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            early_length_check(req, next, max_body)
+        }))
         .with_state(state)
 }
 
@@ -148,17 +152,35 @@ async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Respo
     }
 }
 
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "The request body is too large",
+    )
+    .with_code("request_too_large")
+}
+
+/// Refuses a request whose declared `Content-Length` is over the limit before any of its
+/// body is read (so a client that sent `Expect: 100-continue` never has to send it).
+async fn early_length_check(req: Request, next: Next, max_body: usize) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body as u64) {
+        return too_large().into_response();
+    }
+    next.run(req).await
+}
+
 /// The body, or 413 when it is over the limit (other read failures keep their status).
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                status,
-                "invalid_request_error",
-                "The request body is too large",
-            )
-            .with_code("request_too_large")
+            too_large()
         } else {
             ApiError::new(status, "invalid_request_error", r.body_text())
         }
