@@ -252,9 +252,20 @@ struct Seq<'m> {
 }
 
 impl<'m> Seq<'m> {
-    fn new(model: &'m BitNet, n_ctx: usize, job: Job) -> Result<Seq<'m>, String> {
-        let sampler = Sampler::new(job.sampler.clone()).map_err(|e| e.to_string())?;
-        Ok(Seq {
+    /// A sequence for `job`; when its sampler settings are invalid, the job is answered
+    /// with the error and dropped.
+    fn new(model: &'m BitNet, n_ctx: usize, job: Job) -> Option<Seq<'m>> {
+        let sampler = match Sampler::new(job.sampler.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = job.events.send(Event::Error {
+                    status: 400,
+                    message: e.to_string(),
+                });
+                return None;
+            }
+        };
+        Some(Seq {
             session: Session::new(model, n_ctx),
             sampler,
             fed: 0,
@@ -429,10 +440,9 @@ pub fn run(
                 continue;
             }
             match Seq::new(model, n_ctx, job) {
-                Ok(s) => active.push(s),
-                Err(e) => {
+                Some(s) => active.push(s),
+                None => {
                     m.failed_total.fetch_add(1, Relaxed);
-                    eprintln!("ternion-server: cannot start a sequence: {e}");
                 }
             }
         }

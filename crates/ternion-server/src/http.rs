@@ -503,6 +503,8 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>) -> Response {
 fn error_for(status: u16, message: String) -> ApiError {
     if status == 503 {
         ApiError::unavailable(message)
+    } else if status == 400 {
+        ApiError::bad_request(message, None)
     } else {
         ApiError::new(
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),

@@ -126,7 +126,7 @@ pub async fn run(
     let engine = engine::spawn(
         EngineConfig {
             model_path: cfg.model_path.clone(),
-            tokenizer: cfg.tokenizer.clone(),
+            tokenizer: cfg.tokenizer,
             n_ctx: cfg.n_ctx,
             max_active: cfg.max_active,
             queue: cfg.queue,

@@ -784,3 +784,18 @@ fn official_openai_python_client() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn a_model_that_cannot_load_ends_the_server_with_an_error() {
+    let missing = tmp_dir().join("missing.gguf");
+    let o = Command::new(ternion_bin())
+        .arg("serve")
+        .arg("--model")
+        .arg(&missing)
+        .args(["--port", "0", "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("missing.gguf"), "{err}");
+}
