@@ -46,8 +46,15 @@ fn ternion_bin() -> &'static Path {
             Some(p) => p,
             None => "dev",
         };
+        let bin = profile_dir.join(format!("ternion{}", std::env::consts::EXE_SUFFIX));
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        // Built after the last source change (e.g. by `cargo test --workspace`): use it as
+        // is; a build here would resolve features differently and rebuild for nothing.
+        if modified(&bin).is_some_and(|b| b >= newest_source(&root)) {
+            return bin;
+        }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+        let manifest = root.join("Cargo.toml");
         let status = Command::new(cargo)
             .args(["build", "--quiet", "-p", "ternion-cli", "--bin", "ternion"])
             .args(["--profile", profile, "--manifest-path"])
@@ -56,10 +63,40 @@ fn ternion_bin() -> &'static Path {
             .status()
             .expect("cargo runs");
         assert!(status.success(), "building the ternion binary failed");
-        let bin = profile_dir.join(format!("ternion{}", std::env::consts::EXE_SUFFIX));
         assert!(bin.exists(), "no ternion binary at {}", bin.display());
         bin
     })
+}
+
+fn modified(p: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time of the workspace's manifests and Rust sources.
+fn newest_source(root: &Path) -> std::time::SystemTime {
+    fn walk(dir: &Path, newest: &mut std::time::SystemTime) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, newest);
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "toml") {
+                if let Some(t) = modified(&p) {
+                    *newest = (*newest).max(t);
+                }
+            }
+        }
+    }
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for f in ["Cargo.toml", "Cargo.lock"] {
+        if let Some(t) = modified(&root.join(f)) {
+            newest = newest.max(t);
+        }
+    }
+    walk(&root.join("crates"), &mut newest);
+    newest
 }
 
 fn tmp_dir() -> PathBuf {
