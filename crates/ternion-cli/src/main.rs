@@ -5,6 +5,7 @@ mod common;
 mod inspect;
 mod logits;
 mod run;
+mod serve;
 mod synth;
 mod validate;
 
@@ -36,6 +37,8 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Measure prompt and decode speed.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(a) => inspect::inspect(a),
         Command::Synth(a) => synth::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,77 @@
+//! `ternion serve`: the OpenAI-compatible HTTP server.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ternion_server::ServerConfig;
+
+use crate::common::{self, ModelArgs};
+
+/// Arguments of `ternion serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Most sequences generated at once (each holds a KV cache of --ctx positions).
+    #[arg(long, default_value_t = 4)]
+    max_active: usize,
+    /// Most requests waiting for a free sequence; more are answered 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// The model id clients use (default: the file name without .gguf).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Largest request body in bytes; larger ones are answered 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body: usize,
+    /// Seconds running sequences may continue after SIGTERM/Ctrl-C before they are cancelled.
+    #[arg(long, default_value_t = 10)]
+    shutdown_grace: u64,
+}
+
+/// Runs `ternion serve` until SIGTERM or Ctrl-C.
+pub fn run(a: ServeArgs) -> Result<()> {
+    common::check_backend(a.model.backend)?;
+    let Some(model) = a.model.model.clone() else {
+        bail!("give the model file with --model FILE");
+    };
+    if a.model.ctx == Some(0) {
+        bail!("--ctx must be at least 1");
+    }
+    let threads = common::init_threads(a.model.threads)?;
+    let cfg = ServerConfig {
+        model_id: a.alias.clone(),
+        tokenizer: common::tokenizer_options(a.model.pre_tokenizer),
+        n_ctx: a.model.ctx,
+        max_active: a.max_active,
+        queue: a.queue,
+        max_body: a.max_body,
+        shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        ..ServerConfig::new(model)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ternion-http")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("listening on {}:{}", a.host, a.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "ternion serve: listening on http://{addr} ({threads} threads, {} active sequences, \
+             queue {})",
+            cfg.max_active, cfg.queue
+        );
+        ternion_server::run(cfg, listener, ternion_server::shutdown_signal()).await
+    })
+}

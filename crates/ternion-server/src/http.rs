@@ -1,0 +1,559 @@
+//! Routes and handlers: OpenAI-shaped answers, streamed as server-sent events or whole.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::TrySendError;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
+use crate::engine::{Event, Job, Ready, Shared};
+
+/// What every handler sees.
+pub struct AppState {
+    /// Shared with the engine.
+    pub shared: Arc<Shared>,
+    /// The id the model is served under.
+    pub model_id: String,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+    /// Makes ids and default seeds unique.
+    pub counter: AtomicU64,
+}
+
+/// The router with every endpoint, and the request body limit in bytes.
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            early_length_check(req, next, max_body)
+        }))
+        .with_state(state)
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl AppState {
+    fn unique(&self) -> u64 {
+        let n = self.counter.fetch_add(1, Relaxed);
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        // SplitMix64 of time and counter: distinct and well spread.
+        let mut z = t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        if self.shared.shutdown.load(Relaxed) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        self.shared
+            .ready
+            .get()
+            .ok_or_else(|| ApiError::unavailable("the model is still loading"))
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "Unknown endpoint",
+    )
+    .with_code("not_found")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "Method not allowed for this endpoint",
+    )
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let m = &st.shared.metrics;
+    if st.shared.ready.get().is_some() && m.model_loaded.load(Relaxed) {
+        (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.shared.metrics.render(),
+    )
+        .into_response()
+}
+
+fn model_object(st: &AppState) -> Value {
+    json!({
+        "id": st.model_id,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "ternion",
+    })
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&st)]}))
+}
+
+async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == st.model_id {
+        Json(model_object(&st)).into_response()
+    } else {
+        let mut e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("The model `{id}` does not exist"),
+        )
+        .with_code("model_not_found");
+        e.param = Some("model");
+        e.into_response()
+    }
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "The request body is too large",
+    )
+    .with_code("request_too_large")
+}
+
+/// Refuses a request whose declared `Content-Length` is over the limit before any of its
+/// body is read (so a client that sent `Expect: 100-continue` never has to send it).
+async fn early_length_check(req: Request, next: Next, max_body: usize) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body as u64) {
+        return too_large().into_response();
+    }
+    next.run(req).await
+}
+
+/// The body, or 413 when it is over the limit (other read failures keep their status).
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large()
+        } else {
+            ApiError::new(status, "invalid_request_error", r.body_text())
+        }
+    })
+}
+
+/// Which endpoint an answer is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
+    let result = async {
+        let bytes = body_bytes(body)?;
+        let req: ChatRequest = parse_body(&bytes)?;
+        let settings = req.common.settings(&st.model_id, st.unique())?;
+        let messages = req.messages()?;
+        let ready = st.ready()?;
+        let text = ready
+            .template
+            .render(&messages, true, &ready.bos_text, &ready.eos_text)
+            .map_err(|e| {
+                ApiError::bad_request(
+                    format!("cannot render the chat template: {e}"),
+                    Some("messages"),
+                )
+            })?;
+        Ok::<_, ApiError>((settings, Prompt::Text(text)))
+    }
+    .await;
+    match result {
+        Ok((settings, prompt)) => generate(st, Kind::Chat, settings, prompt, arrived).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrived = Instant::now();
+    let result = (|| {
+        let bytes = body_bytes(body)?;
+        let req: CompletionRequest = parse_body(&bytes)?;
+        let settings = req.common.settings(&st.model_id, st.unique())?;
+        let prompt = req.prompt()?;
+        Ok::<_, ApiError>((settings, prompt))
+    })();
+    match result {
+        Ok((settings, prompt)) => generate(st, Kind::Completion, settings, prompt, arrived).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Tokenizes, checks the context, queues the job and answers.
+async fn generate(
+    st: Arc<AppState>,
+    kind: Kind,
+    settings: Settings,
+    prompt: Prompt,
+    arrived: Instant,
+) -> Response {
+    match start(&st, kind, settings, prompt, arrived).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn start(
+    st: &Arc<AppState>,
+    kind: Kind,
+    settings: Settings,
+    prompt: Prompt,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let ready = st.ready()?;
+    let param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    let ids = match prompt {
+        Prompt::Tokens(ids) => {
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= ready.n_vocab) {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "token id {bad} is out of range (the vocabulary has {} tokens)",
+                        ready.n_vocab
+                    ),
+                    Some("prompt"),
+                ));
+            }
+            ids
+        }
+        Prompt::Text(text) => {
+            let tok = ready.tokenizer.clone();
+            tokio::task::spawn_blocking(move || tok.encode(&text, tok.add_bos(), true))
+                .await
+                .map_err(|e| {
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        format!("tokenizing failed: {e}"),
+                    )
+                })?
+                .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}"), Some(param)))?
+        }
+    };
+    let n_ctx = ready.n_ctx;
+    let p = ids.len();
+    if p == 0 {
+        return Err(ApiError::bad_request("the prompt is empty", Some(param)));
+    }
+    let overflow = |completion: usize| {
+        ApiError::bad_request(
+            format!(
+                "This model's maximum context length is {n_ctx} tokens. However, you requested \
+                 {} tokens ({p} in the {param}, {completion} in the completion). Please reduce \
+                 the length of the {param} or completion.",
+                p.saturating_add(completion)
+            ),
+            Some(param),
+        )
+        .with_code("context_length_exceeded")
+    };
+    if p >= n_ctx {
+        return Err(overflow(settings.max_tokens.unwrap_or(1)));
+    }
+    let max_tokens = match settings.max_tokens {
+        Some(n) if p.saturating_add(n) > n_ctx => return Err(overflow(n)),
+        Some(n) => n,
+        None => n_ctx - p,
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = Job {
+        prompt: ids.clone(),
+        sampler: settings.sampler.clone(),
+        max_tokens,
+        stop: settings.stop.clone(),
+        ignore_eos: settings.ignore_eos,
+        arrived,
+        events: tx,
+    };
+    let m = &st.shared.metrics;
+    m.queue_length.fetch_add(1, Relaxed);
+    if let Err(e) = ready.jobs.try_send(job) {
+        m.queue_length.fetch_sub(1, Relaxed);
+        return Err(match e {
+            TrySendError::Full(_) => {
+                m.rejected_queue_full_total.fetch_add(1, Relaxed);
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    "The server is busy: the request queue is full. Retry later.",
+                )
+                .with_code("queue_full")
+            }
+            TrySendError::Disconnected(_) => ApiError::unavailable("the engine has stopped"),
+        });
+    }
+    m.requests_total.fetch_add(1, Relaxed);
+    let meta = Meta {
+        kind,
+        id: format!(
+            "{}-{:016x}",
+            if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            st.unique()
+        ),
+        created: now_unix(),
+        model: st.model_id.clone(),
+        include_usage: settings.include_usage,
+        return_token_ids: settings.return_token_ids,
+        prompt_ids: ids,
+    };
+    if settings.stream {
+        Ok(stream_response(meta, rx))
+    } else {
+        whole_response(meta, rx).await
+    }
+}
+
+/// What an answer is labelled with.
+struct Meta {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    return_token_ids: bool,
+    prompt_ids: Vec<u32>,
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+impl Meta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// One streamed chunk with one choice: a delta (chat) or text (completion).
+    fn chunk(&self, delta: Value, text: &str, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish,
+            }),
+            Kind::Completion => json!({
+                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+            }),
+        };
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": [choice],
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    fn text_chunk(&self, text: &str) -> Value {
+        self.chunk(json!({"content": text}), text, None)
+    }
+}
+
+fn sse_json(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+/// Streams the answer as server-sent events. When the client goes away the stream and with
+/// it the receiver are dropped, and the engine cancels the sequence.
+fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>) -> Response {
+    struct St {
+        meta: Meta,
+        rx: UnboundedReceiver<Event>,
+        queue: VecDeque<SseEvent>,
+        done: bool,
+    }
+    let mut queue = VecDeque::new();
+    if meta.kind == Kind::Chat {
+        queue.push_back(sse_json(&meta.chunk(
+            json!({"role": "assistant", "content": ""}),
+            "",
+            None,
+        )));
+    }
+    let st = St {
+        meta,
+        rx,
+        queue,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(ev) = st.queue.pop_front() {
+                return Some((Ok::<_, Infallible>(ev), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.rx.recv().await {
+                Some(Event::Text(t)) => st.queue.push_back(sse_json(&st.meta.text_chunk(&t))),
+                Some(Event::Done(d)) => {
+                    let finish = d.finish.as_str();
+                    st.queue
+                        .push_back(sse_json(&st.meta.chunk(json!({}), "", Some(finish))));
+                    if st.meta.include_usage {
+                        let v = json!({
+                            "id": st.meta.id,
+                            "object": st.meta.object(true),
+                            "created": st.meta.created,
+                            "model": st.meta.model,
+                            "system_fingerprint": null,
+                            "choices": [],
+                            "usage": usage(d.prompt_tokens, d.completion_tokens),
+                        });
+                        st.queue.push_back(sse_json(&v));
+                    }
+                    st.queue.push_back(SseEvent::default().data("[DONE]"));
+                    st.done = true;
+                }
+                Some(Event::Error { status, message }) => {
+                    let e = error_for(status, message);
+                    st.queue.push_back(sse_json(&e.body()));
+                    st.done = true;
+                }
+                None => {
+                    let e = error_for(500, "the engine stopped".into());
+                    st.queue.push_back(sse_json(&e.body()));
+                    st.done = true;
+                }
+            }
+        }
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+fn error_for(status: u16, message: String) -> ApiError {
+    if status == 503 {
+        ApiError::unavailable(message)
+    } else if status == 400 {
+        ApiError::bad_request(message, None)
+    } else {
+        ApiError::new(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            "server_error",
+            message,
+        )
+    }
+}
+
+/// Waits for the whole answer. When the client goes away this future is dropped, and with
+/// it the receiver: the engine cancels the sequence.
+async fn whole_response(
+    meta: Meta,
+    mut rx: UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let done = loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(d)) => break d,
+            Some(Event::Error { status, message }) => return Err(error_for(status, message)),
+            None => return Err(error_for(500, "the engine stopped".into())),
+        }
+    };
+    let finish = done.finish.as_str();
+    let mut choice = match meta.kind {
+        Kind::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": null},
+            "logprobs": null,
+            "finish_reason": finish,
+        }),
+        Kind::Completion => json!({
+            "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+        }),
+    };
+    let mut v = json!({
+        "id": meta.id,
+        "object": meta.object(false),
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": null,
+        "choices": [],
+        "usage": usage(done.prompt_tokens, done.completion_tokens),
+    });
+    if meta.return_token_ids {
+        choice["token_ids"] = json!(done.tokens);
+        v["prompt_token_ids"] = json!(meta.prompt_ids);
+    }
+    v["choices"] = json!([choice]);
+    Ok(Json(v).into_response())
+}

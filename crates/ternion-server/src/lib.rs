@@ -1,0 +1,188 @@
+//! Ternion's OpenAI-compatible HTTP server.
+//!
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI request and response
+//!   shapes, whole or streamed as server-sent events (`data: {...}` chunks, then
+//!   `data: [DONE]`).
+//! - `GET /v1/models`, `GET /v1/models/{id}`: the one served model.
+//! - `GET /health`: 200 once the model is loaded, 503 before (and after the engine stops).
+//! - `GET /metrics`: Prometheus text (queue length, active sequences, tokens, tokens/s,
+//!   time-to-first-token histogram).
+//!
+//! The model lives on one engine thread ([`engine`]); HTTP handlers validate and tokenize,
+//! then hand a [`engine::Job`] to the engine through a bounded queue and relay its events.
+
+pub mod api;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod stop;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use ternion::tokenizer::TokenizerOptions;
+
+use crate::engine::{EngineConfig, Shared};
+use crate::http::AppState;
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// GGUF model file.
+    pub model_path: PathBuf,
+    /// The id the model is served under (default: the file name without `.gguf`).
+    pub model_id: Option<String>,
+    /// Tokenizer options.
+    pub tokenizer: TokenizerOptions,
+    /// Context size of each sequence (default: the model's, at most 4096).
+    pub n_ctx: Option<usize>,
+    /// Most sequences generated at once.
+    pub max_active: usize,
+    /// Most requests waiting for a slot; more get 429.
+    pub queue: usize,
+    /// Largest request body in bytes; larger ones get 413.
+    pub max_body: usize,
+    /// After a shutdown signal, how long running sequences may continue before they are
+    /// cancelled.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults for `model_path`: 4 active sequences, a queue of 64, 1 MiB bodies, 10 s
+    /// shutdown grace.
+    pub fn new(model_path: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            model_path: model_path.into(),
+            model_id: None,
+            tokenizer: TokenizerOptions::default(),
+            n_ctx: None,
+            max_active: 4,
+            queue: 64,
+            max_body: 1 << 20,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+
+    fn id(&self) -> String {
+        self.model_id.clone().unwrap_or_else(|| {
+            self.model_path
+                .file_stem()
+                .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+        })
+    }
+}
+
+/// Resolves on Ctrl-C or (on Unix) SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Serves on `listener` until `shutdown` resolves (or loading the model fails). The model
+/// loads on the engine thread while the server already answers (`/health` says 503 until
+/// it is ready). On shutdown: new connections are refused, queued requests get 503,
+/// running sequences finish within `shutdown_grace` or are cancelled, then the engine
+/// thread ends and this returns.
+pub async fn run(
+    cfg: ServerConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    if cfg.max_active == 0 {
+        bail!("--max-active must be at least 1");
+    }
+    if cfg.queue == 0 {
+        bail!("--queue must be at least 1");
+    }
+    let shared = Arc::new(Shared::default());
+    shared
+        .metrics
+        .max_active_sequences
+        .store(cfg.max_active as u64, Relaxed);
+    let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
+    let engine = engine::spawn(
+        EngineConfig {
+            model_path: cfg.model_path.clone(),
+            tokenizer: cfg.tokenizer,
+            n_ctx: cfg.n_ctx,
+            max_active: cfg.max_active,
+            queue: cfg.queue,
+        },
+        shared.clone(),
+        loaded_tx,
+    )
+    .context("starting the engine thread")?;
+    let state = Arc::new(AppState {
+        shared: shared.clone(),
+        model_id: cfg.id(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        counter: AtomicU64::new(0),
+    });
+    let app = http::router(state, cfg.max_body);
+
+    let failure: Arc<Mutex<Option<String>>> = Arc::default();
+    let stop = {
+        let shared = shared.clone();
+        let failure = failure.clone();
+        let grace = cfg.shutdown_grace;
+        async move {
+            let load_failed = async {
+                match loaded_rx.await {
+                    Ok(Ok(())) => std::future::pending::<String>().await,
+                    Ok(Err(e)) => e,
+                    Err(_) => "the engine thread ended while loading the model".into(),
+                }
+            };
+            tokio::select! {
+                _ = shutdown => eprintln!("ternion-server: shutting down"),
+                e = load_failed => {
+                    *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+            }
+            shared.shutdown.store(true, Release);
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                shared.cancel_all.store(true, Release);
+            });
+        }
+    };
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await;
+    shared.shutdown.store(true, Release);
+    shared.cancel_all.store(true, Release);
+    let joined = tokio::task::spawn_blocking(move || engine.join()).await;
+    served.context("serving HTTP")?;
+    if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        bail!(e);
+    }
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        _ => bail!("the engine thread panicked"),
+    }
+}

@@ -1,0 +1,838 @@
+//! End-to-end tests of `ternion serve`: the real binary on 127.0.0.1 (a free port), a tiny
+//! synthetic BitNet model, and raw HTTP.
+//!
+//! The `ternion` binary is built (or found up to date) in this test's target directory
+//! once per run; set `TERNION_BIN` to use another one. `../shared` (beside the repository)
+//! must hold the Llama-3 vocabulary.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+// ---------------------------------------------------------------- fixtures
+
+fn shared() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
+    assert!(
+        p.join("vocab/ggml-vocab-llama3.gguf").exists(),
+        "../shared (vocabularies and golden data) is missing beside the repository: {} \
+         should hold vocab/ggml-vocab-llama3.gguf",
+        p.display()
+    );
+    p
+}
+
+/// The `ternion` binary: `TERNION_BIN`, or built with cargo into this test's target dir.
+fn ternion_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("TERNION_BIN") {
+            return PathBuf::from(p);
+        }
+        // <target>/<profile dir>/deps/<this test>
+        let exe = std::env::current_exe().expect("the test's own path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>");
+        let target = profile_dir.parent().expect("the target directory");
+        let profile = match profile_dir.file_name().and_then(|s| s.to_str()) {
+            Some("debug") => "dev",
+            Some(p) => p,
+            None => "dev",
+        };
+        let bin = profile_dir.join(format!("ternion{}", std::env::consts::EXE_SUFFIX));
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        // Built after the last source change (e.g. by `cargo test --workspace`): use it as
+        // is; a build here would resolve features differently and rebuild for nothing.
+        if modified(&bin).is_some_and(|b| b >= newest_source(&root)) {
+            return bin;
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let manifest = root.join("Cargo.toml");
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "ternion-cli", "--bin", "ternion"])
+            .args(["--profile", profile, "--manifest-path"])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", target)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the ternion binary failed");
+        assert!(bin.exists(), "no ternion binary at {}", bin.display());
+        bin
+    })
+}
+
+fn modified(p: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time of the workspace's manifests and Rust sources.
+fn newest_source(root: &Path) -> std::time::SystemTime {
+    fn walk(dir: &Path, newest: &mut std::time::SystemTime) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, newest);
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "toml") {
+                if let Some(t) = modified(&p) {
+                    *newest = (*newest).max(t);
+                }
+            }
+        }
+    }
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for f in ["Cargo.toml", "Cargo.lock"] {
+        if let Some(t) = modified(&root.join(f)) {
+            newest = newest.max(t);
+        }
+    }
+    walk(&root.join("crates"), &mut newest);
+    newest
+}
+
+fn tmp_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ternion-server-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A tiny BitNet b1.58 model with a truncated Llama-3 vocabulary, written once.
+fn tiny_model() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let out = tmp_dir().join("tiny.gguf");
+        let vocab = shared().join("vocab/ggml-vocab-llama3.gguf");
+        let o = Command::new(ternion_bin())
+            .args(["synth", "--shape", "tiny", "--type", "i2_s", "--vocab"])
+            .arg(&vocab)
+            .args(["--vocab-limit", "4000", "--out"])
+            .arg(&out)
+            .output()
+            .expect("ternion synth runs");
+        assert!(
+            o.status.success(),
+            "ternion synth failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    })
+}
+
+/// A running `ternion serve`, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(ternion_bin())
+            .arg("serve")
+            .arg("--model")
+            .arg(tiny_model())
+            .args(["--port", "0", "--threads", "1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ternion serve starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        let addr = loop {
+            match lines.next() {
+                Some(Ok(l)) => {
+                    seen.push_str(&l);
+                    seen.push('\n');
+                    if let Some(i) = l.find("http://") {
+                        let rest = &l[i + "http://".len()..];
+                        break rest.split_whitespace().next().unwrap().to_string();
+                    }
+                }
+                _ => {
+                    let _ = child.kill();
+                    panic!("ternion serve did not report its address:\n{seen}")
+                }
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let s = Server { child, addr };
+        let t0 = Instant::now();
+        while get(&s.url("/health")).0 != 200 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "never became healthy"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = post_raw(&self.url(path), &body.to_string());
+        let v = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("answer is not JSON ({e}): {text}"));
+        (status, v)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (status, text) = get(&self.url("/metrics"));
+        assert_eq!(status, 200);
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix(' '))
+                    .map(|v| v.trim().parse::<f64>().unwrap())
+            })
+            .unwrap_or_else(|| panic!("metric {name} missing from\n{text}"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(120))
+        .build()
+}
+
+fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, String) {
+    match r {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+        Err(e) => panic!("HTTP transport error: {e}"),
+    }
+}
+
+fn get(url: &str) -> (u16, String) {
+    match agent().get(url).call() {
+        Err(ureq::Error::Transport(_)) => (0, String::new()),
+        r => answer(r),
+    }
+}
+
+fn post_raw(url: &str, body: &str) -> (u16, String) {
+    answer(
+        agent()
+            .post(url)
+            .set("Content-Type", "application/json")
+            .send_string(body),
+    )
+}
+
+/// POSTs a streaming request and returns every `data:` payload, `[DONE]` included.
+fn post_stream(server: &Server, path: &str, body: &Value) -> Vec<String> {
+    let r = agent()
+        .post(&server.url(path))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string())
+        .expect("streaming request succeeds");
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.content_type().starts_with("text/event-stream"),
+        "content type {}",
+        r.content_type()
+    );
+    let mut out = Vec::new();
+    for line in BufReader::new(r.into_reader()).lines() {
+        let line = line.unwrap();
+        if let Some(d) = line.strip_prefix("data: ") {
+            out.push(d.to_string());
+        }
+    }
+    out
+}
+
+fn assert_error(v: &Value, code_hint: &str) {
+    let e = &v["error"];
+    assert!(e["message"].is_string(), "error shape: {v}");
+    assert!(e["type"].is_string(), "error shape: {v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    if !code_hint.is_empty() {
+        assert_eq!(e["code"], code_hint, "{v}");
+    }
+}
+
+fn assert_usage(v: &Value) -> (u64, u64) {
+    let u = &v["usage"];
+    let p = u["prompt_tokens"].as_u64().expect("prompt_tokens");
+    let c = u["completion_tokens"].as_u64().expect("completion_tokens");
+    assert_eq!(u["total_tokens"].as_u64(), Some(p + c), "{v}");
+    (p, c)
+}
+
+fn chat_body(content: &str, max_tokens: u64) -> Value {
+    json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn health_models_and_metrics() {
+    let s = Server::start(&[]);
+    let (status, body) = get(&s.url("/health"));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = get(&s.url("/v1/models"));
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "tiny");
+    assert_eq!(v["data"][0]["object"], "model");
+    let (status, _) = get(&s.url("/v1/models/tiny"));
+    assert_eq!(status, 200);
+    let (status, _) = get(&s.url("/v1/models/other"));
+    assert_eq!(status, 404);
+    let (status, text) = get(&s.url("/metrics"));
+    assert_eq!(status, 200);
+    for name in [
+        "ternion_queue_length",
+        "ternion_active_sequences",
+        "ternion_generated_tokens_total",
+        "ternion_tokens_per_second",
+        "ternion_time_to_first_token_seconds_bucket",
+        "ternion_time_to_first_token_seconds_count",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+    let (status, _) = get(&s.url("/nowhere"));
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn chat_completion_whole_and_streamed() {
+    let s = Server::start(&[]);
+    let (status, v) = s.post("/v1/chat/completions", &chat_body("Hello there", 12));
+    assert_eq!(status, 200, "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["created"].as_u64().unwrap() > 1_600_000_000);
+    assert_eq!(v["model"], "tiny");
+    let c = &v["choices"][0];
+    assert_eq!(c["index"], 0);
+    assert_eq!(c["message"]["role"], "assistant");
+    let whole = c["message"]["content"].as_str().unwrap().to_string();
+    let finish = c["finish_reason"].as_str().unwrap().to_string();
+    assert!(finish == "stop" || finish == "length", "{v}");
+    let (p, n) = assert_usage(&v);
+    assert!(p > 3 && n <= 12, "{v}");
+    assert_eq!(s.metric("ternion_time_to_first_token_seconds_count"), 1.0);
+
+    let mut body = chat_body("Hello there", 12);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events = post_stream(&s, "/v1/chat/completions", &body);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut text = String::new();
+    let mut finishes = Vec::new();
+    for ch in &chunks[..chunks.len() - 1] {
+        assert_eq!(ch["object"], "chat.completion.chunk");
+        assert_eq!(ch["id"], id);
+        assert_eq!(ch["model"], "tiny");
+        assert!(
+            ch["usage"].is_null(),
+            "usage must be null before the end: {ch}"
+        );
+        let choice = &ch["choices"][0];
+        assert_eq!(choice["index"], 0);
+        if let Some(t) = choice["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finishes.push(f.to_string());
+        }
+    }
+    assert_eq!(text, whole);
+    assert_eq!(finishes, vec![finish]);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(assert_usage(last), (p, n));
+
+    // Without include_usage there is no usage field and no usage chunk.
+    body["stream_options"] = Value::Null;
+    let events = post_stream(&s, "/v1/chat/completions", &body);
+    for e in &events[..events.len() - 1] {
+        let ch: Value = serde_json::from_str(e).unwrap();
+        assert!(ch.get("usage").is_none(), "{ch}");
+        assert_eq!(ch["choices"].as_array().unwrap().len(), 1);
+    }
+}
+
+#[test]
+fn completions_whole_and_streamed() {
+    let s = Server::start(&[]);
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 10, "temperature": 0});
+    let (status, v) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], "tiny");
+    let c = &v["choices"][0];
+    assert_eq!(c["index"], 0);
+    let whole = c["text"].as_str().unwrap().to_string();
+    assert_usage(&v);
+
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let events = post_stream(&s, "/v1/completions", &sb);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let mut text = String::new();
+    for e in &events[..events.len() - 1] {
+        let ch: Value = serde_json::from_str(e).unwrap();
+        assert_eq!(ch["object"], "text_completion");
+        text.push_str(ch["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(text, whole);
+
+    // A prompt given as token ids (in a list of one) works too.
+    let ids = json!({"prompt": [[1, 2, 3]], "max_tokens": 3});
+    let (status, v) = s.post("/v1/completions", &ids);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(assert_usage(&v).0, 3);
+}
+
+#[test]
+fn greedy_output_equals_ternion_run() {
+    let s = Server::start(&[]);
+    let prompt = "Once upon a time, in a quiet village,";
+    let o = Command::new(ternion_bin())
+        .arg("run")
+        .arg("--model")
+        .arg(tiny_model())
+        .args([
+            "--prompt",
+            prompt,
+            "-n",
+            "24",
+            "--temperature",
+            "0",
+            "--json",
+        ])
+        .args(["--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let run: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(!run["tokens"].as_array().unwrap().is_empty());
+
+    let body = json!({
+        "model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0,
+        "return_token_ids": true,
+    });
+    let (status, v) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["prompt_token_ids"], run["prompt_tokens"]);
+    assert_eq!(v["choices"][0]["token_ids"], run["tokens"]);
+    assert_eq!(v["choices"][0]["text"], run["text"]);
+    assert_eq!(v["choices"][0]["finish_reason"], run["finish_reason"]);
+
+    // Streamed: the same text.
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let events = post_stream(&s, "/v1/completions", &sb);
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            let ch: Value = serde_json::from_str(e).unwrap();
+            ch["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(text, run["text"].as_str().unwrap());
+}
+
+#[test]
+fn sixteen_concurrent_clients_are_all_answered() {
+    let s = Server::start(&["--max-active", "4", "--queue", "32"]);
+    let prompts = ["Tell me a story", "Why is the sky blue?"];
+    // One at a time first: what each prompt gives greedily.
+    let expected: Vec<Value> = prompts
+        .iter()
+        .map(|p| {
+            let (status, v) = s.post("/v1/chat/completions", &chat_body(p, 24));
+            assert_eq!(status, 200, "{v}");
+            v["choices"][0]["message"]["content"].clone()
+        })
+        .collect();
+    let addr = s.url("/v1/chat/completions");
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let url = addr.clone();
+            let body = chat_body(prompts[i % 2], 24);
+            std::thread::spawn(move || {
+                let (status, text) = post_raw(&url, &body.to_string());
+                (i, status, text)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (i, status, text) = h.join().unwrap();
+        assert_eq!(status, 200, "client {i}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        // Interleaved decoding must not change any sequence's tokens.
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            expected[i % 2],
+            "client {i}"
+        );
+    }
+    assert_eq!(s.metric("ternion_active_sequences"), 0.0);
+    assert_eq!(s.metric("ternion_queue_length"), 0.0);
+    assert_eq!(s.metric("ternion_sequences_finished_total"), 18.0);
+    assert!(s.metric("ternion_generated_tokens_total") > 0.0);
+}
+
+/// Sends a streaming request over a raw socket and waits for `chunks` data events.
+fn open_stream(s: &Server, body: &Value, chunks: usize) -> BufReader<TcpStream> {
+    let mut sock = TcpStream::connect(&s.addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.to_string();
+    write!(
+        sock,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        s.addr,
+        body.len()
+    )
+    .unwrap();
+    let mut r = BufReader::new(sock);
+    let mut seen = 0;
+    let mut line = String::new();
+    while seen < chunks {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "stream ended early");
+        if line.starts_with("data: ") {
+            seen += 1;
+        }
+    }
+    r
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn client_disconnect_cancels_and_frees_the_sequence() {
+    let s = Server::start(&["--ctx", "4096"]);
+    let mut body = chat_body("Write a very long essay.", 4000);
+    body["stream"] = json!(true);
+    body["ignore_eos"] = json!(true);
+    let r = open_stream(&s, &body, 3);
+    assert_eq!(s.metric("ternion_active_sequences"), 1.0);
+    drop(r); // closes the socket mid-stream
+    wait_for("the sequence is freed", || {
+        s.metric("ternion_active_sequences") == 0.0
+    });
+    assert_eq!(s.metric("ternion_sequences_cancelled_total"), 1.0);
+    assert_eq!(s.metric("ternion_sequences_finished_total"), 0.0);
+    let generated = s.metric("ternion_generated_tokens_total");
+    assert!(generated < 4000.0, "generated {generated} tokens");
+    // The server still serves.
+    let (status, v) = s.post("/v1/chat/completions", &chat_body("Hi", 4));
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn queue_full_is_429() {
+    let s = Server::start(&["--max-active", "1", "--queue", "1"]);
+    let mut long = chat_body("Keep talking.", 4000);
+    long["stream"] = json!(true);
+    long["ignore_eos"] = json!(true);
+    let first = open_stream(&s, &long, 2); // occupies the only slot
+    let url = s.url("/v1/chat/completions");
+    let queued =
+        std::thread::spawn(move || post_raw(&url, &chat_body("Wait for me", 4).to_string()));
+    wait_for("one request queued", || {
+        s.metric("ternion_queue_length") == 1.0
+    });
+    let (status, v) = s.post("/v1/chat/completions", &chat_body("No room", 4));
+    assert_eq!(status, 429, "{v}");
+    assert_error(&v, "queue_full");
+    assert_eq!(s.metric("ternion_requests_rejected_queue_full_total"), 1.0);
+    drop(first); // frees the slot: the queued request runs
+    let (status, text) = queued.join().unwrap();
+    assert_eq!(status, 200, "{text}");
+}
+
+#[test]
+fn bad_requests_get_openai_errors() {
+    let s = Server::start(&[]);
+    let chat = s.url("/v1/chat/completions");
+
+    let (status, text) = post_raw(&chat, "{\"messages\": [");
+    assert_eq!(status, 400, "{text}");
+    assert_error(&serde_json::from_str(&text).unwrap(), "invalid_json");
+    let (status, text) = post_raw(&chat, "{\"messages\": \"not a list\"}");
+    assert_eq!(status, 400, "{text}");
+
+    let mut b = chat_body("hi", 4);
+    b["n"] = json!(2);
+    let (status, v) = s.post("/v1/chat/completions", &b);
+    assert_eq!(status, 400, "{v}");
+    assert_error(&v, "invalid_value");
+    assert_eq!(v["error"]["param"], "n");
+
+    let mut b = chat_body("hi", 4);
+    b["model"] = json!("gpt-4o");
+    let (status, v) = s.post("/v1/chat/completions", &b);
+    assert_eq!(status, 404, "{v}");
+    assert_error(&v, "model_not_found");
+    let (status, v) = s.post("/v1/completions", &json!({"model": "x", "prompt": "a"}));
+    assert_eq!(status, 404, "{v}");
+
+    for (field, value) in [
+        ("temperature", json!(-0.5)),
+        ("temperature", json!(7)),
+        ("top_p", json!(0)),
+        ("top_p", json!(1.5)),
+        ("min_p", json!(2)),
+        ("presence_penalty", json!(3)),
+        ("frequency_penalty", json!(-3)),
+        ("repetition_penalty", json!(0)),
+        ("max_tokens", json!(0)),
+        ("temperature", json!("warm")),
+    ] {
+        let mut b = chat_body("hi", 4);
+        b[field] = value.clone();
+        let (status, v) = s.post("/v1/chat/completions", &b);
+        assert_eq!(status, 400, "{field}={value}: {v}");
+        assert_error(&v, "");
+    }
+
+    let (status, v) = s.post("/v1/chat/completions", &json!({"messages": []}));
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": [999999]}));
+    assert_eq!(status, 400, "{v}");
+
+    // Context overflow: the numbers are in the message.
+    let (status, v) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 5000}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_error(&v, "context_length_exceeded");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("4096") && msg.contains("5000"),
+        "message lacks the numbers: {msg}"
+    );
+    assert_eq!(s.metric("ternion_requests_total"), 0.0);
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_400() {
+    let s = Server::start(&["--ctx", "32"]);
+    let long = "word ".repeat(100);
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": long, "max_tokens": 4}));
+    assert_eq!(status, 400, "{v}");
+    assert_error(&v, "context_length_exceeded");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("32"), "{msg}");
+    // Without max_tokens the completion gets the rest of the context.
+    let (status, v) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "hi", "ignore_eos": true}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (p, c) = assert_usage(&v);
+    assert_eq!(p + c, 32, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
+#[test]
+fn oversize_body_is_413() {
+    let s = Server::start(&[]);
+    let big = format!(
+        "{{\"model\":\"tiny\",\"prompt\":\"{}\"}}",
+        "a".repeat(2 << 20)
+    );
+    // Announced length over the limit: refused before the body is sent.
+    let mut sock = TcpStream::connect(&s.addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        sock,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        big.len()
+    )
+    .unwrap();
+    let mut head = [0u8; 512];
+    let n = sock.read(&mut head).unwrap();
+    let head = String::from_utf8_lossy(&head[..n]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    assert!(head.contains("request_too_large"), "{head}");
+    // A chunked body (no length announced) is cut off at the limit.
+    let r = agent()
+        .post(&s.url("/v1/completions"))
+        .set("Content-Type", "application/json")
+        .send(std::io::Cursor::new(big.into_bytes()));
+    match r {
+        Err(ureq::Error::Status(413, r)) => {
+            let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+            assert_error(&v, "request_too_large");
+        }
+        // The server may close before the whole body is written.
+        Err(ureq::Error::Transport(_)) => {}
+        other => panic!("expected 413, got {:?}", other.map(|r| r.status())),
+    }
+}
+
+#[test]
+fn stop_sequences_end_generation_and_are_not_sent() {
+    let s = Server::start(&[]);
+    let mut body = json!({
+        "prompt": "Numbers:", "max_tokens": 40, "temperature": 0, "ignore_eos": true,
+    });
+    let (status, v) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let full = v["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string from the middle of the greedy text.
+    let chars: Vec<(usize, char)> = full.char_indices().collect();
+    assert!(chars.len() > 12, "text too short: {full:?}");
+    let (a, b) = (chars[chars.len() / 2].0, chars[chars.len() / 2 + 3].0);
+    let stop = full[a..b].to_string();
+    let expected = &full[..full.find(&stop).unwrap()];
+    body["stop"] = json!(["never-appears-xyz", stop]);
+    let (status, v) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], expected, "stop {stop:?}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // Streamed, the stop text is not sent either.
+    body["stream"] = json!(true);
+    let events = post_stream(&s, "/v1/completions", &body);
+    let mut text = String::new();
+    let mut finish = Value::Null;
+    for e in &events[..events.len() - 1] {
+        let ch: Value = serde_json::from_str(e).unwrap();
+        text.push_str(ch["choices"][0]["text"].as_str().unwrap());
+        if !ch["choices"][0]["finish_reason"].is_null() {
+            finish = ch["choices"][0]["finish_reason"].clone();
+        }
+    }
+    assert_eq!(text, expected);
+    assert_eq!(finish, "stop");
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_finishes_running_streams_then_exits() {
+    let mut s = Server::start(&[]);
+    let mut body = chat_body("Count slowly.", 400);
+    body["stream"] = json!(true);
+    body["ignore_eos"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let mut r = open_stream(&s, &body, 2);
+    let kill = Command::new("kill")
+        .args(["-TERM", &s.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    // The running stream is finished, not cut.
+    let mut rest = String::new();
+    r.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("data: [DONE]"), "stream was cut: {rest}");
+    assert!(
+        rest.contains("\"completion_tokens\":400"),
+        "stream did not run to its end: {rest}"
+    );
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status}");
+    assert!(TcpStream::connect(&s.addr).is_err(), "still accepting");
+}
+
+#[test]
+fn official_openai_python_client() {
+    let importable = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !importable {
+        if std::env::var("TERNION_SKIP_PYTHON").as_deref() == Ok("1") {
+            eprintln!("skipping: python3 cannot import openai (TERNION_SKIP_PYTHON=1)");
+            return;
+        }
+        panic!(
+            "this test needs python3 with the `openai` package: run `pip install openai`, \
+             or set TERNION_SKIP_PYTHON=1 to skip it"
+        );
+    }
+    let s = Server::start(&[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}", s.addr))
+        .arg("tiny")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && stdout.contains("all checks passed"),
+        "openai_client.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_model_that_cannot_load_ends_the_server_with_an_error() {
+    let missing = tmp_dir().join("missing.gguf");
+    let o = Command::new(ternion_bin())
+        .arg("serve")
+        .arg("--model")
+        .arg(&missing)
+        .args(["--port", "0", "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("missing.gguf"), "{err}");
+}
