@@ -1,0 +1,107 @@
+//! Micro-benchmarks of the CPU kernels at BitNet 2B-4T sizes (`cargo bench -p ternion`).
+//! One call = one weight row against one (or four) activation rows, as in a matmul.
+
+use divan::{black_box, Bencher};
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use ternion::backend::cpu::simd::{self, Level};
+use ternion::quant;
+
+const SIZES: &[usize] = &[2560, 6912];
+
+fn main() {
+    divan::main();
+}
+
+fn i2s_row(rng: &mut StdRng, k: usize) -> Vec<u8> {
+    (0..k / 4)
+        .map(|_| (0..4).fold(0u8, |b, i| b | (rng.random_range(0..3u8) << (2 * i))))
+        .collect()
+}
+
+fn q_row(rng: &mut StdRng, k: usize) -> Vec<i8> {
+    (0..k).map(|_| rng.random_range(-127..=127i16) as i8).collect()
+}
+
+#[divan::bench(args = SIZES)]
+fn i2s_dot(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let (row, q) = (i2s_row(&mut rng, k), q_row(&mut rng, k));
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::BytesCount::new(k / 4))
+        .bench(|| simd::i2s_dot(level, black_box(&row), black_box(&q), 0));
+}
+
+#[divan::bench(args = SIZES)]
+fn i2s_dot_scalar(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let (row, q) = (i2s_row(&mut rng, k), q_row(&mut rng, k));
+    bencher
+        .counter(divan::counter::BytesCount::new(k / 4))
+        .bench(|| quant::i2s::dot(black_box(&row), black_box(&q)));
+}
+
+#[divan::bench(args = SIZES)]
+fn i2s_dot4(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let row = i2s_row(&mut rng, k);
+    let qs: Vec<Vec<i8>> = (0..4).map(|_| q_row(&mut rng, k)).collect();
+    let level = Level::detect();
+    bencher.bench(|| {
+        simd::i2s_dot4(
+            level,
+            black_box(&row),
+            [&qs[0], &qs[1], &qs[2], &qs[3]],
+            [0; 4],
+        )
+    });
+}
+
+#[divan::bench(args = SIZES)]
+fn tq2_dot_q8k(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1i32..=1) as f32).collect();
+    let mut row = vec![0u8; k / 256 * 66];
+    quant::tq2_0::quantize_row(&w, &mut row);
+    let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / 256]);
+    quant::act::quantize_q8k(&x, &mut q, &mut d);
+    let bsums = vec![0i32; k / 256];
+    let level = Level::detect();
+    bencher.bench(|| simd::tq2_dot_q8k(level, black_box(&row), &q, &d, &bsums));
+}
+
+#[divan::bench(args = [2560])]
+fn f16_dot(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let w: Vec<u8> = (0..k)
+        .flat_map(|_| f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes())
+        .collect();
+    let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::BytesCount::new(2 * k))
+        .bench(|| simd::f16_dot(level, black_box(&w), black_box(&x)));
+}
+
+#[divan::bench(args = [2560])]
+fn q8_0_dot(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut row = vec![0u8; k / 32 * 34];
+    quant::q8_0::quantize_row(&w, &mut row);
+    let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / 32]);
+    quant::act::quantize_q8_0(&w, &mut q, &mut d);
+    let level = Level::detect();
+    bencher.bench(|| simd::q8_0_dot(level, black_box(&row), &q, &d));
+}
+
+#[divan::bench(args = SIZES)]
+fn quantize_per_token(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let mut q = vec![0i8; k];
+    bencher.bench_local(|| quant::act::quantize_per_token(black_box(&x), &mut q));
+}
