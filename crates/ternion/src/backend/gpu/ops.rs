@@ -699,6 +699,7 @@ impl Glu {
 /// `out[t][row0 + j] = W_shard[j] · x[t]` over every shard of an F16 matrix (LM head).
 pub struct F16Matvec {
     dispatches: Vec<Dispatch>,
+    last: bool,
     _params: Vec<GpuBuffer>,
 }
 
@@ -714,6 +715,36 @@ impl F16Matvec {
         out: &GpuBuffer,
         round_x: bool,
     ) -> Result<F16Matvec> {
+        Self::build(ctx, variant, tpr, w, x, out, round_x, None)
+    }
+
+    /// Like [`F16Matvec::new`] but multiplies only the last token row of the step (row
+    /// `n_tokens − 1` of `x`, read from `step`) into row 0 of `out`.
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn last_row(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        round_x: bool,
+        step: &StepUniform,
+    ) -> Result<F16Matvec> {
+        Self::build(ctx, variant, tpr, w, x, out, round_x, Some(step))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        round_x: bool,
+        step: Option<&StepUniform>,
+    ) -> Result<F16Matvec> {
         check_tpr(tpr)?;
         let k = (w.row_bytes / 2) as u32;
         if !k.is_multiple_of(4) {
@@ -721,8 +752,9 @@ impl F16Matvec {
                 "f16 matvec: row width {k} is not a multiple of 4"
             )));
         }
+        let last = step.is_some();
         let key = PipelineKey {
-            kernel: Kernel::F16Matvec { tpr, round_x },
+            kernel: Kernel::F16Matvec { tpr, round_x, last },
             variant,
         };
         let mut dispatches = Vec::new();
@@ -734,31 +766,43 @@ impl F16Matvec {
                 "f16_matvec.params",
                 &[rows as u32, k, r0 as u32, w.rows as u32],
             )?;
+            let mut bindings = vec![
+                (0, u.binding()),
+                (1, shard.binding()),
+                (2, x.binding()),
+                (3, out.binding()),
+            ];
+            if let Some(s) = step {
+                bindings.push((4, s.buf.binding()));
+            }
             dispatches.push(Dispatch::new(
                 ctx,
                 key,
                 "f16_matvec",
-                &[
-                    (0, u.binding()),
-                    (1, shard.binding()),
-                    (2, x.binding()),
-                    (3, out.binding()),
-                ],
+                &bindings,
                 (rows as u32).div_ceil(WG / tpr),
             )?);
             params.push(u);
         }
         Ok(F16Matvec {
             dispatches,
+            last,
             _params: params,
         })
     }
 
-    /// Records every shard's dispatch for `n_tokens` tokens.
+    /// Records every shard's dispatch for `n_tokens` tokens (one row when built with
+    /// [`F16Matvec::last_row`]).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        let rows = if self.last { 1 } else { n_tokens };
         for d in &self.dispatches {
-            d.record(pass, n_tokens);
+            d.record(pass, rows);
         }
+    }
+
+    /// Dispatches per record (one per shard).
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches.len()
     }
 }
 

@@ -56,6 +56,8 @@ pub enum Kernel {
         tpr: u32,
         /// Round the hidden state to F16 first (single-token decode numerics).
         round_x: bool,
+        /// The `last` entry point: only the step's last token row, into output row 0.
+        last: bool,
     },
     /// `rope_kv.wgsl`: NEOX RoPE of q and k, then k and v stored in the F16 KV cache.
     RopeKv,
@@ -160,7 +162,8 @@ impl Kernel {
             Kernel::RmsNorm { quant: false } => "rmsnorm",
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
-            Kernel::F16Matvec { .. } => "main",
+            Kernel::F16Matvec { last: false, .. } => "main",
+            Kernel::F16Matvec { last: true, .. } => "last",
             Kernel::RopeKv | Kernel::Glu { .. } => "main",
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
@@ -197,7 +200,7 @@ impl Kernel {
                     if epilogue == Epilogue::Add { 1.0 } else { 0.0 },
                 ),
             ],
-            Kernel::F16Matvec { tpr, round_x } => vec![
+            Kernel::F16Matvec { tpr, round_x, .. } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],

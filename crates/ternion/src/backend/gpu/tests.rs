@@ -337,7 +337,16 @@ fn f16_matvec_matches_cpu_over_shards() {
             for v in variants(&ctx, tpr) {
                 let op = F16Matvec::new(&ctx, v, tpr, &sharded, &xb, &out, round_x).unwrap();
                 run(&ctx, |p| op.record(p, tokens as u32));
-                let got = out.read::<f32>(&ctx).unwrap();
+                let mut got = out.read::<f32>(&ctx).unwrap();
+                // The last-row entry writes row tokens−1's logits into row 0.
+                let step = StepUniform::new(&ctx).unwrap();
+                step.write(&ctx, tokens as u32, 0);
+                let last =
+                    F16Matvec::last_row(&ctx, v, tpr, &sharded, &xb, &out, round_x, &step).unwrap();
+                run(&ctx, |p| last.record(p, tokens as u32));
+                let lr = out.read::<f32>(&ctx).unwrap();
+                assert_eq!(lr[..vocab], got[(tokens - 1) * vocab..], "last row");
+                got.truncate(tokens * vocab);
                 for t in 0..tokens {
                     for j in 0..vocab {
                         let (mut dot, mut mag) = (0f64, 0f64);
