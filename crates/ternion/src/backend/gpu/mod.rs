@@ -60,6 +60,9 @@
 
 mod buffers;
 mod context;
+mod exec;
+#[cfg(test)]
+mod exec_tests;
 mod ops;
 mod pipelines;
 #[cfg(test)]
@@ -67,6 +70,7 @@ mod tests;
 
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, GpuOptions};
+pub use exec::{GpuModel, GpuModelOptions};
 pub use ops::{
     Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, NormOut, QuantAct, RmsNorm,
     RopeKv, StepUniform, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK,

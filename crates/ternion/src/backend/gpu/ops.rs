@@ -144,6 +144,11 @@ impl Embed {
             d.record(pass, n_tokens);
         }
     }
+
+    /// Dispatches per record (one per table shard).
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches.len()
+    }
 }
 
 /// Packed int8 activations and per-token (scale, Σq) written by [`RmsNorm`] in quant mode
