@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ternion::gguf::GgufFile;
-use ternion::model::{self, BitNet, LmHead, LoadOptions};
+use ternion::model::{self, LmHead, LoadOptions, Model};
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
 /// The model `run` and `chat` use when no `--model` is given.
@@ -127,7 +127,7 @@ impl PromptArgs {
 /// A loaded model with its tokenizer and how long loading took.
 pub struct Loaded {
     pub file: Arc<GgufFile>,
-    pub model: BitNet,
+    pub model: Model,
     pub tokenizer: Tokenizer,
     pub load_time: Duration,
     pub n_ctx: usize,

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::kv::KvCache;
-use crate::model::{BitNet, Logits, Workspace};
+use crate::backend::cpu::CpuState;
+use crate::model::{Logits, Model};
 use crate::sample::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
@@ -72,30 +72,91 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
 }
 
-/// One sequence: the model, its KV cache, and the tokens it holds.
+/// What runs a sequence's forward passes and holds its KV cache: the CPU, or a GPU.
+pub trait Engine {
+    /// Vocabulary size (width of a logits row).
+    fn n_vocab(&self) -> usize;
+    /// Runs `tokens` after the cached positions as one batch and returns the requested rows
+    /// of logits.
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]>;
+    /// Positions cached.
+    fn len(&self) -> usize;
+    /// True when nothing is cached.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Positions the cache can hold.
+    fn n_ctx(&self) -> usize;
+    /// Forgets every position after the first `len`.
+    fn truncate(&mut self, len: usize);
+}
+
+/// The CPU engine: a model and one sequence's state.
+pub struct CpuEngine<'m> {
+    model: &'m Model,
+    state: CpuState,
+}
+
+impl<'m> CpuEngine<'m> {
+    /// A CPU sequence with room for `n_ctx` positions.
+    pub fn new(model: &'m Model, n_ctx: usize) -> CpuEngine<'m> {
+        CpuEngine {
+            model,
+            state: model.cpu_state(n_ctx),
+        }
+    }
+}
+
+impl Engine for CpuEngine<'_> {
+    fn n_vocab(&self) -> usize {
+        self.model.config().n_vocab
+    }
+
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        self.model.forward_cpu(tokens, which, &mut self.state)
+    }
+
+    fn len(&self) -> usize {
+        self.state.kv().len()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.state.kv().n_ctx()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.state.truncate(len);
+    }
+}
+
+/// One sequence: an engine, the tokens it holds, and the logits of the last step.
 pub struct Session<'m> {
-    model: &'m BitNet,
-    kv: KvCache,
-    ws: Workspace,
+    engine: Box<dyn Engine + 'm>,
     /// Tokens evaluated into the KV cache, in order.
     tokens: Vec<u32>,
     /// Tokens sampled but not yet evaluated (fed first by the next call).
     pending: Vec<u32>,
     /// Reused buffer for pending + new ids.
     batch: Vec<u32>,
+    /// Logits of the last evaluated token.
+    last: Vec<f32>,
 }
 
 impl<'m> Session<'m> {
-    /// A session with room for `n_ctx` positions.
-    pub fn new(model: &'m BitNet, n_ctx: usize) -> Session<'m> {
-        let c = model.config();
+    /// A CPU session with room for `n_ctx` positions.
+    pub fn new(model: &'m Model, n_ctx: usize) -> Session<'m> {
+        Session::with_engine(Box::new(CpuEngine::new(model, n_ctx)))
+    }
+
+    /// A session on any engine.
+    pub fn with_engine(engine: Box<dyn Engine + 'm>) -> Session<'m> {
+        let n_ctx = engine.n_ctx();
         Session {
-            model,
-            kv: KvCache::new(c.n_layer, c.kv_dim(), n_ctx),
-            ws: Workspace::default(),
+            engine,
             tokens: Vec::with_capacity(n_ctx),
             pending: Vec::new(),
             batch: Vec::new(),
+            last: Vec::new(),
         }
     }
 
@@ -106,17 +167,17 @@ impl<'m> Session<'m> {
 
     /// Context size in positions.
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx()
+        self.engine.n_ctx()
     }
 
     /// Positions still free (pending tokens count as used).
     pub fn room(&self) -> usize {
-        self.kv.n_ctx() - self.kv.len() - self.pending.len()
+        self.engine.n_ctx() - self.engine.len() - self.pending.len()
     }
 
     /// Forgets everything.
     pub fn reset(&mut self) {
-        self.kv.truncate(0);
+        self.engine.truncate(0);
         self.tokens.clear();
         self.pending.clear();
     }
@@ -135,37 +196,48 @@ impl<'m> Session<'m> {
     }
 
     fn run_chunks(&mut self, all: &[u32]) -> Result<()> {
-        self.kv.check_room(all.len())?;
+        self.check_room(all.len())?;
         if all.is_empty() {
             return Err(crate::Error::Request("no tokens to evaluate".into()));
         }
         for chunk in all.chunks(PREFILL_CHUNK) {
-            self.model
-                .forward(chunk, &mut self.kv, Logits::Last, &mut self.ws)?;
+            let logits = self.engine.forward(chunk, Logits::Last)?;
+            self.last.clear();
+            self.last.extend_from_slice(logits);
             self.tokens.extend_from_slice(chunk);
+        }
+        Ok(())
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.engine.len() + n > self.engine.n_ctx() {
+            return Err(crate::Error::Request(format!(
+                "context full: {} positions used + {n} new > context size {}",
+                self.engine.len(),
+                self.engine.n_ctx()
+            )));
         }
         Ok(())
     }
 
     /// The logits of the last evaluated token.
     pub fn last_logits(&self) -> &[f32] {
-        &self.ws.logits()[..self.model.config().n_vocab]
+        &self.last
     }
 
     /// Evaluates `ids` as one batch and returns logits for every position
     /// (`ids.len() × n_vocab`).
     pub fn logits_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        self.kv.check_room(self.pending.len() + ids.len())?;
+        self.check_room(self.pending.len() + ids.len())?;
         let pending = std::mem::take(&mut self.pending);
         if !pending.is_empty() {
-            self.model
-                .forward(&pending, &mut self.kv, Logits::Last, &mut self.ws)?;
+            self.engine.forward(&pending, Logits::Last)?;
             self.tokens.extend_from_slice(&pending);
         }
-        let out = self
-            .model
-            .forward(ids, &mut self.kv, Logits::All, &mut self.ws)?
-            .to_vec();
+        let out = self.engine.forward(ids, Logits::All)?.to_vec();
+        let v = self.engine.n_vocab();
+        self.last.clear();
+        self.last.extend_from_slice(&out[out.len() - v..]);
         self.tokens.extend_from_slice(ids);
         Ok(out)
     }

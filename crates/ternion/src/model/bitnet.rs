@@ -10,284 +10,125 @@
 //! f = rmsnorm(act(BitLinear_gate(h)) · BitLinear_up(h))·ffn_sub_norm   (act: ReLU² or SiLU)
 //! x = x + BitLinear_down(f)
 //! ```
-//! and `logits = token_embd · (rmsnorm(x)·output_norm)` (the LM head is tied).
-
-use std::sync::Arc;
+//! and `logits = token_embd · (rmsnorm(x)·output_norm)`: the LM head is tied to the token
+//! embedding, even when the file also has `output.weight` (as in the reference graph).
 
 use super::config::{Arch, Config};
-use super::{LmHead, LoadOptions};
-use crate::backend::cpu::{
-    attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape, Linear, QuantInput,
-};
+use super::graph::{ActId, AttnGeometry, Builder, GluAct, Graph, Op, WeightId, WeightKind};
 use crate::gguf::GgufFile;
-use crate::kv::KvCache;
-use crate::quant;
-use crate::{Error, Result};
 
-/// The weights of one transformer block.
-struct Block {
-    attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    attn_sub_norm: Vec<f32>,
-    wo: Linear,
-    ffn_norm: Vec<f32>,
-    w_gate: Linear,
-    w_up: Linear,
-    ffn_sub_norm: Vec<f32>,
-    w_down: Linear,
-}
+/// The BitNet forward pass for `cfg`. `file` tells which optional tensors exist (1bitLLM's
+/// per-projection `.scale`).
+pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
+    let (d, kv, ff, hq) = (
+        cfg.n_embd,
+        cfg.kv_dim(),
+        cfg.n_ff,
+        cfg.n_head * cfg.head_dim,
+    );
+    let mut b = Builder::default();
+    let matrix = |b: &mut Builder, name: String, k: usize, m: usize| -> WeightId {
+        let scale_name = name.replace(".weight", ".scale");
+        let scale =
+            (cfg.arch == Arch::BitNet && file.tensor(&scale_name).is_some()).then_some(scale_name);
+        b.weight(name, WeightKind::Matrix { k, m, scale })
+    };
+    let embd = matrix(&mut b, "token_embd.weight".into(), d, cfg.n_vocab);
+    let x = b.act("x", d);
+    let h = b.act("h", d);
+    let q = b.act("q", hq);
+    let k = b.act("k", kv);
+    let v = b.act("v", kv);
+    let att = b.act("attn", hq);
+    let gate = b.act("gate", ff);
+    let up = b.act("up", ff);
+    let hf = b.act("h_ffn", ff);
+    let glu = match cfg.arch {
+        Arch::BitNetB158 => GluAct::Relu2,
+        Arch::BitNet => GluAct::Silu,
+    };
+    b.op(Op::Embed {
+        table: embd,
+        out: x,
+    });
+    for l in 0..cfg.n_layer {
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        let attn_norm = b.vector(n("attn_norm"), d);
+        let wq = matrix(&mut b, n("attn_q"), d, hq);
+        let wk = matrix(&mut b, n("attn_k"), d, kv);
+        let wv = matrix(&mut b, n("attn_v"), d, kv);
+        let attn_sub_norm = b.vector(n("attn_sub_norm"), hq);
+        let wo = matrix(&mut b, n("attn_output"), hq, d);
+        let ffn_norm = b.vector(n("ffn_norm"), d);
+        let w_gate = matrix(&mut b, n("ffn_gate"), d, ff);
+        let w_up = matrix(&mut b, n("ffn_up"), d, ff);
+        let ffn_sub_norm = b.vector(n("ffn_sub_norm"), ff);
+        let w_down = matrix(&mut b, n("ffn_down"), ff, d);
+        let linear = |b: &mut Builder, w, x: ActId, out, add| b.op(Op::Linear { w, x, out, add });
 
-/// A loaded BitNet model: configuration plus weights, which stay in the mapped file.
-pub struct BitNet {
-    cfg: Config,
-    file: Arc<GgufFile>,
-    blocks: Vec<Block>,
-    output_norm: Vec<f32>,
-    lm_head: Linear,
-}
+        b.op(Op::RmsNorm {
+            x,
+            w: attn_norm,
+            out: h,
+        });
+        linear(&mut b, wq, h, q, false);
+        linear(&mut b, wk, h, k, false);
+        linear(&mut b, wv, h, v, false);
+        b.op(Op::Rope { q, k });
+        b.op(Op::KvStore { layer: l, k, v });
+        b.op(Op::Attention {
+            layer: l,
+            q,
+            out: att,
+        });
+        b.op(Op::RmsNorm {
+            x: att,
+            w: attn_sub_norm,
+            out: h,
+        });
+        linear(&mut b, wo, h, x, true);
 
-/// Reusable activation buffers for one sequence; sized on first use, then reused.
-#[derive(Default)]
-pub struct Workspace {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    logits: Vec<f32>,
-    attn_scratch: Vec<f32>,
-    qi: QuantInput,
-}
-
-/// Which rows of logits a forward pass returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token's row.
-    Last,
-    /// One row per input token.
-    All,
-}
-
-/// Reads a 1-D F32 (or F16) vector of `n` values.
-fn load_vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
-    let info = file
-        .tensor(name)
-        .ok_or_else(|| Error::Model(format!("tensor '{name}' is missing")))?;
-    if info.n_elements() != n as u64 {
-        return Err(Error::Model(format!(
-            "tensor '{name}': expected {n} elements, found shape {:?}",
-            info.shape
-        )));
+        b.op(Op::RmsNorm {
+            x,
+            w: ffn_norm,
+            out: h,
+        });
+        linear(&mut b, w_gate, h, gate, false);
+        linear(&mut b, w_up, h, up, false);
+        b.op(Op::Glu { act: glu, gate, up });
+        b.op(Op::RmsNorm {
+            x: gate,
+            w: ffn_sub_norm,
+            out: hf,
+        });
+        linear(&mut b, w_down, hf, x, true);
     }
-    let mut v = vec![0f32; n];
-    quant::dequantize_row(info.ty, name, file.tensor_data(info), n, 0, &mut v)?;
-    Ok(v)
-}
-
-impl Workspace {
-    /// The logits written by the last forward pass.
-    pub fn logits(&self) -> &[f32] {
-        &self.logits
-    }
-}
-
-fn resize(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    buf.resize(n, 0.0);
-    &mut buf[..n]
-}
-
-impl BitNet {
-    /// Binds every tensor of the file to the architecture, checking names and shapes.
-    pub fn load(file: Arc<GgufFile>, cfg: Config, opts: &LoadOptions) -> Result<BitNet> {
-        let (d, kv, ff) = (cfg.n_embd, cfg.kv_dim(), cfg.n_ff);
-        let linear = |name: &str, k: usize, m: usize| -> Result<Linear> {
-            let mut l = Linear::load(&file, name)?;
-            if l.in_features() != k || l.out_features() != m {
-                return Err(Error::Model(format!(
-                    "tensor '{name}': expected shape [{k}, {m}], found [{}, {}]",
-                    l.in_features(),
-                    l.out_features()
-                )));
-            }
-            let scale_name = name.replace(".weight", ".scale");
-            if cfg.arch == Arch::BitNet && file.tensor(&scale_name).is_some() {
-                l = l.with_post_scale(load_vector(&file, &scale_name, 1)?[0]);
-            }
-            Ok(l)
-        };
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
-            blocks.push(Block {
-                attn_norm: load_vector(&file, &n("attn_norm"), d)?,
-                wq: linear(&n("attn_q"), d, cfg.n_head * cfg.head_dim)?,
-                wk: linear(&n("attn_k"), d, kv)?,
-                wv: linear(&n("attn_v"), d, kv)?,
-                attn_sub_norm: load_vector(&file, &n("attn_sub_norm"), d)?,
-                wo: linear(&n("attn_output"), d, d)?,
-                ffn_norm: load_vector(&file, &n("ffn_norm"), d)?,
-                w_gate: linear(&n("ffn_gate"), d, ff)?,
-                w_up: linear(&n("ffn_up"), d, ff)?,
-                ffn_sub_norm: load_vector(&file, &n("ffn_sub_norm"), ff)?,
-                w_down: linear(&n("ffn_down"), ff, d)?,
-            });
-        }
-        let output_norm = load_vector(&file, "output_norm.weight", d)?;
-        // The LM head is tied to the token embedding even when `output.weight` exists,
-        // as in the reference graph (BITNET.md §5).
-        let mut lm_head = linear("token_embd.weight", d, cfg.n_vocab)?;
-        if opts.lm_head == LmHead::Q8_0 {
-            lm_head = lm_head.requantized_q8_0()?;
-        }
-        Ok(BitNet {
-            cfg,
-            file,
-            blocks,
-            output_norm,
-            lm_head,
-        })
-    }
-
-    /// The model's hyper-parameters.
-    pub fn config(&self) -> &Config {
-        &self.cfg
-    }
-
-    /// Bytes of weights read to decode one token (every matrix once, plus the LM head).
-    pub fn weight_bytes_per_token(&self) -> u64 {
-        let per_block = |b: &Block| {
-            [&b.wq, &b.wk, &b.wv, &b.wo, &b.w_gate, &b.w_up, &b.w_down]
-                .iter()
-                .map(|l| l.weight_bytes())
-                .sum::<u64>()
-        };
-        self.blocks.iter().map(per_block).sum::<u64>() + self.lm_head.weight_bytes()
-    }
-
-    fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<()> {
-        let d = self.cfg.n_embd;
-        let info = self
-            .file
-            .tensor("token_embd.weight")
-            .expect("checked at load");
-        let data = self.file.tensor_data(info);
-        for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(d)) {
-            if t as usize >= self.cfg.n_vocab {
-                return Err(Error::Request(format!(
-                    "token id {t} is outside the vocabulary (size {})",
-                    self.cfg.n_vocab
-                )));
-            }
-            quant::dequantize_row(info.ty, &info.name, data, d, t as usize, row)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `tokens` (at the positions after those already in `kv`) as one batch, appends
-    /// their keys and values to `kv`, and returns the requested logits rows.
-    ///
-    /// A single token runs with the reference engine's decode numerics (probabilities and
-    /// the final hidden state rounded to F16); a batch keeps them in f32.
-    pub fn forward<'w>(
-        &self,
-        tokens: &[u32],
-        kv: &mut KvCache,
-        which: Logits,
-        ws: &'w mut Workspace,
-    ) -> Result<&'w [f32]> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(Error::Request("no tokens to evaluate".into()));
-        }
-        kv.check_room(n)?;
-        let c = &self.cfg;
-        let (d, kvd, ff, hq) = (c.n_embd, c.kv_dim(), c.n_ff, c.n_head * c.head_dim);
-        let pos0 = kv.len();
-        let single = n == 1;
-        ws.qi.round_f16 = single;
-
-        let x = resize(&mut ws.x, n * d);
-        self.embed(tokens, x)?;
-        let h = resize(&mut ws.h, n * d.max(ff));
-        let q = resize(&mut ws.q, n * hq);
-        let k = resize(&mut ws.k, n * kvd);
-        let v = resize(&mut ws.v, n * kvd);
-        let att = resize(&mut ws.att, n * hq);
-        let o = resize(&mut ws.o, n * d);
-        let gate = resize(&mut ws.gate, n * ff);
-        let up = resize(&mut ws.up, n * ff);
-        let attn_scratch = resize(
-            &mut ws.attn_scratch,
-            scratch_per_thread(kv.n_ctx(), c.head_dim) * pool::global().n_threads(),
-        );
-        let qi = &mut ws.qi;
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim: c.head_dim,
-            pos0,
-            round_probs: single,
-            capacity: kv.n_ctx(),
-        };
-
-        for (l, b) in self.blocks.iter().enumerate() {
-            let hd = &mut h[..n * d];
-            rms_norm(x, &b.attn_norm, c.rms_eps, hd);
-            qi.reset();
-            b.wq.forward(hd, qi, q);
-            b.wk.forward(hd, qi, k);
-            b.wv.forward(hd, qi, v);
-            rope_neox(q, n, pos0, c.head_dim, c.n_rot, c.rope_base);
-            rope_neox(k, n, pos0, c.head_dim, c.n_rot, c.rope_base);
-            kv.write(l, k, v);
-            let (kc, vc) = kv.layer(l, pos0 + n);
-            attention(q, kc, vc, &shape, att, attn_scratch);
-            rms_norm(att, &b.attn_sub_norm, c.rms_eps, hd);
-            qi.reset();
-            b.wo.forward(hd, qi, o);
-            add(x, o);
-
-            rms_norm(x, &b.ffn_norm, c.rms_eps, hd);
-            qi.reset();
-            b.w_gate.forward(hd, qi, gate);
-            b.w_up.forward(hd, qi, up);
-            match c.arch {
-                Arch::BitNetB158 => gate.iter_mut().zip(up.iter()).for_each(|(g, &u)| {
-                    let r = g.max(0.0);
-                    *g = (r * r) * u;
-                }),
-                Arch::BitNet => gate.iter_mut().zip(up.iter()).for_each(|(g, &u)| {
-                    *g = (*g / (1.0 + (-*g).exp())) * u;
-                }),
-            }
-            let hf = &mut h[..n * ff];
-            rms_norm(gate, &b.ffn_sub_norm, c.rms_eps, hf);
-            qi.reset();
-            b.w_down.forward(hf, qi, o);
-            add(x, o);
-        }
-        kv.advance(n);
-
-        let rows = match which {
-            Logits::Last => n - 1..n,
-            Logits::All => 0..n,
-        };
-        let xs = &x[rows.start * d..rows.end * d];
-        let hn = &mut h[..xs.len()];
-        rms_norm(xs, &self.output_norm, c.rms_eps, hn);
-        qi.reset();
-        let logits = resize(&mut ws.logits, rows.len() * c.n_vocab);
-        self.lm_head.forward(hn, qi, logits);
-        Ok(logits)
-    }
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
+    let last = b.act("last", d);
+    let last_norm = b.act("last_norm", d);
+    let logits = b.act("logits", cfg.n_vocab);
+    let output_norm = b.vector("output_norm.weight", d);
+    b.op(Op::SelectRows { x, out: last });
+    b.op(Op::RmsNorm {
+        x: last,
+        w: output_norm,
+        out: last_norm,
+    });
+    b.op(Op::Linear {
+        w: embd,
+        x: last_norm,
+        out: logits,
+        add: false,
+    });
+    b.finish(
+        AttnGeometry {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+            n_rot: cfg.n_rot,
+            rope_base: cfg.rope_base,
+        },
+        cfg.rms_eps,
+        cfg.n_layer,
+        logits,
+    )
 }

@@ -1,16 +1,28 @@
-//! Model definitions: hyper-parameters from metadata and one file per architecture family.
+//! Model definitions: hyper-parameters from metadata, and one file per architecture family
+//! that builds the forward pass as a backend-neutral [`graph::Graph`].
 
 pub mod bitnet;
 pub mod config;
+pub mod graph;
 
 use std::path::Path;
 use std::sync::Arc;
 
-pub use bitnet::{BitNet, Logits, Workspace};
 pub use config::{Arch, Config};
+pub use graph::Graph;
 
+use crate::backend::cpu::{CpuModel, CpuState};
 use crate::gguf::GgufFile;
 use crate::Result;
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's row.
+    Last,
+    /// One row per input token.
+    All,
+}
 
 /// How the LM head's weights are used.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,15 +42,73 @@ pub struct LoadOptions {
     pub lm_head: LmHead,
 }
 
+/// A loaded model: configuration, forward-pass graph, and the weights bound for the CPU
+/// (which stay in the mapped file). Other backends prepare from it.
+pub struct Model {
+    cfg: Config,
+    graph: Graph,
+    file: Arc<GgufFile>,
+    cpu: CpuModel,
+}
+
+impl Model {
+    /// Binds a parsed file to its architecture.
+    pub fn from_file(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model> {
+        let cfg = Config::from_gguf(&file)?;
+        let graph = bitnet::graph(&cfg, &file);
+        let cpu = CpuModel::prepare(&graph, &file, opts)?;
+        Ok(Model {
+            cfg,
+            graph,
+            file,
+            cpu,
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The forward pass.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The file the weights live in.
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    /// Bytes of weights read to decode one token.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        self.cpu.weight_bytes_per_token(&self.graph)
+    }
+
+    /// A fresh CPU sequence state with room for `n_ctx` positions.
+    pub fn cpu_state(&self, n_ctx: usize) -> CpuState {
+        self.cpu.new_state(&self.graph, n_ctx)
+    }
+
+    /// Runs a CPU forward pass (see [`CpuModel::forward`]).
+    pub fn forward_cpu<'s>(
+        &self,
+        tokens: &[u32],
+        which: Logits,
+        st: &'s mut CpuState,
+    ) -> Result<&'s [f32]> {
+        self.cpu.forward(&self.graph, tokens, which, st)
+    }
+}
+
 /// Opens a GGUF file and binds it to its architecture with default options.
-pub fn load(path: impl AsRef<Path>) -> Result<(Arc<GgufFile>, BitNet)> {
+pub fn load(path: impl AsRef<Path>) -> Result<(Arc<GgufFile>, Model)> {
     load_with(path, &LoadOptions::default())
 }
 
 /// Opens a GGUF file and binds it to its architecture.
-pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<(Arc<GgufFile>, BitNet)> {
+pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<(Arc<GgufFile>, Model)> {
     let file = Arc::new(GgufFile::open(path)?);
-    let cfg = Config::from_gguf(&file)?;
-    let model = BitNet::load(file.clone(), cfg, opts)?;
+    let model = Model::from_file(file.clone(), opts)?;
     Ok((file, model))
 }

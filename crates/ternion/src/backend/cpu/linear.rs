@@ -130,6 +130,19 @@ impl Linear {
         })
     }
 
+    /// Row `r` of the matrix as stored in the file, as f32 (embedding lookups).
+    pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) -> Result<()> {
+        let data = self.file.tensor_data(&self.info);
+        quant::dequantize_row(
+            self.info.ty,
+            &self.info.name,
+            data,
+            self.in_features,
+            r,
+            dst,
+        )
+    }
+
     /// The bytes of the rows used.
     fn data(&self) -> &[u8] {
         match &self.owned {

@@ -2,6 +2,7 @@
 //! once (see [`pool`]).
 
 mod attention;
+mod exec;
 mod linear;
 mod norm;
 pub mod pool;
@@ -9,6 +10,7 @@ mod rope;
 pub mod simd;
 
 pub use attention::{attention, scratch_per_thread, AttnShape};
+pub use exec::{CpuModel, CpuState};
 pub use linear::{Linear, QuantInput};
 pub use norm::rms_norm;
 pub use rope::{rope_neox, MAX_ROT};

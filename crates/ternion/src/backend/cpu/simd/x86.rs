@@ -176,14 +176,14 @@ pub unsafe fn q8_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     assert!(q.len() == nb * 32 && d.len() == nb, "q8_0_dot: lengths");
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
-    for b in 0..nb {
+    for (b, &da) in d.iter().enumerate() {
         let blk = row.as_ptr().add(BLOCK_BYTES * b);
         let w = _mm256_loadu_si256(blk.add(2).cast());
         let x = _mm256_loadu_si256(q.as_ptr().add(32 * b).cast());
         let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
         let sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
         let dw = half::f16::from_bits(u16::from_le_bytes([*blk, *blk.add(1)])).to_f32();
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]), sumi, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), sumi, acc);
     }
     hsum_f32(acc)
 }

@@ -1,0 +1,227 @@
+//! The forward pass as one backend-neutral list of ops.
+//!
+//! An architecture file builds a [`Graph`] once from the model's configuration: the weights
+//! it reads (by tensor name), the activation buffers a step uses (by width), and the ops in
+//! order. Every backend runs the same list: the CPU interprets it op by op, the GPU compiles
+//! it once into a plan of dispatches. A backend may fuse neighbouring ops (RMSNorm followed
+//! by the int8 quantization of a ternary matmul), never change their meaning.
+//!
+//! Rows: every activation holds one row per token of the step, except the output of
+//! [`Op::SelectRows`], which holds the rows whose logits were asked for (the last one, or
+//! all of them).
+
+/// Index of a weight in [`Graph::weights`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WeightId(pub usize);
+
+/// Index of an activation buffer in [`Graph::acts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActId(pub usize);
+
+/// What a weight is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WeightKind {
+    /// A matrix `[out × in]` stored row-major in the file (ggml shape `[in, out]`), used by
+    /// [`Op::Linear`] (and [`Op::Embed`] when it is the token table); `scale` names an
+    /// optional 1-element tensor multiplied into the product (1bitLLM `.scale`).
+    Matrix {
+        /// Input width.
+        k: usize,
+        /// Output width.
+        m: usize,
+        /// Optional per-matrix output scale tensor.
+        scale: Option<String>,
+    },
+    /// A vector of `n` values (norm weights).
+    Vector {
+        /// Length.
+        n: usize,
+    },
+}
+
+/// A weight the graph reads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightDesc {
+    /// Tensor name in the file.
+    pub name: String,
+    /// Shape and role.
+    pub kind: WeightKind,
+}
+
+/// An activation buffer of one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ActDesc {
+    /// A name for profiles and errors.
+    pub name: &'static str,
+    /// Values per row.
+    pub width: usize,
+}
+
+/// Element-wise gate activations of gated FFNs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GluAct {
+    /// `relu(g)² · u` (BitNet b1.58).
+    Relu2,
+    /// `g / (1 + e^−g) · u` (SwiGLU; 1bitLLM BitNet).
+    Silu,
+}
+
+/// One op of the forward pass.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `out[t]` = row `token[t]` of the `table` matrix, as f32.
+    Embed {
+        /// Token table (a [`WeightKind::Matrix`] with k = width, m = vocabulary).
+        table: WeightId,
+        /// Destination.
+        out: ActId,
+    },
+    /// `out = rmsnorm(x) · w`.
+    RmsNorm {
+        /// Input.
+        x: ActId,
+        /// Norm weight (vector).
+        w: WeightId,
+        /// Destination (may not be `x`).
+        out: ActId,
+    },
+    /// `out = W · x`, or `out += W · x` when `add` (the residual add fused).
+    Linear {
+        /// Weight matrix.
+        w: WeightId,
+        /// Input.
+        x: ActId,
+        /// Destination.
+        out: ActId,
+        /// Accumulate into `out` instead of overwriting it.
+        add: bool,
+    },
+    /// NEOX rotary embedding of `q` and `k` in place, at the step's positions.
+    Rope {
+        /// Query rows (n_head heads).
+        q: ActId,
+        /// Key rows (n_head_kv heads).
+        k: ActId,
+    },
+    /// Appends the step's `k` and `v` rows to the cache of `layer`.
+    KvStore {
+        /// Layer index.
+        layer: usize,
+        /// Keys.
+        k: ActId,
+        /// Values.
+        v: ActId,
+    },
+    /// Causal attention of `q` over the cache of `layer` (which already holds this step).
+    Attention {
+        /// Layer index.
+        layer: usize,
+        /// Queries.
+        q: ActId,
+        /// Destination (head outputs concatenated).
+        out: ActId,
+    },
+    /// `gate = act(gate) · up`.
+    Glu {
+        /// Activation.
+        act: GluAct,
+        /// Gate in, result out.
+        gate: ActId,
+        /// Up projection.
+        up: ActId,
+    },
+    /// `out` = the rows of `x` whose logits were asked for.
+    SelectRows {
+        /// Input (one row per token).
+        x: ActId,
+        /// Destination (one row per selected token).
+        out: ActId,
+    },
+}
+
+/// RoPE and attention geometry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnGeometry {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// Rotated dimensions per head.
+    pub n_rot: usize,
+    /// RoPE base.
+    pub rope_base: f32,
+}
+
+/// The forward pass of one architecture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Graph {
+    /// Weights read, by tensor name.
+    pub weights: Vec<WeightDesc>,
+    /// Activation buffers.
+    pub acts: Vec<ActDesc>,
+    /// Ops in execution order.
+    pub ops: Vec<Op>,
+    /// Attention geometry.
+    pub attn: AttnGeometry,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Layers with a KV cache.
+    pub n_layer: usize,
+    /// The activation that holds the logits at the end of a step.
+    pub logits: ActId,
+}
+
+/// Incremental construction of a [`Graph`].
+#[derive(Default)]
+pub struct Builder {
+    weights: Vec<WeightDesc>,
+    acts: Vec<ActDesc>,
+    ops: Vec<Op>,
+}
+
+impl Builder {
+    /// Declares a weight.
+    pub fn weight(&mut self, name: impl Into<String>, kind: WeightKind) -> WeightId {
+        self.weights.push(WeightDesc {
+            name: name.into(),
+            kind,
+        });
+        WeightId(self.weights.len() - 1)
+    }
+
+    /// Declares a matrix `[m × k]` without an output scale.
+    pub fn matrix(&mut self, name: impl Into<String>, k: usize, m: usize) -> WeightId {
+        self.weight(name, WeightKind::Matrix { k, m, scale: None })
+    }
+
+    /// Declares a vector of `n` values.
+    pub fn vector(&mut self, name: impl Into<String>, n: usize) -> WeightId {
+        self.weight(name, WeightKind::Vector { n })
+    }
+
+    /// Declares an activation buffer.
+    pub fn act(&mut self, name: &'static str, width: usize) -> ActId {
+        self.acts.push(ActDesc { name, width });
+        ActId(self.acts.len() - 1)
+    }
+
+    /// Appends an op.
+    pub fn op(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+
+    /// Finishes the graph.
+    pub fn finish(self, attn: AttnGeometry, rms_eps: f32, n_layer: usize, logits: ActId) -> Graph {
+        Graph {
+            weights: self.weights,
+            acts: self.acts,
+            ops: self.ops,
+            attn,
+            rms_eps,
+            n_layer,
+            logits,
+        }
+    }
+}
