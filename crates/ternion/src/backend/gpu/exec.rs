@@ -41,7 +41,7 @@ use super::ops::{
 };
 use super::pipelines::{Epilogue, GluAct};
 use crate::gguf::GgufFile;
-use crate::model::{Arch, Config, Logits};
+use crate::model::{Arch, Config, Logits, Model};
 use crate::quant::{self, GgmlType};
 use crate::{Error, Result};
 
@@ -369,6 +369,15 @@ impl GpuModel {
             _kv: kvs,
             _embd: embd,
         })
+    }
+
+    /// Uploads a loaded [`Model`] (its file and configuration) and builds the plan.
+    pub fn from_model(
+        ctx: Arc<GpuContext>,
+        model: &Model,
+        opts: GpuModelOptions,
+    ) -> Result<GpuModel> {
+        Self::load(ctx, model.file(), model.config(), opts)
     }
 
     /// The model's hyper-parameters.

@@ -15,8 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::*;
-use crate::kv::KvCache;
-use crate::model::{self, BitNet, Logits, Workspace};
+use crate::model::{self, Logits, Model};
 
 fn golden_dir() -> PathBuf {
     std::env::var_os("TERNION_GOLDEN_BITNET")
@@ -26,8 +25,7 @@ fn golden_dir() -> PathBuf {
 
 struct Fixture {
     ctx: Arc<GpuContext>,
-    file: Arc<crate::gguf::GgufFile>,
-    cpu: BitNet,
+    cpu: Model,
     prompts: Vec<Vec<u32>>,
 }
 
@@ -46,7 +44,7 @@ fn fixture() -> Option<Fixture> {
         }
         Err(e) => panic!("no usable GPU adapter: {e} (TERNION_SKIP_GPU_TESTS=1 skips)"),
     };
-    let (file, cpu) = model::load(&path).expect("load tiny model");
+    let (_, cpu) = model::load(&path).expect("load tiny model");
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let prompts = manifest["prompts"]
@@ -62,12 +60,7 @@ fn fixture() -> Option<Fixture> {
                 .collect()
         })
         .collect();
-    Some(Fixture {
-        ctx,
-        file,
-        cpu,
-        prompts,
-    })
+    Some(Fixture { ctx, cpu, prompts })
 }
 
 fn gpu_model(f: &Fixture, n_ctx: usize) -> GpuModel {
@@ -76,7 +69,7 @@ fn gpu_model(f: &Fixture, n_ctx: usize) -> GpuModel {
         max_batch: 16,
         top_k: 8,
     };
-    GpuModel::load(f.ctx.clone(), &f.file, f.cpu.config(), opts).expect("GPU load")
+    GpuModel::from_model(f.ctx.clone(), &f.cpu, opts).expect("GPU load")
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -98,9 +91,8 @@ fn tiny_model_prompt_logits_match_cpu() {
     for p in &f.prompts {
         gpu.truncate(0);
         let g = gpu.forward(p, Logits::All).unwrap();
-        let mut kv = KvCache::new(f.cpu.config().n_layer, f.cpu.config().kv_dim(), 64);
-        let mut ws = Workspace::default();
-        let c = f.cpu.forward(p, &mut kv, Logits::All, &mut ws).unwrap();
+        let mut st = f.cpu.cpu_state(64);
+        let c = f.cpu.forward_cpu(p, Logits::All, &mut st).unwrap();
         assert_eq!(g.len(), p.len() * vocab);
         let row_diff: Vec<f32> = (0..p.len())
             .map(|r| {
@@ -138,20 +130,16 @@ fn tiny_model_prompt_logits_match_cpu() {
 #[test]
 fn tiny_model_greedy_ids_match_cpu() {
     let Some(f) = fixture() else { return };
-    let cfg = f.cpu.config().clone();
     let mut gpu = gpu_model(&f, 64);
     let steps = 32;
     for p in &f.prompts {
         // CPU: prompt batch, then one token per step.
-        let mut kv = KvCache::new(cfg.n_layer, cfg.kv_dim(), 64);
-        let mut ws = Workspace::default();
-        let mut cpu_ids = vec![argmax(
-            f.cpu.forward(p, &mut kv, Logits::Last, &mut ws).unwrap(),
-        )];
+        let mut st = f.cpu.cpu_state(64);
+        let mut cpu_ids = vec![argmax(f.cpu.forward_cpu(p, Logits::Last, &mut st).unwrap())];
         while cpu_ids.len() < steps {
             let t = *cpu_ids.last().unwrap();
             cpu_ids.push(argmax(
-                f.cpu.forward(&[t], &mut kv, Logits::Last, &mut ws).unwrap(),
+                f.cpu.forward_cpu(&[t], Logits::Last, &mut st).unwrap(),
             ));
         }
         gpu.truncate(0);
