@@ -442,7 +442,7 @@ const F16_EDGES: [f32; 14] = [
     1e-7,           // F16 subnormal
     2.980_232_2e-8, // 2^-25: tie → 0
     4.470_348_4e-8, // 1.5·2^-25 → 2^-24
-    6.097_555_2e-5, // just below the smallest normal
+    6.097_555e-5,   // just below the smallest normal
     -0.0,
     1e-30,
     -7e4, // → -inf
