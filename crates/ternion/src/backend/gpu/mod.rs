@@ -17,7 +17,9 @@
 //!   657 MB F16 embedding / LM head against lavapipe's 128 MiB limit). Kernels over a
 //!   sharded matrix launch one dispatch per shard.
 //! - `ops.rs`: one struct per kernel ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
-//!   [`F16Matvec`], [`TopK`]). `new` fetches the pipeline, creates the parameter
+//!   [`F16Matvec`], [`RopeKv`] (RoPE + KV-cache store into a [`GpuKv`]), [`Attention`]
+//!   (flash-decoding for one token, a workgroup per (head, token) for a batch), [`Glu`],
+//!   [`TopK`]). `new` fetches the pipeline, creates the parameter
 //!   uniforms and the bind groups once; `record(&mut ComputePass, n_tokens)` only sets
 //!   the pipeline and bind group and dispatches, so recording creates nothing
 //!   (DESIGN.md principle 3; a test checks the counters).
@@ -51,9 +53,16 @@
 //!   reproduces `quantize_per_token` exactly given the same normalised values, including
 //!   the f64-then-f32 scale (exact integer division) and round-half-to-even.
 //! - F16 products accumulate in f32 in a different order than the CPU.
+//! - RoPE angles are the reference's f32 products bit for bit; sin/cos are computed by the
+//!   kernel (Cody–Waite reduction + polynomials), not by the vendor's builtins.
+//! - Every f32→F16 rounding (KV cache, Q for QKᵀ, decode probabilities) is round to nearest
+//!   even in integer arithmetic, as `half::f16::from_f32`.
 
 mod buffers;
 mod context;
+mod exec;
+#[cfg(test)]
+mod exec_tests;
 mod ops;
 mod pipelines;
 #[cfg(test)]
@@ -61,8 +70,12 @@ mod tests;
 
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, GpuOptions};
+pub use exec::{GpuModel, GpuModelOptions};
 pub use ops::{
-    Dispatch, Embed, F16Matvec, NormOut, QuantAct, RmsNorm, StepUniform, TernaryMatvec,
-    TernaryWeights, TopK, MAX_TOPK, SELECT_CHUNK, WG,
+    Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, NormOut, QuantAct, RmsNorm,
+    RopeKv, StepUniform, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK,
+    WG,
 };
-pub use pipelines::{preprocess, Epilogue, Kernel, PipelineCache, PipelineKey, Variant};
+pub use pipelines::{
+    preprocess, AttnStage, Epilogue, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
+};

@@ -56,6 +56,23 @@ pub enum Kernel {
         tpr: u32,
         /// Round the hidden state to F16 first (single-token decode numerics).
         round_x: bool,
+        /// The `last` entry point: only the step's last token row, into output row 0.
+        last: bool,
+    },
+    /// `rope_kv.wgsl`: NEOX RoPE of q and k, then k and v stored in the F16 KV cache.
+    RopeKv,
+    /// `attention.wgsl`: causal GQA attention over the F16 KV cache.
+    Attention {
+        /// Which entry point.
+        stage: AttnStage,
+        /// Round the probabilities to F16 before P·V (single-token decode numerics; only
+        /// [`AttnStage::ProbsPv`] reads it).
+        round_p: bool,
+    },
+    /// `glu.wgsl`: `gate = act(gate) · up`.
+    Glu {
+        /// The activation.
+        act: GluAct,
     },
     /// `select.wgsl`: top-k (argmax is k = 1); `partial` is the per-chunk pass.
     Select {
@@ -64,6 +81,28 @@ pub enum Kernel {
         /// First pass (per chunk) or second pass (over the candidates).
         partial: bool,
     },
+}
+
+/// The entry points of `attention.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnStage {
+    /// Decode pass 1: scores and per-chunk (max, Σexp).
+    Scores,
+    /// Decode pass 2: global softmax from the chunk stats, P·V per chunk.
+    ProbsPv,
+    /// Decode pass 3: sum of the chunks' partial outputs.
+    Merge,
+    /// Prompt batch: one workgroup per (head, token), online softmax.
+    Prefill,
+}
+
+/// The activation of the gated feed-forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GluAct {
+    /// `relu(g)²` (BitNet b1.58).
+    ReluSqr,
+    /// `g·sigmoid(g)` (1bitLLM BitNet).
+    Silu,
 }
 
 /// A compiled pipeline's identity.
@@ -81,6 +120,9 @@ enum Source {
     RmsNorm,
     Ternary,
     F16Matvec,
+    RopeKv,
+    Attention,
+    Glu,
     Select,
 }
 
@@ -91,6 +133,9 @@ impl Source {
             Source::RmsNorm => ("rmsnorm.wgsl", include_str!("kernels/rmsnorm.wgsl")),
             Source::Ternary => ("ternary.wgsl", include_str!("kernels/ternary.wgsl")),
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
+            Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
+            Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
+            Source::Glu => ("glu.wgsl", include_str!("kernels/glu.wgsl")),
             Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
         }
     }
@@ -103,6 +148,9 @@ impl Kernel {
             Kernel::RmsNorm { .. } => Source::RmsNorm,
             Kernel::Ternary { .. } => Source::Ternary,
             Kernel::F16Matvec { .. } => Source::F16Matvec,
+            Kernel::RopeKv => Source::RopeKv,
+            Kernel::Attention { .. } => Source::Attention,
+            Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
         }
     }
@@ -114,7 +162,15 @@ impl Kernel {
             Kernel::RmsNorm { quant: false } => "rmsnorm",
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
-            Kernel::F16Matvec { .. } => "main",
+            Kernel::F16Matvec { last: false, .. } => "main",
+            Kernel::F16Matvec { last: true, .. } => "last",
+            Kernel::RopeKv | Kernel::Glu { .. } => "main",
+            Kernel::Attention { stage, .. } => match stage {
+                AttnStage::Scores => "scores_main",
+                AttnStage::ProbsPv => "probs_pv",
+                AttnStage::Merge => "merge",
+                AttnStage::Prefill => "prefill",
+            },
             Kernel::Select { partial: true, .. } => "partial",
             Kernel::Select { partial: false, .. } => "merge",
         }
@@ -122,7 +178,21 @@ impl Kernel {
 
     fn constants(self) -> Vec<(&'static str, f64)> {
         match self {
-            Kernel::Embed | Kernel::RmsNorm { .. } => vec![],
+            Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv => vec![],
+            Kernel::Attention { stage, round_p } => {
+                if stage == AttnStage::ProbsPv {
+                    vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })]
+                } else {
+                    vec![]
+                }
+            }
+            Kernel::Glu { act } => vec![(
+                "ACT",
+                match act {
+                    GluAct::ReluSqr => 0.0,
+                    GluAct::Silu => 1.0,
+                },
+            )],
             Kernel::Ternary { tpr, epilogue, .. } => vec![
                 ("TPR", f64::from(tpr)),
                 (
@@ -130,7 +200,7 @@ impl Kernel {
                     if epilogue == Epilogue::Add { 1.0 } else { 0.0 },
                 ),
             ],
-            Kernel::F16Matvec { tpr, round_x } => vec![
+            Kernel::F16Matvec { tpr, round_x, .. } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],

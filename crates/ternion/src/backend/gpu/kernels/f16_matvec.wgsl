@@ -8,7 +8,11 @@
 //                        F16) or vec2<u32> unpacked with unpack2x16float
 //   2 storage read  x:   array<vec4<f32>>  T × k hidden states
 //   3 storage rw    out: array<f32>        T × out_stride logits; writes row0 .. row0+rows
-// Dispatch: (ceil(rows / (256/TPR)), T, 1) per shard. TPR lanes per row, reduced by
+//   4 uniform Step { n_tokens, .. }        entry `last` only
+// Entry points: `main` multiplies every token row t into output row t; `last` multiplies only
+// the last token's row (t = n_tokens − 1 from the step uniform) into output row 0 (the
+// logits of a prompt's last position without a copy between passes).
+// Dispatch: main (ceil(rows / (256/TPR)), T, 1), last (ceil(rows / (256/TPR)), 1, 1) per shard. TPR lanes per row, reduced by
 // subgroupShuffleXor (SUBGROUPS) or shared memory, like ternary.wgsl.
 // Numerics: f32 accumulation in a different order than the CPU's; ROUND_X rounds the hidden
 // state through F16 first (the reference does this for single-token decode).
@@ -21,6 +25,7 @@ override ROUND_X: bool = false;
 const WG: u32 = 256u;
 
 struct Params { rows: u32, k: u32, row0: u32, out_stride: u32 }
+struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 #if F16
@@ -30,6 +35,7 @@ struct Params { rows: u32, k: u32, row0: u32, out_stride: u32 }
 #endif
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> step: Step;
 
 #if SUBGROUPS
 fn reduce(v: f32, li: u32) -> f32 {
@@ -73,11 +79,9 @@ fn load_x(i: u32) -> vec4<f32> {
     return v;
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn body(li: u32, wg: vec3<u32>, t: u32, o: u32) {
     let lane = li % TPR;
     let row = wg.x * (WG / TPR) + li / TPR;
-    let t = wg.y;
     let k4 = p.k / 4u;
     var acc = 0.0;
     if (row < p.rows) {
@@ -89,6 +93,16 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     let s = reduce(acc, li);
     if (lane == 0u && row < p.rows) {
-        out[t * p.out_stride + p.row0 + row] = s;
+        out[o * p.out_stride + p.row0 + row] = s;
     }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    body(li, wg, wg.y, wg.y);
+}
+
+@compute @workgroup_size(256)
+fn last(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    body(li, wg, step.n_tokens - 1u, 0u);
 }

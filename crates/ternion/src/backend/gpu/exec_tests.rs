@@ -1,0 +1,176 @@
+//! The whole model on the GPU against the CPU forward pass, on the tiny golden BitNet
+//! b1.58 model (`/work/shared/golden-bitnet`, or `$TERNION_GOLDEN_BITNET`).
+//!
+//! Measured on lavapipe (see the assertions for the bounds):
+//! - prompt logits (one batch per prompt, every row): max |GPU − CPU| ≤ 1e-6 (bound 1e-3)
+//!   on every row of prompts 0 and 1 and rows 0-5 of prompt 2. At row 6 of prompt 2 one int8
+//!   activation lands on a .5 rounding boundary and rounds the other way (the GPU's f32
+//!   tree sums in RMSNorm/attention vs the CPU's f64/sequential ones move it by an ulp), so
+//!   rows 6-14 differ by up to 3.6e-2, the size BITNET.md §5 reports for such flips. The
+//!   test allows one prompt with a flip, bounded by 0.1 after it;
+//! - greedy decoding, 32 ids per prompt (prompt batch, then 31 single-token steps with the
+//!   GPU argmax): identical to the CPU's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::*;
+use crate::model::{self, Logits, Model};
+
+fn golden_dir() -> PathBuf {
+    std::env::var_os("TERNION_GOLDEN_BITNET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/work/shared/golden-bitnet"))
+}
+
+struct Fixture {
+    ctx: Arc<GpuContext>,
+    cpu: Model,
+    prompts: Vec<Vec<u32>>,
+}
+
+fn fixture() -> Option<Fixture> {
+    let dir = golden_dir();
+    let path = dir.join("bitnet-b158-tiny-pub.gguf");
+    if !path.exists() {
+        eprintln!("skipping: {} not found", path.display());
+        return None;
+    }
+    let ctx = match GpuContext::new(&GpuOptions::default()) {
+        Ok(c) => Arc::new(c),
+        Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
+            eprintln!("skipping GPU test: {e}");
+            return None;
+        }
+        Err(e) => panic!("no usable GPU adapter: {e} (TERNION_SKIP_GPU_TESTS=1 skips)"),
+    };
+    let (_, cpu) = model::load(&path).expect("load tiny model");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let prompts = manifest["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect();
+    Some(Fixture { ctx, cpu, prompts })
+}
+
+fn gpu_model(f: &Fixture, n_ctx: usize) -> GpuModel {
+    let opts = GpuModelOptions {
+        n_ctx,
+        max_batch: 16,
+        top_k: 8,
+    };
+    GpuModel::from_model(f.ctx.clone(), &f.cpu, opts).expect("GPU load")
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn tiny_model_prompt_logits_match_cpu() {
+    let Some(f) = fixture() else { return };
+    let mut gpu = gpu_model(&f, 64);
+    let vocab = f.cpu.config().n_vocab;
+    let (mut worst, mut flips) = (0f32, 0);
+    for p in &f.prompts {
+        gpu.truncate(0);
+        let g = gpu.forward(p, Logits::All).unwrap();
+        let mut st = f.cpu.cpu_state(64);
+        let c = f.cpu.forward_cpu(p, Logits::All, &mut st).unwrap();
+        assert_eq!(g.len(), p.len() * vocab);
+        let row_diff: Vec<f32> = (0..p.len())
+            .map(|r| {
+                g[r * vocab..][..vocab]
+                    .iter()
+                    .zip(&c[r * vocab..][..vocab])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max)
+            })
+            .collect();
+        let d = row_diff.iter().copied().fold(0f32, f32::max);
+        eprintln!(
+            "prompt of {} tokens: max |gpu − cpu| per row {row_diff:?}",
+            p.len()
+        );
+        match row_diff.iter().position(|&e| e > 1e-3) {
+            None => worst = worst.max(d),
+            Some(r) => {
+                // An int8 activation on a .5 boundary rounded the other way (BITNET.md §5):
+                // that row and the later ones (which attend to its keys) move by ~1e-2.
+                flips += 1;
+                worst = worst.max(row_diff[..r].iter().copied().fold(0f32, f32::max));
+                assert!(d <= 0.1, "max |gpu − cpu| = {d} after a flip at row {r}");
+            }
+        }
+        // Last-row logits agree with the All rows.
+        gpu.truncate(0);
+        let last = gpu.forward(p, Logits::Last).unwrap();
+        assert_eq!(last, g[(p.len() - 1) * vocab..], "last row");
+    }
+    assert!(worst <= 1e-3, "max |gpu − cpu| before any flip = {worst}");
+    assert!(flips <= 1, "{flips} prompts with an activation flip");
+}
+
+#[test]
+fn tiny_model_greedy_ids_match_cpu() {
+    let Some(f) = fixture() else { return };
+    let mut gpu = gpu_model(&f, 64);
+    let steps = 32;
+    for p in &f.prompts {
+        // CPU: prompt batch, then one token per step.
+        let mut st = f.cpu.cpu_state(64);
+        let mut cpu_ids = vec![argmax(f.cpu.forward_cpu(p, Logits::Last, &mut st).unwrap())];
+        while cpu_ids.len() < steps {
+            let t = *cpu_ids.last().unwrap();
+            cpu_ids.push(argmax(
+                f.cpu.forward_cpu(&[t], Logits::Last, &mut st).unwrap(),
+            ));
+        }
+        gpu.truncate(0);
+        let mut gpu_ids = vec![argmax(&gpu.forward(p, Logits::Last).unwrap())];
+        while gpu_ids.len() < steps {
+            let t = *gpu_ids.last().unwrap();
+            gpu_ids.push(gpu.argmax_step(t).unwrap());
+        }
+        assert_eq!(gpu_ids, cpu_ids, "prompt {p:?}");
+    }
+}
+
+#[test]
+fn decode_steps_create_nothing() {
+    let Some(f) = fixture() else { return };
+    let mut gpu = gpu_model(&f, 128);
+    let mut t = argmax(&gpu.forward(&f.prompts[0], Logits::Last).unwrap());
+    t = gpu.argmax_step(t).unwrap();
+    let _ = gpu.topk_step(t).unwrap();
+    let before = f.ctx.counters();
+    let pipelines = f.ctx.pipelines.len();
+    for _ in 0..100 {
+        t = gpu.argmax_step(t).unwrap();
+    }
+    assert_eq!(f.ctx.counters(), before);
+    assert_eq!(f.ctx.pipelines.len(), pipelines);
+    let cfg = f.cpu.config();
+    // embed (1 shard) + 16 per layer + final norm + LM head (1 shard) + argmax (2).
+    assert_eq!(gpu.dispatches_per_token(), 1 + 16 * cfg.n_layer + 1 + 1 + 2);
+    eprintln!(
+        "dispatches per decoded token: {}",
+        gpu.dispatches_per_token()
+    );
+}

@@ -1,0 +1,289 @@
+// attention.wgsl — causal grouped-query attention over the layer's F16 KV cache
+// (rope_kv.wgsl writes it): out = softmax(f16(q)·Kᵀ · scale) · V per head, q head h reading
+// kv head h / (n_head / n_head_kv). Token t (position pos + t) sees keys 0 ..= pos + t.
+//
+// Bindings (group 0; each entry point binds only those it uses):
+//   0 uniform Params { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, _, _ }
+//   1 uniform Step { n_tokens, pos, .. }
+//   2 storage read  q:       array<f32>   T × n_head·head_dim (rotated)
+//   3 storage read  k_cache: array<u32>   n_ctx × kv_dim F16, two halves per word
+//   4 storage read  v_cache: array<u32>   same layout
+//   5 storage rw    out:     array<f32>   T × n_head·head_dim
+//   6 storage rw    scores:  array<f32>   n_head × n_ctx          (decode scratch)
+//   7 storage rw    stats:   array<vec2<f32>>  n_head × max_chunks (chunk max, chunk Σe)
+//   8 storage rw    partial: array<f32>   max_chunks × n_head·head_dim
+//
+// Entry points and dispatch (256 threads per workgroup; CHUNK = 256 keys):
+// - Single-token decode, flash-decoding split over chunks of CHUNK keys:
+//   `scores_main` (n_chunks, n_head, 1): a thread per key: s = f16(q)·k · scale → scores; the
+//              chunk's max m_c and Σ exp(s − m_c) → stats.
+//   `probs_pv` (n_chunks, n_head, 1): merges the chunk stats into the global max M and sum
+//              L = Σ_c l_c·exp(m_c − M), forms p = exp(s − M) / L (rounded to F16 when
+//              ROUND_P: the reference's decode numerics) and this chunk's Σ p·v → partial.
+//   `merge`    (ceil(n_head·head_dim/2 / 256), 1, 1): out = Σ_c partial (a thread per pair).
+//   n_chunks = ceil((pos + 1) / CHUNK) is chosen by the host when recording.
+// - Prompt batch: `prefill` (n_head, T, 1): one workgroup per (head, token) walks its keys in
+//   chunks of CHUNK with an online softmax (running max and sum, rescaling the
+//   accumulators); probabilities stay f32, as in the reference's batch numerics.
+// In P·V a thread owns one word (2 dims) of the head and one of 256 / (head_dim/2) key
+// groups; the groups are summed through shared memory. head_dim must be even and ≤ 512.
+//
+// Numerics against backend/cpu/attention.rs: q is rounded to F16 (RNE, in integer
+// arithmetic: WGSL leaves f32→f16 conversion rounding to the implementation); q·k products
+// of two F16 values are exact in f32, only the summation order differs. The CPU sums the
+// softmax in f64, the GPU in f32 (per chunk, then rescaled); P·V accumulates in a different
+// order. The f16 helpers are duplicated from rope_kv.wgsl (WGSL has no includes).
+
+const WG: u32 = 256u;
+const CHUNK: u32 = 256u;
+const MAX_HD: u32 = 512u;
+const NEG: f32 = -3.0e38;
+
+override ROUND_P: bool = false;
+
+struct Params {
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    n_ctx: u32,
+    scale: f32,
+    max_chunks: u32,
+    pad0: u32,
+    pad1: u32,
+}
+struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
+@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(7) var<storage, read_write> stats: array<vec2<f32>>;
+@group(0) @binding(8) var<storage, read_write> partial: array<f32>;
+
+var<workgroup> q_sh: array<f32, MAX_HD>;
+var<workgroup> red: array<f32, WG>;
+var<workgroup> probs: array<f32, CHUNK>;
+var<workgroup> acc_sh: array<vec2<f32>, WG>;
+
+// F16 bits of an f32, round to nearest even (see rope_kv.wgsl).
+fn f16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a >= 0x7f800000u) {
+        return sign | 0x7c00u | select(0u, 0x200u, a > 0x7f800000u);
+    }
+    if (a >= 0x477ff000u) {
+        return sign | 0x7c00u;
+    }
+    if (a >= 0x38800000u) {
+        let r = a - 0x38000000u;
+        return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
+    }
+    return sign | u32(round(bitcast<f32>(a) * 16777216.0));
+}
+
+fn round_f16(x: f32) -> f32 {
+    return unpack2x16float(f16_bits(x)).x;
+}
+
+fn max_all(v: f32, li: u32) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
+            red[li] = max(red[li], red[li + o]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn sum_all(v: f32, li: u32) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
+            red[li] = red[li] + red[li + o];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// q head h of token t, rounded to F16, into q_sh.
+fn load_q(t: u32, h: u32, li: u32) {
+    let base = (t * p.n_head + h) * p.head_dim;
+    for (var i = li; i < p.head_dim; i += WG) {
+        q_sh[i] = round_f16(q[base + i]);
+    }
+    workgroupBarrier();
+}
+
+fn kv_head(h: u32) -> u32 {
+    return h / (p.n_head / p.n_head_kv);
+}
+
+// f16(q)·k of the key at `pos` (kv head kvh) times the scale.
+fn score(pos: u32, kvh: u32) -> f32 {
+    let hw = p.head_dim / 2u;
+    let base = (pos * p.n_head_kv + kvh) * hw;
+    var acc = 0.0;
+    for (var i = 0u; i < hw; i++) {
+        let kk = unpack2x16float(k_cache[base + i]);
+        acc += kk.x * q_sh[2u * i] + kk.y * q_sh[2u * i + 1u];
+    }
+    return acc * p.scale;
+}
+
+// Σ probs[i]·v[key0 + i] over i < cnt for this thread's (group, word); the result is summed
+// over groups and returned to threads li < head_dim/2 (word li).
+fn pv(key0: u32, cnt: u32, kvh: u32, li: u32, carry: vec2<f32>) -> vec2<f32> {
+    let hw = p.head_dim / 2u;
+    let groups = WG / hw;
+    let g = li / hw;
+    let w = li % hw;
+    var acc = carry;
+    if (g < groups) {
+        for (var i = g; i < cnt; i += groups) {
+            let vv = unpack2x16float(v_cache[((key0 + i) * p.n_head_kv + kvh) * hw + w]);
+            acc += probs[i] * vv;
+        }
+    }
+    return acc;
+}
+
+fn sum_groups(acc: vec2<f32>, li: u32) -> vec2<f32> {
+    let hw = p.head_dim / 2u;
+    let groups = WG / hw;
+    acc_sh[li] = acc;
+    workgroupBarrier();
+    var s = vec2<f32>(0.0);
+    if (li < hw) {
+        for (var g = 0u; g < groups; g++) {
+            s += acc_sh[g * hw + li];
+        }
+    }
+    return s;
+}
+
+@compute @workgroup_size(256)
+fn scores_main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let c = wg.x;
+    let h = wg.y;
+    let n_keys = step.pos + 1u;
+    load_q(0u, h, li);
+    let key = c * CHUNK + li;
+    var s = NEG;
+    if (key < n_keys) {
+        s = score(key, kv_head(h));
+        scores[h * p.n_ctx + key] = s;
+    }
+    let m = max_all(s, li);
+    var e = 0.0;
+    if (key < n_keys) {
+        e = exp(s - m);
+    }
+    let l = sum_all(e, li);
+    if (li == 0u) {
+        stats[h * p.max_chunks + c] = vec2<f32>(m, l);
+    }
+}
+
+@compute @workgroup_size(256)
+fn probs_pv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let c = wg.x;
+    let h = wg.y;
+    let n_keys = step.pos + 1u;
+    let n_chunks = (n_keys + CHUNK - 1u) / CHUNK;
+    var mx = NEG;
+    for (var i = 0u; i < n_chunks; i++) {
+        mx = max(mx, stats[h * p.max_chunks + i].x);
+    }
+    var l = 0.0;
+    for (var i = 0u; i < n_chunks; i++) {
+        let st = stats[h * p.max_chunks + i];
+        l += st.y * exp(st.x - mx);
+    }
+    let inv = 1.0 / l;
+    let key0 = c * CHUNK;
+    let key = key0 + li;
+    var pr = 0.0;
+    if (key < n_keys) {
+        pr = exp(scores[h * p.n_ctx + key] - mx) * inv;
+        if (ROUND_P) {
+            pr = round_f16(pr);
+        }
+    }
+    probs[li] = pr;
+    workgroupBarrier();
+    let cnt = min(CHUNK, n_keys - min(key0, n_keys));
+    let s = sum_groups(pv(key0, cnt, kv_head(h), li, vec2<f32>(0.0)), li);
+    let hw = p.head_dim / 2u;
+    if (li < hw) {
+        let o = (c * p.n_head + h) * p.head_dim + 2u * li;
+        partial[o] = s.x;
+        partial[o + 1u] = s.y;
+    }
+}
+
+@compute @workgroup_size(256)
+fn merge(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let words = p.n_head * p.head_dim / 2u;
+    let i = gid.x;
+    if (i >= words) {
+        return;
+    }
+    let n_chunks = (step.pos + CHUNK) / CHUNK;
+    let stride = p.n_head * p.head_dim;
+    var s = vec2<f32>(0.0);
+    for (var c = 0u; c < n_chunks; c++) {
+        s += vec2<f32>(partial[c * stride + 2u * i], partial[c * stride + 2u * i + 1u]);
+    }
+    out[2u * i] = s.x;
+    out[2u * i + 1u] = s.y;
+}
+
+@compute @workgroup_size(256)
+fn prefill(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let h = wg.x;
+    let t = wg.y;
+    let n_keys = step.pos + t + 1u;
+    let kvh = kv_head(h);
+    load_q(t, h, li);
+    var m = NEG;
+    var l = 0.0;
+    var acc = vec2<f32>(0.0);
+    for (var key0 = 0u; key0 < n_keys; key0 += CHUNK) {
+        let key = key0 + li;
+        var s = NEG;
+        if (key < n_keys) {
+            s = score(key, kvh);
+        }
+        let m_new = max(m, max_all(s, li));
+        let alpha = exp(m - m_new);
+        var e = 0.0;
+        if (key < n_keys) {
+            e = exp(s - m_new);
+        }
+        probs[li] = e;
+        // sum_all's barriers also publish probs.
+        l = l * alpha + sum_all(e, li);
+        m = m_new;
+        acc = pv(key0, min(CHUNK, n_keys - key0), kvh, li, acc * alpha);
+        workgroupBarrier();
+    }
+    let s = sum_groups(acc, li);
+    if (li < p.head_dim / 2u) {
+        let o = (t * p.n_head + h) * p.head_dim + 2u * li;
+        out[o] = s.x / l;
+        out[o + 1u] = s.y / l;
+    }
+}
