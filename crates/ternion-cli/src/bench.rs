@@ -7,13 +7,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use ternion::model::{self};
+use ternion::backend::gpu::GpuModel;
+use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::argmax;
 use ternion::session::Session;
 use ternion::synth::{self, Shape, Spec, Vocab};
 
-use crate::common::{self, Backend, LmHeadArg};
+use crate::common::{self, BackendArgs, LmHeadArg};
 
 /// Arguments of `ternion bench`.
 #[derive(Args)]
@@ -25,9 +26,8 @@ pub struct BenchArgs {
     /// cache folder on first use.
     #[arg(long)]
     synthetic: Option<String>,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value = "cpu")]
-    backend: Backend,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Worker threads (default: all cores).
     #[arg(long, short = 't')]
     threads: Option<usize>,
@@ -99,9 +99,46 @@ fn synthetic_path(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Prefill and decode seconds on the CPU (after a warm-up that touches every weight page
+/// and starts the worker pool).
+fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result<(f64, f64)> {
+    Session::new(model, 8).prefill(&prompt[..prompt.len().min(4)])?;
+    let mut s = Session::new(model, n_ctx);
+    let t = Instant::now();
+    let mut next = argmax(s.prefill(prompt)?);
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..n_gen {
+        next = argmax(s.decode(next)?);
+    }
+    Ok((prefill_s, t.elapsed().as_secs_f64()))
+}
+
+/// Prefill and decode seconds on the GPU: decode steps end in the GPU argmax, so only the
+/// token id comes back. At least a second of warm-up first (GPUs idle at low clocks).
+fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<(f64, f64)> {
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < 1.5 {
+        g.truncate(0);
+        g.forward(prompt, Logits::Last)?;
+        let mut next = 0;
+        for _ in 0..n_gen.min(16) {
+            next = g.argmax_step(next)?;
+        }
+    }
+    g.truncate(0);
+    let t = Instant::now();
+    let mut next = argmax(&g.forward(prompt, Logits::Last)?);
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..n_gen {
+        next = g.argmax_step(next)?;
+    }
+    Ok((prefill_s, t.elapsed().as_secs_f64()))
+}
+
 /// Runs `ternion bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
-    common::check_backend(a.backend)?;
     let threads = common::init_threads(a.threads)?;
     let path = match (&a.model, &a.synthetic) {
         (Some(p), _) => p.clone(),
@@ -122,19 +159,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .map(|_| rng.random_range(0..cfg.n_vocab as u32))
         .collect();
 
-    // Warm-up: touch every weight page and the thread pool once.
-    Session::new(&model, 8).prefill(&prompt[..prompt.len().min(4)])?;
-
-    let mut s = Session::new(&model, n_ctx);
-    let t = Instant::now();
-    let mut next = argmax(s.prefill(&prompt)?);
-    let prefill_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for _ in 0..a.n_gen {
-        next = argmax(s.decode(next)?);
-    }
-    let decode_s = t.elapsed().as_secs_f64();
-
+    let mut gpu = a.backend.gpu(&model, n_ctx)?;
+    let backend = if gpu.is_some() { "gpu" } else { "cpu" };
+    let (prefill_s, decode_s) = match &mut gpu {
+        Some(g) => time_gpu(g, &prompt, a.n_gen)?,
+        None => time_cpu(&model, &prompt, a.n_gen, n_ctx)?,
+    };
     let prefill_tok_s = a.n_prompt as f64 / prefill_s;
     let decode_tok_s = a.n_gen as f64 / decode_s.max(1e-9);
     let ms_per_token = decode_s * 1e3 / a.n_gen.max(1) as f64;
@@ -148,8 +178,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         cfg.n_embd,
         cfg.n_vocab
     );
+    let dispatches = gpu.as_ref().map(|g| g.dispatches_per_token());
     println!(
-        "cpu, {threads} threads | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        "{backend}, {threads} threads | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
         a.n_prompt,
         a.n_gen,
         bytes as f64 / 1e6,
@@ -158,7 +189,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.json {
         let v = json!({
             "model": path.display().to_string(),
-            "backend": "cpu",
+            "backend": backend,
+            "dispatches_per_token": dispatches,
             "threads": threads,
             "simd": ternion::backend::cpu::simd::Level::detect().name(),
             "lm_head": format!("{:?}", a.lm_head),

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use ternion::gguf::GgufFile;
 use ternion::model::{self, LmHead, LoadOptions, Model};
+use ternion::session::{GpuEngine, Session};
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
 /// The model `run` and `chat` use when no `--model` is given.
@@ -21,10 +23,53 @@ pub const DEFAULT_FILE: &str = "ggml-model-i2_s.gguf";
 pub enum Backend {
     /// SIMD, multi-threaded CPU.
     Cpu,
-    /// WebGPU (wgpu): not in this build yet.
+    /// WebGPU (wgpu: Vulkan, Metal, DX12) with WGSL kernels.
     Gpu,
-    /// The GPU when there is one, else the CPU.
+    /// The GPU when one is found, else the CPU.
     Auto,
+}
+
+/// Backend flags shared by every command that runs a model.
+#[derive(Args, Clone)]
+pub struct BackendArgs {
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: Backend,
+    /// GPU adapter index (see the adapters listed by `--backend gpu` errors or logs).
+    #[arg(long)]
+    pub device: Option<usize>,
+}
+
+impl BackendArgs {
+    /// The GPU model for `model` when the choice asks for one (`None` for the CPU); `auto`
+    /// falls back to the CPU when no adapter is found.
+    pub fn gpu(&self, model: &Model, n_ctx: usize) -> Result<Option<GpuModel>> {
+        if self.backend == Backend::Cpu {
+            return Ok(None);
+        }
+        let opts = GpuOptions {
+            device_index: self.device,
+            ..GpuOptions::default()
+        };
+        let ctx = match GpuContext::new(&opts) {
+            Ok(c) => Arc::new(c),
+            Err(e) if self.backend == Backend::Auto => {
+                eprintln!("no GPU ({e}); using the CPU");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let caps = ctx.caps();
+        eprintln!(
+            "GPU: {} ({}), f16 {}, subgroups {}",
+            caps.name, caps.backend, caps.f16, caps.subgroups
+        );
+        let gopts = GpuModelOptions {
+            n_ctx,
+            ..GpuModelOptions::default()
+        };
+        Ok(Some(GpuModel::from_model(ctx, model, gopts)?))
+    }
 }
 
 /// Pre-tokenizer choice when the file does not name one.
@@ -76,9 +121,8 @@ pub struct ModelArgs {
     /// GGUF model file (default for run/chat: BitNet b1.58 2B-4T from Hugging Face).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub backend: Backend,
+    #[command(flatten)]
+    pub backend: BackendArgs,
     /// Worker threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
@@ -124,13 +168,24 @@ impl PromptArgs {
     }
 }
 
-/// A loaded model with its tokenizer and how long loading took.
+/// A loaded model with its tokenizer, its GPU plan when the GPU runs it, and how long
+/// loading took.
 pub struct Loaded {
     pub file: Arc<GgufFile>,
     pub model: Model,
+    pub gpu: Option<GpuModel>,
     pub tokenizer: Tokenizer,
     pub load_time: Duration,
     pub n_ctx: usize,
+}
+
+/// A new sequence on the GPU plan when there is one, else on the CPU (a function of the
+/// parts, so the caller keeps using the tokenizer while the session lives).
+pub fn session<'a>(model: &'a Model, gpu: &'a mut Option<GpuModel>, n_ctx: usize) -> Session<'a> {
+    match gpu {
+        Some(g) => Session::with_engine(Box::new(GpuEngine::new(g))),
+        None => Session::new(model, n_ctx),
+    }
 }
 
 /// Sets the size of the worker pool (once, before any parallel work).
@@ -145,14 +200,6 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize> {
     Ok(n)
 }
 
-/// Checks the backend choice: this build computes on the CPU only.
-pub fn check_backend(b: Backend) -> Result<()> {
-    if b == Backend::Gpu {
-        bail!("the GPU backend is not in this build yet; use --backend cpu (or auto)");
-    }
-    Ok(())
-}
-
 /// Tokenizer options for a file: BitNet files lack `tokenizer.ggml.pre`; use the choice.
 pub fn tokenizer_options(pre: PreChoice) -> TokenizerOptions {
     TokenizerOptions {
@@ -164,7 +211,6 @@ pub fn tokenizer_options(pre: PreChoice) -> TokenizerOptions {
 /// Opens the model named by `args` (or, when `default_model`, BitNet 2B-4T from the
 /// Hugging Face cache, downloading it on first use).
 pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
-    check_backend(args.backend)?;
     init_threads(args.threads)?;
     let path = match (&args.model, default_model) {
         (Some(p), _) => p.clone(),
@@ -182,9 +228,11 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
         bail!("--ctx must be at least 1");
     }
     file.advise_will_need();
+    let gpu = args.backend.gpu(&model, n_ctx)?;
     Ok(Loaded {
         file,
         model,
+        gpu,
         tokenizer,
         load_time: t0.elapsed(),
         n_ctx,

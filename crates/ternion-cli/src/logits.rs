@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use ternion::session::Session;
 
 use crate::common::{self, ModelArgs, PromptArgs};
 
@@ -25,12 +24,12 @@ pub struct LogitsArgs {
 
 /// Runs `ternion logits`.
 pub fn run(a: LogitsArgs) -> Result<()> {
-    let l = common::load(&a.model, false)?;
+    let mut l = common::load(&a.model, false)?;
     let ids = a.prompt.ids(&l.tokenizer)?;
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let mut session = Session::new(&l.model, l.n_ctx.max(ids.len()));
+    let mut session = common::session(&l.model, &mut l.gpu, l.n_ctx);
     let logits = session.logits_all(&ids)?;
     write_npy(&a.out, &logits, ids.len(), l.model.config().n_vocab)?;
     println!("{}", json!({ "tokens": ids }));

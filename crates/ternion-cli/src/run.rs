@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 use ternion::chat::{ChatTemplate, Conversation, TurnText};
 use ternion::sample::{Sampler, SamplerConfig};
-use ternion::session::{GenerateOptions, GenerationStats, Session};
+use ternion::session::{GenerateOptions, GenerationStats};
 
 use crate::common::{self, ModelArgs, PromptArgs};
 
@@ -75,7 +75,7 @@ pub struct RunArgs {
 
 /// Runs `ternion run`.
 pub fn run(a: RunArgs) -> Result<()> {
-    let l = common::load(&a.model, true)?;
+    let mut l = common::load(&a.model, true)?;
     let ids = a.prompt.ids(&l.tokenizer)?;
     if ids.is_empty() {
         bail!("the prompt is empty");
@@ -88,7 +88,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         );
     }
     let mut sampler = a.sample.sampler()?;
-    let mut session = Session::new(&l.model, l.n_ctx);
+    let mut session = common::session(&l.model, &mut l.gpu, l.n_ctx);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         ignore_eos: a.ignore_eos,
@@ -151,7 +151,7 @@ pub struct ChatArgs {
 
 /// Runs `ternion chat`: reads user turns from stdin, streams replies.
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let l = common::load(&a.model, true)?;
+    let mut l = common::load(&a.model, true)?;
     let tok = &l.tokenizer;
     let template = ChatTemplate::from_metadata(l.file.get_str("tokenizer.chat_template")?);
     let piece = |id: Option<u32>| {
@@ -165,7 +165,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         a.system.clone(),
     );
     let mut sampler = a.sample.sampler()?;
-    let mut session = Session::new(&l.model, l.n_ctx);
+    let mut session = common::session(&l.model, &mut l.gpu, l.n_ctx);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         ignore_eos: false,

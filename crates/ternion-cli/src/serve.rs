@@ -38,7 +38,9 @@ pub struct ServeArgs {
 
 /// Runs `ternion serve` until SIGTERM or Ctrl-C.
 pub fn run(a: ServeArgs) -> Result<()> {
-    common::check_backend(a.model.backend)?;
+    if a.model.backend.backend == common::Backend::Gpu {
+        bail!("serve runs its batched sequences on the CPU in this build; drop --backend gpu");
+    }
     let Some(model) = a.model.model.clone() else {
         bail!("give the model file with --model FILE");
     };

@@ -4,7 +4,11 @@
 //! reference's prompt logits (one batch), greedy ids with their margins, and the logits of
 //! each teacher-forced decode step. Tolerances are the ones the manifest's
 //! `numerics_notes` document:
-//! 1. prompt logits max |diff| ≤ 1e-2 (we emulate the reference's F16 roundings);
+//! 1. prompt logits max |diff| ≤ 1e-2 (we emulate the reference's F16 roundings) on the
+//!    CPU; on the GPU ≤ 0.15, the manifest's bound for engines whose float ops differ from
+//!    the reference's: GPU `exp` and summation order are not bit-identical, so an int8
+//!    activation occasionally lands on the other side of a .5 boundary (the flip the
+//!    manifest describes), which moves later logits by ~0.01-0.1;
 //! 2. prompt top-1 equal wherever the golden top-1 margin > 0.05;
 //! 3. free-running greedy ids equal up to the first step whose margin < 0.05;
 //! 4. teacher-forced decode logits max |diff| ≤ 0.25, top-1 equal wherever margin > 0.05.
@@ -16,12 +20,12 @@ use clap::Args;
 use serde_json::Value;
 use ternion::model::{self, LoadOptions};
 use ternion::sample::argmax;
-use ternion::session::Session;
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
-use crate::common::{self, Backend, LmHeadArg};
+use crate::common::{self, BackendArgs, LmHeadArg};
 
 const PROMPT_MAX_ABS: f32 = 1e-2;
+const PROMPT_MAX_ABS_GPU: f32 = 0.15;
 const DECODE_MAX_ABS: f32 = 0.25;
 const MARGIN: f64 = 0.05;
 
@@ -30,9 +34,8 @@ const MARGIN: f64 = 0.05;
 pub struct ValidateArgs {
     /// Golden manifest.
     manifest: PathBuf,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value = "cpu")]
-    backend: Backend,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Worker threads.
     #[arg(long, short = 't')]
     threads: Option<usize>,
@@ -95,14 +98,13 @@ fn floats(v: &Value, what: &str) -> Result<Vec<f64>> {
 
 /// Runs `ternion validate`.
 pub fn run(a: ValidateArgs) -> Result<()> {
-    common::check_backend(a.backend)?;
     common::init_threads(a.threads)?;
     let text = std::fs::read_to_string(&a.manifest)
         .with_context(|| format!("reading {}", a.manifest.display()))?;
     let m: Value = serde_json::from_str(&text).context("parsing the manifest")?;
     let dir = a.manifest.parent().unwrap_or(Path::new("."));
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
-        validate_bitnet(&m, dir, &a.lm_head.load_options())
+        validate_bitnet(&m, dir, &a.lm_head.load_options(), &a.backend)
     } else {
         bail!(
             "{}: unrecognised manifest schema (expected 'model_file' and 'prompts')",
@@ -111,11 +113,19 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     }
 }
 
-fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
+fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs) -> Result<()> {
     let model_path = dir.join(m["model_file"].as_str().context("manifest: model_file")?);
     let (file, model) = model::load_with(&model_path, opts)
         .with_context(|| format!("loading {}", model_path.display()))?;
     let n_vocab = model.config().n_vocab;
+    let n_ctx = 4096.min(model.config().n_ctx_train);
+    let mut gpu = backend.gpu(&model, n_ctx)?;
+    println!("backend: {}", if gpu.is_some() { "gpu" } else { "cpu" });
+    let prompt_tol = if gpu.is_some() {
+        PROMPT_MAX_ABS_GPU
+    } else {
+        PROMPT_MAX_ABS
+    };
     let prompts = m["prompts"].as_array().context("manifest: prompts")?;
     let mut failures = 0;
     for (pi, p) in prompts.iter().enumerate() {
@@ -160,7 +170,7 @@ fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
             ),
             n * n_vocab,
         )?;
-        let mut s = Session::new(&model, 4096.min(model.config().n_ctx_train).max(n + 64));
+        let mut s = common::session(&model, &mut gpu, n_ctx);
         let ours = s.logits_all(&prompt_ids)?;
         let d = diff(&ours, &golden);
         let margins = floats(&p["prompt_top1_margins"], "prompt_top1_margins")?;
@@ -181,9 +191,9 @@ fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
             "  prompt logits: max|diff| {:.3e}  cosine {:.7}  top-1 {agree}/{n} ({checked} with margin > {MARGIN})",
             d.max_abs, d.cosine
         );
-        if d.max_abs > PROMPT_MAX_ABS {
+        if d.max_abs > prompt_tol {
             fail(format!(
-                "prompt logits max|diff| {:.3e} > {PROMPT_MAX_ABS}",
+                "prompt logits max|diff| {:.3e} > {prompt_tol}",
                 d.max_abs
             ));
         }
@@ -196,11 +206,8 @@ fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
         // 3. Free-running greedy decode.
         let greedy = ids(&p["greedy_ids"], "greedy_ids")?;
         let gm = floats(&p["greedy_margins"], "greedy_margins")?;
-        let mut s = Session::new(
-            &model,
-            4096.min(model.config().n_ctx_train)
-                .max(n + greedy.len() + 1),
-        );
+        drop(s);
+        let mut s = common::session(&model, &mut gpu, n_ctx);
         let mut next = argmax(s.prefill(&prompt_ids)?);
         let mut ours_greedy = Vec::new();
         for k in 0..greedy.len() {
@@ -238,10 +245,8 @@ fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
             ),
             steps * n_vocab,
         )?;
-        let mut s = Session::new(
-            &model,
-            4096.min(model.config().n_ctx_train).max(n + steps + 1),
-        );
+        drop(s);
+        let mut s = common::session(&model, &mut gpu, n_ctx);
         s.prefill(&prompt_ids)?;
         let (mut worst, mut cos_min, mut top_fail, mut top_agree) = (0f32, 1f64, 0, 0);
         for k in 0..steps {

@@ -21,7 +21,9 @@ fn i2s_row(rng: &mut StdRng, k: usize) -> Vec<u8> {
 }
 
 fn q_row(rng: &mut StdRng, k: usize) -> Vec<i8> {
-    (0..k).map(|_| rng.random_range(-127..=127i16) as i8).collect()
+    (0..k)
+        .map(|_| rng.random_range(-127..=127i16) as i8)
+        .collect()
 }
 
 #[divan::bench(args = SIZES)]

@@ -303,3 +303,50 @@ impl<'m> Session<'m> {
         Ok(stats)
     }
 }
+
+/// A GPU engine: a [`GpuModel`](crate::backend::gpu::GpuModel) (which holds its own KV
+/// cache on the device) driving one sequence.
+#[cfg(feature = "gpu")]
+pub struct GpuEngine<'a> {
+    model: &'a mut crate::backend::gpu::GpuModel,
+    n_ctx: usize,
+    logits: Vec<f32>,
+}
+
+#[cfg(feature = "gpu")]
+impl<'a> GpuEngine<'a> {
+    /// Starts a new sequence on `model` (its cache is emptied).
+    pub fn new(model: &'a mut crate::backend::gpu::GpuModel) -> GpuEngine<'a> {
+        model.truncate(0);
+        let n_ctx = model.n_ctx();
+        GpuEngine {
+            model,
+            n_ctx,
+            logits: Vec::new(),
+        }
+    }
+}
+
+#[cfg(feature = "gpu")]
+impl Engine for GpuEngine<'_> {
+    fn n_vocab(&self) -> usize {
+        self.model.config().n_vocab
+    }
+
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        self.logits = self.model.forward(tokens, which)?;
+        Ok(&self.logits)
+    }
+
+    fn len(&self) -> usize {
+        self.model.pos()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.model.truncate(len);
+    }
+}

@@ -390,6 +390,11 @@ impl GpuModel {
         &self.ctx
     }
 
+    /// Positions the KV cache holds.
+    pub fn n_ctx(&self) -> usize {
+        self.opts.n_ctx
+    }
+
     /// Positions filled in the KV cache.
     pub fn pos(&self) -> usize {
         self.pos

@@ -13,9 +13,12 @@
 // Dispatch: (T, 1, 1), one workgroup of 256 threads per token.
 //
 // Numerics against the CPU reference (backend/cpu/norm.rs, quant/act.rs):
-// - Σx² is an f32 tree reduction (ggml and the CPU reference sum in f64); mean, the
-//   1/sqrt and the products (x·scale)·w are f32 in the reference's order. Results differ
-//   from the CPU by a few ulp.
+// - Σx² (of the f32 squares) is accumulated as an unevaluated sum of two f32 (TwoSum), so
+//   it carries ~48 bits like the reference's f64 sum; mean = Σ/n is refined with an fma
+//   remainder, and sqrt and the reciprocal are corrected to the nearest f32 with fma
+//   residuals, because WGSL does not promise correctly rounded sqrt or division. The
+//   normalised values then match the CPU bit for bit except when the exact mean lies within
+//   ~2^-40 of an f32 rounding boundary.
 // - s = 127/max(m, 1e-5) is computed exactly as the reference's (f32)(127/(double)m): the
 //   quotient is formed by integer long division and rounded to nearest even, so it does not
 //   depend on the GPU's division precision.
@@ -34,6 +37,7 @@ const WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read_write> tok_scale: array<vec2<u32>>;
 
 var<workgroup> red_f: array<f32, WG>;
+var<workgroup> red_lo: array<f32, WG>;
 var<workgroup> red_i: array<i32, WG>;
 
 fn sum_f(v: f32, li: u32) -> f32 {
@@ -78,15 +82,93 @@ fn sum_i(v: i32, li: u32) -> i32 {
     return r;
 }
 
+// a + b as (rounded sum, exact error): Knuth's TwoSum.
+fn two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = a + b;
+    let bb = s - a;
+    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
+}
+
+// (hi, lo) + (hi2, lo2), renormalised.
+fn dd_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let s = two_sum(a.x, b.x);
+    return two_sum(s.x, s.y + a.y + b.y);
+}
+
+// Workgroup sum of double-f32 values.
+fn sum_dd(v: vec2<f32>, li: u32) -> vec2<f32> {
+    red_f[li] = v.x;
+    red_lo[li] = v.y;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
+            let r = dd_add(vec2<f32>(red_f[li], red_lo[li]), vec2<f32>(red_f[li + o], red_lo[li + o]));
+            red_f[li] = r.x;
+            red_lo[li] = r.y;
+        }
+        workgroupBarrier();
+    }
+    let r = vec2<f32>(red_f[0], red_lo[0]);
+    workgroupBarrier();
+    return r;
+}
+
+// The next f32 above / below a positive finite v.
+fn up(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) + 1u);
+}
+fn down(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) - 1u);
+}
+
+// sqrt(a) rounded to the nearest f32: of sqrt's answer and its two neighbours, the one
+// whose square is nearest a (exact residuals through fma).
+fn sqrt_rn(a: f32) -> f32 {
+    var best = sqrt(a);
+    var err = abs(fma(-best, best, a));
+    let c0 = down(best);
+    let e0 = abs(fma(-c0, c0, a));
+    if (e0 < err) {
+        best = c0;
+        err = e0;
+    }
+    let c1 = up(sqrt(a));
+    if (abs(fma(-c1, c1, a)) < err) {
+        best = c1;
+    }
+    return best;
+}
+
+// 1/s rounded to the nearest f32, chosen the same way.
+fn recip_rn(s: f32) -> f32 {
+    var best = 1.0 / s;
+    var err = abs(fma(-best, s, 1.0));
+    let c0 = down(best);
+    let e0 = abs(fma(-c0, s, 1.0));
+    if (e0 < err) {
+        best = c0;
+        err = e0;
+    }
+    let c1 = up(1.0 / s);
+    if (abs(fma(-c1, s, 1.0)) < err) {
+        best = c1;
+    }
+    return best;
+}
+
 // 1/sqrt(mean(x²) + eps) of row t, computed by the whole workgroup.
 fn inv_rms(base: u32, li: u32) -> f32 {
-    var ss = 0.0;
+    var ss = vec2<f32>(0.0, 0.0);
     for (var i = li; i < p.n; i += WG) {
         let v = x[base + i];
-        ss += v * v;
+        let sq = v * v;
+        ss = dd_add(ss, vec2<f32>(sq, 0.0));
     }
-    let mean = sum_f(ss, li) / f32(p.n);
-    return 1.0 / sqrt(mean + p.eps);
+    let total = sum_dd(ss, li);
+    let n = f32(p.n);
+    let q = total.x / n;
+    let mean = q + (fma(-q, n, total.x) + total.y) / n;
+    return recip_rn(sqrt_rn(mean + p.eps));
 }
 
 fn normed(base: u32, i: u32, scale: f32) -> f32 {
