@@ -199,3 +199,17 @@ fn i2s_row_length_must_be_whole_blocks() {
     assert!(w.declare("bad", GgmlType::I2_S, &[100, 2]).is_err());
     assert!(w.declare("bad", GgmlType::Q4_0, &[33]).is_err());
 }
+
+/// Fuzz finding (gguf_reader): a row length whose byte size overflows u64 (here 2^62 F32
+/// elements, 2^64 bytes) made `GgmlType::row_bytes` overflow; with overflow checks off the
+/// size wrapped to 0 and the tensor was accepted with a size that did not match its shape.
+#[test]
+fn row_bytes_overflow_is_an_error() {
+    assert_eq!(GgmlType::F32.row_bytes(1 << 62), None);
+    assert_eq!(GgmlType::Q8_0.row_bytes(u64::MAX / 32 * 32), None);
+    let mut b = sample_bytes();
+    let at = find(&b, b"t.f32") + 5 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    b[at + 8..at + 16].copy_from_slice(&1u64.to_le_bytes());
+    expect_gguf_err(b, "overflow");
+}
