@@ -117,7 +117,8 @@ impl BitNet {
             }
             Ok(l)
         };
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
+        // block_count comes from the file: reserve no more blocks than it has tensors.
+        let mut blocks = Vec::with_capacity(cfg.n_layer.min(file.tensors.len()));
         for i in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             blocks.push(Block {
