@@ -213,3 +213,37 @@ fn row_bytes_overflow_is_an_error() {
     b[at + 8..at + 16].copy_from_slice(&1u64.to_le_bytes());
     expect_gguf_err(b, "overflow");
 }
+
+/// Decoded metadata takes up to 32× the file bytes it came from (a u8 element is 1 byte on
+/// disk, a `Value` in memory): the total number of array elements is capped, so a large
+/// file of byte arrays cannot ask for tens of gigabytes.
+#[test]
+fn metadata_elements_are_capped_in_total() {
+    let limit = reader::MAX_METADATA_ELEMENTS;
+    let header = |n_kv: u64| {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&n_kv.to_le_bytes());
+        b
+    };
+    let array = |b: &mut Vec<u8>, key: &[u8], n: u64| {
+        b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(&(ValueType::Array as u32).to_le_bytes());
+        b.extend_from_slice(&(ValueType::U8 as u32).to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+        b.resize(b.len() + n as usize, 0);
+    };
+    // Small arrays are fine; arrays that together pass the limit are not (refused before
+    // the second one is decoded).
+    let mut b = header(2);
+    array(&mut b, b"a", 1000);
+    array(&mut b, b"b", 1000);
+    assert!(parse(b).is_ok());
+    let mut b = header(2);
+    array(&mut b, b"a", 1000);
+    array(&mut b, b"b", limit - 999);
+    expect_gguf_err(b, "metadata array elements");
+}
