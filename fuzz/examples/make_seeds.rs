@@ -8,7 +8,9 @@ use ternion::gguf::{GgufWriter, Value, ValueType};
 use ternion::quant::{self, GgmlType};
 
 fn corpus(target: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
+    let d = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -22,7 +24,9 @@ fn write_gguf(w: &GgufWriter, data: Vec<Vec<u8>>) -> Vec<u8> {
 }
 
 fn bytes_of(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 /// Every metadata type and one tiny tensor of each dequantizable type.
@@ -44,7 +48,10 @@ fn sample() -> Vec<u8> {
         .add_strings("a.strs", &["x", "", "yz"])
         .add(
             "a.nested",
-            Value::Array(ValueType::Array, vec![Value::Array(ValueType::U8, vec![Value::U8(7)])]),
+            Value::Array(
+                ValueType::Array,
+                vec![Value::Array(ValueType::U8, vec![Value::U8(7)])],
+            ),
         );
     let types = [
         (GgmlType::F32, 4u64),
@@ -61,7 +68,10 @@ fn sample() -> Vec<u8> {
     let mut data = Vec::new();
     for (i, (ty, n)) in types.iter().enumerate() {
         w.declare(&format!("t{i}"), *ty, &[*n, 1]).unwrap();
-        data.push(bytes_of(ty.tensor_bytes(&[*n, 1]).unwrap() as usize, i as u8));
+        data.push(bytes_of(
+            ty.tensor_bytes(&[*n, 1]).unwrap() as usize,
+            i as u8,
+        ));
     }
     write_gguf(&w, data)
 }
@@ -81,7 +91,10 @@ fn micro_model(arch: &str) -> Vec<u8> {
         .add(&k("rope.freq_base"), Value::F32(10000.0))
         .add(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5))
         .add("tokenizer.ggml.model", Value::Str("llama".into()))
-        .add_strings("tokenizer.ggml.tokens", &["<unk>", "<s>", "</s>", "\u{2581}a"])
+        .add_strings(
+            "tokenizer.ggml.tokens",
+            &["<unk>", "<s>", "</s>", "\u{2581}a"],
+        )
         .add(
             "tokenizer.ggml.scores",
             Value::Array(ValueType::F32, vec![Value::F32(0.0); 4]),
@@ -93,7 +106,10 @@ fn micro_model(arch: &str) -> Vec<u8> {
                 vec![Value::I32(2), Value::I32(3), Value::I32(3), Value::I32(1)],
             ),
         )
-        .add("tokenizer.chat_template", Value::Str("{% for m in messages %}{{ m.content }}{% endfor %}".into()));
+        .add(
+            "tokenizer.chat_template",
+            Value::Str("{% for m in messages %}{{ m.content }}{% endfor %}".into()),
+        );
     let mut data = Vec::new();
     let mut t = |w: &mut GgufWriter, name: &str, ty: GgmlType, shape: &[u64]| {
         w.declare(name, ty, shape).unwrap();
@@ -137,11 +153,24 @@ fn main() {
     std::fs::write(g.join("sample"), sample()).unwrap();
     std::fs::write(g.join("micro-bitnet-b1.58"), micro_model("bitnet-b1.58")).unwrap();
     std::fs::write(g.join("micro-bitnet"), micro_model("bitnet")).unwrap();
-    std::fs::write(g.join("synthetic-vocab"), ternion_fuzz::synthetic_vocab_bytes()).unwrap();
+    std::fs::write(
+        g.join("synthetic-vocab"),
+        ternion_fuzz::synthetic_vocab_bytes(),
+    )
+    .unwrap();
 
     let q = corpus("quant_blocks");
-    let sizes: [(u8, usize); 9] =
-        [(0, 64), (1, 64), (2, 36), (6, 68), (10, 288), (12, 420), (19, 64), (20, 108), (22, 132)];
+    let sizes: [(u8, usize); 9] = [
+        (0, 64),
+        (1, 64),
+        (2, 36),
+        (6, 68),
+        (10, 288),
+        (12, 420),
+        (19, 64),
+        (20, 108),
+        (22, 132),
+    ];
     for (sel, n) in sizes {
         let mut b = vec![sel, 64, 0, 0];
         b.extend(bytes_of(n + 32, sel));

@@ -89,7 +89,12 @@ pub fn gguf_reader(data: &[u8]) {
     for t in &file.tensors {
         assert!(file.tensor(&t.name).is_some());
         assert!(t.offset.checked_add(t.size).is_some_and(|e| e <= len));
-        assert_eq!(t.offset % file.alignment, 0, "tensor '{}' misaligned", t.name);
+        assert_eq!(
+            t.offset % file.alignment,
+            0,
+            "tensor '{}' misaligned",
+            t.name
+        );
         assert_eq!(t.ty.tensor_bytes(&t.shape), Some(t.size));
         let bytes = file.tensor_data(t);
         assert_eq!(bytes.len() as u64, t.size);
@@ -99,7 +104,8 @@ pub fn gguf_reader(data: &[u8]) {
             let mut dst = vec![0f32; n as usize];
             let rows = t.n_rows();
             for row in [0, rows.saturating_sub(1), rows] {
-                let r = quant::dequantize_row(t.ty, &t.name, bytes, n as usize, row as usize, &mut dst);
+                let r =
+                    quant::dequantize_row(t.ty, &t.name, bytes, n as usize, row as usize, &mut dst);
                 if row == rows {
                     assert!(r.is_err(), "row past the end accepted");
                 }
@@ -151,7 +157,9 @@ const DECODERS: &[(GgmlType, Decoder, usize, usize)] = &[
 fn activations(data: &[u8], n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
-            let b = data.get(data.len().wrapping_sub(1 + i % data.len().max(1))).copied();
+            let b = data
+                .get(data.len().wrapping_sub(1 + i % data.len().max(1)))
+                .copied();
             f32::from(b.unwrap_or(0) as i8) / 8.0
         })
         .collect()
@@ -191,11 +199,14 @@ pub fn quant_blocks(data: &[u8]) {
         decode(src, &mut out);
         let mut via = vec![0f32; n];
         quant::dequantize_row(ty, "fuzz", src, n, 0, &mut via).expect("whole blocks");
-        assert!(same_bits(&out, &via), "{ty}: dispatcher differs from decoder");
+        assert!(
+            same_bits(&out, &via),
+            "{ty}: dispatcher differs from decoder"
+        );
 
         let x = activations(body, n);
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 if n % 32 == 0 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 if n.is_multiple_of(32) => {
                 let (mut q, mut d) = (vec![0i8; n], vec![0f32; n / 32]);
                 act::quantize_q8_0(&x, &mut q, &mut d);
                 let f = if ty == GgmlType::Q8_0 {
@@ -235,7 +246,10 @@ pub fn quant_blocks(data: &[u8]) {
         quant::i2s::dequantize_row(rowb, scale, &mut out);
         let mut via = vec![0f32; n];
         quant::dequantize_row(GgmlType::I2_S, "fuzz", tensor, n, 0, &mut via).expect("I2_S");
-        assert!(same_bits(&out, &via), "I2_S: dispatcher differs from decoder");
+        assert!(
+            same_bits(&out, &via),
+            "I2_S: dispatcher differs from decoder"
+        );
         let q: Vec<i8> = (0..n).map(|i| body[i % body.len()] as i8).collect();
         let q_sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
         let want = quant::i2s::dot(rowb, &q);
@@ -261,7 +275,9 @@ pub fn vocab_dir() -> PathBuf {
 /// A small byte-level BPE vocabulary (256 byte tokens, a few merges, two specials), for
 /// machines without the shared vocabularies.
 pub fn synthetic_vocab_bytes() -> Vec<u8> {
-    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_to_unicode(b).to_string()).collect();
+    let mut tokens: Vec<String> = (0..=255u8)
+        .map(|b| byte_to_unicode(b).to_string())
+        .collect();
     let sp = byte_to_unicode(b' ');
     let merges = [
         format!("{sp} t"),
@@ -269,7 +285,12 @@ pub fn synthetic_vocab_bytes() -> Vec<u8> {
         format!("{sp}t he"),
         "i n".to_string(),
     ];
-    tokens.extend([format!("{sp}t"), "he".into(), format!("{sp}the"), "in".into()]);
+    tokens.extend([
+        format!("{sp}t"),
+        "he".into(),
+        format!("{sp}the"),
+        "in".into(),
+    ]);
     let mut types = vec![Value::I32(1); tokens.len()];
     tokens.extend(["<|endoftext|>".to_string(), "<|eot_id|>".to_string()]);
     types.extend([Value::I32(3), Value::I32(3)]);
@@ -278,9 +299,13 @@ pub fn synthetic_vocab_bytes() -> Vec<u8> {
         .add("tokenizer.ggml.pre", Value::Str("gpt-2".into()))
         .add_strings("tokenizer.ggml.tokens", &tokens)
         .add_strings("tokenizer.ggml.merges", &merges)
-        .add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
+        .add(
+            "tokenizer.ggml.token_type",
+            Value::Array(ValueType::I32, types),
+        );
     let path = std::env::temp_dir().join(format!("ternion-fuzz-vocab-{}.bin", std::process::id()));
-    w.write_with(&path, Vec::new()).expect("write synthetic vocabulary");
+    w.write_with(&path, Vec::new())
+        .expect("write synthetic vocabulary");
     let bytes = std::fs::read(&path).expect("read synthetic vocabulary");
     let _ = std::fs::remove_file(&path);
     bytes
@@ -320,7 +345,11 @@ fn stream_decode(tok: &Tokenizer, ids: &[u32]) {
         out.push_str(&sd.push(tok, id));
     }
     out.push_str(&sd.finish());
-    assert_eq!(out, tok.decode(ids), "stream decode differs from lossy decode of {ids:?}");
+    assert_eq!(
+        out,
+        tok.decode(ids),
+        "stream decode differs from lossy decode of {ids:?}"
+    );
 }
 
 /// Arbitrary bytes: as UTF-8 text, encode/decode round trips (byte-level BPE without
@@ -345,7 +374,11 @@ pub fn tokenizer(data: &[u8]) {
             .unwrap_or_else(|e| panic!("{name}: encode failed: {e}"));
         assert!(ids.iter().all(|&id| id < n), "{name}: id out of range");
         if *byte_level {
-            assert_eq!(tok.decode(&ids), text, "{name}: round trip of {text:?} via {ids:?}");
+            assert_eq!(
+                tok.decode(&ids),
+                text,
+                "{name}: round trip of {text:?} via {ids:?}"
+            );
         }
         stream_decode(tok, &ids);
         let ids = tok
@@ -371,7 +404,10 @@ pub fn chat_template(data: &[u8]) {
         .map(|c| Message::new(c[0], *c.get(1).unwrap_or(&"")))
         .collect();
     let gen = data.first().is_some_and(|b| b & 1 == 1);
-    let _ = ChatTemplate::Jinja { source: source.clone() }.render(&messages, gen, "<s>", "</s>");
+    let _ = ChatTemplate::Jinja {
+        source: source.clone(),
+    }
+    .render(&messages, gen, "<s>", "</s>");
     let _ = ChatTemplate::from_metadata(Some(&source)).render(&messages, gen, "", "");
     let _ = ChatTemplate::ChatMl.render(&messages, gen, "<s>", "</s>");
     let _ = ChatTemplate::BitNet.render(&messages, gen, "<s>", "</s>");

@@ -31,30 +31,74 @@ fn files() -> Vec<(&'static str, Vec<u8>, bool)> {
     vec![
         ("empty.gguf", Vec::new(), true),
         ("truncated-header.gguf", good[..20].to_vec(), true),
-        ("truncated-data.gguf", good[..good.len() - 100].to_vec(), true),
+        (
+            "truncated-data.gguf",
+            good[..good.len() - 100].to_vec(),
+            true,
+        ),
         ("bad-magic.gguf", edit(&|r| r.magic = *b"GGML"), true),
         ("count-2^60.gguf", edit(&|r| r.n_kv = Some(1 << 60)), true),
-        ("offset-past-end.gguf", edit(&|r| r.ti(q).offset = 1 << 40), true),
-        ("dims-overflow.gguf", edit(&|r| r.ti(q).dims = vec![1 << 40, 1 << 40]), true),
-        ("row-bytes-overflow.gguf", edit(&|r| r.ti("output_norm.weight").dims = vec![1 << 62]), true),
+        (
+            "offset-past-end.gguf",
+            edit(&|r| r.ti(q).offset = 1 << 40),
+            true,
+        ),
+        (
+            "dims-overflow.gguf",
+            edit(&|r| r.ti(q).dims = vec![1 << 40, 1 << 40]),
+            true,
+        ),
+        (
+            "row-bytes-overflow.gguf",
+            edit(&|r| r.ti("output_norm.weight").dims = vec![1 << 62]),
+            true,
+        ),
         ("unknown-type.gguf", edit(&|r| r.ti(q).ty = 77), true),
-        ("alignment-48.gguf", relaid(&|r| {
-            r.set("general.alignment", u32v(48));
-        }), true),
-        ("block-count-string.gguf", relaid(&|r| {
-            r.set(&format!("{A}.block_count"), strv("many"));
-        }), true),
-        ("head-count-0.gguf", relaid(&|r| {
-            r.set(&format!("{A}.attention.head_count"), u32v(0));
-        }), true),
-        ("missing-tensor.gguf", relaid(&|r| {
-            r.remove_tensor("blk.0.ffn_down.weight");
-        }), false),
-        ("shape-mismatch.gguf", relaid(&|r| r.ti(q).dims = vec![D, D / 2]), false),
-        ("no-kernel.gguf", relaid(&|r| r.ti(q).ty = GgmlType::Q4_0.id()), false),
-        ("vocab-scores-short.gguf", relaid(&|r| {
-            r.set("tokenizer.ggml.scores", f32_arr(&[0.0; 3]));
-        }), false),
+        (
+            "alignment-48.gguf",
+            relaid(&|r| {
+                r.set("general.alignment", u32v(48));
+            }),
+            true,
+        ),
+        (
+            "block-count-string.gguf",
+            relaid(&|r| {
+                r.set(&format!("{A}.block_count"), strv("many"));
+            }),
+            true,
+        ),
+        (
+            "head-count-0.gguf",
+            relaid(&|r| {
+                r.set(&format!("{A}.attention.head_count"), u32v(0));
+            }),
+            true,
+        ),
+        (
+            "missing-tensor.gguf",
+            relaid(&|r| {
+                r.remove_tensor("blk.0.ffn_down.weight");
+            }),
+            false,
+        ),
+        (
+            "shape-mismatch.gguf",
+            relaid(&|r| r.ti(q).dims = vec![D, D / 2]),
+            false,
+        ),
+        (
+            "no-kernel.gguf",
+            relaid(&|r| r.ti(q).ty = GgmlType::Q4_0.id()),
+            false,
+        ),
+        (
+            "vocab-scores-short.gguf",
+            relaid(&|r| {
+                r.set("tokenizer.ggml.scores", f32_arr(&[0.0; 3]));
+            }),
+            false,
+        ),
     ]
 }
 
@@ -66,10 +110,17 @@ fn expect_clean_failure(args: &[&str]) {
         .expect("the ternion binary runs");
     let took = t.elapsed();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "ternion {args:?}: exit code; stderr: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "ternion {args:?}: exit code; stderr: {err}"
+    );
     assert!(!err.contains("panicked"), "ternion {args:?}: {err}");
     assert!(err.starts_with("error: "), "ternion {args:?}: {err}");
-    assert!(took < Duration::from_secs(1), "ternion {args:?}: took {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "ternion {args:?}: took {took:?}"
+    );
 }
 
 #[test]
@@ -80,10 +131,22 @@ fn hostile_files_fail_cleanly_in_inspect_and_run() {
     let base = dir.join("good.gguf");
     std::fs::write(&base, micro_model().bytes()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ternion"))
-        .args(["run", "--model", base.to_str().unwrap(), "--prompt", "a", "-n", "2"])
+        .args([
+            "run",
+            "--model",
+            base.to_str().unwrap(),
+            "--prompt",
+            "a",
+            "-n",
+            "2",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     for (name, bytes, inspect_fails) in files() {
         let path = dir.join(name);

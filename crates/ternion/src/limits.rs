@@ -97,7 +97,12 @@ pub fn check_model_fits(file: &GgufFile) -> Result<()> {
 /// Checks that a KV cache of the given size can be allocated (its size does not overflow
 /// and fits the memory available now, on top of `already` bytes the caller will also use,
 /// typically [`tensor_data_bytes`]). Call it before `KvCache::new` / `Session::new`.
-pub fn check_kv_cache_fits(n_layer: usize, kv_dim: usize, n_ctx: usize, already: u64) -> Result<()> {
+pub fn check_kv_cache_fits(
+    n_layer: usize,
+    kv_dim: usize,
+    n_ctx: usize,
+    already: u64,
+) -> Result<()> {
     let what = format!("a KV cache of {n_ctx} positions × {n_layer} layers × {kv_dim} values");
     let need = kv_cache_bytes(n_layer, kv_dim, n_ctx)
         .ok_or_else(|| Error::Request(format!("{what}: size overflows")))?;
@@ -143,7 +148,10 @@ mod tests {
         assert_eq!(parse_meminfo("MemFree: 1 kB\n"), None);
         assert_eq!(parse_meminfo("MemAvailable: lots kB\n"), None);
         assert_eq!(parse_meminfo("MemAvailable: 7\n"), Some(7));
-        assert_eq!(parse_meminfo("MemAvailable: 18446744073709551615 kB\n"), None);
+        assert_eq!(
+            parse_meminfo("MemAvailable: 18446744073709551615 kB\n"),
+            None
+        );
     }
 
     #[test]

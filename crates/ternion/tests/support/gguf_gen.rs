@@ -90,15 +90,30 @@ pub fn arrv(elem: u32, items: &[Vec<u8>]) -> (u32, Vec<u8>) {
 }
 
 pub fn str_arr(items: &[&str]) -> (u32, Vec<u8>) {
-    arrv(ty::STR, &items.iter().map(|s| enc_str(s)).collect::<Vec<_>>())
+    arrv(
+        ty::STR,
+        &items.iter().map(|s| enc_str(s)).collect::<Vec<_>>(),
+    )
 }
 
 pub fn f32_arr(items: &[f32]) -> (u32, Vec<u8>) {
-    arrv(ty::F32, &items.iter().map(|v| v.to_le_bytes().to_vec()).collect::<Vec<_>>())
+    arrv(
+        ty::F32,
+        &items
+            .iter()
+            .map(|v| v.to_le_bytes().to_vec())
+            .collect::<Vec<_>>(),
+    )
 }
 
 pub fn i32_arr(items: &[i32]) -> (u32, Vec<u8>) {
-    arrv(ty::I32, &items.iter().map(|v| v.to_le_bytes().to_vec()).collect::<Vec<_>>())
+    arrv(
+        ty::I32,
+        &items
+            .iter()
+            .map(|v| v.to_le_bytes().to_vec())
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// Model width, FFN width and vocabulary size of [`micro_model`].
@@ -264,7 +279,10 @@ pub fn micro_model() -> Raw {
         .set(&format!("{a}.rope.freq_base"), f32v(10000.0))
         .set(&format!("{a}.attention.layer_norm_rms_epsilon"), f32v(1e-5))
         .set("tokenizer.ggml.model", strv("llama"))
-        .set("tokenizer.ggml.tokens", str_arr(&["<unk>", "<s>", "</s>", "\u{2581}a"]))
+        .set(
+            "tokenizer.ggml.tokens",
+            str_arr(&["<unk>", "<s>", "</s>", "\u{2581}a"]),
+        )
         .set("tokenizer.ggml.scores", f32_arr(&[0.0; 4]))
         .set("tokenizer.ggml.token_type", i32_arr(&[2, 3, 3, 1]))
         .set("tokenizer.ggml.bos_token_id", u32v(1))
