@@ -31,6 +31,10 @@ const JINJA_RECURSION_LIMIT: usize = 200;
 /// Deepest value nesting `tojson` writes before giving up.
 const TOJSON_MAX_DEPTH: usize = 64;
 
+/// Widest `tojson` indent accepted: the indent is repeated per nesting level, so a huge
+/// one (from a hostile template) would otherwise size an allocation.
+const TOJSON_MAX_INDENT: usize = 256;
+
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
@@ -218,6 +222,12 @@ fn tojson(
         Some(i) => Some(i),
         None => indent,
     };
+    if indent.is_some_and(|i| i > TOJSON_MAX_INDENT) {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: indent larger than {TOJSON_MAX_INDENT}"),
+        ));
+    }
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(seps) => match <[String; 2]>::try_from(seps) {
             Ok([item, key]) => (item, key),
@@ -785,5 +795,23 @@ mod tests {
             render_one("{% for x in %}"),
             Err(Error::Template(_))
         ));
+    }
+
+    /// Review finding (chat_template target): `tojson(indent=N)` repeated N spaces per
+    /// level with no bound, so a template could ask for a 2^62-byte string (an abort, not
+    /// an error) or overflow `N * level`.
+    #[test]
+    fn huge_tojson_indent_is_an_error() {
+        for src in [
+            "{{ [1] | tojson(indent=4611686018427387904) }}",
+            "{{ [[1]] | tojson(indent=10000000000) }}",
+            "{{ [1] | tojson(257) }}",
+        ] {
+            match render_one(src) {
+                Err(Error::Template(msg)) => assert!(msg.contains("indent"), "{msg}"),
+                other => panic!("{src}: expected a template error, got {other:?}"),
+            }
+        }
+        assert!(render_one("{{ [1] | tojson(indent=256) }}").is_ok());
     }
 }

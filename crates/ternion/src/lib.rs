@@ -10,6 +10,7 @@ pub mod chat;
 pub mod error;
 pub mod gguf;
 pub mod kv;
+pub mod limits;
 pub mod model;
 pub mod quant;
 pub mod sample;

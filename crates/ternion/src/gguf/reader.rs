@@ -12,6 +12,12 @@ use crate::{Error, Result};
 /// Deepest nesting of arrays inside arrays that the reader accepts.
 const MAX_ARRAY_DEPTH: usize = 4;
 
+/// Most array elements all metadata values may hold together. Array lengths are already
+/// bounded by the bytes left, but a decoded element takes 32 bytes of memory while a u8 or
+/// bool element takes 1 byte of file: without a total, a 1 GiB file could ask for 32 GiB.
+/// Real files hold a few million at most (vocabulary, scores, types, merges).
+pub const MAX_METADATA_ELEMENTS: u64 = 1 << 24;
+
 /// Where a tensor lives in the file and what it holds.
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
@@ -84,7 +90,11 @@ impl GgufFile {
             Bytes::Owned(v) => v,
         };
         let ctx = |msg: String| Error::Gguf(format!("{}: {msg}", path.display()));
-        let mut r = Cursor { buf, pos: 0 };
+        let mut r = Cursor {
+            buf,
+            pos: 0,
+            elements_left: MAX_METADATA_ELEMENTS,
+        };
         let magic = r.bytes(4).map_err(&ctx)?;
         if magic != MAGIC {
             return Err(ctx(format!("not a GGUF file (magic {magic:02x?})")));
@@ -405,6 +415,8 @@ fn check_overlaps(tensors: &[TensorInfo]) -> std::result::Result<(), String> {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Array elements the metadata may still hold ([`MAX_METADATA_ELEMENTS`] in all).
+    elements_left: u64,
 }
 
 type R<T> = std::result::Result<T, String>;
@@ -489,6 +501,12 @@ impl<'a> Cursor<'a> {
                     .ok_or_else(|| format!("unknown array element type {elem_id}"))?;
                 let len = self.u64()?;
                 self.check_count(len, elem.min_encoded_len(), "array elements")?;
+                self.elements_left = self.elements_left.checked_sub(len).ok_or_else(|| {
+                    format!(
+                        "array of {len} elements exceeds the limit of \
+                         {MAX_METADATA_ELEMENTS} metadata array elements in all"
+                    )
+                })?;
                 let mut items = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     items.push(self.value(elem_id, depth + 1)?);

@@ -199,3 +199,51 @@ fn i2s_row_length_must_be_whole_blocks() {
     assert!(w.declare("bad", GgmlType::I2_S, &[100, 2]).is_err());
     assert!(w.declare("bad", GgmlType::Q4_0, &[33]).is_err());
 }
+
+/// Fuzz finding (gguf_reader): a row length whose byte size overflows u64 (here 2^62 F32
+/// elements, 2^64 bytes) made `GgmlType::row_bytes` overflow; with overflow checks off the
+/// size wrapped to 0 and the tensor was accepted with a size that did not match its shape.
+#[test]
+fn row_bytes_overflow_is_an_error() {
+    assert_eq!(GgmlType::F32.row_bytes(1 << 62), None);
+    assert_eq!(GgmlType::Q8_0.row_bytes(u64::MAX / 32 * 32), None);
+    let mut b = sample_bytes();
+    let at = find(&b, b"t.f32") + 5 + 4;
+    b[at..at + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    b[at + 8..at + 16].copy_from_slice(&1u64.to_le_bytes());
+    expect_gguf_err(b, "overflow");
+}
+
+/// Decoded metadata takes up to 32× the file bytes it came from (a u8 element is 1 byte on
+/// disk, a `Value` in memory): the total number of array elements is capped, so a large
+/// file of byte arrays cannot ask for tens of gigabytes.
+#[test]
+fn metadata_elements_are_capped_in_total() {
+    let limit = reader::MAX_METADATA_ELEMENTS;
+    let header = |n_kv: u64| {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&n_kv.to_le_bytes());
+        b
+    };
+    let array = |b: &mut Vec<u8>, key: &[u8], n: u64| {
+        b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(&(ValueType::Array as u32).to_le_bytes());
+        b.extend_from_slice(&(ValueType::U8 as u32).to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+        b.resize(b.len() + n as usize, 0);
+    };
+    // Small arrays are fine; arrays that together pass the limit are not (refused before
+    // the second one is decoded).
+    let mut b = header(2);
+    array(&mut b, b"a", 1000);
+    array(&mut b, b"b", 1000);
+    assert!(parse(b).is_ok());
+    let mut b = header(2);
+    array(&mut b, b"a", 1000);
+    array(&mut b, b"b", limit - 999);
+    expect_gguf_err(b, "metadata array elements");
+}

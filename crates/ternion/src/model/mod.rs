@@ -55,6 +55,16 @@ impl Model {
     /// Binds a parsed file to its architecture.
     pub fn from_file(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model> {
         let cfg = Config::from_gguf(&file)?;
+        // Every block has tensors of its own: a block count beyond the tensor count is a
+        // hostile or broken file, caught before the graph is sized by it.
+        if cfg.n_layer > file.tensors.len() {
+            return Err(crate::Error::Model(format!(
+                "{}: block_count {} exceeds the {} tensors in the file",
+                file.path().display(),
+                cfg.n_layer,
+                file.tensors.len()
+            )));
+        }
         let graph = bitnet::graph(&cfg, &file);
         let cpu = CpuModel::prepare(&graph, &file, opts)?;
         Ok(Model {
@@ -109,6 +119,7 @@ pub fn load(path: impl AsRef<Path>) -> Result<(Arc<GgufFile>, Model)> {
 /// Opens a GGUF file and binds it to its architecture.
 pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<(Arc<GgufFile>, Model)> {
     let file = Arc::new(GgufFile::open(path)?);
+    crate::limits::check_model_fits(&file)?;
     let model = Model::from_file(file.clone(), opts)?;
     Ok((file, model))
 }

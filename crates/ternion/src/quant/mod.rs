@@ -96,12 +96,15 @@ impl GgmlType {
         self.row().4
     }
 
-    /// Bytes of one row of `n` elements, or `None` if `n` is not a whole number of blocks.
-    /// For I2_S this is the packed size only (rows are contiguous, the tensor tail is extra).
+    /// Bytes of one row of `n` elements, or `None` if `n` is not a whole number of blocks
+    /// or the size overflows u64. For I2_S this is the packed size only (rows are
+    /// contiguous, the tensor tail is extra).
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let be = self.block_elems() as u64;
-        n.is_multiple_of(be)
-            .then(|| n / be * self.block_bytes() as u64)
+        if !n.is_multiple_of(be) {
+            return None;
+        }
+        (n / be).checked_mul(self.block_bytes() as u64)
     }
 
     /// The true byte size of a tensor of this type and shape (ggml order, `shape[0]`

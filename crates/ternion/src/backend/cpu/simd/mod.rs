@@ -119,8 +119,11 @@ pub fn q8_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 /// Σ w_i·x_i for a little-endian F16 row `w` (as bytes) and f32 `x`.
 #[inline]
 pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
+    // The AVX2 kernel reads x.len() halves through a raw pointer: without this check a
+    // short `w` would be read out of bounds (the scalar kernel checks the same).
+    assert_eq!(w.len(), 2 * x.len(), "f16_dot: length mismatch");
     match level {
-        // SAFETY: as in `i2s_dot`.
+        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => unsafe { x86::f16_dot(w.as_ptr(), x) },
         _ => quant::float::dot_f16(w, x),

@@ -143,3 +143,12 @@ fn q8_0_dot_matches_reference() {
         );
     }
 }
+
+/// Review finding (quant_blocks target): `f16_dot` is a safe function, but its AVX2 path
+/// read `x.len()` halves from `w` without checking `w`'s length, an out-of-bounds read for
+/// a short row. It now asserts the lengths on every level, as the scalar kernel does.
+#[test]
+#[should_panic(expected = "length mismatch")]
+fn f16_dot_rejects_a_short_row() {
+    f16_dot(Level::detect(), &[0u8; 2], &[1.0f32; 64]);
+}
