@@ -8,6 +8,7 @@ mod run;
 mod serve;
 mod synth;
 mod validate;
+mod validate_golden;
 
 use clap::{Parser, Subcommand};
 

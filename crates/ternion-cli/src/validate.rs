@@ -68,7 +68,7 @@ fn diff(a: &[f32], b: &[f32]) -> Diff {
     }
 }
 
-fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
+pub(crate) fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     if bytes.len() != n * 4 {
         bail!(
@@ -84,7 +84,7 @@ fn read_f32(path: &Path, n: usize) -> Result<Vec<f32>> {
         .collect())
 }
 
-fn ids(v: &Value, what: &str) -> Result<Vec<u32>> {
+pub(crate) fn ids(v: &Value, what: &str) -> Result<Vec<u32>> {
     v.as_array()
         .and_then(|a| a.iter().map(|x| x.as_u64().map(|i| i as u32)).collect())
         .with_context(|| format!("manifest: '{what}' is not a list of ids"))
@@ -105,9 +105,12 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     let dir = a.manifest.parent().unwrap_or(Path::new("."));
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
         validate_bitnet(&m, dir, &a.lm_head.load_options(), &a.backend)
+    } else if m.get("models").is_some() && m.get("cases").is_some() {
+        crate::validate_golden::validate(&m, dir, &a.lm_head.load_options())
     } else {
         bail!(
-            "{}: unrecognised manifest schema (expected 'model_file' and 'prompts')",
+            "{}: unrecognised manifest schema (expected 'model_file' and 'prompts', or \
+             'models' and 'cases')",
             a.manifest.display()
         )
     }

@@ -332,3 +332,13 @@ fn bench_json_reports_speeds() {
     }
     assert_eq!(v["backend"], "cpu");
 }
+
+#[test]
+fn validate_golden_families_passes() {
+    let m = shared().join("golden/manifest.json");
+    let out = ok(&["validate", m.to_str().unwrap(), "-t", "2"]);
+    assert!(out.contains("all 60 cases pass"), "{out}");
+    for model in ["llama-spm-d256-q4_k", "phi3-d32-q4_0", "gpt2-d32-q8_0"] {
+        assert!(out.contains(model), "{model} missing from:\n{out}");
+    }
+}

@@ -41,12 +41,13 @@ impl Shape {
             "2b-4t" => s(2560, 30, 20, 5, 6912),
             "small" => s(512, 4, 8, 2, 1536),
             "tiny" => s(256, 2, 4, 1, 768),
+            "gpt2-124m" => s(768, 12, 12, 12, 3072),
             _ => return None,
         })
     }
 
     /// Names accepted by [`Shape::named`].
-    pub const NAMES: &'static [&'static str] = &["2b-4t", "small", "tiny"];
+    pub const NAMES: &'static [&'static str] = &["2b-4t", "small", "tiny", "gpt2-124m"];
 }
 
 /// Where the tokenizer metadata comes from.
@@ -81,15 +82,22 @@ pub struct Spec<'a> {
 
 /// Writes a random-weight model to `out`.
 pub fn write(spec: &Spec, out: &Path) -> Result<()> {
+    if spec.arch == "gpt2" {
+        return write_gpt2(spec, out);
+    }
     if !quant::is_ternary(spec.weight_type) {
         return Err(Error::Request(format!(
             "synth: weight type {} is not ternary (use I2_S, TQ1_0 or TQ2_0)",
             spec.weight_type
         )));
     }
-    if crate::model::Arch::from_name(spec.arch).is_none() {
+    use crate::model::Arch;
+    if !matches!(
+        Arch::from_name(spec.arch),
+        Some(Arch::BitNet | Arch::BitNetB158)
+    ) {
         return Err(Error::Request(format!(
-            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet)",
+            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet, gpt2)",
             spec.arch
         )));
     }
@@ -194,6 +202,134 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
             return Err(file_err(name));
         };
         Ok(ternary_tensor(&mut rng, wt, k, m))
+    })
+}
+
+/// Learned positions of a synthetic GPT-2.
+const GPT2_N_CTX: usize = 1024;
+
+/// A GPT-2 of `spec.shape` (n_head_kv is ignored: GPT-2 has none) with dense random
+/// weights (uniform, standard deviation 1/√fan_in; norms U(0.5, 1.5); biases and position
+/// embeddings of std 0.02) stored as `spec.weight_type` (F32, F16, Q8_0 or Q4_0), with a
+/// separate LM head of the same type.
+fn write_gpt2(spec: &Spec, out: &Path) -> Result<()> {
+    let wt = spec.weight_type;
+    let quantize: fn(&[f32], &mut [u8]) = match wt {
+        GgmlType::F32 => quant::float::quantize_row_f32,
+        GgmlType::F16 => quant::float::quantize_row_f16,
+        GgmlType::Q8_0 => quant::q8_0::quantize_row,
+        GgmlType::Q4_0 => quant::q4_0::quantize_row,
+        other => {
+            return Err(Error::Request(format!(
+                "synth: gpt2 weight type {other} is not supported (f32, f16, q8_0, q4_0)"
+            )))
+        }
+    };
+    let sh = &spec.shape;
+    if !sh.n_embd.is_multiple_of(sh.n_head)
+        || !sh.n_embd.is_multiple_of(32)
+        || !sh.n_ff.is_multiple_of(32)
+    {
+        return Err(Error::Request(format!(
+            "synth: gpt2 widths {} and {} must be multiples of 32 (and of the head count)",
+            sh.n_embd, sh.n_ff
+        )));
+    }
+    let mut w = GgufWriter::new();
+    let a = "gpt2";
+    w.add("general.architecture", Value::Str(a.into()))
+        .add("general.name", Value::Str("ternion-synth-gpt2".into()))
+        .add(
+            &format!("{a}.context_length"),
+            Value::U32(GPT2_N_CTX as u32),
+        )
+        .add(
+            &format!("{a}.embedding_length"),
+            Value::U32(sh.n_embd as u32),
+        )
+        .add(&format!("{a}.block_count"), Value::U32(sh.n_layer as u32))
+        .add(
+            &format!("{a}.feed_forward_length"),
+            Value::U32(sh.n_ff as u32),
+        )
+        .add(
+            &format!("{a}.attention.head_count"),
+            Value::U32(sh.n_head as u32),
+        )
+        .add(
+            &format!("{a}.attention.layer_norm_epsilon"),
+            Value::F32(1e-5),
+        );
+    let n_vocab = add_vocab(&mut w, &spec.vocab)?;
+    let (d, ff) = (sh.n_embd, sh.n_ff);
+    // name → (k, m, stored type); vectors have m = 1 and are F32.
+    let mut shapes = std::collections::HashMap::new();
+    let mut declare = |w: &mut GgufWriter, name: String, k: usize, m: usize, ty| -> Result<()> {
+        if m == 1 {
+            w.declare(&name, ty, &[k as u64])?;
+        } else {
+            w.declare(&name, ty, &[k as u64, m as u64])?;
+        }
+        shapes.insert(name, (k, m, ty));
+        Ok(())
+    };
+    declare(&mut w, "token_embd.weight".into(), d, n_vocab, wt)?;
+    declare(
+        &mut w,
+        "position_embd.weight".into(),
+        d,
+        GPT2_N_CTX,
+        GgmlType::F32,
+    )?;
+    for i in 0..sh.n_layer {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        for (base, k, m) in [
+            ("attn_qkv", d, 3 * d),
+            ("attn_output", d, d),
+            ("ffn_up", d, ff),
+            ("ffn_down", ff, d),
+        ] {
+            declare(&mut w, n(&format!("{base}.weight")), k, m, wt)?;
+            declare(&mut w, n(&format!("{base}.bias")), m, 1, GgmlType::F32)?;
+        }
+        for base in ["attn_norm", "ffn_norm"] {
+            declare(&mut w, n(&format!("{base}.weight")), d, 1, GgmlType::F32)?;
+            declare(&mut w, n(&format!("{base}.bias")), d, 1, GgmlType::F32)?;
+        }
+    }
+    declare(&mut w, "output_norm.weight".into(), d, 1, GgmlType::F32)?;
+    declare(&mut w, "output_norm.bias".into(), d, 1, GgmlType::F32)?;
+    declare(&mut w, "output.weight".into(), d, n_vocab, wt)?;
+
+    let mut rng = StdRng::seed_from_u64(spec.seed);
+    w.write(out, |_, name| {
+        let &(k, m, ty) = shapes
+            .get(name)
+            .ok_or_else(|| Error::Model(format!("synth: no shape for '{name}'")))?;
+        let std = if name.ends_with(".bias") || name == "position_embd.weight" {
+            0.02
+        } else {
+            1.0 / (k as f32).sqrt()
+        };
+        let half_width = std * 3f32.sqrt();
+        let mut row = vec![0f32; k];
+        let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+        let mut bytes = vec![0u8; row_bytes * m];
+        for dst in bytes.chunks_exact_mut(row_bytes) {
+            for v in row.iter_mut() {
+                *v = if name.ends_with("norm.weight") {
+                    rng.random_range(0.5f32..1.5)
+                } else {
+                    rng.random_range(-half_width..half_width)
+                };
+            }
+            if ty == GgmlType::F32 {
+                quant::float::quantize_row_f32(&row, dst);
+            } else {
+                quantize(&row, dst);
+            }
+        }
+        Ok(bytes)
     })
 }
 

@@ -478,7 +478,7 @@ fn all_cases() -> Vec<Case> {
         Model,
         "unknown architecture",
         edited(|r| {
-            r.set("general.architecture", strv("llama"));
+            r.set("general.architecture", strv("mamba"));
         }),
     );
     case(
@@ -769,7 +769,7 @@ fn all_cases() -> Vec<Case> {
         Model,
         "attn_q",
         edited(|r| {
-            r.ti(blk_q).ty = GgmlType::Q4_0.id();
+            r.ti(blk_q).ty = GgmlType::Q5_1.id();
         }),
     );
     case(

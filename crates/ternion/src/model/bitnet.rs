@@ -14,7 +14,9 @@
 //! embedding, even when the file also has `output.weight` (as in the reference graph).
 
 use super::config::{Arch, Config};
-use super::graph::{ActId, AttnGeometry, Builder, GluAct, Graph, Op, WeightId, WeightKind};
+use super::graph::{
+    ActId, AttnGeometry, Builder, GluAct, Graph, Op, RopeMode, WeightId, WeightKind,
+};
 use crate::gguf::GgufFile;
 
 /// The BitNet forward pass for `cfg`. `file` tells which optional tensors exist (1bitLLM's
@@ -45,7 +47,7 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
     let hf = b.act("h_ffn", ff);
     let glu = match cfg.arch {
         Arch::BitNetB158 => GluAct::Relu2,
-        Arch::BitNet => GluAct::Silu,
+        _ => GluAct::Silu,
     };
     b.op(Op::Embed {
         table: embd,
@@ -126,6 +128,8 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
             head_dim: cfg.head_dim,
             n_rot: cfg.n_rot,
             rope_base: cfg.rope_base,
+            rope_mode: RopeMode::Neox,
+            rope_freqs: None,
         },
         cfg.rms_eps,
         cfg.n_layer,

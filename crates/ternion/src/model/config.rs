@@ -10,6 +10,13 @@ pub enum Arch {
     BitNetB158,
     /// 1bitLLM's BitNet (`bitnet`): SiLU-gated FFN, optional per-projection scales.
     BitNet,
+    /// LLaMA family (`llama`, including Llama-3 style GQA and `rope_freqs`): RMSNorm,
+    /// NORM RoPE, SwiGLU.
+    Llama,
+    /// Phi-3 (`phi3`): fused QKV and gate|up projections, NEOX RoPE.
+    Phi3,
+    /// GPT-2 (`gpt2`): LayerNorm with bias, learned positions, fused QKV, GELU FFN.
+    Gpt2,
 }
 
 impl Arch {
@@ -18,6 +25,9 @@ impl Arch {
         match name {
             "bitnet-b1.58" | "bitnet-25" => Some(Arch::BitNetB158),
             "bitnet" => Some(Arch::BitNet),
+            "llama" => Some(Arch::Llama),
+            "phi3" => Some(Arch::Phi3),
+            "gpt2" => Some(Arch::Gpt2),
             _ => None,
         }
     }
@@ -52,6 +62,16 @@ pub struct Config {
     pub n_rot: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
+    /// LayerNorm epsilon (`attention.layer_norm_epsilon`; GPT-2).
+    pub ln_eps: f32,
+    /// Whether the file has a separate LM head (`output.weight`); otherwise it is tied to
+    /// `token_embd`.
+    pub has_output: bool,
+    /// Whether the file has RoPE frequency factors (`rope_freqs.weight`, Llama-3.1 style).
+    pub has_rope_freqs: bool,
+    /// Phi-3's `attention.sliding_window`, when given (accepted; contexts here never exceed
+    /// it, and attention is causal over the whole cache).
+    pub sliding_window: Option<usize>,
 }
 
 /// Largest value accepted for any single dimension: guards against absurd metadata
@@ -67,7 +87,7 @@ impl Config {
             .to_string();
         let arch = Arch::from_name(&arch_name).ok_or_else(|| {
             Error::Model(format!(
-                "unknown architecture '{arch_name}' (this build runs: bitnet-b1.58, bitnet-25, bitnet)"
+                "unknown architecture '{arch_name}' (this build runs: bitnet-b1.58, bitnet-25, bitnet, llama, phi3, gpt2)"
             ))
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -99,6 +119,21 @@ impl Config {
         let rms_eps = file
             .get_f32(&key("attention.layer_norm_rms_epsilon"))?
             .unwrap_or(1e-5);
+        let ln_eps = file
+            .get_f32(&key("attention.layer_norm_epsilon"))?
+            .unwrap_or(1e-5);
+        let sliding_window = match file.get_u32(&key("attention.sliding_window"))? {
+            Some(v) => Some(v as usize),
+            None if arch == Arch::Phi3 => {
+                return Err(Error::Model(format!(
+                    "metadata '{}' is missing (required for phi3, as in llama.cpp)",
+                    key("attention.sliding_window")
+                )))
+            }
+            None => None,
+        };
+        let has_output = file.tensor("output.weight").is_some();
+        let has_rope_freqs = file.tensor("rope_freqs.weight").is_some();
         let embd = file
             .tensor("token_embd.weight")
             .ok_or_else(|| Error::Model("tensor 'token_embd.weight' is missing".into()))?;
@@ -124,6 +159,10 @@ impl Config {
             rope_base,
             n_rot,
             rms_eps,
+            ln_eps,
+            has_output,
+            has_rope_freqs,
+            sliding_window,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -164,6 +203,12 @@ impl Config {
             return bad(format!(
                 "rope.freq_base {} must be positive",
                 self.rope_base
+            ));
+        }
+        if !(self.ln_eps.is_finite() && self.ln_eps > 0.0) {
+            return bad(format!(
+                "attention.layer_norm_epsilon {} must be positive",
+                self.ln_eps
             ));
         }
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {

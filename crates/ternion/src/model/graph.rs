@@ -66,6 +66,25 @@ pub enum GluAct {
     Silu,
 }
 
+/// Element-wise activations of [`Op::Act`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryAct {
+    /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (GPT-2).
+    /// The CPU follows ggml's kernel, which reads an F16 table indexed by the F16-rounded
+    /// input (0 below −10, identity above 10); another backend may compute it in f32
+    /// (differences ≲ 1e-3 per element).
+    GeluTanh,
+}
+
+/// How [`Op::Rope`] pairs the rotated dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// GPT-NeoX / ggml `NEOX`: dimension i pairs with i + n_rot/2 (BitNet, Phi-3).
+    Neox,
+    /// ggml `NORM` (original LLaMA layout): dimension 2i pairs with 2i + 1 (llama).
+    Norm,
+}
+
 /// One op of the forward pass.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -96,7 +115,9 @@ pub enum Op {
         /// Accumulate into `out` instead of overwriting it.
         add: bool,
     },
-    /// NEOX rotary embedding of `q` and `k` in place, at the step's positions.
+    /// Rotary embedding of `q` and `k` in place, at the step's positions; the pairing is
+    /// [`AttnGeometry::rope_mode`], the frequencies `pos·base^(−2i/n_rot)`, each divided by
+    /// factor i of [`AttnGeometry::rope_freqs`] when present (Llama-3 `rope_freqs`).
     Rope {
         /// Query rows (n_head heads).
         q: ActId,
@@ -130,6 +151,54 @@ pub enum Op {
         /// Up projection.
         up: ActId,
     },
+    /// `out = (x − mean(x)) / √(var(x) + eps) · w + b` per row (LayerNorm with bias; the
+    /// variance is the biased one, as in ggml `norm`).
+    LayerNorm {
+        /// Input.
+        x: ActId,
+        /// Scale (vector).
+        w: WeightId,
+        /// Bias (vector).
+        b: WeightId,
+        /// Epsilon (`{arch}.attention.layer_norm_epsilon`).
+        eps: f32,
+        /// Destination (may not be `x`).
+        out: ActId,
+    },
+    /// `x[t] += b` for every row `t` (the bias of a linear layer; `b` has `x`'s width).
+    AddBias {
+        /// Rows updated in place.
+        x: ActId,
+        /// Bias (vector).
+        b: WeightId,
+    },
+    /// `x = act(x)` element-wise, in place.
+    Act {
+        /// The activation.
+        act: UnaryAct,
+        /// Rows updated in place.
+        x: ActId,
+    },
+    /// `x[t] += table[pos0 + t]`: learned absolute position embeddings (GPT-2), at the
+    /// step's positions. `table` is a [`WeightKind::Matrix`] with k = width and m = the
+    /// number of positions; a position past m is an error.
+    AddPosEmbed {
+        /// Position table.
+        table: WeightId,
+        /// Rows updated in place.
+        x: ActId,
+    },
+    /// `out[t] = x[t][start .. start + width(out)]`: a column slice of each row. Splits the
+    /// output of a fused projection (Q | K | V, gate | up) into its parts; the fused matrix
+    /// stays one [`Op::Linear`] so its weight is read once.
+    Slice {
+        /// Input.
+        x: ActId,
+        /// First column taken.
+        start: usize,
+        /// Destination (its width is the slice's width).
+        out: ActId,
+    },
     /// `out` = the rows of `x` whose logits were asked for.
     SelectRows {
         /// Input (one row per token).
@@ -152,6 +221,10 @@ pub struct AttnGeometry {
     pub n_rot: usize,
     /// RoPE base.
     pub rope_base: f32,
+    /// Pairing of rotated dimensions.
+    pub rope_mode: RopeMode,
+    /// Optional per-pair frequency divisors (a vector of n_rot/2 values: `rope_freqs.weight`).
+    pub rope_freqs: Option<WeightId>,
 }
 
 /// The forward pass of one architecture.

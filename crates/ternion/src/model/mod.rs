@@ -3,7 +3,10 @@
 
 pub mod bitnet;
 pub mod config;
+pub mod gpt2;
 pub mod graph;
+pub mod llama;
+pub mod phi3;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -65,7 +68,12 @@ impl Model {
                 file.tensors.len()
             )));
         }
-        let graph = bitnet::graph(&cfg, &file);
+        let graph = match cfg.arch {
+            Arch::BitNetB158 | Arch::BitNet => bitnet::graph(&cfg, &file),
+            Arch::Llama => llama::graph(&cfg),
+            Arch::Phi3 => phi3::graph(&cfg, &file),
+            Arch::Gpt2 => gpt2::graph(&cfg),
+        };
         let cpu = CpuModel::prepare(&graph, &file, opts)?;
         Ok(Model {
             cfg,

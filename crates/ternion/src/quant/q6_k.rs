@@ -1,4 +1,4 @@
-//! Q6_K: ggml's 6-bit k-quant (dequantization only). 256-element super-blocks of 210
+//! Q6_K: ggml's 6-bit k-quant (dequantization, and the dot product against Q8_K). 256-element super-blocks of 210
 //! bytes: `ql[128]` (low 4 bits), `qh[64]` (high 2 bits), `scales[16]` (i8), F16 `d`.
 //! Each 128-element half h uses ql[64h..64h+64], qh[32h..32h+32] and scales[8h..8h+8];
 //! within it, for l < 32, elements l, l+32, l+64, l+96 take the low nibbles of ql[l] and
@@ -55,10 +55,98 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// The 256 signed values q − 32 of one super-block, in element order.
+fn values(block: &[u8]) -> [i8; BLOCK_ELEMS] {
+    let mut v = [0i8; BLOCK_ELEMS];
+    for (h, half) in v.chunks_exact_mut(128).enumerate() {
+        let ql = &block[64 * h..64 * h + 64];
+        let qh = &block[128 + 32 * h..128 + 32 * h + 32];
+        for l in 0..32 {
+            half[l] = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i8 - 32;
+            half[l + 32] = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+            half[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+            half[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+        }
+    }
+    v
+}
+
+/// Dot product against Q8_K activations (`q` int8, `d` one f32 scale per 256), as ggml's
+/// `vec_dot_q6_K_q8_K`: per super-block the integer Σ_g scale_g·Σ (q6 − 32)·q over the
+/// sixteen 16-element groups, times `d·d_act`, summed over super-blocks.
+///
+/// # Panics
+/// If `q.len()` is not a multiple of 256, `row` is not `q.len()/256` super-blocks or
+/// `d.len() != q.len()/256`.
+pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    assert_eq!(q.len() % BLOCK_ELEMS, 0, "Q6_K: length not whole blocks");
+    assert_eq!(
+        row.len(),
+        q.len() / BLOCK_ELEMS * BLOCK_BYTES,
+        "Q6_K: row bytes"
+    );
+    assert_eq!(
+        d.len(),
+        q.len() / BLOCK_ELEMS,
+        "Q6_K: activation scale count"
+    );
+    let mut sum = 0f32;
+    for ((block, qb), &da) in row
+        .chunks_exact(BLOCK_BYTES)
+        .zip(q.chunks_exact(BLOCK_ELEMS))
+        .zip(d)
+    {
+        let v = values(block);
+        let isum: i32 = v
+            .chunks_exact(16)
+            .zip(qb.chunks_exact(16))
+            .zip(&block[192..208])
+            .map(|((w, a), &s)| {
+                let g: i32 = w
+                    .iter()
+                    .zip(a)
+                    .map(|(&w, &a)| i32::from(w) * i32::from(a))
+                    .sum();
+                i32::from(s as i8) * g
+            })
+            .sum();
+        sum += f16_at(block, 208) * da * isum as f32;
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::float::f16_bytes;
+
+    #[test]
+    fn dot_matches_dequantized_product() {
+        use crate::quant::act::quantize_q8k;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+        let n = 512;
+        let mut row: Vec<u8> = (0..n / BLOCK_ELEMS * BLOCK_BYTES)
+            .map(|_| rng.random())
+            .collect();
+        for b in row.chunks_exact_mut(BLOCK_BYTES) {
+            b[208..].copy_from_slice(&f16_bytes(0.01));
+        }
+        let x: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let mut q = vec![0i8; n];
+        let mut d = vec![0f32; n / 256];
+        quantize_q8k(&x, &mut q, &mut d);
+        let mut w = vec![0f32; n];
+        dequantize_row(&row, &mut w);
+        let want: f64 = (0..n)
+            .map(|i| f64::from(w[i]) * f64::from(q[i]) * f64::from(d[i / 256]))
+            .sum();
+        let got = f64::from(dot_q8k(&row, &q, &d));
+        assert!(
+            (got - want).abs() < 1e-3 * (1.0 + want.abs()),
+            "{got} vs {want}"
+        );
+    }
 
     #[test]
     fn known_block() {

@@ -3,11 +3,12 @@
 use std::sync::Arc;
 
 use super::{
-    attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape, Linear, QuantInput,
+    add_rows, attention, gelu_ggml, layer_norm, pool, rms_norm, rope, scratch_per_thread,
+    AttnShape, Linear, QuantInput,
 };
 use crate::gguf::GgufFile;
 use crate::kv::KvCache;
-use crate::model::graph::{ActId, GluAct, Graph, Op, WeightKind};
+use crate::model::graph::{ActId, GluAct, Graph, Op, UnaryAct, WeightKind};
 use crate::model::{LmHead, LoadOptions, Logits};
 use crate::quant;
 use crate::{Error, Result};
@@ -225,11 +226,73 @@ impl CpuModel {
                     st.acts.bufs[x.0] = xs;
                 }
                 Op::Rope { q, k } => {
+                    let freqs = match g.rope_freqs {
+                        Some(f) => Some(self.vector(f.0)?),
+                        None => None,
+                    };
                     for a in [q, k] {
                         let w = graph.acts[a.0].width;
                         let buf = st.acts.modify(a, n * w);
-                        rope_neox(buf, n, pos0, g.head_dim, g.n_rot, g.rope_base);
+                        rope(
+                            buf,
+                            n,
+                            pos0,
+                            g.head_dim,
+                            g.n_rot,
+                            g.rope_base,
+                            g.rope_mode,
+                            freqs,
+                        );
                     }
+                }
+                Op::LayerNorm { x, w, b, eps, out } => {
+                    let (wv, bv) = (self.vector(w.0)?, self.vector(b.0)?);
+                    let rows = st.acts.rows[x.0];
+                    let xs = std::mem::take(&mut st.acts.bufs[x.0]);
+                    let o = st.acts.write(out, rows, wv.len());
+                    layer_norm(&xs[..rows * wv.len()], wv, bv, eps, o);
+                    st.acts.bufs[x.0] = xs;
+                }
+                Op::AddBias { x, b } => {
+                    let bv = self.vector(b.0)?;
+                    let rows = st.acts.rows[x.0];
+                    add_rows(st.acts.modify(x, rows * bv.len()), bv);
+                }
+                Op::Act { act, x } => {
+                    let len = st.acts.rows[x.0] * graph.acts[x.0].width;
+                    let xs = st.acts.modify(x, len);
+                    match act {
+                        UnaryAct::GeluTanh => xs.iter_mut().for_each(|v| *v = gelu_ggml(*v)),
+                    }
+                }
+                Op::AddPosEmbed { table, x } => {
+                    let t = self.matrix(table.0)?;
+                    let d = t.in_features();
+                    if pos0 + n > t.out_features() {
+                        return Err(Error::Request(format!(
+                            "position {} is past the model's {} learned positions",
+                            pos0 + n - 1,
+                            t.out_features()
+                        )));
+                    }
+                    let mut tmp = std::mem::take(&mut st.tmp);
+                    tmp.resize(d, 0.0);
+                    let xs = st.acts.modify(x, n * d);
+                    for (r, row) in xs.chunks_exact_mut(d).enumerate() {
+                        t.dequantize_row(pos0 + r, &mut tmp)?;
+                        add_rows(row, &tmp);
+                    }
+                    st.tmp = tmp;
+                }
+                Op::Slice { x, start, out } => {
+                    let (wx, wo) = (graph.acts[x.0].width, graph.acts[out.0].width);
+                    let rows = st.acts.rows[x.0];
+                    let xs = std::mem::take(&mut st.acts.bufs[x.0]);
+                    let o = st.acts.write(out, rows, wo);
+                    for (or, xr) in o.chunks_exact_mut(wo).zip(xs.chunks_exact(wx)) {
+                        or.copy_from_slice(&xr[start..start + wo]);
+                    }
+                    st.acts.bufs[x.0] = xs;
                 }
                 Op::KvStore { layer, k, v } => {
                     let kv_dim = g.n_head_kv * g.head_dim;

@@ -2,9 +2,11 @@
 //!
 //! Each weight format multiplies against the activation format its reference engine uses:
 //! - I2_S: int8 per token (BITNET.md §4): `y = (Σ t·q) / s · w_scale`, exact integer dot;
-//! - TQ1_0 / TQ2_0: ggml's Q8_K (int8 per 256-block with an f32 scale);
+//! - TQ1_0 / TQ2_0 / Q4_K / Q6_K: ggml's Q8_K (int8 per 256-block with an f32 scale);
+//! - Q4_0 / Q8_0: ggml's Q8_0 (int8 per 32-block with an F16 scale);
 //! - F16 / F32: float activations (rounded to F16 first when the caller asks, as ggml does
-//!   for single-token F16 products).
+//!   for single-token F16 products);
+//! - BF16: activations rounded to BF16 (ggml's `vec_dot_type` for BF16), f32 accumulation.
 //!
 //! Rows of the output are computed in parallel blocks; every output element depends only on
 //! its weight row and token row, so results are identical for any thread count.
@@ -57,6 +59,10 @@ impl Linear {
             | GgmlType::TQ1_0
             | GgmlType::TQ2_0
             | GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K
+            | GgmlType::BF16
             | GgmlType::F16
             | GgmlType::F32 => {}
             ty => {
@@ -234,6 +240,47 @@ impl Linear {
                     y * self.post_scale
                 });
             }
+            GgmlType::Q4_K | GgmlType::Q6_K => {
+                qi.ensure_q8k(x, k);
+                let (q, d) = (&qi.q8k, &qi.q8k_d);
+                let nb = k / act::Q8K_BLOCK;
+                let q4k = self.ty == GgmlType::Q4_K;
+                par_rows_each(out, m, |j, t| {
+                    let (qt, dt) = (&q[t * k..(t + 1) * k], &d[t * nb..(t + 1) * nb]);
+                    let w = self.row(data, j);
+                    let y = if q4k {
+                        simd::q4_k_dot_q8k(level, w, qt, dt)
+                    } else {
+                        simd::q6_k_dot_q8k(level, w, qt, dt)
+                    };
+                    y * self.post_scale
+                });
+            }
+            GgmlType::Q4_0 => {
+                qi.ensure_q8_0(x, k);
+                let (q, d) = (&qi.q80, &qi.q80_d);
+                let nb = k / act::Q8_0_BLOCK;
+                par_rows_each(out, m, |j, t| {
+                    simd::q4_0_dot(
+                        level,
+                        self.row(data, j),
+                        &q[t * k..(t + 1) * k],
+                        &d[t * nb..(t + 1) * nb],
+                    ) * self.post_scale
+                });
+            }
+            GgmlType::BF16 => {
+                qi.ensure_bf16(x);
+                let xs = &qi.xbf;
+                par_rows_each(out, m, |j, t| {
+                    let w = self.row(data, j);
+                    w.chunks_exact(2)
+                        .zip(&xs[t * k..(t + 1) * k])
+                        .map(|(b, &v)| half::bf16::from_le_bytes([b[0], b[1]]).to_f32() * v)
+                        .sum::<f32>()
+                        * self.post_scale
+                });
+            }
             GgmlType::Q8_0 => {
                 qi.ensure_q8_0(x, k);
                 let (q, d) = (&qi.q80, &qi.q80_d);
@@ -309,7 +356,7 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
 /// allocate once warm.
 #[derive(Default)]
 pub struct QuantInput {
-    fresh: [bool; 4],
+    fresh: [bool; 5],
     q: Vec<i8>,
     token_scale: Vec<f32>,
     token_sum: Vec<i32>,
@@ -317,6 +364,7 @@ pub struct QuantInput {
     q8k_d: Vec<f32>,
     q8k_bsum: Vec<i32>,
     x16: Vec<f32>,
+    xbf: Vec<f32>,
     q80: Vec<i8>,
     q80_d: Vec<f32>,
     /// Round float activations to F16 before F16 products (single-token decode).
@@ -326,7 +374,7 @@ pub struct QuantInput {
 impl QuantInput {
     /// Forgets the cached forms: call whenever the input changes.
     pub fn reset(&mut self) {
-        self.fresh = [false; 4];
+        self.fresh = [false; 5];
     }
 
     fn ensure_per_token(&mut self, x: &[f32], k: usize) {
@@ -378,6 +426,15 @@ impl QuantInput {
         self.q80.resize(x.len(), 0);
         self.q80_d.resize(x.len() / k * nb, 0.0);
         act::quantize_q8_0(x, &mut self.q80, &mut self.q80_d);
+    }
+
+    fn ensure_bf16(&mut self, x: &[f32]) {
+        if std::mem::replace(&mut self.fresh[4], true) {
+            return;
+        }
+        self.xbf.clear();
+        self.xbf
+            .extend(x.iter().map(|&v| half::bf16::from_f32(v).to_f32()));
     }
 
     fn ensure_f16(&mut self, x: &[f32]) {

@@ -8,9 +8,11 @@ mod norm;
 pub mod pool;
 mod rope;
 pub mod simd;
+mod unary;
 
 pub use attention::{attention, scratch_per_thread, AttnShape};
 pub use exec::{CpuModel, CpuState};
 pub use linear::{Linear, QuantInput};
-pub use norm::rms_norm;
-pub use rope::{rope_neox, MAX_ROT};
+pub use norm::{layer_norm, rms_norm};
+pub use rope::{rope, rope_neox, MAX_ROT};
+pub use unary::{add_rows, gelu_ggml, gelu_tanh_f32};

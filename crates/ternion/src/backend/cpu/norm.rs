@@ -1,5 +1,6 @@
 //! RMSNorm, in ggml's order of operations: Σx² accumulated in f64, `1/sqrt(mean + eps)`
-//! in f32, then `(x · scale) · w`.
+//! in f32, then `(x · scale) · w`; and LayerNorm, as ggml's `norm` then `mul` and `add`:
+//! the mean in f64, `y = x − mean`, Σy² in f64, `y · 1/sqrt(var + eps)`, then `· w + b`.
 
 /// Normalises each row of `x` (`rows × w.len()`) into `out`, multiplied by the weight `w`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -14,9 +15,50 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// LayerNorm of each row of `x` (`rows × w.len()`) into `out`: `(x − μ)/√(σ² + eps)·w + b`
+/// with the biased variance.
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum: f64 = xr.iter().map(|&v| f64::from(v)).sum();
+        let mean = (sum / n as f64) as f32;
+        let mut sum2 = 0f64;
+        for (o, &v) in or.iter_mut().zip(xr) {
+            *o = v - mean;
+            sum2 += f64::from(*o * *o);
+        }
+        let var = (sum2 / n as f64) as f32;
+        let scale = 1.0 / (var + eps).sqrt();
+        for ((o, &g), &bias) in or.iter_mut().zip(w).zip(b) {
+            *o = (*o * scale) * g + bias;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layer_norm_matches_f64_reference() {
+        let (rows, n) = (3, 10);
+        let x: Vec<f32> = (0..rows * n)
+            .map(|i| (i as f32 * 0.37).sin() * 3.0 + 1.5)
+            .collect();
+        let w: Vec<f32> = (0..n).map(|i| 1.0 + 0.1 * i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 0.05 * i as f32 - 0.2).collect();
+        let mut out = vec![0.0; rows * n];
+        layer_norm(&x, &w, &b, 1e-5, &mut out);
+        for r in 0..rows {
+            let xr: Vec<f64> = x[r * n..][..n].iter().map(|&v| f64::from(v)).collect();
+            let mean = xr.iter().sum::<f64>() / n as f64;
+            let var = xr.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+            for i in 0..n {
+                let want = (xr[i] - mean) / (var + 1e-5).sqrt() * f64::from(w[i]) + f64::from(b[i]);
+                assert!((f64::from(out[r * n + i]) - want).abs() < 1e-5, "r{r} i{i}");
+            }
+        }
+    }
 
     #[test]
     fn unit_rms_after_norm() {

@@ -145,8 +145,7 @@ impl Pool {
         for t in workers {
             t.unpark();
         }
-        let mine =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, f, 0)));
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, f, 0)));
         let mut spins = 0u32;
         while s.active.load(Ordering::Acquire) != 0 {
             if spins < SPINS_BEFORE_PARK {
@@ -230,11 +229,7 @@ fn worker(s: &Shared, thread: usize) {
         // closure alive until `active` reaches zero.
         let job = unsafe { *s.job.get() };
         let f = unsafe { &*job.f };
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            claim(s, f, thread)
-        }))
-        .is_err()
-        {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, f, thread))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
         s.active.fetch_sub(1, Ordering::Release);

@@ -213,6 +213,12 @@ impl GpuModel {
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
         let c = cfg;
+        if !matches!(c.arch, Arch::BitNetB158 | Arch::BitNet) {
+            return Err(Error::Gpu(format!(
+                "the GPU backend runs BitNet models only in this build ('{}' runs on --backend cpu)",
+                c.arch_name
+            )));
+        }
         let (d, kvd, ff, hq) = (c.n_embd, c.kv_dim(), c.n_ff, c.n_head * c.head_dim);
         if hq != d {
             return Err(Error::Gpu(format!(
@@ -277,8 +283,8 @@ impl GpuModel {
             TernaryMatvec::new(g, v, TPR, w, a, out, e, Some(&step))
         };
         let act = match c.arch {
-            Arch::BitNetB158 => GluAct::ReluSqr,
             Arch::BitNet => GluAct::Silu,
+            _ => GluAct::ReluSqr,
         };
         let mut layers = Vec::with_capacity(c.n_layer);
         let mut keep = Vec::new();

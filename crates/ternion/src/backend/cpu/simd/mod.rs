@@ -116,6 +116,42 @@ pub fn q8_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     }
 }
 
+/// Q4_0 row · Q8_0 activations (`d`: per-block scales); equal to
+/// [`quant::q4_0::dot_q8_0`] up to float summation order.
+#[inline]
+pub fn q4_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::q4_0_dot(row, q, d) },
+        _ => quant::q4_0::dot_q8_0(row, q, d),
+    }
+}
+
+/// Q4_K row · Q8_K activations; equal to [`quant::q4_k::dot_q8k`] up to float summation
+/// order.
+#[inline]
+pub fn q4_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::q4_k_dot_q8k(row, q, d) },
+        _ => quant::q4_k::dot_q8k(row, q, d),
+    }
+}
+
+/// Q6_K row · Q8_K activations; equal to [`quant::q6_k::dot_q8k`] up to float summation
+/// order.
+#[inline]
+pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
+        _ => quant::q6_k::dot_q8k(row, q, d),
+    }
+}
+
 /// Σ w_i·x_i for a little-endian F16 row `w` (as bytes) and f32 `x`.
 #[inline]
 pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {

@@ -152,3 +152,54 @@ fn q8_0_dot_matches_reference() {
 fn f16_dot_rejects_a_short_row() {
     f16_dot(Level::detect(), &[0u8; 2], &[1.0f32; 64]);
 }
+
+#[test]
+fn q4_0_dot_matches_reference() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(13);
+    for k in [32, 96, 2560] {
+        let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut row = vec![0u8; k / 32 * 18];
+        quant::q4_0::quantize_row(&w, &mut row);
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let mut q = vec![0i8; k];
+        let mut d = vec![0f32; k / 32];
+        quant::act::quantize_q8_0(&x, &mut q, &mut d);
+        let want = quant::q4_0::dot_q8_0(&row, &q, &d);
+        let got = q4_0_dot(level, &row, &q, &d);
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "k={k}: {got} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn k_quant_dots_are_bit_identical_to_reference() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(14);
+    for k in [256, 768, 2560] {
+        let nb = k / 256;
+        let mut r4: Vec<u8> = (0..nb * 144).map(|_| rng.random()).collect();
+        let mut r6: Vec<u8> = (0..nb * 210).map(|_| rng.random()).collect();
+        for b in 0..nb {
+            r4[b * 144..b * 144 + 2].copy_from_slice(&f16::from_f32(0.031).to_le_bytes());
+            r4[b * 144 + 2..b * 144 + 4].copy_from_slice(&f16::from_f32(0.017).to_le_bytes());
+            r6[b * 210 + 208..b * 210 + 210].copy_from_slice(&f16::from_f32(0.009).to_le_bytes());
+        }
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let mut q = vec![0i8; k];
+        let mut d = vec![0f32; nb];
+        quant::act::quantize_q8k(&x, &mut q, &mut d);
+        assert_eq!(
+            q4_k_dot_q8k(level, &r4, &q, &d).to_bits(),
+            quant::q4_k::dot_q8k(&r4, &q, &d).to_bits(),
+            "q4_k k={k}"
+        );
+        assert_eq!(
+            q6_k_dot_q8k(level, &r6, &q, &d).to_bits(),
+            quant::q6_k::dot_q8k(&r6, &q, &d).to_bits(),
+            "q6_k k={k}"
+        );
+    }
+}

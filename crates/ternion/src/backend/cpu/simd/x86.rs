@@ -187,3 +187,138 @@ pub unsafe fn q8_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     }
     hsum_f32(acc)
 }
+
+/// Q4_0 row (18-byte blocks: F16 scale, 16 bytes of nibbles) against Q8_0 activations:
+/// nibbles − 8 widened to 32 signed bytes, then as [`q8_0_dot`]. Activations must avoid
+/// −128 (ggml's Q8_0 quantizer never produces it).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    const BLOCK_BYTES: usize = 18;
+    let nb = d.len();
+    assert!(
+        row.len() == nb * BLOCK_BYTES && q.len() == nb * 32,
+        "q4_0_dot: lengths"
+    );
+    let ones = _mm256_set1_epi16(1);
+    let mask = _mm256_set1_epi8(0x0F);
+    let eight = _mm256_set1_epi8(8);
+    let mut acc = _mm256_setzero_ps();
+    for (b, &da) in d.iter().enumerate() {
+        let blk = row.as_ptr().add(BLOCK_BYTES * b);
+        let qs = _mm_loadu_si128(blk.add(2).cast());
+        let both = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
+        let w = _mm256_sub_epi8(_mm256_and_si256(both, mask), eight);
+        let x = _mm256_loadu_si256(q.as_ptr().add(32 * b).cast());
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        let sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        let dw = half::f16::from_bits(u16::from_le_bytes([*blk, *blk.add(1)])).to_f32();
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), sumi, acc);
+    }
+    hsum_f32(acc)
+}
+
+/// Q4_K row against Q8_K activations: the same integer sums as the scalar reference
+/// (nibble·q through `maddubs`, times the 6-bit scales through `madd`; Σq times the mins),
+/// then the same float combination, so the result is bit-identical to it.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    const BLOCK_BYTES: usize = 144;
+    let nb = d.len();
+    assert!(
+        row.len() == nb * BLOCK_BYTES && q.len() == nb * 256,
+        "q4_k_dot_q8k: lengths"
+    );
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones8 = _mm256_set1_epi8(1);
+    let mut sum = 0f32;
+    for (b, &da) in d.iter().enumerate() {
+        let blk = &row[b * BLOCK_BYTES..][..BLOCK_BYTES];
+        let scales = &blk[4..16];
+        let qa = q.as_ptr().add(256 * b);
+        let mut acc = _mm256_setzero_si256();
+        let mut accm = _mm256_setzero_si256();
+        for c in 0..4 {
+            let bytes = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * c).cast());
+            let lo = _mm256_and_si256(bytes, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+            let xl = _mm256_loadu_si256(qa.add(64 * c).cast());
+            let xh = _mm256_loadu_si256(qa.add(64 * c + 32).cast());
+            let (s0, m0) = crate::quant::q4_k::scale_min(scales, 2 * c);
+            let (s1, m1) = crate::quant::q4_k::scale_min(scales, 2 * c + 1);
+            let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_set1_epi16(s0.into()));
+            let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), _mm256_set1_epi16(s1.into()));
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
+            let ml = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(ones8, xl),
+                _mm256_set1_epi16(m0.into()),
+            );
+            let mh = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(ones8, xh),
+                _mm256_set1_epi16(m1.into()),
+            );
+            accm = _mm256_add_epi32(accm, _mm256_add_epi32(ml, mh));
+        }
+        let (ss, sm) = (hsum_i32(acc), hsum_i32(accm));
+        let f16_at =
+            |i: usize| half::f16::from_bits(u16::from_le_bytes([blk[i], blk[i + 1]])).to_f32();
+        sum += da * f16_at(0) * ss as f32 - da * f16_at(2) * sm as f32;
+    }
+    sum
+}
+
+/// Q6_K row against Q8_K activations: the 6-bit codes unpacked 32 at a time, (q − 32)·x as
+/// `maddubs(q, x) − maddubs(32, x)`, times the per-16 scales through `madd`; the integer
+/// sum and the float combination equal the scalar reference's (bit-identical).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    const BLOCK_BYTES: usize = 210;
+    let nb = d.len();
+    assert!(
+        row.len() == nb * BLOCK_BYTES && q.len() == nb * 256,
+        "q6_k_dot_q8k: lengths"
+    );
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    let c32 = _mm256_set1_epi8(32);
+    let mut sum = 0f32;
+    for (b, &da) in d.iter().enumerate() {
+        let blk = &row[b * BLOCK_BYTES..][..BLOCK_BYTES];
+        let p = blk.as_ptr();
+        let qa = q.as_ptr().add(256 * b);
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(p.add(64 * h).cast());
+            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32).cast());
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h).cast());
+            let high = |s: i32| {
+                let v = match s {
+                    0 => qh,
+                    2 => _mm256_srli_epi16(qh, 2),
+                    4 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                _mm256_slli_epi16(_mm256_and_si256(v, m2), 4)
+            };
+            let v = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+            ];
+            for (k, &vk) in v.iter().enumerate() {
+                let x = _mm256_loadu_si256(qa.add(128 * h + 32 * k).cast());
+                let prod =
+                    _mm256_sub_epi16(_mm256_maddubs_epi16(vk, x), _mm256_maddubs_epi16(c32, x));
+                let sc = 192 + 8 * h + 2 * k;
+                let scales = _mm256_set_m128i(
+                    _mm_set1_epi16((blk[sc + 1] as i8).into()),
+                    _mm_set1_epi16((blk[sc] as i8).into()),
+                );
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, scales));
+            }
+        }
+        let dw = half::f16::from_bits(u16::from_le_bytes([blk[208], blk[209]])).to_f32();
+        sum += dw * da * hsum_i32(acc) as f32;
+    }
+    sum
+}

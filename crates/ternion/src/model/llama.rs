@@ -1,0 +1,143 @@
+//! LLaMA family (`llama`, incl. Llama-3 style GQA and `rope_freqs`).
+//!
+//! One block, as llama.cpp's `llm_build_llama` computes it:
+//! ```text
+//! h = rmsnorm(x)·attn_norm
+//! q, k, v = Wq h, Wk h, Wv h; q, k = rope_norm(q, k)        (pairs (2i, 2i+1))
+//! x = x + Wo · softmax(q·kᵀ/√d + mask)·v                     (GQA: q head h uses kv head h/group)
+//! h = rmsnorm(x)·ffn_norm
+//! x = x + Wdown · (silu(Wgate h) ⊙ Wup h)
+//! ```
+//! and `logits = output · (rmsnorm(x)·output_norm)`, with `output` = `token_embd` when the
+//! file has no `output.weight` (tied embeddings).
+
+use super::config::Config;
+use super::graph::{AttnGeometry, Builder, GluAct, Graph, Op, RopeMode, WeightId};
+
+/// The final norm and LM head shared by the RMSNorm families: appends them and returns the
+/// logits activation.
+pub(crate) fn rms_head(
+    b: &mut Builder,
+    cfg: &Config,
+    x: super::graph::ActId,
+    embd: WeightId,
+) -> super::graph::ActId {
+    let d = cfg.n_embd;
+    let last = b.act("last", d);
+    let last_norm = b.act("last_norm", d);
+    let logits = b.act("logits", cfg.n_vocab);
+    let output_norm = b.vector("output_norm.weight", d);
+    let head = if cfg.has_output {
+        b.matrix("output.weight", d, cfg.n_vocab)
+    } else {
+        embd
+    };
+    b.op(Op::SelectRows { x, out: last });
+    b.op(Op::RmsNorm {
+        x: last,
+        w: output_norm,
+        out: last_norm,
+    });
+    b.op(Op::Linear {
+        w: head,
+        x: last_norm,
+        out: logits,
+        add: false,
+    });
+    logits
+}
+
+/// The attention geometry of `cfg` with the given RoPE pairing.
+pub(crate) fn geometry(
+    cfg: &Config,
+    rope_mode: RopeMode,
+    rope_freqs: Option<WeightId>,
+) -> AttnGeometry {
+    AttnGeometry {
+        n_head: cfg.n_head,
+        n_head_kv: cfg.n_head_kv,
+        head_dim: cfg.head_dim,
+        n_rot: cfg.n_rot,
+        rope_base: cfg.rope_base,
+        rope_mode,
+        rope_freqs,
+    }
+}
+
+/// The LLaMA forward pass for `cfg`.
+pub fn graph(cfg: &Config) -> Graph {
+    let (d, kv, ff, hq) = (
+        cfg.n_embd,
+        cfg.kv_dim(),
+        cfg.n_ff,
+        cfg.n_head * cfg.head_dim,
+    );
+    let mut b = Builder::default();
+    let embd = b.matrix("token_embd.weight", d, cfg.n_vocab);
+    let rope_freqs = cfg
+        .has_rope_freqs
+        .then(|| b.vector("rope_freqs.weight", cfg.n_rot / 2));
+    let x = b.act("x", d);
+    let h = b.act("h", d);
+    let q = b.act("q", hq);
+    let k = b.act("k", kv);
+    let v = b.act("v", kv);
+    let att = b.act("attn", hq);
+    let gate = b.act("gate", ff);
+    let up = b.act("up", ff);
+    b.op(Op::Embed {
+        table: embd,
+        out: x,
+    });
+    for l in 0..cfg.n_layer {
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        let attn_norm = b.vector(n("attn_norm"), d);
+        let wq = b.matrix(n("attn_q"), d, hq);
+        let wk = b.matrix(n("attn_k"), d, kv);
+        let wv = b.matrix(n("attn_v"), d, kv);
+        let wo = b.matrix(n("attn_output"), hq, d);
+        let ffn_norm = b.vector(n("ffn_norm"), d);
+        let w_gate = b.matrix(n("ffn_gate"), d, ff);
+        let w_up = b.matrix(n("ffn_up"), d, ff);
+        let w_down = b.matrix(n("ffn_down"), ff, d);
+        let linear = |b: &mut Builder, w, x, out, add| b.op(Op::Linear { w, x, out, add });
+
+        b.op(Op::RmsNorm {
+            x,
+            w: attn_norm,
+            out: h,
+        });
+        linear(&mut b, wq, h, q, false);
+        linear(&mut b, wk, h, k, false);
+        linear(&mut b, wv, h, v, false);
+        b.op(Op::Rope { q, k });
+        b.op(Op::KvStore { layer: l, k, v });
+        b.op(Op::Attention {
+            layer: l,
+            q,
+            out: att,
+        });
+        linear(&mut b, wo, att, x, true);
+
+        b.op(Op::RmsNorm {
+            x,
+            w: ffn_norm,
+            out: h,
+        });
+        linear(&mut b, w_gate, h, gate, false);
+        linear(&mut b, w_up, h, up, false);
+        b.op(Op::Glu {
+            act: GluAct::Silu,
+            gate,
+            up,
+        });
+        linear(&mut b, w_down, gate, x, true);
+    }
+    let logits = rms_head(&mut b, cfg, x, embd);
+    b.finish(
+        geometry(cfg, RopeMode::Norm, rope_freqs),
+        cfg.rms_eps,
+        cfg.n_layer,
+        logits,
+    )
+}

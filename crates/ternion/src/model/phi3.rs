@@ -1,0 +1,125 @@
+//! Phi-3 (`phi3`).
+//!
+//! As llama.cpp's `llm_build_phi3` computes it:
+//! ```text
+//! h = rmsnorm(x)·attn_norm
+//! [q | k | v] = Wqkv h (rows Q | K | V); q, k = rope_neox(q, k)   (pairs (i, i + n_rot/2))
+//! x = x + Wo · softmax(q·kᵀ/√d + mask)·v
+//! h = rmsnorm(x)·ffn_norm
+//! [g | u] = Wup h (rows gate | up); x = x + Wdown · (silu(g) ⊙ u)
+//! ```
+//! and `logits = output · (rmsnorm(x)·output_norm)`. The fused projections stay one
+//! [`Op::Linear`] each; [`Op::Slice`] splits their outputs. Files with separate
+//! `attn_q/k/v` are accepted too. The sliding window (`attention.sliding_window`) is not
+//! applied: it only matters past that many positions.
+
+use super::config::Config;
+use super::graph::{Builder, GluAct, Graph, Op, RopeMode};
+use super::llama::{geometry, rms_head};
+use crate::gguf::GgufFile;
+
+/// The Phi-3 forward pass for `cfg`; `file` tells whether Q/K/V are fused.
+pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
+    let (d, kv, ff, hq) = (
+        cfg.n_embd,
+        cfg.kv_dim(),
+        cfg.n_ff,
+        cfg.n_head * cfg.head_dim,
+    );
+    let fused_qkv = file.tensor("blk.0.attn_qkv.weight").is_some();
+    let mut b = Builder::default();
+    let embd = b.matrix("token_embd.weight", d, cfg.n_vocab);
+    let x = b.act("x", d);
+    let h = b.act("h", d);
+    let qkv = b.act("qkv", hq + 2 * kv);
+    let q = b.act("q", hq);
+    let k = b.act("k", kv);
+    let v = b.act("v", kv);
+    let att = b.act("attn", hq);
+    let gate_up = b.act("gate_up", 2 * ff);
+    let gate = b.act("gate", ff);
+    let up = b.act("up", ff);
+    b.op(Op::Embed {
+        table: embd,
+        out: x,
+    });
+    for l in 0..cfg.n_layer {
+        let n = |s: &str| format!("blk.{l}.{s}.weight");
+        let linear = |b: &mut Builder, w, x, out, add| b.op(Op::Linear { w, x, out, add });
+        let attn_norm = b.vector(n("attn_norm"), d);
+        b.op(Op::RmsNorm {
+            x,
+            w: attn_norm,
+            out: h,
+        });
+        if fused_qkv {
+            let wqkv = b.matrix(n("attn_qkv"), d, hq + 2 * kv);
+            linear(&mut b, wqkv, h, qkv, false);
+            b.op(Op::Slice {
+                x: qkv,
+                start: 0,
+                out: q,
+            });
+            b.op(Op::Slice {
+                x: qkv,
+                start: hq,
+                out: k,
+            });
+            b.op(Op::Slice {
+                x: qkv,
+                start: hq + kv,
+                out: v,
+            });
+        } else {
+            let wq = b.matrix(n("attn_q"), d, hq);
+            let wk = b.matrix(n("attn_k"), d, kv);
+            let wv = b.matrix(n("attn_v"), d, kv);
+            linear(&mut b, wq, h, q, false);
+            linear(&mut b, wk, h, k, false);
+            linear(&mut b, wv, h, v, false);
+        }
+        let wo = b.matrix(n("attn_output"), hq, d);
+        let ffn_norm = b.vector(n("ffn_norm"), d);
+        let w_up = b.matrix(n("ffn_up"), d, 2 * ff);
+        let w_down = b.matrix(n("ffn_down"), ff, d);
+
+        b.op(Op::Rope { q, k });
+        b.op(Op::KvStore { layer: l, k, v });
+        b.op(Op::Attention {
+            layer: l,
+            q,
+            out: att,
+        });
+        linear(&mut b, wo, att, x, true);
+
+        b.op(Op::RmsNorm {
+            x,
+            w: ffn_norm,
+            out: h,
+        });
+        linear(&mut b, w_up, h, gate_up, false);
+        b.op(Op::Slice {
+            x: gate_up,
+            start: 0,
+            out: gate,
+        });
+        b.op(Op::Slice {
+            x: gate_up,
+            start: ff,
+            out: up,
+        });
+        b.op(Op::Glu {
+            act: GluAct::Silu,
+            gate,
+            up,
+        });
+        linear(&mut b, w_down, gate, x, true);
+    }
+    let logits = rms_head(&mut b, cfg, x, embd);
+    b.finish(
+        geometry(cfg, RopeMode::Neox, None),
+        cfg.rms_eps,
+        cfg.n_layer,
+        logits,
+    )
+}
