@@ -262,7 +262,11 @@ impl CpuModel {
                     let len = st.acts.rows[x.0] * graph.acts[x.0].width;
                     let xs = st.acts.modify(x, len);
                     match act {
-                        UnaryAct::GeluTanh => xs.iter_mut().for_each(|v| *v = gelu_ggml(*v)),
+                        UnaryAct::GeluTanh => {
+                            pool::global().for_each_chunk_mut(xs, 4096, |_, c, _| {
+                                c.iter_mut().for_each(|v| *v = gelu_ggml(*v))
+                            })
+                        }
                     }
                 }
                 Op::AddPosEmbed { table, x } => {

@@ -285,13 +285,23 @@ impl Linear {
                 qi.ensure_q8_0(x, k);
                 let (q, d) = (&qi.q80, &qi.q80_d);
                 let nb = k / act::Q8_0_BLOCK;
-                par_rows_each(out, m, |j, t| {
-                    simd::q8_0_dot(
-                        level,
-                        self.row(data, j),
-                        &q[t * k..(t + 1) * k],
-                        &d[t * nb..(t + 1) * nb],
-                    ) * self.post_scale
+                let qt = |t: usize| &q[t * k..(t + 1) * k];
+                let dt = |t: usize| &d[t * nb..(t + 1) * nb];
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let y = if n == 4 {
+                        let ts: [usize; 4] = std::array::from_fn(|i| t0 + i);
+                        simd::q8_0_dot4(level, w, ts.map(qt), ts.map(dt))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                simd::q8_0_dot(level, w, qt(t0 + i), dt(t0 + i))
+                            } else {
+                                0.0
+                            }
+                        })
+                    };
+                    y.map(|v| v * self.post_scale)
                 });
             }
             GgmlType::F16 => {

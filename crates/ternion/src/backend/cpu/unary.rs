@@ -19,9 +19,19 @@ pub fn gelu_ggml(x: f32) -> f32 {
     } else if x >= 10.0 {
         x
     } else {
-        let xh = f16::from_f32(x).to_f32();
-        f16::from_f32(gelu_tanh_f32(xh)).to_f32()
+        let h = f16::from_f32(x).to_bits();
+        f16::from_bits(gelu_table()[usize::from(h)]).to_f32()
     }
+}
+
+/// GELU of every F16 value, as F16 bits (built once, like ggml's table).
+fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| f16::from_f32(gelu_tanh_f32(f16::from_bits(b).to_f32())).to_bits())
+            .collect()
+    })
 }
 
 /// `x[t] += b` for every row of `x` (`b.len()` values each).

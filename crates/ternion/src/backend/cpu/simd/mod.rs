@@ -152,6 +152,18 @@ pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     }
 }
 
+/// [`q8_0_dot`] of one weight row against four activation rows (prefill); each result
+/// equals `q8_0_dot` of that row bit for bit.
+#[inline]
+pub fn q8_0_dot4(level: Level, row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f32; 4] {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::q8_0_dot4(row, q, d) },
+        _ => std::array::from_fn(|t| q8_0_dot(level, row, q[t], d[t])),
+    }
+}
+
 /// Σ w_i·x_i for a little-endian F16 row `w` (as bytes) and f32 `x`.
 #[inline]
 pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {

@@ -203,3 +203,31 @@ fn k_quant_dots_are_bit_identical_to_reference() {
         );
     }
 }
+
+#[test]
+fn q8_0_dot4_equals_four_dots() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(12);
+    let k = 2560;
+    let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut row = vec![0u8; k / 32 * 34];
+    quant::q8_0::quantize_row(&w, &mut row);
+    let mut qs = vec![vec![0i8; k]; 4];
+    let mut ds = vec![vec![0f32; k / 32]; 4];
+    for t in 0..4 {
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        quant::act::quantize_q8_0(&x, &mut qs[t], &mut ds[t]);
+    }
+    let four = q8_0_dot4(
+        level,
+        &row,
+        [&qs[0], &qs[1], &qs[2], &qs[3]],
+        [&ds[0], &ds[1], &ds[2], &ds[3]],
+    );
+    for t in 0..4 {
+        assert_eq!(
+            four[t].to_bits(),
+            q8_0_dot(level, &row, &qs[t], &ds[t]).to_bits()
+        );
+    }
+}

@@ -322,3 +322,31 @@ pub unsafe fn q6_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     }
     sum
 }
+
+/// [`q8_0_dot`] of one row against four activation rows: |w| is formed once per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_dot4(row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f32; 4] {
+    const BLOCK_BYTES: usize = 34;
+    let nb = row.len() / BLOCK_BYTES;
+    for t in 0..4 {
+        assert!(
+            q[t].len() == nb * 32 && d[t].len() == nb,
+            "q8_0_dot4: lengths"
+        );
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for b in 0..nb {
+        let blk = row.as_ptr().add(BLOCK_BYTES * b);
+        let w = _mm256_loadu_si256(blk.add(2).cast());
+        let aw = _mm256_sign_epi8(w, w);
+        let dw = half::f16::from_bits(u16::from_le_bytes([*blk, *blk.add(1)])).to_f32();
+        for t in 0..4 {
+            let x = _mm256_loadu_si256(q[t].as_ptr().add(32 * b).cast());
+            let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+            let sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *d[t].get_unchecked(b)), sumi, acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum_f32(acc[t]))
+}
