@@ -19,3 +19,5 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -j2 -- -D warnings
 cargo test --release --workspace -j2
+# Fuzz targets: build and a short smoke run of each (under a minute of fuzzing).
+SMOKE_SECONDS="${SMOKE_SECONDS:-8}" ./scripts/fuzz-smoke.sh
