@@ -11,8 +11,7 @@ use std::sync::{Arc, OnceLock};
 use ternion::backend::cpu::simd::{self, Level};
 use ternion::chat::{ChatTemplate, Message};
 use ternion::gguf::{GgufFile, GgufWriter, Value, ValueType};
-use ternion::kv::KvCache;
-use ternion::model::{BitNet, Config, Logits, Workspace};
+use ternion::model::{Config, LoadOptions, Logits, Model};
 use ternion::quant::{self, act, GgmlType};
 use ternion::tokenizer::{byte_to_unicode, StreamDecoder, Tokenizer, TokenizerOptions};
 
@@ -64,7 +63,7 @@ fn touch_value(v: &Value) -> u64 {
 }
 
 /// Arbitrary bytes → `GgufFile::from_bytes`; on success every metadata value, every
-/// tensor's bytes, the typed getters, `Config::from_gguf`, `BitNet::load` (and one forward
+/// tensor's bytes, the typed getters, `Config::from_gguf`, `Model::from_file` (and one forward
 /// token when it loads), `Tokenizer::from_gguf` and the chat template are exercised.
 pub fn gguf_reader(data: &[u8]) {
     let Ok(file) = GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
@@ -115,12 +114,11 @@ pub fn gguf_reader(data: &[u8]) {
     std::hint::black_box(h);
 
     let file = Arc::new(file);
-    if let Ok(cfg) = Config::from_gguf(&file) {
-        if let Ok(model) = BitNet::load(file.clone(), cfg.clone()) {
-            let mut kv = KvCache::new(cfg.n_layer, cfg.kv_dim(), 2);
-            let mut ws = Workspace::default();
-            let _ = model.forward(&[0], &mut kv, Logits::Last, &mut ws);
-            let _ = model.forward(&[u32::MAX], &mut kv, Logits::Last, &mut ws);
+    if Config::from_gguf(&file).is_ok() {
+        if let Ok(model) = Model::from_file(file.clone(), &LoadOptions::default()) {
+            let mut st = model.cpu_state(2);
+            let _ = model.forward_cpu(&[0], Logits::Last, &mut st);
+            let _ = model.forward_cpu(&[u32::MAX], Logits::Last, &mut st);
         }
     }
     if let Ok(tok) = Tokenizer::from_gguf(&file, &TokenizerOptions::default()) {
