@@ -289,7 +289,8 @@ impl GpuContext {
                     if key.variant.subgroups {
                         defines.push("SUBGROUPS");
                     }
-                    let code = preprocess(file, text, &defines)?;
+                    let mut code = preprocess(file, text, &defines)?;
+                    code.push_str(include_str!("kernels/common.wgsl"));
                     let m = self
                         .device
                         .create_shader_module(wgpu::ShaderModuleDescriptor {

@@ -68,28 +68,6 @@ var<workgroup> red: array<f32, WG>;
 var<workgroup> probs: array<f32, CHUNK>;
 var<workgroup> acc_sh: array<vec2<f32>, WG>;
 
-// F16 bits of an f32, round to nearest even (see rope_kv.wgsl).
-fn f16_bits(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    let sign = (b >> 16u) & 0x8000u;
-    let a = b & 0x7fffffffu;
-    if (a >= 0x7f800000u) {
-        return sign | 0x7c00u | select(0u, 0x200u, a > 0x7f800000u);
-    }
-    if (a >= 0x477ff000u) {
-        return sign | 0x7c00u;
-    }
-    if (a >= 0x38800000u) {
-        let r = a - 0x38000000u;
-        return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
-    }
-    return sign | u32(round(bitcast<f32>(a) * 16777216.0));
-}
-
-fn round_f16(x: f32) -> f32 {
-    return unpack2x16float(f16_bits(x)).x;
-}
-
 fn max_all(v: f32, li: u32) -> f32 {
     red[li] = v;
     workgroupBarrier();

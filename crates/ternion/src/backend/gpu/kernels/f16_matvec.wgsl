@@ -74,7 +74,7 @@ fn load_w(i: u32) -> vec4<f32> {
 fn load_x(i: u32) -> vec4<f32> {
     let v = x[i];
     if (ROUND_X) {
-        return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+        return vec4<f32>(round_f16(v.x), round_f16(v.y), round_f16(v.z), round_f16(v.w));
     }
     return v;
 }

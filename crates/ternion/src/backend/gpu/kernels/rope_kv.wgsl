@@ -48,25 +48,6 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(5) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(6) var<storage, read_write> v_cache: array<u32>;
 
-// F16 bits (round to nearest even, overflow to ±inf, NaN kept) of an f32.
-fn f16_bits(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    let sign = (b >> 16u) & 0x8000u;
-    let a = b & 0x7fffffffu;
-    if (a >= 0x7f800000u) {
-        return sign | 0x7c00u | select(0u, 0x200u, a > 0x7f800000u);
-    }
-    if (a >= 0x477ff000u) {
-        return sign | 0x7c00u;
-    }
-    if (a >= 0x38800000u) {
-        let r = a - 0x38000000u;
-        return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
-    }
-    // F16 subnormal or zero: units of 2^-24; the scaling is exact and round() is RNE.
-    return sign | u32(round(bitcast<f32>(a) * 16777216.0));
-}
-
 fn pack_f16(a: f32, b: f32) -> u32 {
     return f16_bits(a) | (f16_bits(b) << 16u);
 }
