@@ -411,7 +411,14 @@ impl ChatRequest {
                     r => r,
                 };
                 let content = match &m.content {
-                    None => String::new(),
+                    // Only an assistant turn may come without content (as in OpenAI's API).
+                    None if role == "assistant" => String::new(),
+                    None => {
+                        return Err(ApiError::bad_request(
+                            format!("a '{role}' message needs a 'content'"),
+                            Some("messages"),
+                        ))
+                    }
                     Some(Content::Text(t)) => t.clone(),
                     Some(Content::Parts(parts)) => {
                         let mut s = String::new();

@@ -839,3 +839,62 @@ fn a_model_that_cannot_load_ends_the_server_with_an_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("missing.gguf"), "{err}");
 }
+
+/// 1,000 malformed requests of many kinds, mixed with good ones: every malformed one gets a
+/// 4xx with an OpenAI error object, every good one its completion, and the server stays up.
+#[test]
+fn survives_a_thousand_malformed_requests_mixed_with_good_ones() {
+    let s = Server::start(&["--queue", "64", "--ctx", "256"]);
+    let url = s.url("/v1/chat/completions");
+    let bad: Vec<String> = vec![
+        "".into(),
+        "{".into(),
+        "null".into(),
+        "[]".into(),
+        "\"text\"".into(),
+        "{\"messages\": 3}".into(),
+        "{\"messages\": []}".into(),
+        "{\"messages\": [{\"role\": 1, \"content\": \"x\"}]}".into(),
+        "{\"messages\": [{\"role\": \"user\"}]}".into(),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": -1}".into(),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": \"hot\"}"
+            .into(),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_p\": 7}".into(),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 3}".into(),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"model\": \"nope\"}".into(),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": 5}".into(),
+        "\u{0}\u{1}\u{2}garbage".into(),
+        format!(
+            "{{\"messages\": [{{\"role\": \"user\", \"content\": \"x\"}}], \"max_tokens\": {}}}",
+            u64::MAX
+        ),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"seed\": 1.5}".into(),
+    ];
+    let good = chat_body("Hi", 2).to_string();
+    let mut n_bad = 0;
+    let mut i = 0;
+    while n_bad < 1000 {
+        if i % 50 == 49 {
+            let (status, text) = post_raw(&url, &good);
+            assert_eq!(status, 200, "good request {i}: {text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
+        } else {
+            let body = &bad[i % bad.len()];
+            let (status, text) = post_raw(&url, body);
+            assert!(
+                (400..500).contains(&status),
+                "{body:?} answered {status}: {text}"
+            );
+            let v: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{body:?}: error is not JSON ({e}): {text}"));
+            assert!(v["error"]["message"].is_string(), "{body:?}: {v}");
+            n_bad += 1;
+        }
+        i += 1;
+    }
+    assert_eq!(get(&s.url("/health")).0, 200);
+    wait_for("no active sequences", || {
+        s.metric("ternion_active_sequences") == 0.0
+    });
+}
