@@ -136,6 +136,9 @@ pub struct ModelArgs {
     /// LM head storage: as stored (exact) or requantized to Q8_0 (faster, approximate).
     #[arg(long, value_enum, default_value = "stored")]
     pub lm_head: LmHeadArg,
+    /// Expected SHA-256 of the model file (hex); loading fails on a mismatch.
+    #[arg(long)]
+    pub sha256: Option<String>,
 }
 
 /// Prompt input shared by `run`, `logits` and `bench`.
@@ -217,6 +220,9 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
         (None, true) => default_model_path()?,
         (None, false) => bail!("give the model file with --model FILE"),
     };
+    if let Some(want) = &args.sha256 {
+        verify_sha256(&path, want)?;
+    }
     let t0 = Instant::now();
     let (file, model) = model::load_with(&path, &args.lm_head.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
@@ -237,6 +243,33 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
         load_time: t0.elapsed(),
         n_ctx,
     })
+}
+
+/// Checks a file's SHA-256 against `want` (hex, case-insensitive).
+pub fn verify_sha256(path: &std::path::Path, want: &str) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let want = want.trim().to_ascii_lowercase();
+    if want.len() != 64 || !want.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("--sha256 must be 64 hexadecimal digits, got '{want}'");
+    }
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let got: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    if got != want {
+        bail!("{}: SHA-256 is {got}, expected {want}", path.display());
+    }
+    Ok(())
 }
 
 /// The default model's path: from the Hugging Face cache, or downloaded with a progress bar.

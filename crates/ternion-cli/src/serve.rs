@@ -44,6 +44,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let Some(model) = a.model.model.clone() else {
         bail!("give the model file with --model FILE");
     };
+    if let Some(want) = &a.model.sha256 {
+        common::verify_sha256(&model, want)?;
+    }
     if a.model.ctx == Some(0) {
         bail!("--ctx must be at least 1");
     }

@@ -342,3 +342,25 @@ fn validate_golden_families_passes() {
         assert!(out.contains(model), "{model} missing from:\n{out}");
     }
 }
+
+#[test]
+fn sha256_is_checked_before_loading() {
+    let model = shared().join("golden-bitnet/bitnet-b158-tiny-pub.gguf");
+    let m = model.to_str().unwrap();
+    // The manifest records the file's hash.
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(shared().join("golden-bitnet/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    let good = manifest["model_sha256"].as_str().unwrap();
+    let out = ok(&[
+        "run", "--model", m, "--tokens", "1,2", "-n", "1", "--sha256", good, "--json",
+    ]);
+    assert_eq!(last_json(&out)["tokens"].as_array().unwrap().len(), 1);
+    let bad = "0".repeat(64);
+    let out = ternion(&[
+        "run", "--model", m, "--tokens", "1,2", "-n", "1", "--sha256", &bad,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SHA-256 is dba18789"));
+}
