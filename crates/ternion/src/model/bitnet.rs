@@ -14,9 +14,7 @@
 //! embedding, even when the file also has `output.weight` (as in the reference graph).
 
 use super::config::{Arch, Config};
-use super::graph::{
-    ActId, AttnGeometry, Builder, GluAct, Graph, Op, RopeMode, WeightId, WeightKind,
-};
+use super::graph::{AttnGeometry, Builder, GluAct, Graph, Op, RopeMode, WeightId, WeightKind};
 use crate::gguf::GgufFile;
 
 /// The BitNet forward pass for `cfg`. `file` tells which optional tensors exist (1bitLLM's
@@ -66,55 +64,28 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
         let w_up = matrix(&mut b, n("ffn_up"), d, ff);
         let ffn_sub_norm = b.vector(n("ffn_sub_norm"), ff);
         let w_down = matrix(&mut b, n("ffn_down"), ff, d);
-        let linear = |b: &mut Builder, w, x: ActId, out, add| b.op(Op::Linear { w, x, out, add });
 
-        b.op(Op::RmsNorm {
-            x,
-            w: attn_norm,
-            out: h,
-        });
-        linear(&mut b, wq, h, q, false);
-        linear(&mut b, wk, h, k, false);
-        linear(&mut b, wv, h, v, false);
-        b.op(Op::Rope { q, k });
-        b.op(Op::KvStore { layer: l, k, v });
-        b.op(Op::Attention {
-            layer: l,
-            q,
-            out: att,
-        });
-        b.op(Op::RmsNorm {
-            x: att,
-            w: attn_sub_norm,
-            out: h,
-        });
-        linear(&mut b, wo, h, x, true);
+        b.rms_norm(x, attn_norm, h);
+        b.linear(wq, h, q, false);
+        b.linear(wk, h, k, false);
+        b.linear(wv, h, v, false);
+        b.rope_attention(l, q, k, v, att);
+        b.rms_norm(att, attn_sub_norm, h);
+        b.linear(wo, h, x, true);
 
-        b.op(Op::RmsNorm {
-            x,
-            w: ffn_norm,
-            out: h,
-        });
-        linear(&mut b, w_gate, h, gate, false);
-        linear(&mut b, w_up, h, up, false);
+        b.rms_norm(x, ffn_norm, h);
+        b.linear(w_gate, h, gate, false);
+        b.linear(w_up, h, up, false);
         b.op(Op::Glu { act: glu, gate, up });
-        b.op(Op::RmsNorm {
-            x: gate,
-            w: ffn_sub_norm,
-            out: hf,
-        });
-        linear(&mut b, w_down, hf, x, true);
+        b.rms_norm(gate, ffn_sub_norm, hf);
+        b.linear(w_down, hf, x, true);
     }
     let last = b.act("last", d);
     let last_norm = b.act("last_norm", d);
     let logits = b.act("logits", cfg.n_vocab);
     let output_norm = b.vector("output_norm.weight", d);
     b.op(Op::SelectRows { x, out: last });
-    b.op(Op::RmsNorm {
-        x: last,
-        w: output_norm,
-        out: last_norm,
-    });
+    b.rms_norm(last, output_norm, last_norm);
     b.op(Op::Linear {
         w: embd,
         x: last_norm,

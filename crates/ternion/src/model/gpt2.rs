@@ -57,7 +57,6 @@ pub fn graph(cfg: &Config) -> Graph {
         let b_up = b.vector(bias("ffn_up"), ff);
         let w_down = b.matrix(w("ffn_down"), ff, d);
         let b_down = b.vector(bias("ffn_down"), d);
-        let linear = |b: &mut Builder, w, x, out, add| b.op(Op::Linear { w, x, out, add });
 
         b.op(Op::LayerNorm {
             x,
@@ -66,7 +65,7 @@ pub fn graph(cfg: &Config) -> Graph {
             eps,
             out: h,
         });
-        linear(&mut b, wqkv, h, qkv, false);
+        b.linear(wqkv, h, qkv, false);
         b.op(Op::AddBias { x: qkv, b: bqkv });
         b.op(Op::Slice {
             x: qkv,
@@ -83,13 +82,8 @@ pub fn graph(cfg: &Config) -> Graph {
             start: hq + kv,
             out: v,
         });
-        b.op(Op::KvStore { layer: l, k, v });
-        b.op(Op::Attention {
-            layer: l,
-            q,
-            out: att,
-        });
-        linear(&mut b, wo, att, x, true);
+        b.cached_attention(l, q, k, v, att);
+        b.linear(wo, att, x, true);
         b.op(Op::AddBias { x, b: bo });
 
         b.op(Op::LayerNorm {
@@ -99,13 +93,13 @@ pub fn graph(cfg: &Config) -> Graph {
             eps,
             out: h,
         });
-        linear(&mut b, w_up, h, up, false);
+        b.linear(w_up, h, up, false);
         b.op(Op::AddBias { x: up, b: b_up });
         b.op(Op::Act {
             act: UnaryAct::GeluTanh,
             x: up,
         });
-        linear(&mut b, w_down, up, x, true);
+        b.linear(w_down, up, x, true);
         b.op(Op::AddBias { x, b: b_down });
     }
     let last = b.act("last", d);

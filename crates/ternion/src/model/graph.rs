@@ -285,6 +285,29 @@ impl Builder {
         self.ops.push(op);
     }
 
+    /// `out = W · x` (or `out += W · x` when `add`).
+    pub fn linear(&mut self, w: WeightId, x: ActId, out: ActId, add: bool) {
+        self.op(Op::Linear { w, x, out, add });
+    }
+
+    /// `out = rmsnorm(x) · w`.
+    pub fn rms_norm(&mut self, x: ActId, w: WeightId, out: ActId) {
+        self.op(Op::RmsNorm { x, w, out });
+    }
+
+    /// Causal attention of layer `layer` without position rotation: store the step's `k`,
+    /// `v` in the cache, then `out = attention(q, cache)`.
+    pub fn cached_attention(&mut self, layer: usize, q: ActId, k: ActId, v: ActId, out: ActId) {
+        self.op(Op::KvStore { layer, k, v });
+        self.op(Op::Attention { layer, q, out });
+    }
+
+    /// RoPE on `q` and `k`, then [`Builder::cached_attention`].
+    pub fn rope_attention(&mut self, layer: usize, q: ActId, k: ActId, v: ActId, out: ActId) {
+        self.op(Op::Rope { q, k });
+        self.cached_attention(layer, q, k, v, out);
+    }
+
     /// Finishes the graph.
     pub fn finish(self, attn: AttnGeometry, rms_eps: f32, n_layer: usize, logits: ActId) -> Graph {
         Graph {

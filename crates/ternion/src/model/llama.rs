@@ -33,11 +33,7 @@ pub(crate) fn rms_head(
         embd
     };
     b.op(Op::SelectRows { x, out: last });
-    b.op(Op::RmsNorm {
-        x: last,
-        w: output_norm,
-        out: last_norm,
-    });
+    b.rms_norm(last, output_norm, last_norm);
     b.op(Op::Linear {
         w: head,
         x: last_norm,
@@ -100,38 +96,23 @@ pub fn graph(cfg: &Config) -> Graph {
         let w_gate = b.matrix(n("ffn_gate"), d, ff);
         let w_up = b.matrix(n("ffn_up"), d, ff);
         let w_down = b.matrix(n("ffn_down"), ff, d);
-        let linear = |b: &mut Builder, w, x, out, add| b.op(Op::Linear { w, x, out, add });
 
-        b.op(Op::RmsNorm {
-            x,
-            w: attn_norm,
-            out: h,
-        });
-        linear(&mut b, wq, h, q, false);
-        linear(&mut b, wk, h, k, false);
-        linear(&mut b, wv, h, v, false);
-        b.op(Op::Rope { q, k });
-        b.op(Op::KvStore { layer: l, k, v });
-        b.op(Op::Attention {
-            layer: l,
-            q,
-            out: att,
-        });
-        linear(&mut b, wo, att, x, true);
+        b.rms_norm(x, attn_norm, h);
+        b.linear(wq, h, q, false);
+        b.linear(wk, h, k, false);
+        b.linear(wv, h, v, false);
+        b.rope_attention(l, q, k, v, att);
+        b.linear(wo, att, x, true);
 
-        b.op(Op::RmsNorm {
-            x,
-            w: ffn_norm,
-            out: h,
-        });
-        linear(&mut b, w_gate, h, gate, false);
-        linear(&mut b, w_up, h, up, false);
+        b.rms_norm(x, ffn_norm, h);
+        b.linear(w_gate, h, gate, false);
+        b.linear(w_up, h, up, false);
         b.op(Op::Glu {
             act: GluAct::Silu,
             gate,
             up,
         });
-        linear(&mut b, w_down, gate, x, true);
+        b.linear(w_down, gate, x, true);
     }
     let logits = rms_head(&mut b, cfg, x, embd);
     b.finish(

@@ -45,16 +45,11 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
     });
     for l in 0..cfg.n_layer {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
-        let linear = |b: &mut Builder, w, x, out, add| b.op(Op::Linear { w, x, out, add });
         let attn_norm = b.vector(n("attn_norm"), d);
-        b.op(Op::RmsNorm {
-            x,
-            w: attn_norm,
-            out: h,
-        });
+        b.rms_norm(x, attn_norm, h);
         if fused_qkv {
             let wqkv = b.matrix(n("attn_qkv"), d, hq + 2 * kv);
-            linear(&mut b, wqkv, h, qkv, false);
+            b.linear(wqkv, h, qkv, false);
             b.op(Op::Slice {
                 x: qkv,
                 start: 0,
@@ -74,30 +69,20 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
             let wq = b.matrix(n("attn_q"), d, hq);
             let wk = b.matrix(n("attn_k"), d, kv);
             let wv = b.matrix(n("attn_v"), d, kv);
-            linear(&mut b, wq, h, q, false);
-            linear(&mut b, wk, h, k, false);
-            linear(&mut b, wv, h, v, false);
+            b.linear(wq, h, q, false);
+            b.linear(wk, h, k, false);
+            b.linear(wv, h, v, false);
         }
         let wo = b.matrix(n("attn_output"), hq, d);
         let ffn_norm = b.vector(n("ffn_norm"), d);
         let w_up = b.matrix(n("ffn_up"), d, 2 * ff);
         let w_down = b.matrix(n("ffn_down"), ff, d);
 
-        b.op(Op::Rope { q, k });
-        b.op(Op::KvStore { layer: l, k, v });
-        b.op(Op::Attention {
-            layer: l,
-            q,
-            out: att,
-        });
-        linear(&mut b, wo, att, x, true);
+        b.rope_attention(l, q, k, v, att);
+        b.linear(wo, att, x, true);
 
-        b.op(Op::RmsNorm {
-            x,
-            w: ffn_norm,
-            out: h,
-        });
-        linear(&mut b, w_up, h, gate_up, false);
+        b.rms_norm(x, ffn_norm, h);
+        b.linear(w_up, h, gate_up, false);
         b.op(Op::Slice {
             x: gate_up,
             start: 0,
@@ -113,7 +98,7 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
             gate,
             up,
         });
-        linear(&mut b, w_down, gate, x, true);
+        b.linear(w_down, gate, x, true);
     }
     let logits = rms_head(&mut b, cfg, x, embd);
     b.finish(
