@@ -364,3 +364,46 @@ fn sha256_is_checked_before_loading() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SHA-256 is dba18789"));
 }
+
+#[test]
+fn chat_streams_two_turns_and_reuses_the_cache() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ternion"))
+        .args([
+            "chat",
+            "--model",
+            tiny_model().to_str().unwrap(),
+            "-n",
+            "6",
+            "--temperature",
+            "0",
+            "--system",
+            "Be brief.",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hello there\nAnd again\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // One stats line per turn; the second turn's prompt is only the new text (the first
+    // turn stays in the KV cache), so it is shorter than the first turn's.
+    let prompts: Vec<usize> = err
+        .lines()
+        .filter_map(|l| l.split("prompt ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(prompts.len(), 2, "{err}");
+    assert!(
+        prompts[1] < prompts[0] + 6,
+        "second turn re-fed the history: {prompts:?}"
+    );
+}
