@@ -13,8 +13,9 @@
 //! and `logits = token_embd · (rmsnorm(x)·output_norm)`: the LM head is tied to the token
 //! embedding, even when the file also has `output.weight` (as in the reference graph).
 
+use super::blocks::{geometry, rms_head};
 use super::config::{Arch, Config};
-use super::graph::{AttnGeometry, Builder, GluAct, Graph, Op, RopeMode, WeightId, WeightKind};
+use super::graph::{Builder, GluAct, Graph, Op, RopeMode, WeightId, WeightKind};
 use crate::gguf::GgufFile;
 
 /// The BitNet forward pass for `cfg`. `file` tells which optional tensors exist (1bitLLM's
@@ -80,28 +81,10 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
         b.rms_norm(gate, ffn_sub_norm, hf);
         b.linear(w_down, hf, x, true);
     }
-    let last = b.act("last", d);
-    let last_norm = b.act("last_norm", d);
-    let logits = b.act("logits", cfg.n_vocab);
-    let output_norm = b.vector("output_norm.weight", d);
-    b.op(Op::SelectRows { x, out: last });
-    b.rms_norm(last, output_norm, last_norm);
-    b.op(Op::Linear {
-        w: embd,
-        x: last_norm,
-        out: logits,
-        add: false,
-    });
+    // The LM head is the token table even when the file also has `output.weight`.
+    let logits = rms_head(&mut b, cfg, x, embd);
     b.finish(
-        AttnGeometry {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim: cfg.head_dim,
-            n_rot: cfg.n_rot,
-            rope_base: cfg.rope_base,
-            rope_mode: RopeMode::Neox,
-            rope_freqs: None,
-        },
+        geometry(cfg, RopeMode::Neox, None),
         cfg.rms_eps,
         cfg.n_layer,
         logits,

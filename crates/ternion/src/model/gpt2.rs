@@ -13,9 +13,9 @@
 //! the file has no `output.weight`). Output biases are added after the residual add (the
 //! same sum, in another order: a last-bit difference).
 
+use super::blocks::{geometry, lm_head_weight};
 use super::config::Config;
 use super::graph::{Builder, Graph, Op, RopeMode, UnaryAct};
-use super::llama::geometry;
 
 /// The GPT-2 forward pass for `cfg`.
 pub fn graph(cfg: &Config) -> Graph {
@@ -107,11 +107,7 @@ pub fn graph(cfg: &Config) -> Graph {
     let logits = b.act("logits", cfg.n_vocab);
     let output_norm = b.vector("output_norm.weight", d);
     let output_norm_b = b.vector("output_norm.bias", d);
-    let head = if cfg.has_output {
-        b.matrix("output.weight", d, cfg.n_vocab)
-    } else {
-        embd
-    };
+    let head = lm_head_weight(&mut b, cfg, embd);
     b.op(Op::SelectRows { x, out: last });
     b.op(Op::LayerNorm {
         x: last,

@@ -11,54 +11,9 @@
 //! and `logits = output · (rmsnorm(x)·output_norm)`, with `output` = `token_embd` when the
 //! file has no `output.weight` (tied embeddings).
 
+use super::blocks::{geometry, lm_head_weight, rms_head};
 use super::config::Config;
-use super::graph::{AttnGeometry, Builder, GluAct, Graph, Op, RopeMode, WeightId};
-
-/// The final norm and LM head shared by the RMSNorm families: appends them and returns the
-/// logits activation.
-pub(crate) fn rms_head(
-    b: &mut Builder,
-    cfg: &Config,
-    x: super::graph::ActId,
-    embd: WeightId,
-) -> super::graph::ActId {
-    let d = cfg.n_embd;
-    let last = b.act("last", d);
-    let last_norm = b.act("last_norm", d);
-    let logits = b.act("logits", cfg.n_vocab);
-    let output_norm = b.vector("output_norm.weight", d);
-    let head = if cfg.has_output {
-        b.matrix("output.weight", d, cfg.n_vocab)
-    } else {
-        embd
-    };
-    b.op(Op::SelectRows { x, out: last });
-    b.rms_norm(last, output_norm, last_norm);
-    b.op(Op::Linear {
-        w: head,
-        x: last_norm,
-        out: logits,
-        add: false,
-    });
-    logits
-}
-
-/// The attention geometry of `cfg` with the given RoPE pairing.
-pub(crate) fn geometry(
-    cfg: &Config,
-    rope_mode: RopeMode,
-    rope_freqs: Option<WeightId>,
-) -> AttnGeometry {
-    AttnGeometry {
-        n_head: cfg.n_head,
-        n_head_kv: cfg.n_head_kv,
-        head_dim: cfg.head_dim,
-        n_rot: cfg.n_rot,
-        rope_base: cfg.rope_base,
-        rope_mode,
-        rope_freqs,
-    }
-}
+use super::graph::{Builder, GluAct, Graph, Op, RopeMode};
 
 /// The LLaMA forward pass for `cfg`.
 pub fn graph(cfg: &Config) -> Graph {
@@ -114,7 +69,8 @@ pub fn graph(cfg: &Config) -> Graph {
         });
         b.linear(w_down, gate, x, true);
     }
-    let logits = rms_head(&mut b, cfg, x, embd);
+    let head = lm_head_weight(&mut b, cfg, embd);
+    let logits = rms_head(&mut b, cfg, x, head);
     b.finish(
         geometry(cfg, RopeMode::Norm, rope_freqs),
         cfg.rms_eps,

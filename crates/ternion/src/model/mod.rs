@@ -2,6 +2,7 @@
 //! that builds the forward pass as a backend-neutral [`graph::Graph`].
 
 pub mod bitnet;
+mod blocks;
 pub mod config;
 pub mod gpt2;
 pub mod graph;

@@ -13,9 +13,9 @@
 //! `attn_q/k/v` are accepted too. The sliding window (`attention.sliding_window`) is not
 //! applied: it only matters past that many positions.
 
+use super::blocks::{geometry, lm_head_weight, rms_head};
 use super::config::Config;
 use super::graph::{Builder, GluAct, Graph, Op, RopeMode};
-use super::llama::{geometry, rms_head};
 use crate::gguf::GgufFile;
 
 /// The Phi-3 forward pass for `cfg`; `file` tells whether Q/K/V are fused.
@@ -100,7 +100,8 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
         });
         b.linear(w_down, gate, x, true);
     }
-    let logits = rms_head(&mut b, cfg, x, embd);
+    let head = lm_head_weight(&mut b, cfg, embd);
+    let logits = rms_head(&mut b, cfg, x, head);
     b.finish(
         geometry(cfg, RopeMode::Neox, None),
         cfg.rms_eps,
