@@ -79,6 +79,8 @@ pub trait Engine {
     /// Runs `tokens` after the cached positions as one batch and returns the requested rows
     /// of logits.
     fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]>;
+    /// The logits rows of the last forward pass (empty before the first).
+    fn logits(&self) -> &[f32];
     /// Positions cached.
     fn len(&self) -> usize;
     /// True when nothing is cached.
@@ -116,6 +118,10 @@ impl Engine for CpuEngine<'_> {
         self.model.forward_cpu(tokens, which, &mut self.state)
     }
 
+    fn logits(&self) -> &[f32] {
+        self.state.logits(self.model.graph())
+    }
+
     fn len(&self) -> usize {
         self.state.kv().len()
     }
@@ -129,7 +135,7 @@ impl Engine for CpuEngine<'_> {
     }
 }
 
-/// One sequence: an engine, the tokens it holds, and the logits of the last step.
+/// One sequence: an engine and the tokens it holds.
 pub struct Session<'m> {
     engine: Box<dyn Engine + 'm>,
     /// Tokens evaluated into the KV cache, in order.
@@ -138,8 +144,6 @@ pub struct Session<'m> {
     pending: Vec<u32>,
     /// Reused buffer for pending + new ids.
     batch: Vec<u32>,
-    /// Logits of the last evaluated token.
-    last: Vec<f32>,
 }
 
 impl<'m> Session<'m> {
@@ -156,7 +160,6 @@ impl<'m> Session<'m> {
             tokens: Vec::with_capacity(n_ctx),
             pending: Vec::new(),
             batch: Vec::new(),
-            last: Vec::new(),
         }
     }
 
@@ -201,9 +204,7 @@ impl<'m> Session<'m> {
             return Err(crate::Error::Request("no tokens to evaluate".into()));
         }
         for chunk in all.chunks(PREFILL_CHUNK) {
-            let logits = self.engine.forward(chunk, Logits::Last)?;
-            self.last.clear();
-            self.last.extend_from_slice(logits);
+            self.engine.forward(chunk, Logits::Last)?;
             self.tokens.extend_from_slice(chunk);
         }
         Ok(())
@@ -222,7 +223,8 @@ impl<'m> Session<'m> {
 
     /// The logits of the last evaluated token.
     pub fn last_logits(&self) -> &[f32] {
-        &self.last
+        let all = self.engine.logits();
+        &all[all.len().saturating_sub(self.engine.n_vocab())..]
     }
 
     /// Evaluates `ids` as one batch and returns logits for every position
@@ -235,9 +237,6 @@ impl<'m> Session<'m> {
             self.tokens.extend_from_slice(&pending);
         }
         let out = self.engine.forward(ids, Logits::All)?.to_vec();
-        let v = self.engine.n_vocab();
-        self.last.clear();
-        self.last.extend_from_slice(&out[out.len() - v..]);
         self.tokens.extend_from_slice(ids);
         Ok(out)
     }
@@ -336,6 +335,10 @@ impl Engine for GpuEngine<'_> {
     fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
         self.logits = self.model.forward(tokens, which)?;
         Ok(&self.logits)
+    }
+
+    fn logits(&self) -> &[f32] {
+        &self.logits
     }
 
     fn len(&self) -> usize {

@@ -40,6 +40,12 @@ pub struct CpuState {
 }
 
 impl CpuState {
+    /// The logits rows written by the last forward pass of `graph`.
+    pub fn logits(&self, graph: &Graph) -> &[f32] {
+        let l = graph.logits.0;
+        &self.acts.bufs[l][..self.acts.rows[l] * graph.acts[l].width]
+    }
+
     /// The KV cache.
     pub fn kv(&self) -> &KvCache {
         &self.kv
@@ -363,8 +369,7 @@ impl CpuModel {
             }
         }
         st.kv.advance(n);
-        let l = graph.logits.0;
-        Ok(&st.acts.bufs[l][..st.acts.rows[l] * graph.acts[l].width])
+        Ok(st.logits(graph))
     }
 }
 
