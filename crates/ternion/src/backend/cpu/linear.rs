@@ -157,11 +157,6 @@ impl Linear {
         }
     }
 
-    /// Storage format of the rows used.
-    pub fn format(&self) -> GgmlType {
-        self.ty
-    }
-
     /// Sets the scale multiplied into every output (1bitLLM's per-projection `.scale`).
     pub fn with_post_scale(mut self, s: f32) -> Linear {
         self.post_scale = s;
@@ -176,11 +171,6 @@ impl Linear {
     /// Output width.
     pub fn out_features(&self) -> usize {
         self.out_features
-    }
-
-    /// Tensor name (for errors and profiles).
-    pub fn name(&self) -> &str {
-        &self.info.name
     }
 
     /// Bytes of weights read by one product.
