@@ -16,7 +16,7 @@
 //!   row-major matrix split into shards of whole rows that each fit one binding (the
 //!   657 MB F16 embedding / LM head against lavapipe's 128 MiB limit). Kernels over a
 //!   sharded matrix launch one dispatch per shard.
-//! - `ops.rs`: one struct per kernel ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
+//! - `ops/`: one struct per kernel, a file per kernel family ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
 //!   [`F16Matvec`], [`RopeKv`] (RoPE + KV-cache store into a [`GpuKv`]), [`Attention`]
 //!   (flash-decoding for one token, a workgroup per (head, token) for a batch), [`Glu`],
 //!   [`TopK`]). `new` fetches the pipeline, creates the parameter

@@ -1,0 +1,310 @@
+//! RoPE + KV-cache store, and causal attention over the cache.
+
+use super::{uniform, Dispatch, StepUniform, WG};
+use crate::backend::gpu::buffers::GpuBuffer;
+use crate::backend::gpu::context::GpuContext;
+use crate::backend::gpu::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
+use crate::{Error, Result};
+
+/// One layer's F16 KV cache on the GPU: `n_ctx` rows of `kv_dim` halves for keys and for
+/// values (two halves per u32 word), written by [`RopeKv`] and read by [`Attention`].
+#[derive(Clone, Debug)]
+pub struct GpuKv {
+    /// Keys.
+    pub k: GpuBuffer,
+    /// Values.
+    pub v: GpuBuffer,
+    /// Positions held.
+    pub n_ctx: usize,
+    /// Halves per position (n_head_kv · head_dim).
+    pub kv_dim: usize,
+}
+
+impl GpuKv {
+    /// A zeroed cache of `n_ctx` positions of `kv_dim` (even) halves.
+    pub fn new(ctx: &GpuContext, n_ctx: usize, kv_dim: usize) -> Result<GpuKv> {
+        if !kv_dim.is_multiple_of(2) {
+            return Err(Error::Gpu(format!("KV cache: kv_dim {kv_dim} is odd")));
+        }
+        let bytes = (n_ctx * kv_dim * 2) as u64;
+        Ok(GpuKv {
+            k: GpuBuffer::zeroed(ctx, "kv.k", bytes)?,
+            v: GpuBuffer::zeroed(ctx, "kv.v", bytes)?,
+            n_ctx,
+            kv_dim,
+        })
+    }
+}
+
+/// Attention geometry shared by [`RopeKv`] and [`Attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnDims {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (divides `n_head`).
+    pub n_head_kv: usize,
+    /// Width of a head (even, ≤ 512).
+    pub head_dim: usize,
+    /// Rotated dims per head (a multiple of 4, ≤ head_dim).
+    pub n_rot: usize,
+    /// RoPE frequency base.
+    pub rope_base: f32,
+}
+
+impl AttnDims {
+    fn check(&self) -> Result<()> {
+        let ok = self.n_head_kv > 0
+            && self.n_head.is_multiple_of(self.n_head_kv)
+            && self.head_dim.is_multiple_of(2)
+            && self.head_dim <= 512
+            && self.n_rot.is_multiple_of(4)
+            && self.n_rot <= self.head_dim;
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Gpu(format!(
+                "attention: unsupported geometry {self:?} (need n_head_kv | n_head, even \
+                 head_dim ≤ 512, n_rot a multiple of 4 and ≤ head_dim)"
+            )))
+        }
+    }
+
+    /// Width of the key/value rows.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// NEOX RoPE of `q` (in place) and `k` at the step's positions, then `k` and `v` stored
+/// into the cache as F16 (`rope_kv.wgsl`).
+pub struct RopeKv {
+    dispatch: Dispatch,
+    _params: GpuBuffer,
+}
+
+impl RopeKv {
+    /// `q`: f32, `n_head·head_dim` per token; `k`, `v`: f32, `kv_dim` per token.
+    pub fn new(
+        ctx: &GpuContext,
+        dims: AttnDims,
+        step: &StepUniform,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        kv: &GpuKv,
+    ) -> Result<RopeKv> {
+        dims.check()?;
+        if kv.kv_dim != dims.kv_dim() {
+            return Err(Error::Gpu(format!(
+                "rope_kv: cache rows of {} for kv_dim {}",
+                kv.kv_dim,
+                dims.kv_dim()
+            )));
+        }
+        // The same f32 expression as backend/cpu/rope.rs.
+        let theta_scale = dims.rope_base.powf(-2.0 / dims.n_rot as f32);
+        let params = uniform(
+            ctx,
+            "rope_kv.params",
+            &[
+                dims.n_head as u32,
+                dims.n_head_kv as u32,
+                dims.head_dim as u32,
+                dims.n_rot as u32,
+                theta_scale.to_bits(),
+                0,
+                0,
+                0,
+            ],
+        )?;
+        let items = ((dims.n_head + 2 * dims.n_head_kv) * dims.head_dim / 2) as u32;
+        let key = PipelineKey {
+            kernel: Kernel::RopeKv,
+            variant: Variant::default(),
+        };
+        let dispatch = Dispatch::new(
+            ctx,
+            key,
+            "rope_kv",
+            &[
+                (0, params.binding()),
+                (1, step.buf.binding()),
+                (2, q.binding()),
+                (3, k.binding()),
+                (4, v.binding()),
+                (5, kv.k.binding()),
+                (6, kv.v.binding()),
+            ],
+            items.div_ceil(WG),
+        )?;
+        Ok(RopeKv {
+            dispatch,
+            _params: params,
+        })
+    }
+
+    /// Records the rotation and cache store of `n_tokens` tokens (the step uniform must hold
+    /// the same count and their first position).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        self.dispatch.record(pass, n_tokens);
+    }
+}
+
+/// Keys per chunk of the decode split (`attention.wgsl` CHUNK).
+pub const ATTN_CHUNK: u32 = 256;
+
+/// Causal GQA attention over a [`GpuKv`] (`attention.wgsl`): flash-decoding in three
+/// dispatches for one token, one workgroup per (head, token) for a batch.
+pub struct Attention {
+    scores: Dispatch,
+    probs_pv: Dispatch,
+    merge: Dispatch,
+    prefill: Dispatch,
+    n_head: u32,
+    n_ctx: u32,
+    _keep: Vec<GpuBuffer>,
+}
+
+impl Attention {
+    /// `q`: rotated f32 queries, `n_head·head_dim` per token; `out`: f32, same shape. A
+    /// single token rounds its probabilities to F16 when `round_p` (the reference's decode
+    /// numerics); a batch keeps them in f32.
+    pub fn new(
+        ctx: &GpuContext,
+        dims: AttnDims,
+        step: &StepUniform,
+        q: &GpuBuffer,
+        kv: &GpuKv,
+        out: &GpuBuffer,
+        round_p: bool,
+    ) -> Result<Attention> {
+        dims.check()?;
+        let max_chunks = (kv.n_ctx as u32).div_ceil(ATTN_CHUNK);
+        let hq = dims.n_head * dims.head_dim;
+        let scale = 1.0 / (dims.head_dim as f32).sqrt();
+        let params = uniform(
+            ctx,
+            "attention.params",
+            &[
+                dims.n_head as u32,
+                dims.n_head_kv as u32,
+                dims.head_dim as u32,
+                kv.n_ctx as u32,
+                scale.to_bits(),
+                max_chunks,
+                0,
+                0,
+            ],
+        )?;
+        let scores =
+            GpuBuffer::zeroed(ctx, "attention.scores", (dims.n_head * kv.n_ctx * 4) as u64)?;
+        let stats = GpuBuffer::zeroed(
+            ctx,
+            "attention.stats",
+            u64::from(max_chunks) * dims.n_head as u64 * 8,
+        )?;
+        let partial = GpuBuffer::zeroed(
+            ctx,
+            "attention.partial",
+            u64::from(max_chunks) * hq as u64 * 4,
+        )?;
+        let key = |stage| PipelineKey {
+            kernel: Kernel::Attention {
+                stage,
+                round_p: round_p && stage == AttnStage::ProbsPv,
+            },
+            variant: Variant::default(),
+        };
+        let (u, st) = (params.binding(), step.buf.binding());
+        let scores_d = Dispatch::new(
+            ctx,
+            key(AttnStage::Scores),
+            "attention.scores",
+            &[
+                (0, u.clone()),
+                (1, st.clone()),
+                (2, q.binding()),
+                (3, kv.k.binding()),
+                (6, scores.binding()),
+                (7, stats.binding()),
+            ],
+            0,
+        )?;
+        let probs_pv = Dispatch::new(
+            ctx,
+            key(AttnStage::ProbsPv),
+            "attention.probs_pv",
+            &[
+                (0, u.clone()),
+                (1, st.clone()),
+                (4, kv.v.binding()),
+                (6, scores.binding()),
+                (7, stats.binding()),
+                (8, partial.binding()),
+            ],
+            0,
+        )?;
+        let merge = Dispatch::new(
+            ctx,
+            key(AttnStage::Merge),
+            "attention.merge",
+            &[
+                (0, u.clone()),
+                (1, st.clone()),
+                (5, out.binding()),
+                (8, partial.binding()),
+            ],
+            ((hq / 2) as u32).div_ceil(WG),
+        )?;
+        let prefill = Dispatch::new(
+            ctx,
+            key(AttnStage::Prefill),
+            "attention.prefill",
+            &[
+                (0, u),
+                (1, st),
+                (2, q.binding()),
+                (3, kv.k.binding()),
+                (4, kv.v.binding()),
+                (5, out.binding()),
+            ],
+            dims.n_head as u32,
+        )?;
+        Ok(Attention {
+            scores: scores_d,
+            probs_pv,
+            merge,
+            prefill,
+            n_head: dims.n_head as u32,
+            n_ctx: kv.n_ctx as u32,
+            _keep: vec![params, scores, stats, partial],
+        })
+    }
+
+    /// Records attention for `n_tokens` new tokens whose last one is at position
+    /// `n_kv − 1` (the step uniform must hold `n_tokens` and `n_kv − n_tokens`): three
+    /// dispatches for one token, one for a batch.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
+        debug_assert!(n_kv <= self.n_ctx && n_tokens <= n_kv);
+        if n_tokens == 1 {
+            let chunks = n_kv.div_ceil(ATTN_CHUNK);
+            for d in [&self.scores, &self.probs_pv] {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.dispatch_workgroups(chunks, self.n_head, 1);
+            }
+            self.merge.record(pass, 1);
+        } else {
+            self.prefill.record(pass, n_tokens);
+        }
+    }
+
+    /// Dispatches [`Attention::record`] issues for `n_tokens`.
+    pub fn dispatches(n_tokens: u32) -> usize {
+        if n_tokens == 1 {
+            3
+        } else {
+            1
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! Matrix × activation products: I2_S ternary weights (int8 activations) and F16 weights.
+
+use super::{check_tpr, uniform, Dispatch, QuantAct, StepUniform, WG};
+use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
+use crate::backend::gpu::context::GpuContext;
+use crate::backend::gpu::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
+use crate::{Error, Result};
+
+/// An I2_S weight matrix on the GPU: the codes as stored in the file, and the scale.
+#[derive(Clone, Debug)]
+pub struct TernaryWeights {
+    /// `rows × k/4` bytes of codes.
+    pub codes: GpuBuffer,
+    /// Output features.
+    pub rows: usize,
+    /// Input features (a multiple of 128).
+    pub k: usize,
+    /// Per-tensor scale.
+    pub scale: f32,
+}
+
+impl TernaryWeights {
+    /// Uploads an I2_S tensor (`data` = codes then the 32-byte tail, as in the file) of
+    /// `rows` rows of `k` elements.
+    pub fn upload(
+        ctx: &GpuContext,
+        name: &str,
+        data: &[u8],
+        k: usize,
+        rows: usize,
+    ) -> Result<TernaryWeights> {
+        let codes = k * rows / 4;
+        if !k.is_multiple_of(crate::quant::i2s::BLOCK_ELEMS) || data.len() < codes + 4 {
+            return Err(Error::Gpu(format!(
+                "{name}: I2_S tensor of {} bytes does not hold {rows} rows of {k} (K must be \
+                 a multiple of 128) plus the scale",
+                data.len()
+            )));
+        }
+        let scale = crate::quant::i2s::tensor_scale(data, k * rows);
+        Ok(TernaryWeights {
+            codes: GpuBuffer::from_slice(ctx, name, &data[..codes])?,
+            rows,
+            k,
+            scale,
+        })
+    }
+}
+
+/// `out (= or +=) W · dequant(act)` for I2_S `W`: a matvec per token (decode) and, when a
+/// [`StepUniform`] is given, the 4-tokens-per-workgroup batch kernel (prefill).
+pub struct TernaryMatvec {
+    single: Dispatch,
+    batch: Option<Dispatch>,
+    _params: GpuBuffer,
+}
+
+impl TernaryMatvec {
+    /// Binds `w`, `act` and `out` (f32, `w.rows` per token); `tpr` lanes per row.
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn new(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &TernaryWeights,
+        act: &QuantAct,
+        out: &GpuBuffer,
+        epilogue: Epilogue,
+        step: Option<&StepUniform>,
+    ) -> Result<TernaryMatvec> {
+        check_tpr(tpr)?;
+        if act.k != w.k {
+            return Err(Error::Gpu(format!(
+                "ternary matvec: activations of width {} for weights of width {}",
+                act.k, w.k
+            )));
+        }
+        let words = (w.k / 16) as u32;
+        let params = uniform(
+            ctx,
+            "ternary.params",
+            &[w.rows as u32, words, w.scale.to_bits(), 0],
+        )?;
+        let groups = (w.rows as u32).div_ceil(WG / tpr);
+        let mut bindings = vec![
+            (0, params.binding()),
+            (1, w.codes.binding()),
+            (2, act.q.binding()),
+            (3, act.meta.binding()),
+            (4, out.binding()),
+        ];
+        let key = |batch| PipelineKey {
+            kernel: Kernel::Ternary {
+                tpr,
+                epilogue,
+                batch,
+            },
+            variant,
+        };
+        let single = Dispatch::new(ctx, key(false), "ternary", &bindings, groups)?;
+        let batch = match step {
+            Some(s) => {
+                bindings.push((5, s.buf.binding()));
+                Some(Dispatch::new(
+                    ctx,
+                    key(true),
+                    "ternary4",
+                    &bindings,
+                    groups,
+                )?)
+            }
+            None => None,
+        };
+        Ok(TernaryMatvec {
+            single,
+            batch,
+            _params: params,
+        })
+    }
+
+    /// Records the product for `n_tokens` tokens: the matvec per token, or (when built
+    /// with a step uniform holding `n_tokens`, and `batched`) the batch kernel.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, batched: bool) {
+        match (&self.batch, batched) {
+            (Some(b), true) => b.record(pass, n_tokens.div_ceil(4)),
+            _ => self.single.record(pass, n_tokens),
+        }
+    }
+}
+
+/// `out[t][row0 + j] = W_shard[j] · x[t]` over every shard of an F16 matrix (LM head).
+pub struct F16Matvec {
+    dispatches: Vec<Dispatch>,
+    last: bool,
+    _params: Vec<GpuBuffer>,
+}
+
+impl F16Matvec {
+    /// `w`: F16 rows of `k` (a multiple of 4); `x`: f32, `k` per token; `out`: f32,
+    /// `w.rows` per token.
+    pub fn new(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        round_x: bool,
+    ) -> Result<F16Matvec> {
+        Self::build(ctx, variant, tpr, w, x, out, round_x, None)
+    }
+
+    /// Like [`F16Matvec::new`] but multiplies only the last token row of the step (row
+    /// `n_tokens − 1` of `x`, read from `step`) into row 0 of `out`.
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn last_row(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        round_x: bool,
+        step: &StepUniform,
+    ) -> Result<F16Matvec> {
+        Self::build(ctx, variant, tpr, w, x, out, round_x, Some(step))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        round_x: bool,
+        step: Option<&StepUniform>,
+    ) -> Result<F16Matvec> {
+        check_tpr(tpr)?;
+        let k = (w.row_bytes / 2) as u32;
+        if !k.is_multiple_of(4) {
+            return Err(Error::Gpu(format!(
+                "f16 matvec: row width {k} is not a multiple of 4"
+            )));
+        }
+        let last = step.is_some();
+        let key = PipelineKey {
+            kernel: Kernel::F16Matvec { tpr, round_x, last },
+            variant,
+        };
+        let mut dispatches = Vec::new();
+        let mut params = Vec::new();
+        for (i, shard) in w.shards.iter().enumerate() {
+            let (r0, rows) = w.shard_rows(i);
+            let u = uniform(
+                ctx,
+                "f16_matvec.params",
+                &[rows as u32, k, r0 as u32, w.rows as u32],
+            )?;
+            let mut bindings = vec![
+                (0, u.binding()),
+                (1, shard.binding()),
+                (2, x.binding()),
+                (3, out.binding()),
+            ];
+            if let Some(s) = step {
+                bindings.push((4, s.buf.binding()));
+            }
+            dispatches.push(Dispatch::new(
+                ctx,
+                key,
+                "f16_matvec",
+                &bindings,
+                (rows as u32).div_ceil(WG / tpr),
+            )?);
+            params.push(u);
+        }
+        Ok(F16Matvec {
+            dispatches,
+            last,
+            _params: params,
+        })
+    }
+
+    /// Records every shard's dispatch for `n_tokens` tokens (one row when built with
+    /// [`F16Matvec::last_row`]).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        let rows = if self.last { 1 } else { n_tokens };
+        for d in &self.dispatches {
+            d.record(pass, rows);
+        }
+    }
+
+    /// Dispatches per record (one per shard).
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches.len()
+    }
+}

@@ -1,0 +1,107 @@
+//! Rust wrappers of the kernels. Each op is built once (pipelines fetched from the cache,
+//! parameter uniforms and bind groups created) and then recorded into any number of
+//! compute passes with `record`, which creates nothing. One file per kernel family.
+
+mod attention;
+mod embed;
+mod glu;
+mod matvec;
+mod norm;
+mod select;
+
+pub use attention::{Attention, AttnDims, GpuKv, RopeKv, ATTN_CHUNK};
+pub use embed::Embed;
+pub use glu::Glu;
+pub use matvec::{F16Matvec, TernaryMatvec, TernaryWeights};
+pub use norm::{NormOut, QuantAct, RmsNorm};
+pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
+
+use super::buffers::{GpuBuffer, UNIFORM};
+use super::context::GpuContext;
+use super::pipelines::{PipelineKey, Variant};
+use crate::{Error, Result};
+
+/// Threads per workgroup of every kernel.
+pub const WG: u32 = 256;
+
+/// One recorded kernel launch: pipeline, bind group and workgroup count along x.
+#[derive(Clone, Debug)]
+pub struct Dispatch {
+    pipeline: wgpu::ComputePipeline,
+    bind_group: wgpu::BindGroup,
+    groups_x: u32,
+}
+
+impl Dispatch {
+    fn new(
+        ctx: &GpuContext,
+        key: PipelineKey,
+        label: &str,
+        bindings: &[(u32, wgpu::BufferBinding<'_>)],
+        groups_x: u32,
+    ) -> Result<Dispatch> {
+        let pipeline = ctx.pipeline(key)?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let bind_group = ctx.create_bind_group(label, &layout, bindings);
+        Ok(Dispatch {
+            pipeline,
+            bind_group,
+            groups_x,
+        })
+    }
+
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups_y: u32) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.groups_x, groups_y, 1);
+    }
+}
+
+pub(crate) fn uniform(ctx: &GpuContext, label: &str, words: &[u32]) -> Result<GpuBuffer> {
+    GpuBuffer::from_bytes(ctx, label, bytemuck::cast_slice(words), UNIFORM)
+}
+
+pub(crate) fn check_tpr(tpr: u32) -> Result<()> {
+    if tpr.is_power_of_two() && tpr <= WG {
+        Ok(())
+    } else {
+        Err(Error::Gpu(format!(
+            "threads per row must be a power of two ≤ {WG}, got {tpr}"
+        )))
+    }
+}
+
+impl GpuContext {
+    /// The best variant for a kernel with `tpr` lanes per row: F16 when enabled, subgroup
+    /// reductions when enabled and a row's lanes fit in the smallest subgroup.
+    pub fn variant(&self, tpr: u32) -> Variant {
+        let c = self.caps();
+        Variant {
+            f16: c.f16,
+            subgroups: c.subgroups && tpr <= c.subgroup_min_size,
+        }
+    }
+}
+
+/// The per-step uniform `{ n_tokens, pos, 0, 0 }` read by batched kernels; written once
+/// per step with [`StepUniform::write`].
+#[derive(Clone, Debug)]
+pub struct StepUniform {
+    /// The 16-byte uniform buffer.
+    pub buf: GpuBuffer,
+}
+
+impl StepUniform {
+    /// A zeroed step uniform.
+    pub fn new(ctx: &GpuContext) -> Result<StepUniform> {
+        Ok(StepUniform {
+            buf: uniform(ctx, "step", &[0; 4])?,
+        })
+    }
+
+    /// Queues the new values (ordered before the next submit).
+    pub fn write(&self, ctx: &GpuContext, n_tokens: u32, pos: u32) {
+        self.buf
+            .write(ctx, 0, bytemuck::cast_slice(&[n_tokens, pos, 0, 0]));
+    }
+}
