@@ -58,6 +58,7 @@
 //! - Every f32→F16 rounding (KV cache, Q for QKᵀ, decode probabilities) is round to nearest
 //!   even in integer arithmetic, as `half::f16::from_f32`.
 
+mod bandwidth;
 mod buffers;
 mod context;
 mod exec;
@@ -70,6 +71,7 @@ mod plan;
 mod tests;
 mod upload;
 
+pub use bandwidth::measure_read_bandwidth;
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, GpuOptions};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};

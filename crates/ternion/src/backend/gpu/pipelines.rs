@@ -81,6 +81,8 @@ pub enum Kernel {
         /// First pass (per chunk) or second pass (over the candidates).
         partial: bool,
     },
+    /// `read_bw.wgsl`: the read-bandwidth probe.
+    ReadProbe,
 }
 
 /// The entry points of `attention.wgsl`.
@@ -124,6 +126,7 @@ enum Source {
     Attention,
     Glu,
     Select,
+    ReadProbe,
 }
 
 impl Source {
@@ -137,6 +140,7 @@ impl Source {
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
             Source::Glu => ("glu.wgsl", include_str!("kernels/glu.wgsl")),
             Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
+            Source::ReadProbe => ("read_bw.wgsl", include_str!("kernels/read_bw.wgsl")),
         }
     }
 }
@@ -152,6 +156,7 @@ impl Kernel {
             Kernel::Attention { .. } => Source::Attention,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
+            Kernel::ReadProbe => Source::ReadProbe,
         }
     }
 
@@ -164,7 +169,7 @@ impl Kernel {
             Kernel::Ternary { batch: true, .. } => "matmul4",
             Kernel::F16Matvec { last: false, .. } => "main",
             Kernel::F16Matvec { last: true, .. } => "last",
-            Kernel::RopeKv | Kernel::Glu { .. } => "main",
+            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
                 AttnStage::ProbsPv => "probs_pv",
@@ -178,7 +183,7 @@ impl Kernel {
 
     fn constants(self) -> Vec<(&'static str, f64)> {
         match self {
-            Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv => vec![],
+            Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv | Kernel::ReadProbe => vec![],
             Kernel::Attention { stage, round_p } => {
                 if stage == AttnStage::ProbsPv {
                     vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })]

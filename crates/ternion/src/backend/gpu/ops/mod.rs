@@ -33,7 +33,7 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    fn new(
+    pub(crate) fn new(
         ctx: &GpuContext,
         key: PipelineKey,
         label: &str,
@@ -50,7 +50,7 @@ impl Dispatch {
         })
     }
 
-    fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups_y: u32) {
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups_y: u32) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(self.groups_x, groups_y, 1);
