@@ -170,7 +170,10 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
     let Some(ctx) = ctx() else { return };
     let mut r = rng(3);
     let (mut diffs, mut total) = (0usize, 0usize);
-    for &n in &[644usize, 2560, 6912] {
+    for (&n, v) in [644usize, 2560, 6912]
+        .iter()
+        .flat_map(|n| variants(&ctx, 1).into_iter().map(move |v| (n, v)))
+    {
         let rows = 7;
         let x = random_rows(&mut r, rows, n);
         let w: Vec<f32> = (0..n).map(|_| r.random_range(0.1..2.0)).collect();
@@ -178,7 +181,6 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
         let wb = GpuBuffer::from_slice(&ctx, "w", &w).unwrap();
         let yb = GpuBuffer::zeroed(&ctx, "y", (rows * n * 4) as u64).unwrap();
         let qa = QuantAct::new(&ctx, n, rows).unwrap();
-        let v = Variant::default();
         let plain = RmsNorm::new(&ctx, v, &xb, &wb, n, 1e-5, NormOut::F32(&yb)).unwrap();
         let quant = RmsNorm::new(&ctx, v, &xb, &wb, n, 1e-5, NormOut::Quant(&qa)).unwrap();
         run(&ctx, |p| {
@@ -196,9 +198,9 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
             // 1. Exact against the CPU quantizer fed the GPU's own normalised row.
             let mut q_ref = vec![0i8; n];
             let p = act::quantize_per_token(&y_gpu[t * n..][..n], &mut q_ref);
-            assert_eq!(s_gpu.to_bits(), p.scale.to_bits(), "n {n} row {t}: scale");
-            assert_eq!(qg, &q_ref[..], "n {n} row {t}: q");
-            assert_eq!(sum_gpu, p.sum, "n {n} row {t}: sum");
+            assert_eq!(s_gpu.to_bits(), p.scale.to_bits(), "{v:?} n {n} row {t}: scale");
+            assert_eq!(qg, &q_ref[..], "{v:?} n {n} row {t}: q");
+            assert_eq!(sum_gpu, p.sum, "{v:?} n {n} row {t}: sum");
             // 2. Close to the full CPU reference.
             let mut q_cpu = vec![0i8; n];
             let pc = act::quantize_per_token(&y_cpu[t * n..][..n], &mut q_cpu);
