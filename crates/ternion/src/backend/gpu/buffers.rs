@@ -107,9 +107,27 @@ impl Sharded {
         row_bytes: usize,
         max_shard_bytes: Option<u64>,
     ) -> Result<Sharded> {
-        if row_bytes == 0 || !row_bytes.is_multiple_of(4) || !data.len().is_multiple_of(row_bytes) {
+        if !row_bytes.is_multiple_of(4) {
             return Err(Error::Gpu(format!(
-                "{label}: {} bytes are not whole rows of {row_bytes} bytes (a multiple of 4)",
+                "{label}: rows of {row_bytes} bytes are not a multiple of 4"
+            )));
+        }
+        Self::from_rows_unaligned(ctx, label, data, row_bytes, max_shard_bytes)
+    }
+
+    /// [`Sharded::from_rows`] for rows of any byte length (block-quantized rows such as
+    /// Q6_K's 210 bytes per 256 values): each shard is zero-padded to whole words, and
+    /// kernels address its rows by byte offset.
+    pub fn from_rows_unaligned(
+        ctx: &GpuContext,
+        label: &str,
+        data: &[u8],
+        row_bytes: usize,
+        max_shard_bytes: Option<u64>,
+    ) -> Result<Sharded> {
+        if row_bytes == 0 || !data.len().is_multiple_of(row_bytes) {
+            return Err(Error::Gpu(format!(
+                "{label}: {} bytes are not whole rows of {row_bytes} bytes",
                 data.len()
             )));
         }

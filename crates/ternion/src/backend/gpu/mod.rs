@@ -67,14 +67,17 @@ mod ops;
 mod pipelines;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fam;
 
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, GpuOptions};
 pub use exec::{GpuModel, GpuModelOptions};
 pub use ops::{
-    Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, NormOut, QuantAct, RmsNorm,
-    RopeKv, StepUniform, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK,
-    WG,
+    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,
+    PosTable, QAct, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm,
+    RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, TernaryMatvec, TernaryWeights, TopK,
+    ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

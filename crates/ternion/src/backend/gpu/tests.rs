@@ -24,7 +24,7 @@ use super::*;
 use crate::backend::cpu::{attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape};
 use crate::quant::{act, i2s};
 
-fn ctx_with(opts: &GpuOptions) -> Option<GpuContext> {
+pub(super) fn ctx_with(opts: &GpuOptions) -> Option<GpuContext> {
     match GpuContext::new(opts) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -45,12 +45,12 @@ fn ctx() -> Option<GpuContext> {
     ctx_with(&GpuOptions::default())
 }
 
-fn rng(seed: u64) -> rand::rngs::StdRng {
+pub(super) fn rng(seed: u64) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed)
 }
 
 /// Runs `f` inside one compute pass and submits once.
-fn run(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
+pub(super) fn run(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
     let mut enc = ctx.encoder();
     {
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
@@ -61,7 +61,7 @@ fn run(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
 }
 
 /// The variants worth testing for a kernel with `tpr` lanes per row.
-fn variants(ctx: &GpuContext, tpr: u32) -> Vec<Variant> {
+pub(super) fn variants(ctx: &GpuContext, tpr: u32) -> Vec<Variant> {
     let best = ctx.variant(tpr);
     let mut v = vec![Variant::default()];
     if best != Variant::default() {
@@ -421,7 +421,13 @@ fn topk_and_argmax_match_cpu() {
     assert_eq!(got[3], (u32::MAX, f32::NEG_INFINITY));
 }
 
-fn dims(n_head: usize, n_head_kv: usize, head_dim: usize, n_rot: usize, base: f32) -> AttnDims {
+pub(super) fn dims(
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    n_rot: usize,
+    base: f32,
+) -> AttnDims {
     AttnDims {
         n_head,
         n_head_kv,
@@ -528,7 +534,7 @@ fn rope_kv_matches_cpu() {
     eprintln!("rope_kv: worst |gpu − cpu| / (|x0| + |x1|) = {worst:e}");
 }
 
-fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
+pub(super) fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
     (0..n)
         .map(|_| f16::from_f32(r.random_range(-2.0..2.0)))
         .collect()
