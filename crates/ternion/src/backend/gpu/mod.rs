@@ -21,7 +21,7 @@
 //!   into a [`GpuKv`]), [`Attention`] (flash-decoding for one token, a workgroup per
 //!   (head, token) for a batch), [`Glu`], [`TopK`]; for the other families and formats
 //!   [`QMatvec`] over [`QWeights`] in their GGUF format (F32, F16, BF16, Q8_0, Q4_0, Q4_K,
-//!   Q6_K, TQ2_0) fed by [`QuantizeAct`] (ggml's Q8_0 / Q8_K activations), and [`RowOp`]
+//!   Q6_K, TQ2_0) fed by [`QuantizeAct`], [`QEmbed`] (row gather from such a table) (ggml's Q8_0 / Q8_K activations), and [`RowOp`]
 //!   (LayerNorm, bias, GELU, position embeddings, column slice, last-row select)). `new` fetches the pipeline, creates the parameter
 //!   uniforms and the bind groups once; `record(&mut ComputePass, n_tokens)` only sets
 //!   the pipeline and bind group and dispatches, so recording creates nothing
@@ -78,8 +78,8 @@ pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, Gpu
 pub use exec::{GpuModel, GpuModelOptions};
 pub use ops::{
     ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,
-    PosTable, QAct, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm,
-    RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, TernaryMatvec, TernaryWeights, TopK,
+    PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
+    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, TernaryMatvec, TernaryWeights, TopK,
     ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
 };
 pub use pipelines::{

@@ -95,6 +95,11 @@ pub enum Kernel {
         /// Round f32 activations through F16 first (F16 weights only).
         round_x: bool,
     },
+    /// `qmatvec.wgsl` `gather`: rows of a GGUF-format matrix dequantized to f32.
+    QGather {
+        /// Weight format.
+        fmt: QFormat,
+    },
     /// `quant_act.wgsl`: Q8_0 or Q8_K activation quantization.
     QuantAct {
         /// Which quantizer.
@@ -182,7 +187,7 @@ impl Kernel {
             Kernel::Attention { .. } => Source::Attention,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
-            Kernel::QMatvec { .. } => Source::QMatvec,
+            Kernel::QMatvec { .. } | Kernel::QGather { .. } => Source::QMatvec,
             Kernel::QuantAct { .. } => Source::QuantAct,
             Kernel::RowOp { .. } => Source::RowOps,
         }
@@ -208,6 +213,7 @@ impl Kernel {
             Kernel::Select { partial: false, .. } => "merge",
             Kernel::QMatvec { batch: false, .. } => "matvec",
             Kernel::QMatvec { batch: true, .. } => "matmul4",
+            Kernel::QGather { .. } => "gather",
             Kernel::QuantAct { kind } => kind.entry_point(),
             Kernel::RowOp { op } => op.entry_point(),
         }
@@ -257,6 +263,7 @@ impl Kernel {
                 ),
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
+            Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
             Kernel::QuantAct { .. } | Kernel::RowOp { .. } => vec![],
         }
     }

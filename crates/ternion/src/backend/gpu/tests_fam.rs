@@ -6,6 +6,8 @@
 //! - quant_act (Q8_0, Q8_K): q and scales bit-exact against quant/act.rs.
 //! - qmatvec: |Δ| ≤ 1e-5 · Σ|w_i·x_i| (the integer dots are exact; f32 scaling and
 //!   summation order differ from the CPU's per-block sums).
+//! - qembed (row gather): equal to quant::dequantize_row (Q4_K within 1e-6 relative, in
+//!   case the driver fuses d·s·q − dmin·m into one fma).
 //! - layernorm: |Δ| ≤ 1e-5 · (|y| + |b| + 1) (f32 sums vs the CPU's f64 ones).
 //! - add_bias, add_pos, slice, select_last: exact.
 //! - gelu: within one F16 ulp of ggml's table value, or 1e-6 absolute where 1 + tanh
@@ -115,6 +117,19 @@ fn quant_act_is_bit_exact() {
     }
 }
 
+/// Every format with a row width of a few blocks: Q6_K and TQ2_0 rows of 630 and 198
+/// bytes, Q8_0 and Q4_0 rows of 102 and 54 bytes put blocks at odd word offsets.
+const FORMATS: &[(QFormat, usize)] = &[
+    (QFormat::F32, 100),
+    (QFormat::F16, 100),
+    (QFormat::BF16, 100),
+    (QFormat::Q8_0, 96),
+    (QFormat::Q4_0, 96),
+    (QFormat::Q4_K, 768),
+    (QFormat::Q6_K, 768),
+    (QFormat::TQ2_0, 768),
+];
+
 /// Random weights of `fmt` (`rows × k`), as a GGUF stores them.
 fn weight_bytes(r: &mut impl Rng, fmt: QFormat, rows: usize, k: usize) -> (GgmlType, Vec<u8>) {
     let vals: Vec<f32> = (0..rows * k).map(|_| r.random_range(-1.0..1.0)).collect();
@@ -188,20 +203,10 @@ fn cpu_dot(fmt: QFormat, w: &[u8], wdeq: &[f32], x: &[f32], round_x: bool) -> (f
 #[test]
 fn qmatvec_matches_cpu_every_format() {
     let mut r = rng(22);
-    let formats = [
-        (QFormat::F32, 100usize),
-        (QFormat::F16, 100),
-        (QFormat::BF16, 100),
-        (QFormat::Q8_0, 96),
-        (QFormat::Q4_0, 96),
-        (QFormat::Q4_K, 768),
-        (QFormat::Q6_K, 768),
-        (QFormat::TQ2_0, 768),
-    ];
     let (rows, tokens) = (37usize, 6usize);
     let mut worst = 0f32;
     for ctx in contexts() {
-        for &(fmt, k) in &formats {
+        for &(fmt, k) in FORMATS {
             let (ty, wb) = weight_bytes(&mut r, fmt, rows, k);
             let row_bytes = wb.len() / rows;
             // Shards of 16 rows: 3 dispatches, the last one partial, rows at odd offsets.
@@ -529,4 +534,100 @@ fn attention_head_dims_64_96_and_gqa() {
         }
     }
     eprintln!("attention (head_dim 64/96, GQA 1/4): worst |gpu − cpu| / max|v| = {worst:e}");
+}
+
+/// Every new op records into one pass any number of times without creating a buffer,
+/// bind group or pipeline (DESIGN.md principle 3).
+#[test]
+fn family_ops_create_nothing_per_record() {
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    let mut r = rng(28);
+    let (k, rows, t) = (256usize, 24usize, 3usize);
+    let (ty, wb) = weight_bytes(&mut r, QFormat::Q6_K, rows, k);
+    let w = QWeights::upload(&ctx, "w", ty, &wb, k, rows, None).unwrap();
+    let x = GpuBuffer::from_slice(&ctx, "x", &act_rows(&mut r, t, k)).unwrap();
+    let vec_k = GpuBuffer::from_slice(&ctx, "vk", &vec![0.5f32; k]).unwrap();
+    let out = GpuBuffer::zeroed(&ctx, "out", (rows * t * 4) as u64).unwrap();
+    let y = GpuBuffer::zeroed(&ctx, "y", (k * t * 4) as u64).unwrap();
+    let qa = QAct::new(&ctx, ActQuant::Q8K, k, t).unwrap();
+    let step = StepUniform::new(&ctx).unwrap();
+    step.write(&ctx, t as u32, 2);
+    let table = GpuBuffer::from_slice(&ctx, "pos", &vec![0.25f32; k * 8]).unwrap();
+    let quant = QuantizeAct::new(&ctx, &x, &qa).unwrap();
+    let mv = QMatvec::new(
+        &ctx,
+        ctx.variant(8),
+        8,
+        &w,
+        MatIn::Quant(&qa),
+        &out,
+        QMatvecOpts::default(),
+        Some(&step),
+    )
+    .unwrap();
+    let ops = [
+        RowOp::layer_norm(&ctx, &x, &vec_k, &vec_k, k, 1e-5, &y).unwrap(),
+        RowOp::add_bias(&ctx, &y, &vec_k, k).unwrap(),
+        RowOp::gelu(&ctx, &y, k).unwrap(),
+        RowOp::add_pos(&ctx, &step, &y, PosTable::F32(&table), k, 8).unwrap(),
+    ];
+    let before = ctx.counters();
+    for _ in 0..10 {
+        run(&ctx, |p| {
+            quant.record(p, t as u32);
+            mv.record(p, t as u32, false);
+            mv.record(p, t as u32, true);
+            for op in &ops {
+                op.record(p, t as u32);
+            }
+        });
+    }
+    assert_eq!(ctx.counters(), before);
+}
+
+/// Embedding rows gathered from tables in every format equal the CPU's dequantized rows.
+#[test]
+fn qembed_matches_cpu_dequantization() {
+    let mut r = rng(29);
+    for ctx in contexts() {
+        for &(fmt, k) in FORMATS {
+            let rows = 29;
+            let (ty, wb) = weight_bytes(&mut r, fmt, rows, k);
+            let row_bytes = wb.len() / rows;
+            let table = QWeights::upload(
+                &ctx,
+                "embd",
+                ty,
+                &wb,
+                k,
+                rows,
+                Some((10 * row_bytes) as u64),
+            )
+            .unwrap();
+            let ids: Vec<u32> = vec![0, 28, 9, 10, 19, 20, 3];
+            let idb = GpuBuffer::from_slice(&ctx, "ids", &ids).unwrap();
+            let out = GpuBuffer::zeroed(&ctx, "x", (ids.len() * k * 4) as u64).unwrap();
+            let op = QEmbed::new(&ctx, &table, &idb, &out).unwrap();
+            run(&ctx, |p| op.record(p, ids.len() as u32));
+            let got = out.read::<f32>(&ctx).unwrap();
+            let mut want = vec![0f32; k];
+            for (t, &id) in ids.iter().enumerate() {
+                quant::dequantize_row(ty, "embd", &wb, k, id as usize, &mut want).unwrap();
+                for (i, (&g, &w)) in got[t * k..][..k].iter().zip(&want).enumerate() {
+                    // Exact but for a possibly fused multiply-add in Q4_K's d·s·q − dmin·m.
+                    let tol = if fmt == QFormat::Q4_K {
+                        1e-6 * (w.abs() + 1e-3)
+                    } else {
+                        0.0
+                    };
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{fmt:?} id {id} [{i}]: gpu {g} cpu {w}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1,7 +1,8 @@
 // qmatvec.wgsl — out (= or +=) W · x for weights in a GGUF storage format, read as stored
 // in the file (no repacking): F32, F16, BF16 against f32 activations; Q8_0 and Q4_0
 // against Q8_0 activations; Q4_K, Q6_K and TQ2_0 against Q8_K activations (quant_act.wgsl),
-// the pairing of backend/cpu/linear.rs. FMT selects the format (override constant).
+// the pairing of backend/cpu/linear.rs. FMT selects the format (override constant). The
+// `gather` entry point dequantizes whole rows (token embeddings stored in these formats).
 //
 // Bindings (group 0):
 //   0 uniform Params { rows, units, row0, out_stride, row_bytes, act_stride, nb, post }:
@@ -19,8 +20,10 @@
 //   3 storage read  act_d: array<f32>  T × nb block scales (float formats bind anything)
 //   4 storage rw    out:   array<f32>  T × out_stride; writes row0 .. row0 + rows
 //   5 uniform Step { n_tokens, .. }    matmul4 only
+//   6 storage read  ids:   array<u32>  gather only: T token ids
 // Dispatch: matvec (ceil(rows / (256/TPR)), T, 1); matmul4 (ceil(rows / (256/TPR)),
-// ceil(T/4), 1), one dispatch per shard. A workgroup is 256/TPR rows × TPR lanes; lanes
+// ceil(T/4), 1); gather (ceil(units / 256), T, 1) with out_stride = k; one dispatch per
+// shard. In matvec/matmul4 a workgroup is 256/TPR rows × TPR lanes; lanes
 // stride over the row's units and their partial sums are reduced by subgroupShuffleXor
 // (SUBGROUPS, TPR ≤ the minimum subgroup size) or in shared memory. matmul4 decodes each
 // weight unit once for up to 4 tokens.
@@ -83,6 +86,7 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> act_d: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
+@group(0) @binding(6) var<storage, read> ids: array<u32>;
 
 #if SUBGROUPS
 fn reduce4(v: vec4<f32>, li: u32) -> vec4<f32> {
@@ -158,22 +162,23 @@ fn xvec(i: u32) -> vec4<f32> {
     return vec4<f32>(xval(i), xval(i + 1u), xval(i + 2u), xval(i + 3u));
 }
 
-// Float formats: unit u = elements 4u .. 4u+3.
-fn unit_float(ro: u32, u: u32, a: vec4<u32>, nt: u32) -> vec4<f32> {
-    var wv: vec4<f32>;
+// Float formats: the 4 weights of unit u (elements 4u .. 4u+3) as f32.
+fn wfloat(ro: u32, u: u32) -> vec4<f32> {
     if (FMT == F_F32) {
         let o = ro + 16u * u;
-        wv = vec4<f32>(bitcast<f32>(ld(o)), bitcast<f32>(ld(o + 4u)), bitcast<f32>(ld(o + 8u)), bitcast<f32>(ld(o + 12u)));
-    } else {
-        let o = ro + 8u * u;
-        let w0 = ld(o);
-        let w1 = ld(o + 4u);
-        if (FMT == F_F16) {
-            wv = vec4<f32>(unpack2x16float(w0), unpack2x16float(w1));
-        } else {
-            wv = vec4<f32>(bitcast<f32>(w0 << 16u), bitcast<f32>(w0 & 0xffff0000u), bitcast<f32>(w1 << 16u), bitcast<f32>(w1 & 0xffff0000u));
-        }
+        return vec4<f32>(bitcast<f32>(ld(o)), bitcast<f32>(ld(o + 4u)), bitcast<f32>(ld(o + 8u)), bitcast<f32>(ld(o + 12u)));
     }
+    let o = ro + 8u * u;
+    let w0 = ld(o);
+    let w1 = ld(o + 4u);
+    if (FMT == F_F16) {
+        return vec4<f32>(unpack2x16float(w0), unpack2x16float(w1));
+    }
+    return vec4<f32>(bitcast<f32>(w0 << 16u), bitcast<f32>(w0 & 0xffff0000u), bitcast<f32>(w1 << 16u), bitcast<f32>(w1 & 0xffff0000u));
+}
+
+fn unit_float(ro: u32, u: u32, a: vec4<u32>, nt: u32) -> vec4<f32> {
+    let wv = wfloat(ro, u);
     var y = vec4<f32>(0.0);
     for (var j = 0u; j < nt; j++) {
         y[j] = dot(wv, xvec(a[j] + 4u * u));
@@ -190,99 +195,111 @@ fn idot(wq: array<u32, 8>, a0: u32, i0: u32, n: u32) -> i32 {
     return s;
 }
 
-// Quantized formats: unit u = elements 32u .. 32u+31 of the row; `a` = the tokens' first
-// activation words, `db` their first scale indices.
-fn unit_quant(ro: u32, u: u32, a: vec4<u32>, db: vec4<u32>, nt: u32) -> vec4<f32> {
-    var wq: array<u32, 8>;
-    var y = vec4<f32>(0.0);
-    let a_off = 8u * u;
+// One decoded 32-element unit of a quantized row: int8 lanes `q` (element 4i+b in byte b
+// of word i) and its scales. Q8_0, Q4_0, TQ2_0: w = d·q. Q6_K: w = d·s·q with s = s0 for
+// elements 0..15, s1 for 16..31. Q4_K: w = d·s0·q − dmin·s1 (q = the unsigned nibble).
+struct Unit {
+    q: array<u32, 8>,
+    d: f32,
+    dmin: f32,
+    s0: i32,
+    s1: i32,
+}
+
+fn decode(ro: u32, u: u32) -> Unit {
+    var r: Unit;
+    r.s0 = 1;
+    r.s1 = 1;
+    r.dmin = 0.0;
     switch FMT {
         case F_Q8_0: {
             let bo = ro + 34u * u;
-            let dw = f16_at(bo);
+            r.d = f16_at(bo);
             for (var i = 0u; i < 8u; i++) {
-                wq[i] = ld(bo + 2u + 4u * i);
-            }
-            for (var j = 0u; j < nt; j++) {
-                y[j] = f32(idot(wq, a[j] + a_off, 0u, 8u)) * (dw * act_d[db[j] + u]);
+                r.q[i] = ld(bo + 2u + 4u * i);
             }
         }
         case F_Q4_0: {
             let bo = ro + 18u * u;
-            let dw = f16_at(bo);
+            r.d = f16_at(bo);
             for (var i = 0u; i < 4u; i++) {
                 let b = ld(bo + 2u + 4u * i);
-                wq[i] = sub_bytes(b & M4, 8u);
-                wq[i + 4u] = sub_bytes((b >> 4u) & M4, 8u);
-            }
-            for (var j = 0u; j < nt; j++) {
-                y[j] = f32(idot(wq, a[j] + a_off, 0u, 8u)) * (dw * act_d[db[j] + u]);
+                r.q[i] = sub_bytes(b & M4, 8u);
+                r.q[i + 4u] = sub_bytes((b >> 4u) & M4, 8u);
             }
         }
         case F_Q4_K: {
-            let blk = u / 8u;
             let sb = u % 8u;
-            let bo = ro + 144u * blk;
-            let d = f16_at(bo);
-            let dmin = f16_at(bo + 2u);
-            var sc: u32;
-            var mn: u32;
+            let bo = ro + 144u * (u / 8u);
+            r.d = f16_at(bo);
+            r.dmin = f16_at(bo + 2u);
             if (sb < 4u) {
-                sc = ld8(bo + 4u + sb) & 63u;
-                mn = ld8(bo + 8u + sb) & 63u;
+                r.s0 = i32(ld8(bo + 4u + sb) & 63u);
+                r.s1 = i32(ld8(bo + 8u + sb) & 63u);
             } else {
                 let hi = ld8(bo + 8u + sb);
-                sc = (hi & 0xfu) | ((ld8(bo + sb) >> 6u) << 4u);
-                mn = (hi >> 4u) | ((ld8(bo + 4u + sb) >> 6u) << 4u);
+                r.s0 = i32((hi & 0xfu) | ((ld8(bo + sb) >> 6u) << 4u));
+                r.s1 = i32((hi >> 4u) | ((ld8(bo + 4u + sb) >> 6u) << 4u));
             }
             let sh = 4u * (sb & 1u);
             for (var i = 0u; i < 8u; i++) {
-                wq[i] = (ld(bo + 16u + 32u * (sb / 2u) + 4u * i) >> sh) & M4;
-            }
-            for (var j = 0u; j < nt; j++) {
-                let a0 = a[j] + a_off;
-                var sq = 0;
-                for (var i = 0u; i < 8u; i++) {
-                    sq += dot4I8Packed(ONES, act[a0 + i]);
-                }
-                let da = act_d[db[j] + blk];
-                y[j] = (da * d) * f32(i32(sc) * idot(wq, a0, 0u, 8u)) - (da * dmin) * f32(i32(mn) * sq);
+                r.q[i] = (ld(bo + 16u + 32u * (sb / 2u) + 4u * i) >> sh) & M4;
             }
         }
         case F_Q6_K: {
-            let blk = u / 8u;
             let v = u % 8u;
             let h = v / 4u;
             let c = v % 4u;
-            let bo = ro + 210u * blk;
-            let d = f16_at(bo + 208u);
-            let s0 = i8_at(bo + 192u + 8u * h + 2u * c);
-            let s1 = i8_at(bo + 193u + 8u * h + 2u * c);
+            let bo = ro + 210u * (u / 8u);
+            r.d = f16_at(bo + 208u);
+            r.s0 = i8_at(bo + 192u + 8u * h + 2u * c);
+            r.s1 = i8_at(bo + 193u + 8u * h + 2u * c);
             let lo_sh = 4u * (c / 2u);
-            let hi_sh = 2u * c;
             for (var i = 0u; i < 8u; i++) {
                 let ql = (ld(bo + 64u * h + 32u * (c & 1u) + 4u * i) >> lo_sh) & M4;
-                let qh = (ld(bo + 128u + 32u * h + 4u * i) >> hi_sh) & M2;
-                wq[i] = sub_bytes(ql | (qh << 4u), 32u);
-            }
-            for (var j = 0u; j < nt; j++) {
-                let a0 = a[j] + a_off;
-                let isum = s0 * idot(wq, a0, 0u, 4u) + s1 * idot(wq, a0, 4u, 4u);
-                y[j] = (d * act_d[db[j] + blk]) * f32(isum);
+                let qh = (ld(bo + 128u + 32u * h + 4u * i) >> (2u * c)) & M2;
+                r.q[i] = sub_bytes(ql | (qh << 4u), 32u);
             }
         }
         default: {
             // TQ2_0
-            let blk = u / 8u;
             let v = u % 8u;
-            let bo = ro + 66u * blk;
-            let d = f16_at(bo + 64u);
+            let bo = ro + 66u * (u / 8u);
+            r.d = f16_at(bo + 64u);
             let sh = 2u * (v % 4u);
             for (var i = 0u; i < 8u; i++) {
-                wq[i] = sub_bytes((ld(bo + 32u * (v / 4u) + 4u * i) >> sh) & M2, 1u);
+                r.q[i] = sub_bytes((ld(bo + 32u * (v / 4u) + 4u * i) >> sh) & M2, 1u);
             }
-            for (var j = 0u; j < nt; j++) {
-                y[j] = f32(idot(wq, a[j] + a_off, 0u, 8u)) * (act_d[db[j] + blk] * d);
+        }
+    }
+    return r;
+}
+
+// Quantized formats: unit u = elements 32u .. 32u+31 of the row; `a` = the tokens' first
+// activation words, `db` their first scale indices.
+fn unit_quant(ro: u32, u: u32, a: vec4<u32>, db: vec4<u32>, nt: u32) -> vec4<f32> {
+    let w = decode(ro, u);
+    var y = vec4<f32>(0.0);
+    for (var j = 0u; j < nt; j++) {
+        let a0 = a[j] + 8u * u;
+        switch FMT {
+            case F_Q8_0, F_Q4_0: {
+                y[j] = f32(idot(w.q, a0, 0u, 8u)) * (w.d * act_d[db[j] + u]);
+            }
+            case F_Q4_K: {
+                var sq = 0;
+                for (var i = 0u; i < 8u; i++) {
+                    sq += dot4I8Packed(ONES, act[a0 + i]);
+                }
+                let da = act_d[db[j] + u / 8u];
+                y[j] = (da * w.d) * f32(w.s0 * idot(w.q, a0, 0u, 8u)) - (da * w.dmin) * f32(w.s1 * sq);
+            }
+            case F_Q6_K: {
+                let isum = w.s0 * idot(w.q, a0, 0u, 4u) + w.s1 * idot(w.q, a0, 4u, 4u);
+                y[j] = (w.d * act_d[db[j] + u / 8u]) * f32(isum);
+            }
+            default: {
+                y[j] = f32(idot(w.q, a0, 0u, 8u)) * (act_d[db[j] + u / 8u] * w.d);
             }
         }
     }
@@ -329,4 +346,41 @@ fn matvec(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: v
 fn matmul4(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let t0 = wg.y * 4u;
     body(li, wg, t0, min(4u, step.n_tokens - t0));
+}
+
+// Gather: out[t][..] = dequantized row ids[t] − row0 of this shard (rows of other shards are
+// left to their own dispatch). A thread per unit; the CPU's dequantization expressions.
+@compute @workgroup_size(256)
+fn gather(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let u = gid.x;
+    let t = gid.y;
+    let id = ids[t];
+    if (u >= p.units || id < p.row0 || id >= p.row0 + p.rows) {
+        return;
+    }
+    let ro = (id - p.row0) * p.row_bytes;
+    if (FMT <= F_BF16) {
+        let v = wfloat(ro, u);
+        for (var i = 0u; i < 4u; i++) {
+            out[t * p.out_stride + 4u * u + i] = v[i];
+        }
+        return;
+    }
+    let w = decode(ro, u);
+    for (var e = 0u; e < 32u; e++) {
+        let q = f32(bitcast<i32>((w.q[e / 4u] >> (8u * (e % 4u))) << 24u) >> 24u);
+        var v: f32;
+        switch FMT {
+            case F_Q4_K: {
+                v = (w.d * f32(w.s0)) * q - w.dmin * f32(w.s1);
+            }
+            case F_Q6_K: {
+                v = (w.d * f32(select(w.s1, w.s0, e < 16u))) * q;
+            }
+            default: {
+                v = q * w.d;
+            }
+        }
+        out[t * p.out_stride + 32u * u + e] = v;
+    }
 }

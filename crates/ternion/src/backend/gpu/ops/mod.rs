@@ -16,7 +16,9 @@ pub use embed::Embed;
 pub use glu::Glu;
 pub use matvec::{F16Matvec, TernaryMatvec, TernaryWeights};
 pub use norm::{NormOut, QuantAct, RmsNorm};
-pub use qmatvec::{ActQuant, MatIn, QAct, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct};
+pub use qmatvec::{
+    ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
+};
 pub use rowops::{PosTable, RowOp, RowOpKind};
 pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
 

@@ -384,3 +384,70 @@ impl QMatvec {
         self.single.len()
     }
 }
+
+/// `out[t] = row ids[t]` of a [`QWeights`] matrix, dequantized to f32 as the CPU does
+/// (`qmatvec.wgsl` `gather`; token embeddings stored as Q4_K, Q6_K, Q8_0, …): one dispatch
+/// per shard, each writing the tokens whose row it holds.
+pub struct QEmbed {
+    dispatches: Vec<Dispatch>,
+    _params: Vec<GpuBuffer>,
+}
+
+impl QEmbed {
+    /// `ids`: u32 token ids (each < `table.rows`: the caller checks); `out`: f32,
+    /// `table.k` per token.
+    pub fn new(
+        ctx: &GpuContext,
+        table: &QWeights,
+        ids: &GpuBuffer,
+        out: &GpuBuffer,
+    ) -> Result<QEmbed> {
+        let key = PipelineKey {
+            kernel: Kernel::QGather { fmt: table.fmt },
+            variant: Variant::default(),
+        };
+        let units = (table.k / table.fmt.unit()) as u32;
+        let (mut dispatches, mut params) = (Vec::new(), Vec::new());
+        for (i, shard) in table.data.shards.iter().enumerate() {
+            let (r0, rows) = table.data.shard_rows(i);
+            let u = uniform(
+                ctx,
+                "qgather.params",
+                &[
+                    rows as u32,
+                    units,
+                    r0 as u32,
+                    table.k as u32,
+                    table.data.row_bytes as u32,
+                    0,
+                    0,
+                    0,
+                ],
+            )?;
+            dispatches.push(Dispatch::new(
+                ctx,
+                key,
+                "qgather",
+                &[
+                    (0, u.binding()),
+                    (1, shard.binding()),
+                    (4, out.binding()),
+                    (6, ids.binding()),
+                ],
+                units.div_ceil(WG),
+            )?);
+            params.push(u);
+        }
+        Ok(QEmbed {
+            dispatches,
+            _params: params,
+        })
+    }
+
+    /// Records the gather of `n_tokens` ids.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        for d in &self.dispatches {
+            d.record(pass, n_tokens);
+        }
+    }
+}
