@@ -244,7 +244,9 @@ pub enum MatIn<'a> {
 pub struct QMatvecOpts {
     /// Store or add into `out`.
     pub epilogue: Epilogue,
-    /// Round f32 activations to F16 first (F16 weights; ggml's single-token numerics).
+    /// Round f32 activations to F16 first in the per-token `matvec` dispatches (F16
+    /// weights; ggml's single-token numerics, which the CPU applies when a step has one
+    /// token). The 4-token batch kernel never rounds, as the CPU's multi-token steps.
     pub round_x: bool,
     /// Scale multiplied into every output (1bitLLM `.scale`; 1.0 otherwise).
     pub post_scale: f32,
@@ -306,7 +308,7 @@ impl QMatvec {
                 tpr,
                 epilogue: opts.epilogue,
                 batch,
-                round_x: opts.round_x && w.fmt == QFormat::F16,
+                round_x: opts.round_x && !batch && w.fmt == QFormat::F16,
             },
             variant: Variant {
                 f16: false,
