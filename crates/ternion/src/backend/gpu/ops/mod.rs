@@ -7,13 +7,19 @@ mod embed;
 mod glu;
 mod matvec;
 mod norm;
+mod qmatvec;
+mod rowops;
 mod select;
 
-pub use attention::{Attention, AttnDims, GpuKv, RopeKv, ATTN_CHUNK};
+pub use attention::{Attention, AttnDims, GpuKv, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use embed::Embed;
 pub use glu::Glu;
 pub use matvec::{F16Matvec, TernaryMatvec, TernaryWeights};
 pub use norm::{NormOut, QuantAct, RmsNorm};
+pub use qmatvec::{
+    ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
+};
+pub use rowops::{PosTable, RowOp, RowOpKind};
 pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
 
 use super::buffers::{GpuBuffer, UNIFORM};
