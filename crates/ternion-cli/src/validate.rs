@@ -106,7 +106,7 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
         validate_bitnet(&m, dir, &a.lm_head.load_options(), &a.backend)
     } else if m.get("models").is_some() && m.get("cases").is_some() {
-        crate::validate_golden::validate(&m, dir, &a.lm_head.load_options())
+        crate::validate_golden::validate(&m, dir, &a.lm_head.load_options(), &a.backend)
     } else {
         bail!(
             "{}: unrecognised manifest schema (expected 'model_file' and 'prompts', or \

@@ -20,9 +20,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use ternion::model::{self, LoadOptions};
 use ternion::sample::argmax;
-use ternion::session::Session;
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 
+use crate::common::{self, BackendArgs};
 use crate::validate::{ids, read_f32};
 
 /// Largest |ours − golden| over the top-20 ids (A or B).
@@ -114,7 +114,7 @@ struct Summary {
 }
 
 /// Runs every case of a multi-family golden manifest.
-pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
+pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs) -> Result<()> {
     let cases = m["cases"].as_array().context("manifest: cases")?;
     let mut by_model: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
     let mut order = Vec::new();
@@ -133,6 +133,8 @@ pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
             model::load_with(&path, opts).with_context(|| format!("loading {}", path.display()))?;
         let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default())?;
         let cfg = model.config();
+        // Every case fits: prompts are short, greedy runs are 32 steps.
+        let mut gpu = backend.gpu(&model, 512.min(cfg.n_ctx_train))?;
         let n_vocab = cfg.n_vocab;
         let short = Path::new(file_name)
             .file_stem()
@@ -167,7 +169,7 @@ pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
 
             // 2. Prompt logits against A's (and B's) top-20.
             let n_ctx = (n + 40).min(cfg.n_ctx_train);
-            let mut s = Session::new(&model, n_ctx);
+            let mut s = common::session(&model, &mut gpu, n_ctx);
             let ours = s.logits_all(&tokens)?;
             let a = topk(&case["model_run"]["prompt_top20"], "model_run.prompt_top20")?;
             if a.ids.len() != n {
@@ -231,10 +233,13 @@ pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions) -> Result<()> {
                 }
             }
 
+            drop(s);
+
             // 4. Greedy steps, teacher-forced.
             let greedy = ids(&case["model_run"]["greedy_ids"], "greedy_ids")?;
             let top5 = topk(&case["model_run"]["greedy_top5"], "greedy_top5")?;
-            let mut s = Session::new(&model, (n + greedy.len() + 1).min(cfg.n_ctx_train));
+            let n_ctx = (n + greedy.len() + 1).min(cfg.n_ctx_train);
+            let mut s = common::session(&model, &mut gpu, n_ctx);
             let mut row = s.prefill(&tokens)?.to_vec();
             let (mut prefix, mut diverged, mut bad, mut confident, mut max5) =
                 (0, false, Vec::new(), 0, 0f32);

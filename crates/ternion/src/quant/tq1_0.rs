@@ -108,6 +108,28 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// The same ternary values re-encoded as TQ2_0 (lossless: the trits and the per-block F16
+/// scale carry over), for kernels that read TQ2_0 only (the GPU backend).
+///
+/// # Panics
+/// If `src.len()` is not a multiple of the block size.
+pub fn repack_tq2_0(src: &[u8]) -> Vec<u8> {
+    assert!(
+        src.len().is_multiple_of(BLOCK_BYTES),
+        "TQ1_0 bytes not whole blocks"
+    );
+    let mut out = vec![0u8; src.len() / BLOCK_BYTES * super::tq2_0::BLOCK_BYTES];
+    let mut vals = [0f32; BLOCK_ELEMS];
+    for (b, o) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(super::tq2_0::BLOCK_BYTES))
+    {
+        dequantize_row(b, &mut vals);
+        super::tq2_0::quantize_row(&vals, o);
+    }
+    out
+}
+
 /// Dot product against Q8_K activations (`q` int8, `d` one scale per 256): Σ over blocks, in
 /// order, of (Σ t·q as i32) as f32 · (d_w·d_act), as ggml's generic `vec_dot_tq1_0_q8_K`.
 ///
@@ -256,5 +278,24 @@ mod tests {
             want += sumi as f32 * (0.375 * da);
         }
         assert_eq!(dot_q8k(&row, &q, &d), want);
+    }
+
+    #[test]
+    fn repack_to_tq2_0_keeps_every_value() {
+        let mut r = 7u32;
+        let vals: Vec<f32> = (0..3 * BLOCK_ELEMS)
+            .map(|i| {
+                r = r.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                let t = (r >> 16) % 3;
+                (t as f32 - 1.0) * [0.5, 0.031, 0.0][i / BLOCK_ELEMS]
+            })
+            .collect();
+        let mut t1 = vec![0u8; 3 * BLOCK_BYTES];
+        quantize_row(&vals, &mut t1);
+        let t2 = repack_tq2_0(&t1);
+        let (mut a, mut b) = (vec![0f32; vals.len()], vec![0f32; vals.len()]);
+        dequantize_row(&t1, &mut a);
+        super::super::tq2_0::dequantize_row(&t2, &mut b);
+        assert_eq!(a, b);
     }
 }

@@ -219,6 +219,12 @@ impl GpuModel {
                 self.pos, self.opts.n_ctx
             )));
         }
+        if let Some(max) = self.plan.max_pos.filter(|&m| self.pos + n > m) {
+            return Err(Error::Request(format!(
+                "position {} is past the model's {max} learned positions",
+                self.pos + n - 1
+            )));
+        }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
             return Err(Error::Request(format!(
                 "token id {bad} is outside the vocabulary (size {})",

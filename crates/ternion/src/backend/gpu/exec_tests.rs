@@ -175,7 +175,11 @@ fn tiny_model_greedy_ids_match_cpu() {
             gpu_ids.push(gpu.argmax_step(t).unwrap());
         }
         assert!(sure >= 16, "only {sure} confident steps for {p:?}");
-        assert_eq!(gpu_ids[..sure], cpu_ids[..sure], "prompt {p:?}, {sure} steps compared");
+        assert_eq!(
+            gpu_ids[..sure],
+            cpu_ids[..sure],
+            "prompt {p:?}, {sure} steps compared"
+        );
     }
 }
 

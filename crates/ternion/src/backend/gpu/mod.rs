@@ -72,9 +72,9 @@ mod pipelines;
 mod plan;
 #[cfg(test)]
 mod tests;
-mod upload;
 #[cfg(test)]
 mod tests_fam;
+mod upload;
 
 pub use bandwidth::measure_read_bandwidth;
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};

@@ -17,12 +17,13 @@ use std::collections::HashMap;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::{
-    Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, NormOut, QuantAct, RmsNorm, RopeKv,
-    StepUniform, TernaryMatvec,
+    ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut, PosTable, QAct,
+    QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
+    RowOp, StepUniform, TernaryMatvec,
 };
 use super::pipelines::{Epilogue, GluAct as KernelGlu};
 use super::upload::GpuWeight;
-use crate::model::graph::{ActId, GluAct, Graph, Op, RopeMode, WeightId};
+use crate::model::graph::{ActId, GluAct, Graph, Op, UnaryAct, WeightId};
 use crate::model::Logits;
 use crate::{Error, Result};
 
@@ -59,12 +60,33 @@ enum Launch {
     RopeKv(RopeKv),
     Attention(Attention),
     Glu(Glu),
-    /// The matvec over selected rows (the LM head), in its three row modes.
+    /// The F16 matvec over selected rows (the LM head), in its three row modes.
     Head {
         decode: F16Matvec,
         last: F16Matvec,
         all: F16Matvec,
     },
+    /// Activation quantization (Q8_0 / Q8_K) for the GGUF-format matvecs.
+    Quantize(QuantizeAct),
+    /// A GGUF-format matvec.
+    QLinear(QMatvec),
+    /// A GGUF-format embedding gather.
+    QEmbed(QEmbed),
+    /// LayerNorm, bias, GELU, position embedding, slice.
+    Row(RowOp),
+    /// A GGUF-format matvec over selected rows: decode and last-row modes copy the step's
+    /// last row out first (`select`), then quantize it when the format asks.
+    QHead(Box<QHead>),
+}
+
+/// The parts of [`Launch::QHead`].
+struct QHead {
+    select: RowOp,
+    quant_one: Option<QuantizeAct>,
+    decode: QMatvec,
+    last: QMatvec,
+    quant_all: Option<QuantizeAct>,
+    all: QMatvec,
 }
 
 impl Launch {
@@ -76,7 +98,11 @@ impl Launch {
             Launch::RopeKv(_) => "rope_kv",
             Launch::Attention(_) => "attention",
             Launch::Glu(_) => "glu",
-            Launch::Head { .. } => "lm_head",
+            Launch::Head { .. } | Launch::QHead(_) => "lm_head",
+            Launch::Quantize(_) => "quantize",
+            Launch::QLinear(_) => "qmatvec",
+            Launch::QEmbed(_) => "embed",
+            Launch::Row(_) => "rowop",
         }
     }
 
@@ -93,6 +119,33 @@ impl Launch {
                 Rows::Last => last.record(pass, n),
                 Rows::All => all.record(pass, n),
             },
+            Launch::Quantize(o) => o.record(pass, n),
+            Launch::QLinear(o) => o.record(pass, n, n > 1),
+            Launch::QEmbed(o) => o.record(pass, n),
+            Launch::Row(o) => o.record(pass, n),
+            Launch::QHead(h) => {
+                let QHead {
+                    select,
+                    quant_one,
+                    decode,
+                    last,
+                    quant_all,
+                    all,
+                } = &**h;
+                if rows == Rows::All {
+                    if let Some(q) = quant_all {
+                        q.record(pass, n);
+                    }
+                    all.record(pass, n, n > 1);
+                } else {
+                    select.record(pass, n);
+                    if let Some(q) = quant_one {
+                        q.record(pass, 1);
+                    }
+                    let mv = if rows == Rows::Decode { decode } else { last };
+                    mv.record(pass, 1, false);
+                }
+            }
         }
     }
 
@@ -101,6 +154,8 @@ impl Launch {
             Launch::Embed(e) => e.dispatch_count(),
             Launch::Attention(_) => Attention::dispatches(n),
             Launch::Head { decode, .. } => decode.dispatch_count(),
+            Launch::QLinear(o) => o.dispatch_count(),
+            Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),
             _ => 1,
         }
     }
@@ -117,8 +172,11 @@ pub(crate) struct Plan {
     pub logits: GpuBuffer,
     /// Logits rows the buffer holds.
     pub logits_rows: usize,
+    /// Positions a learned position table covers (GPT-2), if the model has one.
+    pub max_pos: Option<usize>,
     _acts: Vec<GpuBuffer>,
     _quant: Vec<QuantAct>,
+    _qacts: Vec<QAct>,
     _kv: Vec<GpuKv>,
     _weights: Vec<GpuWeight>,
 }
@@ -132,6 +190,10 @@ struct Acts<'g> {
     f32s: HashMap<ActId, GpuBuffer>,
     /// Acts whose current value exists only as int8 activations.
     quant: HashMap<ActId, QuantAct>,
+    /// Q8_0 / Q8_K copies of acts, valid until the act is written again.
+    qacts: HashMap<(ActId, ActQuant), QAct>,
+    /// Every Q8 buffer made (kept alive with the plan).
+    qact_bufs: Vec<QAct>,
     /// Acts standing for the selected rows of another act (`SelectRows`).
     alias: HashMap<ActId, ActId>,
     /// Acts computed on selected rows.
@@ -171,6 +233,36 @@ impl Acts<'_> {
 
     fn is_selected(&self, a: ActId) -> bool {
         self.selected.contains(&a)
+    }
+
+    /// Forgets the quantized copies of an act that an op is about to overwrite.
+    fn written(&mut self, a: ActId) {
+        let a = self.resolve(a);
+        self.qacts.retain(|(b, _), _| *b != a);
+    }
+
+    /// The `kind` quantization of act `x` (`rows` rows), emitting the quantize launch the
+    /// first time after `x` was written.
+    fn qact(&mut self, x: ActId, kind: ActQuant, launches: &mut Vec<Launch>) -> Result<QAct> {
+        let x = self.resolve(x);
+        if let Some(q) = self.qacts.get(&(x, kind)) {
+            return Ok(q.clone());
+        }
+        let width = self.graph.acts[x.0].width;
+        let q = QAct::new(self.ctx, kind, width, self.max_batch)?;
+        let xb = self.f32(x)?;
+        launches.push(Launch::Quantize(QuantizeAct::new(self.ctx, &xb, &q)?));
+        self.qacts.insert((x, kind), q.clone());
+        self.qact_bufs.push(q.clone());
+        Ok(q)
+    }
+}
+
+/// A weight uploaded as a GGUF-format matrix, with its output scale.
+fn quant_weight(weights: &[GpuWeight], w: WeightId) -> Option<(&QWeights, f32)> {
+    match &weights[w.0] {
+        GpuWeight::Quant { w: Some(q), scale } => Some((q, *scale)),
+        _ => None,
     }
 }
 
@@ -233,14 +325,6 @@ impl Plan {
     ) -> Result<Plan> {
         let g = ctx;
         let geo = &graph.attn;
-        if geo.rope_mode != RopeMode::Neox || geo.rope_freqs.is_some() {
-            return Err(Error::Gpu(format!(
-                "the GPU backend rotates NEOX pairs without frequency factors only in this \
-                 build (model: {:?}, rope_freqs: {})",
-                geo.rope_mode,
-                geo.rope_freqs.is_some()
-            )));
-        }
         let dims = AttnDims {
             n_head: geo.n_head,
             n_head_kv: geo.n_head_kv,
@@ -264,6 +348,8 @@ impl Plan {
             logits_rows,
             f32s: HashMap::new(),
             quant: HashMap::new(),
+            qacts: HashMap::new(),
+            qact_bufs: Vec::new(),
             alias: HashMap::new(),
             selected: Vec::new(),
         };
@@ -277,39 +363,62 @@ impl Plan {
                 graph.weights[w.0].name
             ))),
         };
+        let width = |a: ActId| graph.acts[a.0].width;
         let mut launches = Vec::new();
+        let mut max_pos = None;
         let mut i = 0;
         while i < graph.ops.len() {
             let op = &graph.ops[i];
+            for w in op_io(op).1 {
+                acts.written(w);
+            }
             match *op {
                 Op::Embed { table, out } => {
-                    let GpuWeight::F16Rows(t) = &weights[table.0] else {
-                        return Err(unsupported(op));
-                    };
                     let out = acts.f32(out)?;
-                    launches.push(Launch::Embed(Embed::new(g, variant, t, &ids, &out)?));
+                    launches.push(match (&weights[table.0], quant_weight(&weights, table)) {
+                        (GpuWeight::F16Rows(t), _) => {
+                            Launch::Embed(Embed::new(g, variant, t, &ids, &out)?)
+                        }
+                        (_, Some((q, _))) => Launch::QEmbed(QEmbed::new(g, q, &ids, &out)?),
+                        _ => return Err(unsupported(op)),
+                    });
                 }
                 Op::RmsNorm { x, w, out } => {
-                    let width = graph.acts[x.0].width;
                     let (xb, wb) = (acts.f32(x)?, vector(w)?);
                     let eps = graph.rms_eps;
                     if acts.is_selected(x) {
                         acts.selected.push(out);
                     }
+                    let n = width(x);
                     let norm = if only_ternary_readers(graph, &weights, i, out) {
                         let q = acts.quant(out)?;
-                        RmsNorm::new(g, norm_variant, &xb, &wb, width, eps, NormOut::Quant(&q))?
+                        RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::Quant(&q))?
                     } else {
                         let ob = acts.f32(out)?;
-                        RmsNorm::new(g, norm_variant, &xb, &wb, width, eps, NormOut::F32(&ob))?
+                        RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::F32(&ob))?
                     };
                     launches.push(Launch::Norm(norm));
+                }
+                Op::LayerNorm { x, w, b, eps, out } => {
+                    if acts.is_selected(x) {
+                        acts.selected.push(out);
+                    }
+                    let (xb, wb, bb, ob) = (acts.f32(x)?, vector(w)?, vector(b)?, acts.f32(out)?);
+                    launches.push(Launch::Row(RowOp::layer_norm(
+                        g,
+                        &xb,
+                        &wb,
+                        &bb,
+                        width(x),
+                        eps,
+                        &ob,
+                    )?));
                 }
                 Op::Linear { w, x, out, add } => {
                     let epilogue = if add { Epilogue::Add } else { Epilogue::Store };
                     let ob = acts.f32(out)?;
-                    match &weights[w.0] {
-                        GpuWeight::Ternary(tw) => {
+                    match (&weights[w.0], quant_weight(&weights, w)) {
+                        (GpuWeight::Ternary(tw), _) => {
                             let Some(q) = acts.quant.get(&acts.resolve(x)).cloned() else {
                                 return Err(Error::Gpu(format!(
                                     "GPU plan: the input of ternary '{}' is not an RMSNorm \
@@ -328,7 +437,7 @@ impl Plan {
                                 Some(&step),
                             )?));
                         }
-                        GpuWeight::F16Rows(m) if acts.is_selected(x) && !add => {
+                        (GpuWeight::F16Rows(m), _) if acts.is_selected(x) && !add => {
                             let xb = acts.f32(x)?;
                             launches.push(Launch::Head {
                                 decode: F16Matvec::new(g, variant, TPR, m, &xb, &ob, true)?,
@@ -337,6 +446,70 @@ impl Plan {
                                 )?,
                                 all: F16Matvec::new(g, variant, TPR, m, &xb, &ob, false)?,
                             });
+                        }
+                        (_, Some((qw, post_scale))) => {
+                            let opts = |round_x| QMatvecOpts {
+                                epilogue,
+                                round_x,
+                                post_scale,
+                            };
+                            let mv = |input: MatIn<'_>, round_x| {
+                                QMatvec::new(
+                                    g,
+                                    variant,
+                                    TPR,
+                                    qw,
+                                    input,
+                                    &ob,
+                                    opts(round_x),
+                                    Some(&step),
+                                )
+                            };
+                            let kind = qw.fmt.act();
+                            if acts.is_selected(x) {
+                                let sel = GpuBuffer::zeroed(g, "selected", (width(x) * 4) as u64)?;
+                                let select =
+                                    RowOp::select_last(g, &step, &acts.f32(x)?, width(x), &sel)?;
+                                let (quant_one, one) = match kind {
+                                    Some(k) => {
+                                        let q = QAct::new(g, k, width(x), 1)?;
+                                        acts.qact_bufs.push(q.clone());
+                                        (Some(QuantizeAct::new(g, &sel, &q)?), Some(q))
+                                    }
+                                    None => (None, None),
+                                };
+                                let in_one = || match &one {
+                                    Some(q) => MatIn::Quant(q),
+                                    None => MatIn::F32(&sel),
+                                };
+                                let (decode, last) = (mv(in_one(), true)?, mv(in_one(), false)?);
+                                let (quant_all, all) = match kind {
+                                    Some(k) => {
+                                        let q = QAct::new(g, k, width(x), max_batch)?;
+                                        acts.qact_bufs.push(q.clone());
+                                        let qa = QuantizeAct::new(g, &acts.f32(x)?, &q)?;
+                                        (Some(qa), mv(MatIn::Quant(&q), false)?)
+                                    }
+                                    None => (None, mv(MatIn::F32(&acts.f32(x)?), true)?),
+                                };
+                                launches.push(Launch::QHead(Box::new(QHead {
+                                    select,
+                                    quant_one,
+                                    decode,
+                                    last,
+                                    quant_all,
+                                    all,
+                                })));
+                            } else {
+                                let linear = match kind {
+                                    Some(k) => {
+                                        let q = acts.qact(x, k, &mut launches)?;
+                                        mv(MatIn::Quant(&q), true)?
+                                    }
+                                    None => mv(MatIn::F32(&acts.f32(x)?), true)?,
+                                };
+                                launches.push(Launch::QLinear(linear));
+                            }
                         }
                         _ => return Err(unsupported(op)),
                     }
@@ -348,11 +521,36 @@ impl Plan {
                     if k2 != k {
                         return Err(unsupported(op));
                     }
+                    let freqs = geo.rope_freqs.map(vector).transpose()?;
+                    let rope = RopeOpts {
+                        mode: geo.rope_mode,
+                        freqs: freqs.as_ref(),
+                    };
                     let (qb, kb, vb) = (acts.f32(q)?, acts.f32(k)?, acts.f32(v)?);
-                    launches.push(Launch::RopeKv(RopeKv::new(
-                        g, dims, &step, &qb, &kb, &vb, &kv[layer],
+                    launches.push(Launch::RopeKv(RopeKv::with_rope(
+                        g, dims, rope, &step, &qb, &kb, &vb, &kv[layer],
                     )?));
                     i += 1;
+                }
+                Op::KvStore { layer, k, v } => {
+                    // No rotation (GPT-2): the rope kernel with n_rot = 0 only stores.
+                    let store = AttnDims { n_rot: 0, ..dims };
+                    let rope = RopeOpts {
+                        mode: geo.rope_mode,
+                        freqs: None,
+                    };
+                    // The kernel binds the layer's queries too (left as they are).
+                    let q = graph.ops[i..].iter().find_map(|o| match *o {
+                        Op::Attention { layer: l, q, .. } if l == layer => Some(q),
+                        _ => None,
+                    });
+                    let Some(q) = q else {
+                        return Err(unsupported(op));
+                    };
+                    let (qb, kb, vb) = (acts.f32(q)?, acts.f32(k)?, acts.f32(v)?);
+                    launches.push(Launch::RopeKv(RopeKv::with_rope(
+                        g, store, rope, &step, &qb, &kb, &vb, &kv[layer],
+                    )?));
                 }
                 Op::Attention { layer, q, out } => {
                     let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
@@ -365,29 +563,77 @@ impl Plan {
                         GluAct::Relu2 => KernelGlu::ReluSqr,
                         GluAct::Silu => KernelGlu::Silu,
                     };
-                    let width = graph.acts[gate.0].width;
                     let (gb, ub) = (acts.f32(gate)?, acts.f32(up)?);
-                    launches.push(Launch::Glu(Glu::new(g, act, &gb, &ub, width)?));
+                    launches.push(Launch::Glu(Glu::new(g, act, &gb, &ub, width(gate))?));
+                }
+                Op::AddBias { x, b } => {
+                    let (xb, bb) = (acts.f32(x)?, vector(b)?);
+                    launches.push(Launch::Row(RowOp::add_bias(g, &xb, &bb, width(x))?));
+                }
+                Op::Act {
+                    act: UnaryAct::GeluTanh,
+                    x,
+                } => {
+                    let xb = acts.f32(x)?;
+                    launches.push(Launch::Row(RowOp::gelu(g, &xb, width(x))?));
+                }
+                Op::AddPosEmbed { table, x } => {
+                    let xb = acts.f32(x)?;
+                    let (tb, n_pos) = match (&weights[table.0], quant_weight(&weights, table)) {
+                        (GpuWeight::F16Rows(t), _) if t.shards.len() == 1 => {
+                            (PosTable::F16(&t.shards[0]), t.rows)
+                        }
+                        (_, Some((q, _))) if q.data.shards.len() == 1 && q.fmt.act().is_none() => {
+                            (PosTable::F32(&q.data.shards[0]), q.rows)
+                        }
+                        _ => return Err(unsupported(op)),
+                    };
+                    max_pos = Some(n_pos);
+                    launches.push(Launch::Row(RowOp::add_pos(
+                        g,
+                        &step,
+                        &xb,
+                        tb,
+                        width(x),
+                        n_pos,
+                    )?));
+                }
+                Op::Slice { x, start, out } => {
+                    let (xb, ob) = (acts.f32(x)?, acts.f32(out)?);
+                    launches.push(Launch::Row(RowOp::slice(
+                        g,
+                        &xb,
+                        width(x),
+                        start,
+                        width(out),
+                        &ob,
+                    )?));
                 }
                 Op::SelectRows { x, out } => {
                     let src = acts.resolve(x);
                     acts.alias.insert(out, src);
                     acts.selected.push(out);
                 }
-                _ => return Err(unsupported(op)),
             }
             i += 1;
         }
         let logits = acts.f32(graph.logits)?;
-        let Acts { f32s, quant, .. } = acts;
+        let Acts {
+            f32s,
+            quant,
+            qact_bufs,
+            ..
+        } = acts;
         Ok(Plan {
             launches,
             ids,
             step,
             logits,
             logits_rows,
+            max_pos,
             _acts: f32s.into_values().collect(),
             _quant: quant.into_values().collect(),
+            _qacts: qact_bufs,
             _kv: kv,
             _weights: weights,
         })

@@ -198,7 +198,11 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
             // 1. Exact against the CPU quantizer fed the GPU's own normalised row.
             let mut q_ref = vec![0i8; n];
             let p = act::quantize_per_token(&y_gpu[t * n..][..n], &mut q_ref);
-            assert_eq!(s_gpu.to_bits(), p.scale.to_bits(), "{v:?} n {n} row {t}: scale");
+            assert_eq!(
+                s_gpu.to_bits(),
+                p.scale.to_bits(),
+                "{v:?} n {n} row {t}: scale"
+            );
             assert_eq!(qg, &q_ref[..], "{v:?} n {n} row {t}: q");
             assert_eq!(sum_gpu, p.sum, "{v:?} n {n} row {t}: sum");
             // 2. Close to the full CPU reference.

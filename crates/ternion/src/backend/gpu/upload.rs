@@ -14,9 +14,9 @@ use std::sync::Arc;
 use super::buffers::{GpuBuffer, Sharded};
 use super::context::GpuContext;
 use super::exec::{GpuModel, GpuModelOptions};
-use super::ops::TernaryWeights;
+use super::ops::{QFormat, QWeights, TernaryWeights};
 use crate::gguf::GgufFile;
-use crate::model::graph::{Graph, WeightKind};
+use crate::model::graph::{Graph, Op, WeightKind};
 use crate::model::{self, Config};
 use crate::quant::{self, GgmlType};
 use crate::{Error, Result};
@@ -34,8 +34,17 @@ pub struct TensorRequest {
 pub(crate) enum GpuWeight {
     /// I2_S codes as stored, and the tensor scale.
     Ternary(TernaryWeights),
-    /// F16 rows (the embedding table, an F16 LM head), sharded to fit bindings.
+    /// F16 rows (the embedding table, an F16 LM head, a position table), sharded to fit
+    /// bindings.
     F16Rows(Sharded),
+    /// Any other GGUF matrix, as stored; created when its bytes arrive. `scale` is the
+    /// optional output scale (1bitLLM `.scale`), 1 otherwise.
+    Quant {
+        /// The uploaded rows.
+        w: Option<QWeights>,
+        /// Output scale.
+        scale: f32,
+    },
     /// An f32 vector (norm weights); created when its bytes arrive.
     Vector(Option<GpuBuffer>),
 }
@@ -67,29 +76,51 @@ pub struct GpuUpload {
     next: usize,
 }
 
+/// F16 matrices the embedding / LM-head / position kernels read directly: those read by an
+/// embedding or position op, or by the linear that writes the logits.
+fn f16_row_weights(graph: &Graph) -> Vec<bool> {
+    let mut rows = vec![false; graph.weights.len()];
+    for op in &graph.ops {
+        match *op {
+            Op::Embed { table, .. } | Op::AddPosEmbed { table, .. } => rows[table.0] = true,
+            Op::Linear { w, out, .. } if out == graph.logits => rows[w.0] = true,
+            _ => {}
+        }
+    }
+    rows
+}
+
 fn storage(
     ctx: &GpuContext,
     name: &str,
     ty: GgmlType,
     kind: &WeightKind,
+    f16_rows: bool,
 ) -> Result<(GpuWeight, usize)> {
     match *kind {
         WeightKind::Vector { n } => Ok((GpuWeight::Vector(None), n)),
-        WeightKind::Matrix { k, m, .. } => match ty {
-            GgmlType::I2_S => Ok((
-                GpuWeight::Ternary(TernaryWeights::zeroed(ctx, name, k, m)?),
-                k * m,
-            )),
-            GgmlType::F16 => Ok((
-                GpuWeight::F16Rows(Sharded::zeroed(ctx, name, m, k * 2, None)?),
-                k * m,
-            )),
-            other => Err(Error::Gpu(format!(
-                "tensor '{name}' is {}: the GPU backend has no kernel for it in this build \
-                 (use --backend cpu)",
-                other.name()
-            ))),
-        },
+        WeightKind::Matrix { k, m, .. } => Ok((
+            match ty {
+                GgmlType::I2_S => GpuWeight::Ternary(TernaryWeights::zeroed(ctx, name, k, m)?),
+                GgmlType::F16 if f16_rows => {
+                    GpuWeight::F16Rows(Sharded::zeroed(ctx, name, m, k * 2, None)?)
+                }
+                _ if QFormat::from_ggml(ty).is_some() || ty == GgmlType::TQ1_0 => {
+                    GpuWeight::Quant {
+                        w: None,
+                        scale: 1.0,
+                    }
+                }
+                _ => {
+                    return Err(Error::Gpu(format!(
+                        "tensor '{name}' is {}: the GPU backend has no kernel for it (use \
+                         --backend cpu)",
+                        ty.name()
+                    )))
+                }
+            },
+            k * m,
+        )),
     }
 }
 
@@ -110,9 +141,10 @@ impl GpuUpload {
         };
         let mut weights = Vec::with_capacity(graph.weights.len());
         let mut pending = Vec::new();
+        let f16_rows = f16_row_weights(&graph);
         for (i, w) in graph.weights.iter().enumerate() {
             let t = info(&w.name)?;
-            let (weight, n) = storage(&ctx, &w.name, t.ty, &w.kind)?;
+            let (weight, n) = storage(&ctx, &w.name, t.ty, &w.kind, f16_rows[i])?;
             let shape_ok = match w.kind {
                 WeightKind::Vector { n } => t.n_elements() == n as u64,
                 WeightKind::Matrix { k, m, .. } => t.shape == [k as u64, m as u64],
@@ -201,6 +233,23 @@ impl GpuUpload {
             Target::Weight(i) => match &mut self.weights[i] {
                 GpuWeight::Ternary(w) => w.fill(g, name, bytes)?,
                 GpuWeight::F16Rows(s) => s.write_rows(g, bytes)?,
+                GpuWeight::Quant { w, .. } => {
+                    let WeightKind::Matrix { k, m, .. } = self.graph.weights[i].kind else {
+                        return Err(Error::Gpu(format!("{name}: not a matrix")));
+                    };
+                    // TQ1_0 goes up as TQ2_0: the same trits, one kernel.
+                    *w = Some(if p.ty == GgmlType::TQ1_0 {
+                        if !bytes.len().is_multiple_of(quant::tq1_0::BLOCK_BYTES) {
+                            return Err(Error::Gpu(format!(
+                                "{name}: TQ1_0 bytes not whole blocks"
+                            )));
+                        }
+                        let tq2 = quant::tq1_0::repack_tq2_0(bytes);
+                        QWeights::upload(g, name, GgmlType::TQ2_0, &tq2, k, m, None)?
+                    } else {
+                        QWeights::upload(g, name, p.ty, bytes, k, m, None)?
+                    });
+                }
                 GpuWeight::Vector(v) => {
                     let mut f = vec![0f32; p.n];
                     quant::dequantize_row(p.ty, name, bytes, p.n, 0, &mut f)?;
@@ -221,9 +270,11 @@ impl GpuUpload {
             )));
         }
         for (w, s) in self.weights.iter_mut().zip(&self.scales) {
-            if let GpuWeight::Ternary(t) = w {
+            match w {
                 // Folded into the tensor scale (the CPU multiplies after; an ulp apart).
-                t.scale *= s;
+                GpuWeight::Ternary(t) => t.scale *= s,
+                GpuWeight::Quant { scale, .. } => *scale = *s,
+                _ => {}
             }
         }
         GpuModel::compile(self.ctx, self.cfg, &self.graph, self.weights, self.opts)

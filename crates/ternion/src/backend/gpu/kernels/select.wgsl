@@ -37,7 +37,9 @@ fn select_rounds(li: u32, start: u32, end: u32, merge: bool, out0: u32) {
     var pv = 0.0;
     var pi = NONE;
     for (var r = 0u; r < K; r++) {
-        var bv = -bitcast<f32>(0x7f800000u);
+        // -inf from a runtime value: a constant expression may not be infinite (WGSL).
+        var inf_bits = 0x7f800000u;
+        var bv = -bitcast<f32>(inf_bits);
         var bi = NONE;
         for (var e = start + li; e < end; e += WG) {
             let v = vals[e];
