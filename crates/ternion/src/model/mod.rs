@@ -75,12 +75,7 @@ impl Model {
                 file.tensors.len()
             )));
         }
-        let graph = match cfg.arch {
-            Arch::BitNetB158 | Arch::BitNet => bitnet::graph(&cfg, &file),
-            Arch::Llama => llama::graph(&cfg),
-            Arch::Phi3 => phi3::graph(&cfg, &file),
-            Arch::Gpt2 => gpt2::graph(&cfg),
-        };
+        let graph = graph_for(&cfg, &file);
         let cpu = CpuModel::prepare(&graph, &file, opts)?;
         Ok(Model {
             cfg,
@@ -123,6 +118,17 @@ impl Model {
         st: &'s mut CpuState,
     ) -> Result<&'s [f32]> {
         self.cpu.forward(&self.graph, tokens, which, st)
+    }
+}
+
+/// The forward-pass graph of `cfg`'s architecture; `file` (whose tensor table is all that
+/// is read) tells which optional tensors exist.
+pub fn graph_for(cfg: &Config, file: &GgufFile) -> Graph {
+    match cfg.arch {
+        Arch::BitNetB158 | Arch::BitNet => bitnet::graph(cfg, file),
+        Arch::Llama => llama::graph(cfg),
+        Arch::Phi3 => phi3::graph(cfg, file),
+        Arch::Gpt2 => gpt2::graph(cfg),
     }
 }
 

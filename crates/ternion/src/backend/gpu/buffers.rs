@@ -107,10 +107,35 @@ impl Sharded {
         row_bytes: usize,
         max_shard_bytes: Option<u64>,
     ) -> Result<Sharded> {
-        if row_bytes == 0 || !row_bytes.is_multiple_of(4) || !data.len().is_multiple_of(row_bytes) {
+        if row_bytes == 0 || !data.len().is_multiple_of(row_bytes) {
             return Err(Error::Gpu(format!(
-                "{label}: {} bytes are not whole rows of {row_bytes} bytes (a multiple of 4)",
+                "{label}: {} bytes are not whole rows of {row_bytes} bytes",
                 data.len()
+            )));
+        }
+        let s = Self::zeroed(
+            ctx,
+            label,
+            data.len() / row_bytes,
+            row_bytes,
+            max_shard_bytes,
+        )?;
+        s.write_rows(ctx, data)?;
+        Ok(s)
+    }
+
+    /// Zeroed shards for `rows × row_bytes` (`row_bytes` a multiple of 4), filled later with
+    /// [`Sharded::write_rows`].
+    pub fn zeroed(
+        ctx: &GpuContext,
+        label: &str,
+        rows: usize,
+        row_bytes: usize,
+        max_shard_bytes: Option<u64>,
+    ) -> Result<Sharded> {
+        if row_bytes == 0 || !row_bytes.is_multiple_of(4) {
+            return Err(Error::Gpu(format!(
+                "{label}: rows of {row_bytes} bytes (need a non-zero multiple of 4)"
             )));
         }
         let caps = ctx.caps();
@@ -124,11 +149,11 @@ impl Sharded {
                 "{label}: one row of {row_bytes} bytes exceeds the binding limit of {limit}"
             )));
         }
-        let rows = data.len() / row_bytes;
-        let shards = data
-            .chunks(rows_per_shard * row_bytes)
-            .enumerate()
-            .map(|(i, chunk)| GpuBuffer::from_bytes(ctx, &format!("{label}[{i}]"), chunk, STORAGE))
+        let shards = (0..rows.div_ceil(rows_per_shard))
+            .map(|i| {
+                let n = rows_per_shard.min(rows - i * rows_per_shard);
+                GpuBuffer::zeroed(ctx, &format!("{label}[{i}]"), (n * row_bytes) as u64)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Sharded {
             shards,
@@ -136,6 +161,26 @@ impl Sharded {
             rows,
             row_bytes,
         })
+    }
+
+    /// Queues the upload of every row (`data` = `rows × row_bytes` bytes).
+    pub fn write_rows(&self, ctx: &GpuContext, data: &[u8]) -> Result<()> {
+        if data.len() != self.rows * self.row_bytes {
+            return Err(Error::Gpu(format!(
+                "sharded upload: {} bytes for {} rows of {} bytes",
+                data.len(),
+                self.rows,
+                self.row_bytes
+            )));
+        }
+        for (shard, chunk) in self
+            .shards
+            .iter()
+            .zip(data.chunks(self.rows_per_shard * self.row_bytes))
+        {
+            shard.write(ctx, 0, chunk);
+        }
+        Ok(())
     }
 
     /// First row and row count of shard `i`.

@@ -314,6 +314,28 @@ impl GpuContext {
         self.check()
     }
 
+    /// Maps the first `size` bytes of `buf` (MAP_READ, after the submit that filled it)
+    /// and returns a copy. Natively the device is polled until the map completes; in a
+    /// browser the future resolves when the page's event loop delivers the callback.
+    pub async fn map_read(&self, buf: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        buf.map_async(wgpu::MapMode::Read, 0..size, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.wait()?;
+        rx.await
+            .map_err(|_| Error::Gpu("read-back: map callback dropped".into()))?
+            .map_err(|e| Error::Gpu(format!("read-back: map failed: {e}")))?;
+        let out = buf
+            .get_mapped_range(0..size)
+            .map_err(|e| Error::Gpu(format!("read-back: {e}")))?
+            .to_vec();
+        buf.unmap();
+        self.check()?;
+        Ok(out)
+    }
+
     /// Copies `size` bytes at `offset` of `buf` (which needs COPY_SRC) back to the host.
     /// Creates a staging buffer per call: for tests and one-off reads, not the hot path.
     pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {

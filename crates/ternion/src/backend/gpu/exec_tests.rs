@@ -68,6 +68,7 @@ fn gpu_model(f: &Fixture, n_ctx: usize) -> GpuModel {
         n_ctx,
         max_batch: 16,
         top_k: 8,
+        ..GpuModelOptions::default()
     };
     GpuModel::from_model(f.ctx.clone(), &f.cpu, opts).expect("GPU load")
 }

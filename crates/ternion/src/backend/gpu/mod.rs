@@ -65,12 +65,14 @@ mod exec;
 mod exec_tests;
 mod ops;
 mod pipelines;
+mod plan;
 #[cfg(test)]
 mod tests;
+mod upload;
 
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, GpuOptions};
-pub use exec::{GpuModel, GpuModelOptions};
+pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
     Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, NormOut, QuantAct, RmsNorm,
     RopeKv, StepUniform, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK,
@@ -79,3 +81,4 @@ pub use ops::{
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
 };
+pub use upload::{GpuUpload, TensorRequest};

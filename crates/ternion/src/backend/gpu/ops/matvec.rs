@@ -29,21 +29,42 @@ impl TernaryWeights {
         k: usize,
         rows: usize,
     ) -> Result<TernaryWeights> {
-        let codes = k * rows / 4;
-        if !k.is_multiple_of(crate::quant::i2s::BLOCK_ELEMS) || data.len() < codes + 4 {
+        let mut w = Self::zeroed(ctx, name, k, rows)?;
+        w.fill(ctx, name, data)?;
+        Ok(w)
+    }
+
+    /// Room for `rows` rows of `k` (a multiple of 128) elements, filled by
+    /// [`TernaryWeights::fill`]; the scale is 0 until then.
+    pub fn zeroed(ctx: &GpuContext, name: &str, k: usize, rows: usize) -> Result<TernaryWeights> {
+        if k == 0 || !k.is_multiple_of(crate::quant::i2s::BLOCK_ELEMS) {
             return Err(Error::Gpu(format!(
-                "{name}: I2_S tensor of {} bytes does not hold {rows} rows of {k} (K must be \
-                 a multiple of 128) plus the scale",
-                data.len()
+                "{name}: I2_S rows of {k} elements (the GPU kernel needs a multiple of 128)"
             )));
         }
-        let scale = crate::quant::i2s::tensor_scale(data, k * rows);
         Ok(TernaryWeights {
-            codes: GpuBuffer::from_slice(ctx, name, &data[..codes])?,
+            codes: GpuBuffer::zeroed(ctx, name, (k * rows / 4) as u64)?,
             rows,
             k,
-            scale,
+            scale: 0.0,
         })
+    }
+
+    /// Queues the upload of the tensor's bytes (codes then the 32-byte tail, as in the
+    /// file) and takes the scale from the tail.
+    pub fn fill(&mut self, ctx: &GpuContext, name: &str, data: &[u8]) -> Result<()> {
+        let codes = self.k * self.rows / 4;
+        if data.len() < codes + 4 {
+            return Err(Error::Gpu(format!(
+                "{name}: I2_S tensor of {} bytes does not hold {} rows of {} plus the scale",
+                data.len(),
+                self.rows,
+                self.k
+            )));
+        }
+        self.scale = crate::quant::i2s::tensor_scale(data, self.k * self.rows);
+        self.codes.write(ctx, 0, &data[..codes]);
+        Ok(())
     }
 }
 

@@ -104,30 +104,17 @@ impl TopK {
 
     /// Maps the staging buffer (after the submit of [`TopK::record_download`]) and returns
     /// the k (id, value) pairs, best first; missing candidates are `(u32::MAX, -inf)`.
-    pub fn read(&self, ctx: &GpuContext) -> Result<Vec<(u32, f32)>> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.staging
-            .buf
-            .map_async(wgpu::MapMode::Read, .., move |r| {
-                let _ = tx.send(r);
-            });
-        ctx.wait()?;
-        rx.recv()
-            .map_err(|_| Error::Gpu("top-k: map callback dropped".into()))?
-            .map_err(|e| Error::Gpu(format!("top-k: map failed: {e}")))?;
+    pub async fn read_async(&self, ctx: &GpuContext) -> Result<Vec<(u32, f32)>> {
         let k = self.k as usize;
-        let out = {
-            let view = self
-                .staging
-                .buf
-                .get_mapped_range(..)
-                .map_err(|e| Error::Gpu(format!("top-k: {e}")))?;
-            let words: &[u32] = bytemuck::cast_slice(&view[..k * 8]);
-            (0..k)
-                .map(|i| (words[k + i], f32::from_bits(words[i])))
-                .collect()
-        };
-        self.staging.buf.unmap();
-        Ok(out)
+        let bytes = ctx.map_read(&self.staging.buf, (k * 8) as u64).await?;
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        Ok((0..k)
+            .map(|i| (words[k + i], f32::from_bits(words[i])))
+            .collect())
+    }
+
+    /// Blocking [`TopK::read_async`].
+    pub fn read(&self, ctx: &GpuContext) -> Result<Vec<(u32, f32)>> {
+        pollster::block_on(self.read_async(ctx))
     }
 }
