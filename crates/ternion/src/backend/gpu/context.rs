@@ -369,7 +369,12 @@ impl GpuContext {
 
     /// Copies `size` bytes at `offset` of `buf` (which needs COPY_SRC) back to the host.
     /// Creates a staging buffer per call: for tests and one-off reads, not the hot path.
-    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+    pub async fn read_bytes_async(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>> {
         let padded = size.next_multiple_of(4).max(4);
         let staging = self.create_buffer(
             "readback",
@@ -379,20 +384,14 @@ impl GpuContext {
         let mut enc = self.encoder();
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, padded);
         self.submit(enc);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| Error::Gpu("read-back: map callback dropped".into()))?
-            .map_err(|e| Error::Gpu(format!("read-back: map failed: {e}")))?;
-        let view = staging
-            .get_mapped_range(..)
-            .map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
-        let out = view[..size as usize].to_vec();
-        drop(view);
-        staging.unmap();
+        let mut out = self.map_read(&staging, padded).await?;
+        out.truncate(size as usize);
         Ok(out)
+    }
+
+    /// Blocking [`GpuContext::read_bytes_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        pollster::block_on(self.read_bytes_async(buf, offset, size))
     }
 }
