@@ -23,7 +23,7 @@ use wasm_bindgen::prelude::*;
 use web_sys::Blob;
 
 use crate::browser::{BlobSource, Browser, UrlSource};
-use crate::engine::{Backend, Engine, Generated};
+use crate::engine::{Backend, CpuSeq, Engine, Generated};
 use crate::loader::{self, ByteSource, Progress};
 use ternion::backend::gpu::{GpuContext, GpuModelOptions, GpuOptions};
 use ternion::chat::{ChatTemplate, Conversation, TurnText};
@@ -131,12 +131,17 @@ async fn load<S: ByteSource>(
             let ctx = GpuContext::new_async(&GpuOptions::default())
                 .await
                 .map_err(|e| Error::Gpu(format!("no WebGPU device: {e}")))?;
+            // The core's upload API takes an Arc (shared across threads natively); a page
+            // has one thread.
+            #[allow(clippy::arc_with_non_send_sync)]
             let ctx = Arc::new(ctx);
             let caps = ctx.caps();
-            let adapter = format!(
-                "{} (f16 {}, subgroups {})",
-                caps.name, caps.f16, caps.subgroups
-            );
+            let name = if caps.name.is_empty() {
+                "adapter"
+            } else {
+                caps.name.as_str()
+            };
+            let adapter = format!("{name}: f16 {}, subgroups {}", caps.f16, caps.subgroups);
             let header = loader::read_header(&src, loader::FIRST_PREFIX).await?;
             let n_ctx = count(&options, "nCtx", 2048)?.max(1);
             let opts = GpuModelOptions {
@@ -149,20 +154,27 @@ async fn load<S: ByteSource>(
             })
             .await?;
             ctx.check()?;
-            (Arc::new(header), Backend::Gpu(gpu), adapter)
+            (Arc::new(header), Backend::Gpu(Box::new(gpu)), adapter)
         }
         "cpu" => {
             let file = Arc::new(loader::read_all(&src).await?);
             let len = file.file_len();
-            report(&progress, "weights", Progress { done: len, total: len });
+            report(
+                &progress,
+                "weights",
+                Progress {
+                    done: len,
+                    total: len,
+                },
+            );
             let model = Model::from_file(file.clone(), &LoadOptions::default())?;
             let n_ctx = count(&options, "nCtx", 2048)?.max(1);
             let state = model.cpu_state(n_ctx);
-            let backend = Backend::Cpu {
-                model: Box::new(model),
+            let backend = Backend::Cpu(Box::new(CpuSeq {
+                model,
                 state,
                 n_ctx,
-            };
+            }));
             (file, backend, "cpu".into())
         }
         other => {
@@ -274,6 +286,9 @@ impl Inner {
         }
     }
 
+    // The engine stays borrowed for the whole generation on purpose: that borrow is the
+    // "busy" flag, so a second generate or a reset meanwhile gets a clean error.
+    #[allow(clippy::await_holding_refcell_ref)]
     async fn generate(
         &self,
         prompt: String,
@@ -291,17 +306,24 @@ impl Inner {
             .map_err(|_| Error::Request("a generation is already running".into()))?;
         let host = Browser::default();
         let g = engine
-            .generate(&host, &ids, &mut sampler, max_tokens, ignore_eos, |id, piece| {
-                let keep = match &on_token {
-                    Some(f) => {
-                        let id = id.map_or(JsValue::UNDEFINED, JsValue::from);
-                        f.call2(&JsValue::NULL, &id, &piece.into())
-                            .map_or(false, |r| r.as_bool() != Some(false))
-                    }
-                    None => true,
-                };
-                keep && !self.stop.get()
-            })
+            .generate(
+                &host,
+                &ids,
+                &mut sampler,
+                max_tokens,
+                ignore_eos,
+                |id, piece| {
+                    let keep = match &on_token {
+                        Some(f) => {
+                            let id = id.map_or(JsValue::UNDEFINED, JsValue::from);
+                            f.call2(&JsValue::NULL, &id, &piece.into())
+                                .is_ok_and(|r| r.as_bool() != Some(false))
+                        }
+                        None => true,
+                    };
+                    keep && !self.stop.get()
+                },
+            )
             .await?;
         if flag(&options, "chat") {
             if let Some(c) = self.chat.borrow_mut().as_mut() {

@@ -43,7 +43,9 @@ async fn fetch(req: &Request) -> Result<Response> {
 }
 
 async fn body(resp: &Response) -> Result<Vec<u8>> {
-    let buf = resp.array_buffer().map_err(|e| js_err("reading a body", e))?;
+    let buf = resp
+        .array_buffer()
+        .map_err(|e| js_err("reading a body", e))?;
     let buf = JsFuture::from(buf)
         .await
         .map_err(|e| js_err("reading a body", e))?;

@@ -23,16 +23,19 @@ pub trait Host {
 /// The forward pass a sequence runs on.
 pub enum Backend {
     /// The WebGPU (or native wgpu) plan; the KV cache lives on the device.
-    Gpu(GpuModel),
+    Gpu(Box<GpuModel>),
     /// The CPU model with its sequence state (whole file in memory: small models only).
-    Cpu {
-        /// The model.
-        model: Box<Model>,
-        /// Its KV cache and scratch.
-        state: CpuState,
-        /// Positions the state holds.
-        n_ctx: usize,
-    },
+    Cpu(Box<CpuSeq>),
+}
+
+/// A sequence on the CPU model.
+pub struct CpuSeq {
+    /// The model.
+    pub model: Model,
+    /// Its KV cache and scratch.
+    pub state: CpuState,
+    /// Positions the state holds.
+    pub n_ctx: usize,
 }
 
 impl Backend {
@@ -40,7 +43,7 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Gpu(_) => "webgpu",
-            Backend::Cpu { .. } => "cpu",
+            Backend::Cpu(_) => "cpu",
         }
     }
 
@@ -48,7 +51,7 @@ impl Backend {
     pub fn n_ctx(&self) -> usize {
         match self {
             Backend::Gpu(g) => g.n_ctx(),
-            Backend::Cpu { n_ctx, .. } => *n_ctx,
+            Backend::Cpu(c) => c.n_ctx,
         }
     }
 
@@ -56,9 +59,10 @@ impl Backend {
     async fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         match self {
             Backend::Gpu(g) => g.forward_async(tokens, Logits::Last).await,
-            Backend::Cpu { model, state, .. } => {
-                Ok(model.forward_cpu(tokens, Logits::Last, state)?.to_vec())
-            }
+            Backend::Cpu(c) => Ok(c
+                .model
+                .forward_cpu(tokens, Logits::Last, &mut c.state)?
+                .to_vec()),
         }
     }
 
@@ -67,14 +71,14 @@ impl Backend {
     async fn argmax(&mut self, token: u32) -> Result<u32> {
         match self {
             Backend::Gpu(g) => g.argmax_step_async(token).await,
-            Backend::Cpu { .. } => Ok(ternion::sample::argmax(&self.logits(&[token]).await?)),
+            Backend::Cpu(_) => Ok(ternion::sample::argmax(&self.logits(&[token]).await?)),
         }
     }
 
     fn truncate(&mut self, len: usize) {
         match self {
             Backend::Gpu(g) => g.truncate(len),
-            Backend::Cpu { state, .. } => state.truncate(len),
+            Backend::Cpu(c) => c.state.truncate(len),
         }
     }
 }
@@ -217,7 +221,9 @@ impl Engine {
     ) -> Result<Generated> {
         let input: Vec<u32> = self.pending.iter().chain(prompt).copied().collect();
         if input.is_empty() {
-            return Err(Error::Request("nothing to feed: the prompt is empty".into()));
+            return Err(Error::Request(
+                "nothing to feed: the prompt is empty".into(),
+            ));
         }
         let n_ctx = self.backend.n_ctx();
         if self.fed.len() + input.len() >= n_ctx {

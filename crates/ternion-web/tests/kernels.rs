@@ -40,7 +40,10 @@ async fn webgpu_variant_has_no_subgroups() {
     let ctx = ctx().await;
     let c = ctx.caps();
     assert_eq!(c.backend, "webgpu", "{c:?}");
-    assert!(!c.subgroups, "wgpu's WebGPU backend exposes no subgroups: {c:?}");
+    assert!(
+        !c.subgroups,
+        "wgpu's WebGPU backend exposes no subgroups: {c:?}"
+    );
     let v = ctx.variant(32);
     assert!(!v.subgroups && v.f16 == c.f16, "{v:?} for {c:?}");
 }
@@ -88,25 +91,31 @@ async fn rmsnorm_and_int8_quant_match_cpu() {
         quant.record(p, rows as u32);
     });
     let y_gpu = yb.read_async::<f32>(&ctx).await.unwrap();
-    let q_gpu: Vec<i8> = qa
-        .q
-        .read_async::<u32>(&ctx)
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
-        .collect();
+    let q_gpu: Vec<i8> =
+        qa.q.read_async::<u32>(&ctx)
+            .await
+            .unwrap()
+            .iter()
+            .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
+            .collect();
     let meta = qa.meta.read_async::<u32>(&ctx).await.unwrap();
     let mut y_cpu = vec![0f32; rows * n];
     rms_norm(&x, &w, 1e-5, &mut y_cpu);
     for (i, (&g, &c)) in y_gpu.iter().zip(&y_cpu).enumerate() {
-        assert!((g - c).abs() <= 2e-6 * c.abs() + 1e-7, "elem {i}: gpu {g} cpu {c}");
+        assert!(
+            (g - c).abs() <= 2e-6 * c.abs() + 1e-7,
+            "elem {i}: gpu {g} cpu {c}"
+        );
     }
     for t in 0..rows {
         // Exact against the CPU quantizer fed the GPU's own normalised row.
         let mut q_ref = vec![0i8; n];
         let p = act::quantize_per_token(&y_gpu[t * n..][..n], &mut q_ref);
-        assert_eq!(f32::from_bits(meta[2 * t]).to_bits(), p.scale.to_bits(), "row {t}");
+        assert_eq!(
+            f32::from_bits(meta[2 * t]).to_bits(),
+            p.scale.to_bits(),
+            "row {t}"
+        );
         assert_eq!(&q_gpu[t * n..][..n], &q_ref[..], "row {t}");
         assert_eq!(meta[2 * t + 1] as i32, p.sum, "row {t}");
     }
@@ -162,7 +171,10 @@ async fn ternary_matvec_matches_cpu() {
         run(&ctx, |p| op.record(p, tokens as u32, batched));
         let got = out.read_async::<f32>(&ctx).await.unwrap();
         for (i, (&g, &c)) in got.iter().zip(&want).enumerate() {
-            assert!((g - c).abs() <= 1e-6 * c.abs(), "batched {batched} elem {i}: {g} vs {c}");
+            assert!(
+                (g - c).abs() <= 1e-6 * c.abs(),
+                "batched {batched} elem {i}: {g} vs {c}"
+            );
         }
     }
     ctx.check().unwrap();

@@ -18,7 +18,7 @@ use ternion::session::{GenerateOptions, Session};
 use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use ternion::Result;
-use ternion_web::engine::{Backend, Engine, Finish, Host};
+use ternion_web::engine::{Backend, CpuSeq, Engine, Finish, Host};
 use ternion_web::loader::{self, ByteSource, Progress};
 
 /// A file in memory that records every read.
@@ -84,7 +84,10 @@ fn header_grows_from_a_small_prefix() {
     assert_eq!(h.data_offset, whole.data_offset);
     assert!(!h.has_tensor_data());
     let reads = src.reads.borrow();
-    assert!(reads.len() > 1, "a 64-byte prefix cannot hold the header: {reads:?}");
+    assert!(
+        reads.len() > 1,
+        "a 64-byte prefix cannot hold the header: {reads:?}"
+    );
     for w in reads.windows(2) {
         assert_eq!(w[1].end, (w[0].end * 4).min(bytes.len() as u64));
     }
@@ -117,8 +120,8 @@ fn streamed_gpu_upload_generates_the_cpu_ids() {
         n_ctx: 64,
         ..GpuModelOptions::default()
     };
-    let gpu = pollster::block_on(loader::upload(ctx, &src, &header, opts, |p| seen.push(p)))
-        .unwrap();
+    let gpu =
+        pollster::block_on(loader::upload(ctx, &src, &header, opts, |p| seen.push(p))).unwrap();
     let last = *seen.last().unwrap();
     assert_eq!(last.done, last.total);
     assert!(seen.windows(2).all(|w| w[0].done < w[1].done));
@@ -128,7 +131,9 @@ fn streamed_gpu_upload_generates_the_cpu_ids() {
     let tok = Tokenizer::from_gguf(&header, &TokenizerOptions::default()).unwrap();
     let file = Arc::new(GgufFile::from_bytes("micro.gguf", bytes).unwrap());
     let model = Model::from_file(file, &LoadOptions::default()).unwrap();
-    let prompt = tok.encode("Ternary weights on the web", true, true).unwrap();
+    let prompt = tok
+        .encode("Ternary weights on the web", true, true)
+        .unwrap();
 
     // The reference: the native CPU session, as `ternion run` drives it.
     let want = {
@@ -145,12 +150,14 @@ fn streamed_gpu_upload_generates_the_cpu_ids() {
 
     let host = Native(Instant::now());
     let tok2 = Tokenizer::from_gguf(&header, &TokenizerOptions::default()).unwrap();
-    let mut web = Engine::new(tok2, Backend::Gpu(gpu));
+    let mut web = Engine::new(tok2, Backend::Gpu(Box::new(gpu)));
     let mut text = String::new();
-    let g = pollster::block_on(web.generate(&host, &prompt, &mut greedy(), 16, true, |_, t| {
-        text.push_str(t);
-        true
-    }))
+    let g = pollster::block_on(
+        web.generate(&host, &prompt, &mut greedy(), 16, true, |_, t| {
+            text.push_str(t);
+            true
+        }),
+    )
     .unwrap();
     assert_eq!(g.tokens, want, "GPU engine vs CPU session");
     assert_eq!(g.text, text);
@@ -159,26 +166,29 @@ fn streamed_gpu_upload_generates_the_cpu_ids() {
     // Stop after 3 tokens, then continue: the same ids as one uninterrupted run.
     web.reset();
     let mut n = 0;
-    let first = pollster::block_on(web.generate(&host, &prompt, &mut greedy(), 16, true, |_, _| {
-        n += 1;
-        n < 3
-    }))
-    .unwrap();
+    let first =
+        pollster::block_on(
+            web.generate(&host, &prompt, &mut greedy(), 16, true, |_, _| {
+                n += 1;
+                n < 3
+            }),
+        )
+        .unwrap();
     assert_eq!(first.finish, Finish::Cancelled);
     assert_eq!(first.tokens, want[..3]);
-    let rest = pollster::block_on(web.generate(&host, &[], &mut greedy(), 13, true, |_, _| true))
-        .unwrap();
+    let rest =
+        pollster::block_on(web.generate(&host, &[], &mut greedy(), 13, true, |_, _| true)).unwrap();
     assert_eq!(rest.tokens, want[3..]);
 
     // The CPU backend of the same engine agrees too.
     let state = model.cpu_state(64);
     let mut cpu = Engine::new(
         tok,
-        Backend::Cpu {
-            model: Box::new(model),
+        Backend::Cpu(Box::new(CpuSeq {
+            model,
             state,
             n_ctx: 64,
-        },
+        })),
     );
     let c = pollster::block_on(cpu.generate(&host, &prompt, &mut greedy(), 16, true, |_, _| true))
         .unwrap();
