@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use ternion::backend::gpu::GpuModel;
+use ternion::backend::gpu::{measure_read_bandwidth, GpuModel, GpuModelOptions, KernelTime};
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::argmax;
@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// LM head storage: as stored (exact) or requantized to Q8_0.
     #[arg(long, value_enum, default_value = "stored")]
     lm_head: LmHeadArg,
+    /// GPU: time every kernel launch of the decode steps with timestamp queries and print
+    /// the breakdown (adds a little time per launch to the figures above it).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Peak resident memory of this process in bytes (Linux), if known.
@@ -130,11 +134,33 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<(f64, f64)
     let t = Instant::now();
     let mut next = argmax(&g.forward(prompt, Logits::Last)?);
     let prefill_s = t.elapsed().as_secs_f64();
+    g.reset_profile();
     let t = Instant::now();
     for _ in 0..n_gen {
         next = g.argmax_step(next)?;
     }
     Ok((prefill_s, t.elapsed().as_secs_f64()))
+}
+
+/// Prints the per-kernel decode breakdown, largest first.
+fn print_profile(p: &[KernelTime], n_gen: usize) {
+    let per_tok = |ns: f64| ns / 1e3 / n_gen.max(1) as f64;
+    let total: f64 = p.iter().map(|k| k.total_ns).sum();
+    let mut rows: Vec<&KernelTime> = p.iter().collect();
+    rows.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
+    println!(
+        "decode profile (GPU timestamps, per token): {:.0} µs in kernels",
+        per_tok(total)
+    );
+    for k in rows {
+        println!(
+            "  {:<10} {:>5} launches {:>9.1} µs  {:>5.1}%",
+            k.label,
+            k.count / n_gen.max(1) as u64,
+            per_tok(k.total_ns),
+            100.0 * k.total_ns / total.max(1.0)
+        );
+    }
 }
 
 /// Runs `ternion bench`.
@@ -159,7 +185,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .map(|_| rng.random_range(0..cfg.n_vocab as u32))
         .collect();
 
-    let mut gpu = a.backend.gpu(&model, n_ctx)?;
+    let gopts = GpuModelOptions {
+        n_ctx,
+        profile: a.profile,
+        ..GpuModelOptions::default()
+    };
+    let mut gpu = a.backend.gpu_with(&model, gopts)?;
+    if a.profile && gpu.is_none() {
+        bail!("--profile times GPU kernels: use it with --backend gpu");
+    }
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
     let (prefill_s, decode_s) = match &mut gpu {
         Some(g) => time_gpu(g, &prompt, a.n_gen)?,
@@ -186,6 +220,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bytes as f64 / 1e6,
         rss.map_or("?".into(), |r| format!("{:.0} MB", r as f64 / 1e6)),
     );
+    let read_bw = match &gpu {
+        Some(g) => Some(measure_read_bandwidth(g.context())?),
+        None => None,
+    };
+    if let Some(bw) = read_bw {
+        println!(
+            "measured read bandwidth {bw:.0} GB/s: decode reaches {:.1}% of it",
+            100.0 * gb_s / bw
+        );
+    }
+    let profile = gpu.as_ref().and_then(|g| g.profile());
+    if let Some(p) = &profile {
+        print_profile(p, a.n_gen);
+    }
     if a.json {
         let v = json!({
             "model": path.display().to_string(),
@@ -201,6 +249,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "ms_per_token": ms_per_token,
             "weight_bytes_per_token": bytes,
             "achieved_gb_s": gb_s,
+            "read_bandwidth_gb_s": read_bw,
+            "profile": profile.as_ref().map(|p| p.iter().map(|k| json!({
+                "kernel": k.label,
+                "launches_per_token": k.count as f64 / a.n_gen.max(1) as f64,
+                "us_per_token": k.total_ns / 1e3 / a.n_gen.max(1) as f64,
+            })).collect::<Vec<_>>()),
             "load_s": load_s,
             "peak_rss_bytes": rss,
             "file_bytes": std::fs::metadata(&path).map(|m| m.len()).ok(),

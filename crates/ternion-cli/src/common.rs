@@ -44,6 +44,15 @@ impl BackendArgs {
     /// The GPU model for `model` when the choice asks for one (`None` for the CPU); `auto`
     /// falls back to the CPU when no adapter is found.
     pub fn gpu(&self, model: &Model, n_ctx: usize) -> Result<Option<GpuModel>> {
+        let opts = GpuModelOptions {
+            n_ctx,
+            ..GpuModelOptions::default()
+        };
+        self.gpu_with(model, opts)
+    }
+
+    /// [`BackendArgs::gpu`] with every GPU model option given.
+    pub fn gpu_with(&self, model: &Model, gopts: GpuModelOptions) -> Result<Option<GpuModel>> {
         if self.backend == Backend::Cpu {
             return Ok(None);
         }
@@ -64,10 +73,6 @@ impl BackendArgs {
             "GPU: {} ({}), f16 {}, subgroups {}",
             caps.name, caps.backend, caps.f16, caps.subgroups
         );
-        let gopts = GpuModelOptions {
-            n_ctx,
-            ..GpuModelOptions::default()
-        };
         Ok(Some(GpuModel::from_model(ctx, model, gopts)?))
     }
 }

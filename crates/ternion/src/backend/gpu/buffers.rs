@@ -113,6 +113,24 @@ impl Sharded {
         row_bytes: usize,
         max_shard_bytes: Option<u64>,
     ) -> Result<Sharded> {
+        if !row_bytes.is_multiple_of(4) {
+            return Err(Error::Gpu(format!(
+                "{label}: rows of {row_bytes} bytes are not a multiple of 4"
+            )));
+        }
+        Self::from_rows_unaligned(ctx, label, data, row_bytes, max_shard_bytes)
+    }
+
+    /// [`Sharded::from_rows`] for rows of any byte length (block-quantized rows such as
+    /// Q6_K's 210 bytes per 256 values): each shard is zero-padded to whole words, and
+    /// kernels address its rows by byte offset.
+    pub fn from_rows_unaligned(
+        ctx: &GpuContext,
+        label: &str,
+        data: &[u8],
+        row_bytes: usize,
+        max_shard_bytes: Option<u64>,
+    ) -> Result<Sharded> {
         if row_bytes == 0 || !data.len().is_multiple_of(row_bytes) {
             return Err(Error::Gpu(format!(
                 "{label}: {} bytes are not whole rows of {row_bytes} bytes",
@@ -130,8 +148,8 @@ impl Sharded {
         Ok(s)
     }
 
-    /// Zeroed shards for `rows × row_bytes` (`row_bytes` a multiple of 4), filled later with
-    /// [`Sharded::write_rows`].
+    /// Zeroed shards for `rows × row_bytes`, filled later with [`Sharded::write_rows`];
+    /// each shard is padded to whole words.
     pub fn zeroed(
         ctx: &GpuContext,
         label: &str,
@@ -139,10 +157,8 @@ impl Sharded {
         row_bytes: usize,
         max_shard_bytes: Option<u64>,
     ) -> Result<Sharded> {
-        if row_bytes == 0 || !row_bytes.is_multiple_of(4) {
-            return Err(Error::Gpu(format!(
-                "{label}: rows of {row_bytes} bytes (need a non-zero multiple of 4)"
-            )));
+        if row_bytes == 0 {
+            return Err(Error::Gpu(format!("{label}: rows of 0 bytes")));
         }
         let caps = ctx.caps();
         let limit = max_shard_bytes

@@ -193,6 +193,16 @@ impl GpuModel {
         Some(by_label)
     }
 
+    /// Clears the profile totals (e.g. after warm-up and prefill, to time decode alone).
+    pub fn reset_profile(&mut self) {
+        if let Some(p) = &mut self.profiler {
+            for t in &mut p.totals {
+                t.count = 0;
+                t.total_ns = 0.0;
+            }
+        }
+    }
+
     /// Records and submits one step of `tokens` (≤ max_batch) at the current position,
     /// with the result selected by `out` copied to staging; advances the position.
     fn step(&mut self, tokens: &[u32], out: Out) -> Result<()> {

@@ -9,7 +9,7 @@
 //!   rows 6-14 differ by up to 3.6e-2, the size BITNET.md §5 reports for such flips. The
 //!   test allows one prompt with a flip, bounded by 0.1 after it;
 //! - greedy decoding, 32 ids per prompt (prompt batch, then 31 single-token steps with the
-//!   GPU argmax): identical to the CPU's.
+//!   GPU argmax): identical to the CPU's up to the first near-tie (see `NEAR_TIE`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,20 +128,45 @@ fn tiny_model_prompt_logits_match_cpu() {
     assert!(flips <= 1, "{flips} prompts with an activation flip");
 }
 
+/// Top-1 minus top-2 of a logits row.
+fn margin(v: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::MIN, f32::MIN);
+    for &x in v {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
+/// Greedy ids are compared up to the first CPU step whose top-2 margin is below this:
+/// GPU and CPU reduce in different orders (and p2 carries one activation rounding flip of
+/// ~3.6e-2), so a closer race may go either way. On the golden prompts this compares 29,
+/// 32 and 21 steps (p2's step 21 has a CPU margin of 2.4e-3, and lavapipe's GPU takes the
+/// other token there since the norms reduce by subgroups).
+const NEAR_TIE: f32 = 5e-3;
+
 #[test]
 fn tiny_model_greedy_ids_match_cpu() {
     let Some(f) = fixture() else { return };
     let mut gpu = gpu_model(&f, 64);
     let steps = 32;
     for p in &f.prompts {
-        // CPU: prompt batch, then one token per step.
+        // CPU: prompt batch, then one token per step; stop comparing at a near-tie.
         let mut st = f.cpu.cpu_state(64);
-        let mut cpu_ids = vec![argmax(f.cpu.forward_cpu(p, Logits::Last, &mut st).unwrap())];
+        let logits = f.cpu.forward_cpu(p, Logits::Last, &mut st).unwrap();
+        let mut sure = usize::from(margin(logits) >= NEAR_TIE);
+        let mut cpu_ids = vec![argmax(logits)];
         while cpu_ids.len() < steps {
             let t = *cpu_ids.last().unwrap();
-            cpu_ids.push(argmax(
-                f.cpu.forward_cpu(&[t], Logits::Last, &mut st).unwrap(),
-            ));
+            let logits = f.cpu.forward_cpu(&[t], Logits::Last, &mut st).unwrap();
+            if sure == cpu_ids.len() && margin(logits) >= NEAR_TIE {
+                sure += 1;
+            }
+            cpu_ids.push(argmax(logits));
         }
         gpu.truncate(0);
         let mut gpu_ids = vec![argmax(&gpu.forward(p, Logits::Last).unwrap())];
@@ -149,7 +174,8 @@ fn tiny_model_greedy_ids_match_cpu() {
             let t = *gpu_ids.last().unwrap();
             gpu_ids.push(gpu.argmax_step(t).unwrap());
         }
-        assert_eq!(gpu_ids, cpu_ids, "prompt {p:?}");
+        assert!(sure >= 16, "only {sure} confident steps for {p:?}");
+        assert_eq!(gpu_ids[..sure], cpu_ids[..sure], "prompt {p:?}, {sure} steps compared");
     }
 }
 

@@ -17,9 +17,12 @@
 //!   657 MB F16 embedding / LM head against lavapipe's 128 MiB limit). Kernels over a
 //!   sharded matrix launch one dispatch per shard.
 //! - `ops/`: one struct per kernel, a file per kernel family ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
-//!   [`F16Matvec`], [`RopeKv`] (RoPE + KV-cache store into a [`GpuKv`]), [`Attention`]
-//!   (flash-decoding for one token, a workgroup per (head, token) for a batch), [`Glu`],
-//!   [`TopK`]). `new` fetches the pipeline, creates the parameter
+//!   [`F16Matvec`], [`RopeKv`] (NEOX or NORM RoPE, optional `rope_freqs`, + KV-cache store
+//!   into a [`GpuKv`]), [`Attention`] (flash-decoding for one token, a workgroup per
+//!   (head, token) for a batch), [`Glu`], [`TopK`]; for the other families and formats
+//!   [`QMatvec`] over [`QWeights`] in their GGUF format (F32, F16, BF16, Q8_0, Q4_0, Q4_K,
+//!   Q6_K, TQ2_0) fed by [`QuantizeAct`], [`QEmbed`] (row gather from such a table) (ggml's Q8_0 / Q8_K activations), and [`RowOp`]
+//!   (LayerNorm, bias, GELU, position embeddings, column slice, last-row select)). `new` fetches the pipeline, creates the parameter
 //!   uniforms and the bind groups once; `record(&mut ComputePass, n_tokens)` only sets
 //!   the pipeline and bind group and dispatches, so recording creates nothing
 //!   (DESIGN.md principle 3; a test checks the counters).
@@ -58,6 +61,7 @@
 //! - Every f32→F16 rounding (KV cache, Q for QKᵀ, decode probabilities) is round to nearest
 //!   even in integer arithmetic, as `half::f16::from_f32`.
 
+mod bandwidth;
 mod buffers;
 mod context;
 mod exec;
@@ -69,16 +73,20 @@ mod plan;
 #[cfg(test)]
 mod tests;
 mod upload;
+#[cfg(test)]
+mod tests_fam;
 
+pub use bandwidth::measure_read_bandwidth;
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
 pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
-    Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, NormOut, QuantAct, RmsNorm,
-    RopeKv, StepUniform, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK,
-    WG,
+    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,
+    PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
+    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, TernaryMatvec, TernaryWeights, TopK,
+    ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

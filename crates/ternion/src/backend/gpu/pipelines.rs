@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::context::GpuContext;
+use super::ops::{ActQuant, QFormat, RowOpKind};
 use crate::{Error, Result};
 
 /// Feature-dependent variant of a kernel.
@@ -81,6 +82,36 @@ pub enum Kernel {
         /// First pass (per chunk) or second pass (over the candidates).
         partial: bool,
     },
+    /// `read_bw.wgsl`: the read-bandwidth probe.
+    ReadProbe,
+    /// `qmatvec.wgsl`: GGUF-format weights × f32 / Q8_0 / Q8_K activations.
+    QMatvec {
+        /// Weight format.
+        fmt: QFormat,
+        /// Threads per weight row (power of two, 1..=256).
+        tpr: u32,
+        /// Store or add.
+        epilogue: Epilogue,
+        /// The 4-tokens-per-workgroup prefill entry point.
+        batch: bool,
+        /// Round f32 activations through F16 first (F16 weights only).
+        round_x: bool,
+    },
+    /// `qmatvec.wgsl` `gather`: rows of a GGUF-format matrix dequantized to f32.
+    QGather {
+        /// Weight format.
+        fmt: QFormat,
+    },
+    /// `quant_act.wgsl`: Q8_0 or Q8_K activation quantization.
+    QuantAct {
+        /// Which quantizer.
+        kind: ActQuant,
+    },
+    /// `rowops.wgsl`: LayerNorm, bias, GELU, position embeddings, slices.
+    RowOp {
+        /// Which entry point.
+        op: RowOpKind,
+    },
 }
 
 /// The entry points of `attention.wgsl`.
@@ -124,6 +155,10 @@ enum Source {
     Attention,
     Glu,
     Select,
+    ReadProbe,
+    QMatvec,
+    QuantAct,
+    RowOps,
 }
 
 impl Source {
@@ -137,6 +172,10 @@ impl Source {
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
             Source::Glu => ("glu.wgsl", include_str!("kernels/glu.wgsl")),
             Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
+            Source::ReadProbe => ("read_bw.wgsl", include_str!("kernels/read_bw.wgsl")),
+            Source::QMatvec => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
+            Source::QuantAct => ("quant_act.wgsl", include_str!("kernels/quant_act.wgsl")),
+            Source::RowOps => ("rowops.wgsl", include_str!("kernels/rowops.wgsl")),
         }
     }
 }
@@ -152,6 +191,10 @@ impl Kernel {
             Kernel::Attention { .. } => Source::Attention,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
+            Kernel::ReadProbe => Source::ReadProbe,
+            Kernel::QMatvec { .. } | Kernel::QGather { .. } => Source::QMatvec,
+            Kernel::QuantAct { .. } => Source::QuantAct,
+            Kernel::RowOp { .. } => Source::RowOps,
         }
     }
 
@@ -164,7 +207,7 @@ impl Kernel {
             Kernel::Ternary { batch: true, .. } => "matmul4",
             Kernel::F16Matvec { last: false, .. } => "main",
             Kernel::F16Matvec { last: true, .. } => "last",
-            Kernel::RopeKv | Kernel::Glu { .. } => "main",
+            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
                 AttnStage::ProbsPv => "probs_pv",
@@ -173,12 +216,17 @@ impl Kernel {
             },
             Kernel::Select { partial: true, .. } => "partial",
             Kernel::Select { partial: false, .. } => "merge",
+            Kernel::QMatvec { batch: false, .. } => "matvec",
+            Kernel::QMatvec { batch: true, .. } => "matmul4",
+            Kernel::QGather { .. } => "gather",
+            Kernel::QuantAct { kind } => kind.entry_point(),
+            Kernel::RowOp { op } => op.entry_point(),
         }
     }
 
     fn constants(self) -> Vec<(&'static str, f64)> {
         match self {
-            Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv => vec![],
+            Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv | Kernel::ReadProbe => vec![],
             Kernel::Attention { stage, round_p } => {
                 if stage == AttnStage::ProbsPv {
                     vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })]
@@ -205,6 +253,23 @@ impl Kernel {
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::Select { k, .. } => vec![("K", f64::from(k))],
+            Kernel::QMatvec {
+                fmt,
+                tpr,
+                epilogue,
+                round_x,
+                ..
+            } => vec![
+                ("FMT", f64::from(fmt.kernel_id())),
+                ("TPR", f64::from(tpr)),
+                (
+                    "EPILOGUE",
+                    if epilogue == Epilogue::Add { 1.0 } else { 0.0 },
+                ),
+                ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
+            ],
+            Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
+            Kernel::QuantAct { .. } | Kernel::RowOp { .. } => vec![],
         }
     }
 }

@@ -268,6 +268,8 @@ impl Plan {
             selected: Vec::new(),
         };
         let variant = g.variant(TPR);
+        // Norms reduce with whole subgroups of any size.
+        let norm_variant = g.variant(1);
         let vector = |w: WeightId| match &weights[w.0] {
             GpuWeight::Vector(Some(b)) => Ok(b.clone()),
             _ => Err(Error::Gpu(format!(
@@ -296,10 +298,10 @@ impl Plan {
                     }
                     let norm = if only_ternary_readers(graph, &weights, i, out) {
                         let q = acts.quant(out)?;
-                        RmsNorm::new(g, variant, &xb, &wb, width, eps, NormOut::Quant(&q))?
+                        RmsNorm::new(g, norm_variant, &xb, &wb, width, eps, NormOut::Quant(&q))?
                     } else {
                         let ob = acts.f32(out)?;
-                        RmsNorm::new(g, variant, &xb, &wb, width, eps, NormOut::F32(&ob))?
+                        RmsNorm::new(g, norm_variant, &xb, &wb, width, eps, NormOut::F32(&ob))?
                     };
                     launches.push(Launch::Norm(norm));
                 }

@@ -24,7 +24,7 @@ use super::*;
 use crate::backend::cpu::{attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape};
 use crate::quant::{act, i2s};
 
-fn ctx_with(opts: &GpuOptions) -> Option<GpuContext> {
+pub(super) fn ctx_with(opts: &GpuOptions) -> Option<GpuContext> {
     match GpuContext::new(opts) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -45,12 +45,12 @@ fn ctx() -> Option<GpuContext> {
     ctx_with(&GpuOptions::default())
 }
 
-fn rng(seed: u64) -> rand::rngs::StdRng {
+pub(super) fn rng(seed: u64) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed)
 }
 
 /// Runs `f` inside one compute pass and submits once.
-fn run(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
+pub(super) fn run(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
     let mut enc = ctx.encoder();
     {
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
@@ -61,7 +61,7 @@ fn run(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
 }
 
 /// The variants worth testing for a kernel with `tpr` lanes per row.
-fn variants(ctx: &GpuContext, tpr: u32) -> Vec<Variant> {
+pub(super) fn variants(ctx: &GpuContext, tpr: u32) -> Vec<Variant> {
     let best = ctx.variant(tpr);
     let mut v = vec![Variant::default()];
     if best != Variant::default() {
@@ -170,7 +170,10 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
     let Some(ctx) = ctx() else { return };
     let mut r = rng(3);
     let (mut diffs, mut total) = (0usize, 0usize);
-    for &n in &[644usize, 2560, 6912] {
+    for (&n, v) in [644usize, 2560, 6912]
+        .iter()
+        .flat_map(|n| variants(&ctx, 1).into_iter().map(move |v| (n, v)))
+    {
         let rows = 7;
         let x = random_rows(&mut r, rows, n);
         let w: Vec<f32> = (0..n).map(|_| r.random_range(0.1..2.0)).collect();
@@ -178,7 +181,6 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
         let wb = GpuBuffer::from_slice(&ctx, "w", &w).unwrap();
         let yb = GpuBuffer::zeroed(&ctx, "y", (rows * n * 4) as u64).unwrap();
         let qa = QuantAct::new(&ctx, n, rows).unwrap();
-        let v = Variant::default();
         let plain = RmsNorm::new(&ctx, v, &xb, &wb, n, 1e-5, NormOut::F32(&yb)).unwrap();
         let quant = RmsNorm::new(&ctx, v, &xb, &wb, n, 1e-5, NormOut::Quant(&qa)).unwrap();
         run(&ctx, |p| {
@@ -196,9 +198,9 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
             // 1. Exact against the CPU quantizer fed the GPU's own normalised row.
             let mut q_ref = vec![0i8; n];
             let p = act::quantize_per_token(&y_gpu[t * n..][..n], &mut q_ref);
-            assert_eq!(s_gpu.to_bits(), p.scale.to_bits(), "n {n} row {t}: scale");
-            assert_eq!(qg, &q_ref[..], "n {n} row {t}: q");
-            assert_eq!(sum_gpu, p.sum, "n {n} row {t}: sum");
+            assert_eq!(s_gpu.to_bits(), p.scale.to_bits(), "{v:?} n {n} row {t}: scale");
+            assert_eq!(qg, &q_ref[..], "{v:?} n {n} row {t}: q");
+            assert_eq!(sum_gpu, p.sum, "{v:?} n {n} row {t}: sum");
             // 2. Close to the full CPU reference.
             let mut q_cpu = vec![0i8; n];
             let pc = act::quantize_per_token(&y_cpu[t * n..][..n], &mut q_cpu);
@@ -421,7 +423,13 @@ fn topk_and_argmax_match_cpu() {
     assert_eq!(got[3], (u32::MAX, f32::NEG_INFINITY));
 }
 
-fn dims(n_head: usize, n_head_kv: usize, head_dim: usize, n_rot: usize, base: f32) -> AttnDims {
+pub(super) fn dims(
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    n_rot: usize,
+    base: f32,
+) -> AttnDims {
     AttnDims {
         n_head,
         n_head_kv,
@@ -534,6 +542,62 @@ fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
         .collect()
 }
 
+/// Runs [`Attention`] for `n` tokens after `pos0` cached positions of random F16 keys and
+/// values in [−2, 2] and checks it against the CPU: |Δ| ≤ 1e-4·max|v| per output (decode
+/// rounds probabilities to F16 like the reference). Returns the worst |Δ|/max|v|.
+pub(super) fn attention_case(
+    ctx: &GpuContext,
+    r: &mut impl Rng,
+    d: AttnDims,
+    pos0: usize,
+    n: usize,
+) -> f32 {
+    let (hq, kvd) = (d.n_head * d.head_dim, d.kv_dim());
+    let n_ctx = pos0 + n + 5;
+    let n_kv = pos0 + n;
+    let kc = random_kv(r, n_kv * kvd);
+    let vc = random_kv(r, n_kv * kvd);
+    // Spread scores so that the softmax is far from uniform.
+    let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
+    let kv = GpuKv::new(ctx, n_ctx, kvd).unwrap();
+    kv.k.write(ctx, 0, bytemuck::cast_slice(&kc));
+    kv.v.write(ctx, 0, bytemuck::cast_slice(&vc));
+    let qb = GpuBuffer::from_slice(ctx, "q", &q).unwrap();
+    let out = GpuBuffer::zeroed(ctx, "att", (n * hq * 4) as u64).unwrap();
+    let step = StepUniform::new(ctx).unwrap();
+    step.write(ctx, n as u32, pos0 as u32);
+    let round = n == 1;
+    let op = Attention::new(ctx, d, &step, &qb, &kv, &out, round).unwrap();
+    run(ctx, |p| op.record(p, n as u32, n_kv as u32));
+    let got = out.read::<f32>(ctx).unwrap();
+
+    let shape = AttnShape {
+        n_head: d.n_head,
+        n_head_kv: d.n_head_kv,
+        head_dim: d.head_dim,
+        pos0,
+        round_probs: round,
+        capacity: n_ctx,
+    };
+    let mut want = vec![0f32; n * hq];
+    let mut scratch =
+        vec![0f32; scratch_per_thread(n_ctx, d.head_dim) * pool::global().n_threads()];
+    attention(&q, &kc, &vc, &shape, &mut want, &mut scratch);
+    // Outputs are convex combinations of values in [−2, 2]: compare against that scale.
+    let mut worst = 0f32;
+    for i in 0..want.len() {
+        let err = (got[i] - want[i]).abs() / 2.0;
+        worst = worst.max(err);
+        assert!(
+            err <= 1e-4,
+            "{d:?} pos0 {pos0} n {n} out[{i}]: gpu {} cpu {}",
+            got[i],
+            want[i]
+        );
+    }
+    worst
+}
+
 #[test]
 fn attention_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -550,48 +614,9 @@ fn attention_matches_cpu() {
         (dims(4, 1, 64, 64, 1e4), 250, 9),
         (dims(3, 3, 6, 4, 1e4), 517, 2),
     ] {
-        let (hq, kvd) = (d.n_head * d.head_dim, d.kv_dim());
-        let n_ctx = pos0 + n + 5;
-        let n_kv = pos0 + n;
-        let kc = random_kv(&mut r, n_kv * kvd);
-        let vc = random_kv(&mut r, n_kv * kvd);
-        // Spread scores so that the softmax is far from uniform.
-        let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
-        let kv = GpuKv::new(&ctx, n_ctx, kvd).unwrap();
-        kv.k.write(&ctx, 0, bytemuck::cast_slice(&kc));
-        kv.v.write(&ctx, 0, bytemuck::cast_slice(&vc));
-        let qb = GpuBuffer::from_slice(&ctx, "q", &q).unwrap();
-        let out = GpuBuffer::zeroed(&ctx, "att", (n * hq * 4) as u64).unwrap();
-        let step = StepUniform::new(&ctx).unwrap();
-        step.write(&ctx, n as u32, pos0 as u32);
         let round = n == 1;
-        let op = Attention::new(&ctx, d, &step, &qb, &kv, &out, round).unwrap();
-        run(&ctx, |p| op.record(p, n as u32, n_kv as u32));
-        let got = out.read::<f32>(&ctx).unwrap();
-
-        let shape = AttnShape {
-            n_head: d.n_head,
-            n_head_kv: d.n_head_kv,
-            head_dim: d.head_dim,
-            pos0,
-            round_probs: round,
-            capacity: n_ctx,
-        };
-        let mut want = vec![0f32; n * hq];
-        let mut scratch =
-            vec![0f32; scratch_per_thread(n_ctx, d.head_dim) * pool::global().n_threads()];
-        attention(&q, &kc, &vc, &shape, &mut want, &mut scratch);
-        // Outputs are convex combinations of values in [−2, 2]: compare against that scale.
-        for i in 0..want.len() {
-            let err = (got[i] - want[i]).abs() / 2.0;
-            worst[usize::from(round)] = worst[usize::from(round)].max(err);
-            assert!(
-                err <= 1e-4,
-                "{d:?} pos0 {pos0} n {n} out[{i}]: gpu {} cpu {}",
-                got[i],
-                want[i]
-            );
-        }
+        let err = attention_case(&ctx, &mut r, d, pos0, n);
+        worst[usize::from(round)] = worst[usize::from(round)].max(err);
     }
     eprintln!(
         "attention: worst |gpu − cpu| / max|v|: batch {:e}, decode (F16 probs) {:e}",

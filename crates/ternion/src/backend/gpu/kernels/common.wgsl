@@ -28,3 +28,46 @@ fn f16_bits(x: f32) -> u32 {
 fn round_f16(x: f32) -> f32 {
     return unpack2x16float(f16_bits(x)).x;
 }
+
+// a / b correctly rounded (nearest even), by integer long division of the significands:
+// WGSL (and Vulkan) allow 2.5 ulp for `/`, the CPU reference divides exactly. Operands and
+// result must be normal f32 (or a zero dividend); anything else falls back to `a / b`.
+fn div_rn(a: f32, b: f32) -> f32 {
+    let ba = bitcast<u32>(a);
+    let bb = bitcast<u32>(b);
+    let ea = (ba >> 23u) & 0xffu;
+    let eb = (bb >> 23u) & 0xffu;
+    if (ea == 0u || eb == 0u || ea == 255u || eb == 255u) {
+        return a / b;
+    }
+    let sign = (ba ^ bb) & 0x80000000u;
+    var ma = (ba & 0x7fffffu) | 0x800000u;
+    let mb = (bb & 0x7fffffu) | 0x800000u;
+    var e = i32(ea) - i32(eb) + 127;
+    if (ma < mb) {
+        ma <<= 1u;
+        e -= 1;
+    }
+    // ma / mb is in [1, 2): 24 quotient bits, then r = twice the remainder.
+    var q = 0u;
+    var r = ma;
+    for (var i = 0u; i < 24u; i++) {
+        q <<= 1u;
+        if (r >= mb) {
+            r -= mb;
+            q |= 1u;
+        }
+        r <<= 1u;
+    }
+    if (r > mb || (r == mb && (q & 1u) == 1u)) {
+        q += 1u;
+        if (q == 0x1000000u) {
+            q >>= 1u;
+            e += 1;
+        }
+    }
+    if (e <= 0 || e >= 255) {
+        return a / b;
+    }
+    return bitcast<f32>(sign | (u32(e) << 23u) | (q & 0x7fffffu));
+}

@@ -11,6 +11,9 @@
 //   4 storage rw    tok_scale: array<vec2<u32>>  rmsnorm_quant only: per token (bits of the f32
 //                                          scale s, bits of the i32 Σq)
 // Dispatch: (T, 1, 1), one workgroup of 256 threads per token.
+// Reductions: variant SUBGROUPS reduces within each subgroup (shuffles / subgroupAdd /
+// subgroupMax), then sums the per-subgroup partials in subgroup order through shared
+// memory (2 barriers per reduction); otherwise a shared-memory tree (9 barriers).
 //
 // Numerics against the CPU reference (backend/cpu/norm.rs, quant/act.rs):
 // - Σx² (of the f32 squares) is accumulated as an unevaluated sum of two f32 (TwoSum), so
@@ -36,23 +39,78 @@ const WG: u32 = 256u;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 @group(0) @binding(4) var<storage, read_write> tok_scale: array<vec2<u32>>;
 
-var<workgroup> red_f: array<f32, WG>;
-var<workgroup> red_lo: array<f32, WG>;
-var<workgroup> red_i: array<i32, WG>;
+// a + b as (rounded sum, exact error): Knuth's TwoSum.
+fn two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = a + b;
+    let bb = s - a;
+    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
+}
 
-fn sum_f(v: f32, li: u32) -> f32 {
-    red_f[li] = v;
-    workgroupBarrier();
-    for (var o = WG / 2u; o > 0u; o >>= 1u) {
-        if (li < o) {
-            red_f[li] = red_f[li] + red_f[li + o];
-        }
-        workgroupBarrier();
+// (hi, lo) + (hi2, lo2), renormalised.
+fn dd_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let s = two_sum(a.x, b.x);
+    return two_sum(s.x, s.y + a.y + b.y);
+}
+
+#if SUBGROUPS
+var<private> sg_lane: u32;
+var<private> sg_size: u32;
+var<private> sg_id: u32;
+var<private> sg_count: u32;
+var<workgroup> part_f: array<f32, WG>;
+var<workgroup> part_lo: array<f32, WG>;
+var<workgroup> part_i: array<i32, WG>;
+
+fn max_f(v: f32, li: u32) -> f32 {
+    let m = subgroupMax(v);
+    if (sg_lane == 0u) {
+        part_f[sg_id] = m;
     }
-    let r = red_f[0];
+    workgroupBarrier();
+    var r = part_f[0];
+    for (var i = 1u; i < sg_count; i++) {
+        r = max(r, part_f[i]);
+    }
     workgroupBarrier();
     return r;
 }
+
+fn sum_i(v: i32, li: u32) -> i32 {
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) {
+        part_i[sg_id] = s;
+    }
+    workgroupBarrier();
+    var r = 0;
+    for (var i = 0u; i < sg_count; i++) {
+        r += part_i[i];
+    }
+    workgroupBarrier();
+    return r;
+}
+
+// Workgroup sum of double-f32 values.
+fn sum_dd(v: vec2<f32>, li: u32) -> vec2<f32> {
+    var s = v;
+    for (var o = sg_size / 2u; o > 0u; o >>= 1u) {
+        s = dd_add(s, vec2<f32>(subgroupShuffleXor(s.x, o), subgroupShuffleXor(s.y, o)));
+    }
+    if (sg_lane == 0u) {
+        part_f[sg_id] = s.x;
+        part_lo[sg_id] = s.y;
+    }
+    workgroupBarrier();
+    var r = vec2<f32>(part_f[0], part_lo[0]);
+    for (var i = 1u; i < sg_count; i++) {
+        r = dd_add(r, vec2<f32>(part_f[i], part_lo[i]));
+    }
+    workgroupBarrier();
+    return r;
+}
+#else
+var<workgroup> red_f: array<f32, WG>;
+var<workgroup> red_lo: array<f32, WG>;
+var<workgroup> red_i: array<i32, WG>;
 
 fn max_f(v: f32, li: u32) -> f32 {
     red_f[li] = v;
@@ -82,19 +140,6 @@ fn sum_i(v: i32, li: u32) -> i32 {
     return r;
 }
 
-// a + b as (rounded sum, exact error): Knuth's TwoSum.
-fn two_sum(a: f32, b: f32) -> vec2<f32> {
-    let s = a + b;
-    let bb = s - a;
-    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
-}
-
-// (hi, lo) + (hi2, lo2), renormalised.
-fn dd_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
-    let s = two_sum(a.x, b.x);
-    return two_sum(s.x, s.y + a.y + b.y);
-}
-
 // Workgroup sum of double-f32 values.
 fn sum_dd(v: vec2<f32>, li: u32) -> vec2<f32> {
     red_f[li] = v.x;
@@ -112,6 +157,8 @@ fn sum_dd(v: vec2<f32>, li: u32) -> vec2<f32> {
     workgroupBarrier();
     return r;
 }
+
+#endif
 
 // The next f32 above / below a positive finite v.
 fn up(v: f32) -> f32 {
@@ -223,7 +270,22 @@ fn q8(v: f32) -> i32 {
 }
 
 @compute @workgroup_size(256)
-fn rmsnorm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn rmsnorm(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) sl: u32,
+    @builtin(subgroup_size) ssz: u32,
+    @builtin(subgroup_id) sid: u32,
+    @builtin(num_subgroups) ns: u32,
+#endif
+) {
+#if SUBGROUPS
+    sg_lane = sl;
+    sg_size = ssz;
+    sg_id = sid;
+    sg_count = ns;
+#endif
     let base = wg.x * p.n;
     let scale = inv_rms(base, li);
     for (var i = li; i < p.n; i += WG) {
@@ -232,7 +294,22 @@ fn rmsnorm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: 
 }
 
 @compute @workgroup_size(256)
-fn rmsnorm_quant(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn rmsnorm_quant(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) sl: u32,
+    @builtin(subgroup_size) ssz: u32,
+    @builtin(subgroup_id) sid: u32,
+    @builtin(num_subgroups) ns: u32,
+#endif
+) {
+#if SUBGROUPS
+    sg_lane = sl;
+    sg_size = ssz;
+    sg_id = sid;
+    sg_count = ns;
+#endif
     let t = wg.x;
     let base = t * p.n;
     let scale = inv_rms(base, li);

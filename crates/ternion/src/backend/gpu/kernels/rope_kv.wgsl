@@ -1,10 +1,13 @@
-// rope_kv.wgsl — NEOX rotary embedding of q and k for T tokens at positions pos, pos+1, …,
-// then the layer's KV-cache store: rotated k and v rounded to F16 at those positions.
+// rope_kv.wgsl — rotary embedding of q and k for T tokens at positions pos, pos+1, …, in
+// ggml's NEOX pairing (i with i + n_rot/2) or NORM pairing (2i with 2i + 1), then the
+// layer's KV-cache store: rotated k and v rounded to F16 at those positions. n_rot = 0 is a
+// plain KV store (GPT-2).
 //
 // Bindings (group 0):
-//   0 uniform Params { n_head, n_head_kv, head_dim, n_rot, theta_scale, _, _, _ }:
+//   0 uniform Params { n_head, n_head_kv, head_dim, n_rot, theta_scale, mode, has_freqs, _ }:
 //                     theta_scale = base^(−2/n_rot) computed on the host in f32 exactly as
-//                     backend/cpu/rope.rs does; head_dim even, n_rot a multiple of 4
+//                     backend/cpu/rope.rs does; head_dim even, n_rot a multiple of 4;
+//                     mode 0 = NEOX, 1 = NORM; has_freqs: divide pair i's angle by freqs[i]
 //   1 uniform Step { n_tokens, pos, .. }        pos = position of token 0
 //   2 storage rw    q:       array<f32>         T × n_head·head_dim, rotated in place
 //   3 storage read  k:       array<f32>         T × kv_dim (kv_dim = n_head_kv·head_dim)
@@ -12,15 +15,19 @@
 //   5 storage rw    k_cache: array<u32>         n_ctx × kv_dim F16, two halves per word
 //                                              (element 2i in the low half), row = position
 //   6 storage rw    v_cache: array<u32>         same layout
+//   7 storage read  freqs:   array<f32>         n_rot/2 frequency divisors (Llama-3
+//                                              rope_freqs; any buffer when has_freqs = 0)
 // Dispatch: (ceil(items / 256), T, 1) with items = (n_head + 2·n_head_kv) · head_dim/2: per
 // token, one thread per word (pair of adjacent dims) of every q head, every k head, then
-// every v head. In a rotated head, thread j < n_rot/4 rotates the pairs (2j, 2j+n_rot/2) and
-// (2j+1, 2j+1+n_rot/2) and writes both words; threads n_rot/4 ≤ j < n_rot/2 have nothing
-// to do; threads j ≥ n_rot/2 copy the unrotated dims.
+// every v head. NEOX: in a rotated head, thread j < n_rot/4 rotates the pairs (2j, 2j+n_rot/2)
+// and (2j+1, 2j+1+n_rot/2) and writes both words; threads n_rot/4 ≤ j < n_rot/2 have
+// nothing to do. NORM: thread j < n_rot/2 rotates its own pair (2j, 2j+1). Threads
+// j ≥ n_rot/2 copy the unrotated dims.
 //
 // Numerics:
 // - θ of pair i is f32(pos) multiplied i times by theta_scale, in f32 (correctly rounded
-//   products, as on the CPU), so the angles are bit-identical to the reference.
+//   products, as on the CPU), and the division by freqs[i] is correctly rounded (div_rn,
+//   common.wgsl), so the angles are bit-identical to the reference.
 // - cos/sin do not use the builtins (WGSL only promises 2^-11 absolute error on [−π, π] and
 //   nothing beyond): θ is reduced by π/2 with a three-part Cody–Waite constant (cephes
 //   sinf's, accurate for θ < 8192, i.e. positions below 8192; slowly worse beyond) and
@@ -34,8 +41,8 @@ struct Params {
     head_dim: u32,
     n_rot: u32,
     theta_scale: f32,
-    pad0: u32,
-    pad1: u32,
+    mode: u32,
+    has_freqs: u32,
     pad2: u32,
 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
@@ -47,6 +54,7 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(4) var<storage, read> v: array<f32>;
 @group(0) @binding(5) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(6) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(7) var<storage, read> freqs: array<f32>;
 
 fn pack_f16(a: f32, b: f32) -> u32 {
     return f16_bits(a) | (f16_bits(b) << 16u);
@@ -71,11 +79,15 @@ fn cos_sin(theta: f32) -> vec2<f32> {
     }
 }
 
-// θ of rotation pair i at position `pos`, in the reference's order of f32 products.
+// θ of rotation pair i at position `pos`, in the reference's order of f32 products, divided
+// by the pair's frequency factor when there are any.
 fn theta_of(pos: u32, i: u32) -> f32 {
     var theta = f32(pos);
     for (var j = 0u; j < i; j++) {
         theta *= p.theta_scale;
+    }
+    if (p.has_freqs == 1u) {
+        return div_rn(theta, freqs[i]);
     }
     return theta;
 }
@@ -109,6 +121,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         base = t * kv_dim + (head - p.n_head) * p.head_dim;
     }
     let half = p.n_rot / 2u;
+    if (p.mode == 1u && j < half) {
+        // NORM: the pair (2j, 2j + 1) is this thread's word.
+        var x: vec2<f32>;
+        if (is_q) {
+            x = vec2<f32>(q[base + 2u * j], q[base + 2u * j + 1u]);
+        } else {
+            x = vec2<f32>(k[base + 2u * j], k[base + 2u * j + 1u]);
+        }
+        let cs = cos_sin(theta_of(pos, j));
+        let y = vec2<f32>(x.x * cs.x - x.y * cs.y, x.x * cs.y + x.y * cs.x);
+        if (is_q) {
+            q[base + 2u * j] = y.x;
+            q[base + 2u * j + 1u] = y.y;
+        } else {
+            k_cache[crow + (head - p.n_head) * hw + j] = pack_f16(y.x, y.y);
+        }
+        return;
+    }
     var a: vec2<f32>;
     var b: vec2<f32>;
     var lo: u32;

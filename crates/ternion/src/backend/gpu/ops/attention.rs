@@ -4,6 +4,7 @@ use super::{uniform, Dispatch, StepUniform, WG};
 use crate::backend::gpu::buffers::GpuBuffer;
 use crate::backend::gpu::context::GpuContext;
 use crate::backend::gpu::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
+use crate::model::graph::RopeMode;
 use crate::{Error, Result};
 
 /// One layer's F16 KV cache on the GPU: `n_ctx` rows of `kv_dim` halves for keys and for
@@ -75,15 +76,25 @@ impl AttnDims {
     }
 }
 
-/// NEOX RoPE of `q` (in place) and `k` at the step's positions, then `k` and `v` stored
-/// into the cache as F16 (`rope_kv.wgsl`).
+/// How [`RopeKv`] rotates: the pairing and optional per-pair frequency divisors.
+#[derive(Clone, Copy)]
+pub struct RopeOpts<'a> {
+    /// NEOX (i with i + n_rot/2) or NORM (2i with 2i + 1).
+    pub mode: RopeMode,
+    /// `n_rot/2` f32 divisors of the pair angles (Llama-3 `rope_freqs`).
+    pub freqs: Option<&'a GpuBuffer>,
+}
+
+/// RoPE of `q` (in place) and `k` at the step's positions, then `k` and `v` stored into
+/// the cache as F16 (`rope_kv.wgsl`). With `n_rot = 0` it is the plain KV store (GPT-2).
 pub struct RopeKv {
     dispatch: Dispatch,
     _params: GpuBuffer,
 }
 
 impl RopeKv {
-    /// `q`: f32, `n_head·head_dim` per token; `k`, `v`: f32, `kv_dim` per token.
+    /// NEOX RoPE without frequency factors. `q`: f32, `n_head·head_dim` per token; `k`,
+    /// `v`: f32, `kv_dim` per token.
     pub fn new(
         ctx: &GpuContext,
         dims: AttnDims,
@@ -93,7 +104,35 @@ impl RopeKv {
         v: &GpuBuffer,
         kv: &GpuKv,
     ) -> Result<RopeKv> {
+        let rope = RopeOpts {
+            mode: RopeMode::Neox,
+            freqs: None,
+        };
+        Self::with_rope(ctx, dims, rope, step, q, k, v, kv)
+    }
+
+    /// Like [`RopeKv::new`], with the pairing and frequency factors of `rope`.
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn with_rope(
+        ctx: &GpuContext,
+        dims: AttnDims,
+        rope: RopeOpts<'_>,
+        step: &StepUniform,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        kv: &GpuKv,
+    ) -> Result<RopeKv> {
         dims.check()?;
+        if let Some(f) = rope.freqs {
+            if f.size < (dims.n_rot / 2 * 4) as u64 {
+                return Err(Error::Gpu(format!(
+                    "rope_kv: {} bytes of frequency factors for {} pairs",
+                    f.size,
+                    dims.n_rot / 2
+                )));
+            }
+        }
         if kv.kv_dim != dims.kv_dim() {
             return Err(Error::Gpu(format!(
                 "rope_kv: cache rows of {} for kv_dim {}",
@@ -112,8 +151,8 @@ impl RopeKv {
                 dims.head_dim as u32,
                 dims.n_rot as u32,
                 theta_scale.to_bits(),
-                0,
-                0,
+                u32::from(rope.mode == RopeMode::Norm),
+                u32::from(rope.freqs.is_some()),
                 0,
             ],
         )?;
@@ -134,6 +173,8 @@ impl RopeKv {
                 (4, v.binding()),
                 (5, kv.k.binding()),
                 (6, kv.v.binding()),
+                // Never read without factors: `v` stands in (read-only, already bound).
+                (7, rope.freqs.unwrap_or(v).binding()),
             ],
             items.div_ceil(WG),
         )?;

@@ -7,13 +7,19 @@ mod embed;
 mod glu;
 mod matvec;
 mod norm;
+mod qmatvec;
+mod rowops;
 mod select;
 
-pub use attention::{Attention, AttnDims, GpuKv, RopeKv, ATTN_CHUNK};
+pub use attention::{Attention, AttnDims, GpuKv, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use embed::Embed;
 pub use glu::Glu;
 pub use matvec::{F16Matvec, TernaryMatvec, TernaryWeights};
 pub use norm::{NormOut, QuantAct, RmsNorm};
+pub use qmatvec::{
+    ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
+};
+pub use rowops::{PosTable, RowOp, RowOpKind};
 pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
 
 use super::buffers::{GpuBuffer, UNIFORM};
@@ -33,7 +39,7 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    fn new(
+    pub(crate) fn new(
         ctx: &GpuContext,
         key: PipelineKey,
         label: &str,
@@ -50,7 +56,7 @@ impl Dispatch {
         })
     }
 
-    fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups_y: u32) {
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups_y: u32) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(self.groups_x, groups_y, 1);

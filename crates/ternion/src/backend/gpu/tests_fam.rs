@@ -1,0 +1,634 @@
+//! The kernels of the Llama / Phi-3 / GPT-2 families and the non-ternary weight formats
+//! against the CPU reference, on random inputs of odd sizes, each on the adapter's best
+//! variant and on a context without SHADER_F16 and SUBGROUP (run on lavapipe in CI).
+//!
+//! Tolerances:
+//! - quant_act (Q8_0, Q8_K): q and scales bit-exact against quant/act.rs.
+//! - qmatvec: |Δ| ≤ 1e-5 · Σ|w_i·x_i| (the integer dots are exact; f32 scaling and
+//!   summation order differ from the CPU's per-block sums).
+//! - qembed (row gather): equal to quant::dequantize_row (Q4_K within 1e-6 relative, in
+//!   case the driver fuses d·s·q − dmin·m into one fma).
+//! - layernorm: |Δ| ≤ 1e-5 · (|y| + |b| + 1) (f32 sums vs the CPU's f64 ones).
+//! - add_bias, add_pos, slice, select_last: exact.
+//! - gelu: within one F16 ulp of ggml's table value, or 1e-6 absolute where 1 + tanh
+//!   cancels (x < −4); at least 95% equal (the measured share is printed).
+//! - rope (NORM, frequency factors, partial rotation, plain store): as tests.rs rope_kv.
+//! - attention head_dim 64 and 96, GQA 1 and 4: |Δ| ≤ 1e-4 · max|v|.
+
+use half::f16;
+use rand::Rng;
+
+use super::tests::{attention_case, ctx_with, dims, rng, run, variants};
+use super::*;
+use crate::backend::cpu::{add_rows, gelu_ggml, layer_norm, rope};
+use crate::model::graph::RopeMode;
+use crate::quant::{self, act, GgmlType};
+
+/// The default context and one without F16 and subgroups (the browser's portable path).
+fn contexts() -> Vec<GpuContext> {
+    let plain = GpuOptions {
+        disable_f16: true,
+        disable_subgroups: true,
+        ..GpuOptions::default()
+    };
+    [GpuOptions::default(), plain]
+        .iter()
+        .filter_map(ctx_with)
+        .collect()
+}
+
+/// Activation rows: row 0 all zero, row 1 tiny, row 2 large, the rest moderate with spikes.
+fn act_rows(r: &mut impl Rng, rows: usize, k: usize) -> Vec<f32> {
+    (0..rows * k)
+        .map(|i| match i / k {
+            0 => 0.0,
+            1 => r.random_range(-1e-6..1e-6),
+            2 => r.random_range(-200.0..200.0),
+            _ => r.random_range(-3.0f32..3.0) * if i % 13 == 0 { 6.0 } else { 1.0 },
+        })
+        .collect()
+}
+
+fn unpack_i8(words: &[u32]) -> Vec<i8> {
+    words
+        .iter()
+        .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
+        .collect()
+}
+
+/// The CPU quantizer of `kind` over rows of `k`: (int8, scales).
+fn cpu_quant(kind: ActQuant, x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut q = vec![0i8; x.len()];
+    let mut d = vec![0f32; x.len() / kind.block()];
+    match kind {
+        ActQuant::Q8_0 => act::quantize_q8_0(x, &mut q, &mut d),
+        ActQuant::Q8K => {
+            let nb = k / 256;
+            for ((xr, qr), dr) in x
+                .chunks_exact(k)
+                .zip(q.chunks_exact_mut(k))
+                .zip(d.chunks_exact_mut(nb))
+            {
+                act::quantize_q8k(xr, qr, dr);
+            }
+        }
+    }
+    (q, d)
+}
+
+#[test]
+fn quant_act_is_bit_exact() {
+    let mut r = rng(21);
+    for ctx in contexts() {
+        for &(kind, k) in &[
+            (ActQuant::Q8_0, 96usize),
+            (ActQuant::Q8_0, 2592),
+            (ActQuant::Q8K, 768),
+        ] {
+            let rows = 6;
+            let mut x = act_rows(&mut r, rows, k);
+            // Rounding edges: Q8_0 ties at ±0.5·d away from zero; Q8_K max ties (the first
+            // of equal |x| sets the sign) and a block whose largest |x| is negative.
+            let row = &mut x[3 * k..4 * k];
+            row[0] = 127.0;
+            row[1] = 2.5;
+            row[2] = -2.5;
+            row[3] = -127.0;
+            row[5] = 0.5;
+            let row = &mut x[4 * k..5 * k];
+            row[10] = -9.0;
+            row[20] = 9.0;
+            let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
+            let qa = QAct::new(&ctx, kind, k, rows).unwrap();
+            let op = QuantizeAct::new(&ctx, &xb, &qa).unwrap();
+            run(&ctx, |p| op.record(p, rows as u32));
+            let (q_cpu, d_cpu) = cpu_quant(kind, &x, k);
+            let q_gpu = unpack_i8(&qa.q.read::<u32>(&ctx).unwrap());
+            let d_gpu = qa.d.read::<f32>(&ctx).unwrap();
+            for (i, (g, c)) in d_gpu.iter().zip(&d_cpu).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    c.to_bits(),
+                    "{kind:?} k {k} scale {i}: {g} vs {c}"
+                );
+            }
+            assert_eq!(q_gpu, q_cpu, "{kind:?} k {k}");
+        }
+    }
+}
+
+/// Every format with a row width of a few blocks: Q6_K and TQ2_0 rows of 630 and 198
+/// bytes, Q8_0 and Q4_0 rows of 102 and 54 bytes put blocks at odd word offsets.
+const FORMATS: &[(QFormat, usize)] = &[
+    (QFormat::F32, 100),
+    (QFormat::F16, 100),
+    (QFormat::BF16, 100),
+    (QFormat::Q8_0, 96),
+    (QFormat::Q4_0, 96),
+    (QFormat::Q4_K, 768),
+    (QFormat::Q6_K, 768),
+    (QFormat::TQ2_0, 768),
+];
+
+/// Random weights of `fmt` (`rows × k`), as a GGUF stores them.
+fn weight_bytes(r: &mut impl Rng, fmt: QFormat, rows: usize, k: usize) -> (GgmlType, Vec<u8>) {
+    let vals: Vec<f32> = (0..rows * k).map(|_| r.random_range(-1.0..1.0)).collect();
+    let quantize = |ty: GgmlType, f: fn(&[f32], &mut [u8])| {
+        let rb = ty.row_bytes(k as u64).unwrap() as usize;
+        let mut out = vec![0u8; rows * rb];
+        for (src, dst) in vals.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
+            f(src, dst);
+        }
+        (ty, out)
+    };
+    // K-quants: random bits with sane F16 super-block scales (as quant/q*_k.rs tests do).
+    let random_blocks = |r: &mut dyn rand::RngCore, bytes: usize, scales: &[usize]| {
+        let mut out: Vec<u8> = (0..rows * k / 256 * bytes).map(|_| r.random()).collect();
+        for b in out.chunks_exact_mut(bytes) {
+            for &o in scales {
+                let v = f16::from_f32(r.random_range(0.001..0.05));
+                b[o..o + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    };
+    match fmt {
+        QFormat::F32 => quantize(GgmlType::F32, quant::float::quantize_row_f32),
+        QFormat::F16 => quantize(GgmlType::F16, quant::float::quantize_row_f16),
+        QFormat::BF16 => quantize(GgmlType::BF16, quant::float::quantize_row_bf16),
+        QFormat::Q8_0 => quantize(GgmlType::Q8_0, quant::q8_0::quantize_row),
+        QFormat::Q4_0 => quantize(GgmlType::Q4_0, quant::q4_0::quantize_row),
+        QFormat::TQ2_0 => quantize(GgmlType::TQ2_0, quant::tq2_0::quantize_row),
+        QFormat::Q4_K => (GgmlType::Q4_K, random_blocks(r, 144, &[0, 2])),
+        QFormat::Q6_K => (GgmlType::Q6_K, random_blocks(r, 210, &[208])),
+    }
+}
+
+/// CPU reference of one product row: (value, Σ|w_i·x_i| as the error scale).
+fn cpu_dot(fmt: QFormat, w: &[u8], wdeq: &[f32], x: &[f32], round_x: bool) -> (f32, f32) {
+    let k = x.len();
+    let scale_of = |xa: &[f32]| wdeq.iter().zip(xa).map(|(a, b)| (a * b).abs()).sum();
+    match fmt.act() {
+        None => {
+            let xa: Vec<f32> = x
+                .iter()
+                .map(|&v| match fmt {
+                    QFormat::BF16 => half::bf16::from_f32(v).to_f32(),
+                    QFormat::F16 if round_x => f16::from_f32(v).to_f32(),
+                    _ => v,
+                })
+                .collect();
+            let y = wdeq.iter().zip(&xa).map(|(a, b)| a * b).sum();
+            (y, scale_of(&xa))
+        }
+        Some(kind) => {
+            let (q, d) = cpu_quant(kind, x, k);
+            let xa: Vec<f32> = q
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| f32::from(v) * d[i / kind.block()])
+                .collect();
+            let y = match fmt {
+                QFormat::Q8_0 => quant::q8_0::dot_q8_0(w, &q, &d),
+                QFormat::Q4_0 => quant::q4_0::dot_q8_0(w, &q, &d),
+                QFormat::Q4_K => quant::q4_k::dot_q8k(w, &q, &d),
+                QFormat::Q6_K => quant::q6_k::dot_q8k(w, &q, &d),
+                _ => quant::tq2_0::dot_q8k(w, &q, &d),
+            };
+            (y, scale_of(&xa))
+        }
+    }
+}
+
+#[test]
+fn qmatvec_matches_cpu_every_format() {
+    let mut r = rng(22);
+    let (rows, tokens) = (37usize, 6usize);
+    let mut worst = 0f32;
+    for ctx in contexts() {
+        for &(fmt, k) in FORMATS {
+            let (ty, wb) = weight_bytes(&mut r, fmt, rows, k);
+            let row_bytes = wb.len() / rows;
+            // Shards of 16 rows: 3 dispatches, the last one partial, rows at odd offsets.
+            let w = QWeights::upload(&ctx, "w", ty, &wb, k, rows, Some((16 * row_bytes) as u64))
+                .unwrap();
+            assert_eq!(w.data.shards.len(), 3);
+            let x = act_rows(&mut r, tokens, k);
+            let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
+            let qa = fmt
+                .act()
+                .map(|kind| QAct::new(&ctx, kind, k, tokens).unwrap());
+            let quant = qa.as_ref().map(|a| QuantizeAct::new(&ctx, &xb, a).unwrap());
+            let input = qa.as_ref().map_or(MatIn::F32(&xb), MatIn::Quant);
+            let step = StepUniform::new(&ctx).unwrap();
+            step.write(&ctx, tokens as u32, 0);
+            let base: Vec<f32> = (0..tokens * rows).map(|i| i as f32 * 0.25).collect();
+            let mut wdeq = vec![0f32; k];
+            for &(tpr, round_x, add, batched) in &[
+                (32u32, false, false, false),
+                (4, true, true, false),
+                (8, false, false, true),
+                (1, true, true, true),
+            ] {
+                for v in variants(&ctx, tpr) {
+                    let out = GpuBuffer::from_slice(&ctx, "out", &base).unwrap();
+                    let opts = QMatvecOpts {
+                        epilogue: if add { Epilogue::Add } else { Epilogue::Store },
+                        round_x,
+                        post_scale: 1.0,
+                    };
+                    let op =
+                        QMatvec::new(&ctx, v, tpr, &w, input, &out, opts, Some(&step)).unwrap();
+                    assert_eq!(op.dispatch_count(), 3);
+                    run(&ctx, |p| {
+                        if let Some(q) = &quant {
+                            q.record(p, tokens as u32);
+                        }
+                        op.record(p, tokens as u32, batched);
+                    });
+                    let got = out.read::<f32>(&ctx).unwrap();
+                    for j in 0..rows {
+                        let wr = &wb[j * row_bytes..][..row_bytes];
+                        quant::dequantize_row(ty, "w", &wb, k, j, &mut wdeq).unwrap();
+                        for t in 0..tokens {
+                            let xr = &x[t * k..][..k];
+                            let (y, scale) = cpu_dot(fmt, wr, &wdeq, xr, round_x && !batched);
+                            let o = t * rows + j;
+                            let want = if add { base[o] + y } else { y };
+                            let err = (got[o] - want).abs();
+                            worst = worst.max(err / scale.max(1e-30));
+                            assert!(
+                                err <= 1e-5 * scale + 1e-6 * want.abs() + 1e-30,
+                                "{fmt:?} {v:?} tpr {tpr} batched {batched} row {j} token {t}: \
+                                 gpu {} cpu {want} (scale {scale})",
+                                got[o]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("qmatvec: worst |gpu − cpu| / Σ|w·x| = {worst:e}");
+}
+
+#[test]
+fn qmatvec_rejects_bad_shapes() {
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    let bytes = vec![0u8; 34 * 3];
+    // K not a multiple of the block, wrong byte count, unsupported type.
+    assert!(QWeights::upload(&ctx, "w", GgmlType::Q8_0, &bytes, 48, 2, None).is_err());
+    assert!(QWeights::upload(&ctx, "w", GgmlType::Q8_0, &bytes, 32, 2, None).is_err());
+    assert!(QWeights::upload(&ctx, "w", GgmlType::I2_S, &bytes, 128, 1, None).is_err());
+    let w = QWeights::upload(&ctx, "w", GgmlType::Q8_0, &bytes, 32, 3, None).unwrap();
+    let out = GpuBuffer::zeroed(&ctx, "out", 12).unwrap();
+    let x = GpuBuffer::zeroed(&ctx, "x", 128).unwrap();
+    let wrong = QAct::new(&ctx, ActQuant::Q8K, 256, 1).unwrap();
+    let v = Variant::default();
+    let o = QMatvecOpts::default();
+    assert!(QMatvec::new(&ctx, v, 32, &w, MatIn::F32(&x), &out, o, None).is_err());
+    assert!(QMatvec::new(&ctx, v, 32, &w, MatIn::Quant(&wrong), &out, o, None).is_err());
+    assert!(QAct::new(&ctx, ActQuant::Q8_0, 48, 1).is_err());
+}
+
+#[test]
+fn row_ops_match_cpu() {
+    let mut r = rng(23);
+    for ctx in contexts() {
+        let (n, t) = (771usize, 5usize);
+        let x: Vec<f32> = (0..n * t)
+            .map(|i| r.random_range(-4.0..4.0) + (i / n) as f32)
+            .collect();
+        let w: Vec<f32> = (0..n).map(|_| r.random_range(0.2..2.0)).collect();
+        let b: Vec<f32> = (0..n).map(|_| r.random_range(-1.0..1.0)).collect();
+        let (xb, wb, bb) = (
+            GpuBuffer::from_slice(&ctx, "x", &x).unwrap(),
+            GpuBuffer::from_slice(&ctx, "w", &w).unwrap(),
+            GpuBuffer::from_slice(&ctx, "b", &b).unwrap(),
+        );
+
+        // LayerNorm.
+        let out = GpuBuffer::zeroed(&ctx, "y", (n * t * 4) as u64).unwrap();
+        let ln = RowOp::layer_norm(&ctx, &xb, &wb, &bb, n, 1e-5, &out).unwrap();
+        run(&ctx, |p| ln.record(p, t as u32));
+        let mut want = vec![0f32; n * t];
+        layer_norm(&x, &w, &b, 1e-5, &mut want);
+        let got = out.read::<f32>(&ctx).unwrap();
+        for i in 0..want.len() {
+            let tol = 1e-5 * (want[i].abs() + b[i % n].abs() + 1.0);
+            assert!(
+                (got[i] - want[i]).abs() <= tol,
+                "layernorm {i}: {} vs {}",
+                got[i],
+                want[i]
+            );
+        }
+
+        // Bias add (exact).
+        let xs = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
+        let op = RowOp::add_bias(&ctx, &xs, &bb, n).unwrap();
+        run(&ctx, |p| op.record(p, t as u32));
+        let mut want = x.clone();
+        add_rows(&mut want, &b);
+        assert_eq!(xs.read::<f32>(&ctx).unwrap(), want, "add_bias");
+
+        // Slice (Q | K | V split) and the last row.
+        let (start, m) = (257usize, 300usize);
+        let sl = GpuBuffer::zeroed(&ctx, "slice", (m * t * 4) as u64).unwrap();
+        let op = RowOp::slice(&ctx, &xb, n, start, m, &sl).unwrap();
+        let step = StepUniform::new(&ctx).unwrap();
+        step.write(&ctx, t as u32, 0);
+        let last = GpuBuffer::zeroed(&ctx, "last", (n * 4) as u64).unwrap();
+        let sel = RowOp::select_last(&ctx, &step, &xb, n, &last).unwrap();
+        run(&ctx, |p| {
+            op.record(p, t as u32);
+            sel.record(p, t as u32);
+        });
+        let want: Vec<f32> = x
+            .chunks_exact(n)
+            .flat_map(|row| row[start..start + m].to_vec())
+            .collect();
+        assert_eq!(sl.read::<f32>(&ctx).unwrap(), want, "slice");
+        assert_eq!(
+            last.read::<f32>(&ctx).unwrap(),
+            &x[(t - 1) * n..],
+            "select_last"
+        );
+        assert!(RowOp::slice(&ctx, &xb, n, 500, 300, &sl).is_err());
+    }
+}
+
+#[test]
+fn gelu_within_one_f16_ulp_of_ggml() {
+    let mut r = rng(24);
+    for ctx in contexts() {
+        let (n, t) = (1003usize, 3usize);
+        let mut x: Vec<f32> = (0..n * t).map(|_| r.random_range(-12.0..12.0)).collect();
+        x[..8].copy_from_slice(&[-10.0, 10.0, -9.99, 9.99, 0.0, -0.0, 1e-6, -3.0]);
+        let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
+        let op = RowOp::gelu(&ctx, &xb, n).unwrap();
+        run(&ctx, |p| op.record(p, t as u32));
+        let got = xb.read::<f32>(&ctx).unwrap();
+        let mut exact = 0;
+        for (i, (&g, &v)) in got.iter().zip(&x).enumerate() {
+            let want = gelu_ggml(v);
+            if g == want {
+                exact += 1;
+                continue;
+            }
+            let (gb, wb) = (f16::from_f32(g).to_bits(), f16::from_f32(want).to_bits());
+            assert!(
+                f16::from_f32(g).to_f32() == g
+                    && ((i32::from(gb) - i32::from(wb)).abs() <= 1 || (g - want).abs() <= 1e-6),
+                "gelu x[{i}] = {v}: gpu {g} cpu {want}"
+            );
+        }
+        eprintln!("gelu: {exact}/{} equal to ggml's table", got.len());
+        assert!(exact * 100 >= got.len() * 95, "only {exact} exact");
+    }
+}
+
+#[test]
+fn add_pos_embed_f32_and_f16_tables() {
+    let mut r = rng(25);
+    for ctx in contexts() {
+        let (n, n_pos, t, pos0) = (130usize, 40usize, 4usize, 33usize);
+        let table: Vec<f32> = (0..n * n_pos).map(|_| r.random_range(-1.0..1.0)).collect();
+        let t16: Vec<f16> = table.iter().map(|&v| f16::from_f32(v)).collect();
+        let x: Vec<f32> = (0..n * t).map(|_| r.random_range(-2.0..2.0)).collect();
+        let step = StepUniform::new(&ctx).unwrap();
+        step.write(&ctx, t as u32, pos0 as u32);
+        let tb32 = GpuBuffer::from_slice(&ctx, "pos32", &table).unwrap();
+        let tb16 = GpuBuffer::from_slice(&ctx, "pos16", &t16).unwrap();
+        for f16_table in [false, true] {
+            let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
+            let tab = if f16_table {
+                PosTable::F16(&tb16)
+            } else {
+                PosTable::F32(&tb32)
+            };
+            let op = RowOp::add_pos(&ctx, &step, &xb, tab, n, n_pos).unwrap();
+            run(&ctx, |p| op.record(p, t as u32));
+            let want: Vec<f32> = (0..n * t)
+                .map(|i| {
+                    let e = (pos0 + i / n) * n + i % n;
+                    let tv = if f16_table { t16[e].to_f32() } else { table[e] };
+                    x[i] + tv
+                })
+                .collect();
+            assert_eq!(xb.read::<f32>(&ctx).unwrap(), want, "f16 table {f16_table}");
+        }
+    }
+}
+
+/// NORM pairing with and without frequency factors, partial rotation, NEOX with factors
+/// (Phi-3 style head_dim 96) and the plain KV store (n_rot = 0, GPT-2).
+#[test]
+fn rope_norm_freqs_partial_and_plain_store() {
+    let mut r = rng(26);
+    for ctx in contexts() {
+        for &(d, mode, with_freqs, pos0, n) in &[
+            (
+                dims(8, 2, 64, 64, 500_000.0),
+                RopeMode::Norm,
+                true,
+                5usize,
+                3usize,
+            ),
+            (dims(4, 4, 64, 64, 10_000.0), RopeMode::Norm, false, 1000, 1),
+            (dims(6, 2, 40, 24, 10_000.0), RopeMode::Norm, true, 2, 4),
+            (dims(4, 4, 96, 96, 10_000.0), RopeMode::Neox, true, 17, 2),
+            (dims(3, 3, 64, 0, 10_000.0), RopeMode::Neox, false, 7, 3),
+        ] {
+            let (hq, kvd) = (d.n_head * d.head_dim, d.kv_dim());
+            let n_ctx = pos0 + n + 2;
+            let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
+            let k: Vec<f32> = (0..n * kvd).map(|_| r.random_range(-3.0..3.0)).collect();
+            let v: Vec<f32> = (0..n * kvd).map(|_| r.random_range(-3.0..3.0)).collect();
+            let freqs: Vec<f32> = (0..d.n_rot / 2)
+                .map(|i| {
+                    if i % 3 == 0 {
+                        1.0
+                    } else {
+                        r.random_range(1.0..40.0)
+                    }
+                })
+                .collect();
+            let (qb, kb, vb) = (
+                GpuBuffer::from_slice(&ctx, "q", &q).unwrap(),
+                GpuBuffer::from_slice(&ctx, "k", &k).unwrap(),
+                GpuBuffer::from_slice(&ctx, "v", &v).unwrap(),
+            );
+            let fb = GpuBuffer::from_slice(&ctx, "freqs", &freqs).unwrap();
+            let kv = GpuKv::new(&ctx, n_ctx, kvd).unwrap();
+            let step = StepUniform::new(&ctx).unwrap();
+            step.write(&ctx, n as u32, pos0 as u32);
+            let opts = RopeOpts {
+                mode,
+                freqs: with_freqs.then_some(&fb),
+            };
+            let op = RopeKv::with_rope(&ctx, d, opts, &step, &qb, &kb, &vb, &kv).unwrap();
+            run(&ctx, |p| op.record(p, n as u32));
+
+            let (mut qc, mut kc) = (q.clone(), k.clone());
+            let f = with_freqs.then_some(&freqs[..]);
+            if d.n_rot > 0 {
+                rope(&mut qc, n, pos0, d.head_dim, d.n_rot, d.rope_base, mode, f);
+                rope(&mut kc, n, pos0, d.head_dim, d.n_rot, d.rope_base, mode, f);
+            }
+            let qg = qb.read::<f32>(&ctx).unwrap();
+            for i in 0..qc.len() {
+                assert!(
+                    (qg[i] - qc[i]).abs() <= 1e-5 * (q[i].abs() + 3.0),
+                    "{d:?} {mode:?} freqs {with_freqs} q[{i}]: gpu {} cpu {}",
+                    qg[i],
+                    qc[i]
+                );
+            }
+            let kcache = kv.k.read::<u16>(&ctx).unwrap();
+            let vcache = kv.v.read::<u16>(&ctx).unwrap();
+            for i in 0..n * kvd {
+                let want = f16::from_f32(kc[i]).to_bits();
+                let got = kcache[pos0 * kvd + i];
+                assert!(
+                    (i32::from(got) - i32::from(want)).abs() <= 1,
+                    "{d:?} {mode:?} k[{i}]: gpu {} cpu {}",
+                    f16::from_bits(got),
+                    kc[i]
+                );
+                assert_eq!(vcache[pos0 * kvd + i], f16::from_f32(v[i]).to_bits());
+            }
+        }
+        // Too few frequency factors.
+        let d = dims(2, 2, 8, 8, 1e4);
+        let b = GpuBuffer::zeroed(&ctx, "b", 64).unwrap();
+        let small = GpuBuffer::zeroed(&ctx, "f", 8).unwrap();
+        let kv = GpuKv::new(&ctx, 4, 16).unwrap();
+        let step = StepUniform::new(&ctx).unwrap();
+        let opts = RopeOpts {
+            mode: RopeMode::Norm,
+            freqs: Some(&small),
+        };
+        assert!(RopeKv::with_rope(&ctx, d, opts, &step, &b, &b, &b, &kv).is_err());
+    }
+}
+
+/// Attention at the head widths of GPT-2 (64) and Phi-3 (96), GQA ratios 1 and 4, decode
+/// across chunks and prompt batches.
+#[test]
+fn attention_head_dims_64_96_and_gqa() {
+    let mut r = rng(27);
+    let mut worst = 0f32;
+    for ctx in contexts() {
+        for &(d, pos0, n) in &[
+            (dims(4, 4, 64, 64, 1e4), 0usize, 1usize),
+            (dims(4, 4, 64, 64, 1e4), 300, 1),
+            (dims(8, 2, 64, 64, 1e4), 40, 5),
+            (dims(3, 3, 96, 96, 1e4), 260, 1),
+            (dims(3, 3, 96, 96, 1e4), 0, 6),
+            (dims(8, 2, 96, 96, 1e4), 520, 1),
+            (dims(8, 2, 96, 96, 1e4), 250, 9),
+        ] {
+            worst = worst.max(attention_case(&ctx, &mut r, d, pos0, n));
+        }
+    }
+    eprintln!("attention (head_dim 64/96, GQA 1/4): worst |gpu − cpu| / max|v| = {worst:e}");
+}
+
+/// Every new op records into one pass any number of times without creating a buffer,
+/// bind group or pipeline (DESIGN.md principle 3).
+#[test]
+fn family_ops_create_nothing_per_record() {
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    let mut r = rng(28);
+    let (k, rows, t) = (256usize, 24usize, 3usize);
+    let (ty, wb) = weight_bytes(&mut r, QFormat::Q6_K, rows, k);
+    let w = QWeights::upload(&ctx, "w", ty, &wb, k, rows, None).unwrap();
+    let x = GpuBuffer::from_slice(&ctx, "x", &act_rows(&mut r, t, k)).unwrap();
+    let vec_k = GpuBuffer::from_slice(&ctx, "vk", &vec![0.5f32; k]).unwrap();
+    let out = GpuBuffer::zeroed(&ctx, "out", (rows * t * 4) as u64).unwrap();
+    let y = GpuBuffer::zeroed(&ctx, "y", (k * t * 4) as u64).unwrap();
+    let qa = QAct::new(&ctx, ActQuant::Q8K, k, t).unwrap();
+    let step = StepUniform::new(&ctx).unwrap();
+    step.write(&ctx, t as u32, 2);
+    let table = GpuBuffer::from_slice(&ctx, "pos", &vec![0.25f32; k * 8]).unwrap();
+    let quant = QuantizeAct::new(&ctx, &x, &qa).unwrap();
+    let mv = QMatvec::new(
+        &ctx,
+        ctx.variant(8),
+        8,
+        &w,
+        MatIn::Quant(&qa),
+        &out,
+        QMatvecOpts::default(),
+        Some(&step),
+    )
+    .unwrap();
+    let ops = [
+        RowOp::layer_norm(&ctx, &x, &vec_k, &vec_k, k, 1e-5, &y).unwrap(),
+        RowOp::add_bias(&ctx, &y, &vec_k, k).unwrap(),
+        RowOp::gelu(&ctx, &y, k).unwrap(),
+        RowOp::add_pos(&ctx, &step, &y, PosTable::F32(&table), k, 8).unwrap(),
+    ];
+    let before = ctx.counters();
+    for _ in 0..10 {
+        run(&ctx, |p| {
+            quant.record(p, t as u32);
+            mv.record(p, t as u32, false);
+            mv.record(p, t as u32, true);
+            for op in &ops {
+                op.record(p, t as u32);
+            }
+        });
+    }
+    assert_eq!(ctx.counters(), before);
+}
+
+/// Embedding rows gathered from tables in every format equal the CPU's dequantized rows.
+#[test]
+fn qembed_matches_cpu_dequantization() {
+    let mut r = rng(29);
+    for ctx in contexts() {
+        for &(fmt, k) in FORMATS {
+            let rows = 29;
+            let (ty, wb) = weight_bytes(&mut r, fmt, rows, k);
+            let row_bytes = wb.len() / rows;
+            let table = QWeights::upload(
+                &ctx,
+                "embd",
+                ty,
+                &wb,
+                k,
+                rows,
+                Some((10 * row_bytes) as u64),
+            )
+            .unwrap();
+            let ids: Vec<u32> = vec![0, 28, 9, 10, 19, 20, 3];
+            let idb = GpuBuffer::from_slice(&ctx, "ids", &ids).unwrap();
+            let out = GpuBuffer::zeroed(&ctx, "x", (ids.len() * k * 4) as u64).unwrap();
+            let op = QEmbed::new(&ctx, &table, &idb, &out).unwrap();
+            run(&ctx, |p| op.record(p, ids.len() as u32));
+            let got = out.read::<f32>(&ctx).unwrap();
+            let mut want = vec![0f32; k];
+            for (t, &id) in ids.iter().enumerate() {
+                quant::dequantize_row(ty, "embd", &wb, k, id as usize, &mut want).unwrap();
+                for (i, (&g, &w)) in got[t * k..][..k].iter().zip(&want).enumerate() {
+                    // Exact but for a possibly fused multiply-add in Q4_K's d·s·q − dmin·m.
+                    let tol = if fmt == QFormat::Q4_K {
+                        1e-6 * (w.abs() + 1e-3)
+                    } else {
+                        0.0
+                    };
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{fmt:?} id {id} [{i}]: gpu {g} cpu {w}"
+                    );
+                }
+            }
+        }
+    }
+}
