@@ -28,7 +28,8 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// A named shape: `2b-4t` (BitNet b1.58 2B-4T), `small`, `tiny`.
+    /// A named shape: `2b-4t` (BitNet b1.58 2B-4T), `small`, `tiny`, `micro` (about 0.3 M
+    /// parameters with a byte vocabulary: for software WebGPU in CI).
     pub fn named(name: &str) -> Option<Shape> {
         let s = |n_embd, n_layer, n_head, n_head_kv, n_ff| Shape {
             n_embd,
@@ -41,13 +42,14 @@ impl Shape {
             "2b-4t" => s(2560, 30, 20, 5, 6912),
             "small" => s(512, 4, 8, 2, 1536),
             "tiny" => s(256, 2, 4, 1, 768),
+            "micro" => s(128, 2, 4, 2, 256),
             "gpt2-124m" => s(768, 12, 12, 12, 3072),
             _ => return None,
         })
     }
 
     /// Names accepted by [`Shape::named`].
-    pub const NAMES: &'static [&'static str] = &["2b-4t", "small", "tiny", "gpt2-124m"];
+    pub const NAMES: &'static [&'static str] = &["2b-4t", "small", "tiny", "micro", "gpt2-124m"];
 }
 
 /// Where the tokenizer metadata comes from.

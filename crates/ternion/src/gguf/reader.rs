@@ -1,6 +1,7 @@
 //! GGUF reader: parses the header, metadata and tensor table of a memory-mapped file and
 //! checks every count, length, offset and size against the file before using it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,7 @@ impl TensorInfo {
 }
 
 enum Bytes {
+    #[cfg(not(target_arch = "wasm32"))]
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
 }
@@ -54,6 +56,8 @@ enum Bytes {
 pub struct GgufFile {
     path: PathBuf,
     bytes: Bytes,
+    /// Length of the whole file (more than `bytes` holds for [`GgufFile::parse_header`]).
+    file_len: u64,
     /// Format version (2 or 3).
     pub version: u32,
     /// Metadata in file order.
@@ -69,29 +73,61 @@ pub struct GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-maps and parses a file.
+    /// Memory-maps and parses a file (reads it whole on wasm32, which has no mmap).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: the map is read-only; the file is not expected to change while in use,
-        // as with every mmap-based model loader.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        Self::parse(path.to_path_buf(), Bytes::Mapped(map))
+        #[cfg(not(target_arch = "wasm32"))]
+        let bytes = {
+            let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+            // SAFETY: the map is read-only; the file is not expected to change while in use,
+            // as with every mmap-based model loader.
+            Bytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?)
+        };
+        #[cfg(target_arch = "wasm32")]
+        let bytes = Bytes::Owned(std::fs::read(path).map_err(|e| Error::io(path, e))?);
+        let len = raw(&bytes).len() as u64;
+        Self::parse(path.to_path_buf(), bytes, len, &Cell::new(false))
     }
 
     /// Parses a file already in memory (tests, and callers that stream files).
     pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self> {
-        Self::parse(name.into(), Bytes::Owned(bytes))
+        let len = bytes.len() as u64;
+        Self::parse(name.into(), Bytes::Owned(bytes), len, &Cell::new(false))
     }
 
-    fn parse(path: PathBuf, bytes: Bytes) -> Result<Self> {
-        let buf: &[u8] = match &bytes {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        };
+    /// Parses the header (metadata and tensor table) from `prefix`, the first bytes of a
+    /// file of `file_len` bytes, for loaders that fetch tensor data by range (HTTP range
+    /// requests, browser `File` slices). Counts and tensor ranges are checked against
+    /// `file_len`. `Ok(None)`: the header runs past the prefix; fetch a longer one.
+    /// The result holds no tensor data ([`GgufFile::has_tensor_data`] is false unless the
+    /// prefix is the whole file): read each tensor's `offset..offset + size` yourself.
+    pub fn parse_header(
+        name: impl Into<PathBuf>,
+        prefix: Vec<u8>,
+        file_len: u64,
+    ) -> Result<Option<Self>> {
+        let name = name.into();
+        if prefix.len() as u64 > file_len {
+            return Err(Error::Gguf(format!(
+                "{}: prefix of {} bytes is longer than the file ({file_len} bytes)",
+                name.display(),
+                prefix.len()
+            )));
+        }
+        let short = Cell::new(false);
+        match Self::parse(name, Bytes::Owned(prefix), file_len, &short) {
+            Err(_) if short.get() => Ok(None),
+            r => r.map(Some),
+        }
+    }
+
+    fn parse(path: PathBuf, bytes: Bytes, file_len: u64, short: &Cell<bool>) -> Result<Self> {
+        let buf = raw(&bytes);
         let ctx = |msg: String| Error::Gguf(format!("{}: {msg}", path.display()));
         let mut r = Cursor {
             buf,
+            len: file_len,
+            short,
             pos: 0,
             elements_left: MAX_METADATA_ELEMENTS,
         };
@@ -174,7 +210,6 @@ impl GgufFile {
 
         let data_offset =
             align_up(r.pos as u64, alignment).ok_or_else(|| ctx("data offset overflows".into()))?;
-        let file_len = buf.len() as u64;
         if data_offset > file_len && !infos.is_empty() {
             return Err(ctx(format!(
                 "truncated: data section starts at {data_offset} but the file has {file_len} bytes"
@@ -232,6 +267,7 @@ impl GgufFile {
         Ok(GgufFile {
             path,
             bytes,
+            file_len,
             version,
             metadata,
             tensors,
@@ -249,14 +285,17 @@ impl GgufFile {
 
     /// Size of the whole file in bytes.
     pub fn file_len(&self) -> u64 {
-        self.raw().len() as u64
+        self.file_len
+    }
+
+    /// False for a header parsed from a prefix ([`GgufFile::parse_header`]): tensor data
+    /// must then be fetched by range, and [`GgufFile::tensor_data`] returns nothing.
+    pub fn has_tensor_data(&self) -> bool {
+        self.raw().len() as u64 == self.file_len
     }
 
     fn raw(&self) -> &[u8] {
-        match &self.bytes {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        }
+        raw(&self.bytes)
     }
 
     /// A metadata value by key.
@@ -269,14 +308,17 @@ impl GgufFile {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// A tensor's bytes (bounds were checked when the file was opened).
+    /// A tensor's bytes (bounds were checked when the file was opened); empty when the file
+    /// holds only its header ([`GgufFile::has_tensor_data`]).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        &self.raw()[info.offset as usize..(info.offset + info.size) as usize]
+        self.raw()
+            .get(info.offset as usize..(info.offset + info.size) as usize)
+            .unwrap_or_default()
     }
 
     /// Advises the kernel that tensor data will be read soon and randomly (mapped files only).
     pub fn advise_will_need(&self) {
-        #[cfg(unix)]
+        #[cfg(all(unix, not(target_arch = "wasm32")))]
         if let Bytes::Mapped(m) = &self.bytes {
             // Advice only: failure changes nothing but speed.
             let _ = m.advise(memmap2::Advice::WillNeed);
@@ -390,6 +432,14 @@ impl GgufFile {
     }
 }
 
+fn raw(bytes: &Bytes) -> &[u8] {
+    match bytes {
+        #[cfg(not(target_arch = "wasm32"))]
+        Bytes::Mapped(m) => m,
+        Bytes::Owned(v) => v,
+    }
+}
+
 fn align_up(x: u64, a: u64) -> Option<u64> {
     Some(x.checked_add(a - 1)? / a * a)
 }
@@ -411,9 +461,14 @@ fn check_overlaps(tensors: &[TensorInfo]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// A bounds-checked little-endian reader over the file's bytes.
+/// A bounds-checked little-endian reader over the file's bytes (or a prefix of them).
 struct Cursor<'a> {
+    /// The bytes at hand: the whole file, or a prefix of it.
     buf: &'a [u8],
+    /// Length of the whole file: counts and lengths are bounded by it.
+    len: u64,
+    /// Set when a read needed bytes of the file past the end of `buf`.
+    short: &'a Cell<bool>,
     pos: usize,
     /// Array elements the metadata may still hold ([`MAX_METADATA_ELEMENTS`] in all).
     elements_left: u64,
@@ -423,14 +478,20 @@ type R<T> = std::result::Result<T, String>;
 
 impl<'a> Cursor<'a> {
     fn remaining(&self) -> u64 {
-        (self.buf.len() - self.pos) as u64
+        self.len - self.pos as u64
     }
 
     fn bytes(&mut self, n: u64) -> R<&'a [u8]> {
         if n > self.remaining() {
             return Err(format!(
                 "truncated: need {n} bytes at offset {}, file has {}",
-                self.pos,
+                self.pos, self.len
+            ));
+        }
+        if n > (self.buf.len() - self.pos) as u64 {
+            self.short.set(true);
+            return Err(format!(
+                "the header runs past the {} bytes read so far",
                 self.buf.len()
             ));
         }

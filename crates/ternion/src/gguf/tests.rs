@@ -247,3 +247,58 @@ fn metadata_elements_are_capped_in_total() {
     array(&mut b, b"b", limit - 999);
     expect_gguf_err(b, "metadata array elements");
 }
+
+#[test]
+fn header_from_every_prefix() {
+    let full = sample_bytes();
+    let whole = parse(full.clone()).unwrap();
+    let len = full.len() as u64;
+    let mut first_complete = None;
+    for cut in 0..=full.len() {
+        match GgufFile::parse_header("prefix.gguf", full[..cut].to_vec(), len).unwrap() {
+            None => assert!(
+                first_complete.is_none(),
+                "prefix {cut} short after a complete one"
+            ),
+            Some(h) => {
+                first_complete.get_or_insert(cut);
+                assert_eq!(h.file_len(), len);
+                assert_eq!(h.has_tensor_data(), cut == full.len());
+                assert_eq!(h.data_offset, whole.data_offset);
+                for (a, b) in h.tensors.iter().zip(&whole.tensors) {
+                    assert_eq!((&a.name, a.offset, a.size), (&b.name, b.offset, b.size));
+                }
+                assert_eq!(
+                    h.get_str_array("a.strings").unwrap(),
+                    Some(vec!["x", "yy", ""])
+                );
+            }
+        }
+    }
+    let cut = first_complete.expect("the whole file parses");
+    assert!(cut as u64 <= whole.data_offset, "header needs {cut} bytes");
+    let h = GgufFile::parse_header("p.gguf", full[..cut].to_vec(), len)
+        .unwrap()
+        .unwrap();
+    assert!(h.tensor_data(h.tensor("t.i2s").unwrap()).is_empty());
+}
+
+#[test]
+fn header_checks_the_declared_length() {
+    let full = sample_bytes();
+    let data_offset = parse(full.clone()).unwrap().data_offset as usize;
+    let head = full[..data_offset].to_vec();
+    // Tensor data past the declared end is the same error as for a truncated file.
+    let short_len = full.len() as u64 - 1;
+    match GgufFile::parse_header("p.gguf", head.clone(), short_len) {
+        Err(Error::Gguf(m)) => assert!(m.contains("past the end of the file"), "{m}"),
+        other => panic!("expected an error, got {:?}", other.map(|o| o.is_some())),
+    }
+    assert!(
+        GgufFile::parse_header("p.gguf", head, 4).is_err(),
+        "prefix longer than file"
+    );
+    let mut bad = full[..64].to_vec();
+    bad[0] = b'X';
+    assert!(GgufFile::parse_header("p.gguf", bad, full.len() as u64).is_err());
+}

@@ -58,6 +58,12 @@ pub struct Model {
 impl Model {
     /// Binds a parsed file to its architecture.
     pub fn from_file(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model> {
+        if !file.has_tensor_data() {
+            return Err(crate::Error::Model(format!(
+                "{}: only the header was read; the CPU model needs the whole file",
+                file.path().display()
+            )));
+        }
         let cfg = Config::from_gguf(&file)?;
         // Every block has tensors of its own: a block count beyond the tensor count is a
         // hostile or broken file, caught before the graph is sized by it.

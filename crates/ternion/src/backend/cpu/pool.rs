@@ -72,7 +72,13 @@ pub fn global() -> &'static Pool {
 
 impl Pool {
     /// A pool of `n_threads` (the caller counts as one; `n_threads - 1` workers start).
+    /// On wasm32, which has no threads, every op runs inline on the caller.
     pub fn new(n_threads: usize) -> Pool {
+        let n_threads = if cfg!(target_arch = "wasm32") {
+            1
+        } else {
+            n_threads
+        };
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: UnsafeCell::new(Job {

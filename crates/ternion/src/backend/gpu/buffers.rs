@@ -70,10 +70,16 @@ impl GpuBuffer {
         }
     }
 
-    /// Reads the whole buffer back as `T`s (blocks; for tests and one-off reads).
-    pub fn read<T: Pod>(&self, ctx: &GpuContext) -> Result<Vec<T>> {
-        let bytes = ctx.read_bytes(&self.buf, 0, self.size)?;
+    /// Reads the whole buffer back as `T`s (for tests and one-off reads).
+    pub async fn read_async<T: Pod>(&self, ctx: &GpuContext) -> Result<Vec<T>> {
+        let bytes = ctx.read_bytes_async(&self.buf, 0, self.size).await?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Blocking [`GpuBuffer::read_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read<T: Pod>(&self, ctx: &GpuContext) -> Result<Vec<T>> {
+        pollster::block_on(self.read_async(ctx))
     }
 
     /// The whole buffer as a binding.

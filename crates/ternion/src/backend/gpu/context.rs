@@ -98,12 +98,12 @@ pub struct GpuContext {
     fault: Arc<Mutex<Option<String>>>,
 }
 
-fn enumerate(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+async fn enumerate(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
         backends,
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     });
-    pollster::block_on(instance.enumerate_adapters(backends))
+    instance.enumerate_adapters(backends).await
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u32 {
@@ -116,9 +116,10 @@ fn type_rank(t: wgpu::DeviceType) -> u32 {
     }
 }
 
-/// The adapters of `backends`, in the order `--device N` indexes them.
+/// The adapters of `backends`, in the order `--device N` indexes them (blocks: native only).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters(backends: wgpu::Backends) -> Vec<AdapterListing> {
-    enumerate(backends)
+    pollster::block_on(enumerate(backends))
         .iter()
         .enumerate()
         .map(|(index, a)| {
@@ -134,14 +135,25 @@ pub fn list_adapters(backends: wgpu::Backends) -> Vec<AdapterListing> {
 }
 
 impl GpuContext {
-    /// Opens the adapter chosen by `opts`, with the adapter's own limits and the optional
-    /// features the kernels can use (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY).
+    /// Blocking [`GpuContext::new_async`] (native only: a browser cannot block).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(opts: &GpuOptions) -> Result<GpuContext> {
-        let mut adapters = enumerate(opts.backends);
+        pollster::block_on(Self::new_async(opts))
+    }
+
+    /// Opens the adapter chosen by `opts`, with the adapter's own limits and the optional
+    /// features the kernels can use (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY). In a browser
+    /// the one adapter is the page's WebGPU (`navigator.gpu`).
+    pub async fn new_async(opts: &GpuOptions) -> Result<GpuContext> {
+        let mut adapters = enumerate(opts.backends).await;
         if adapters.is_empty() {
+            let hint = if cfg!(target_arch = "wasm32") {
+                "this browser gives no WebGPU adapter"
+            } else {
+                "on Linux without a GPU, install Mesa's lavapipe: mesa-vulkan-drivers"
+            };
             return Err(Error::Gpu(format!(
-                "no GPU adapter found for backends {:?} (on Linux without a GPU, install \
-                 Mesa's lavapipe: mesa-vulkan-drivers)",
+                "no GPU adapter found for backends {:?} ({hint})",
                 opts.backends
             )));
         }
@@ -172,13 +184,15 @@ impl GpuContext {
         want |= wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let features = have & want;
         let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("ternion"),
-            required_features: features,
-            required_limits: limits.clone(),
-            ..Default::default()
-        }))
-        .map_err(|e| Error::Gpu(format!("{}: request_device failed: {e}", info.name)))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("ternion"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Gpu(format!("{}: request_device failed: {e}", info.name)))?;
 
         let fault = Arc::new(Mutex::new(None::<String>));
         let f = fault.clone();
@@ -242,21 +256,39 @@ impl GpuContext {
         }
     }
 
-    /// Creates a buffer, turning out-of-memory and validation failures into errors.
+    /// Creates a buffer, turning out-of-memory and validation failures into errors (in a
+    /// browser, where error scopes resolve only asynchronously, they reach
+    /// [`GpuContext::check`] instead).
     pub fn create_buffer(
         &self,
         label: &str,
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer> {
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let desc = wgpu::BufferDescriptor {
             label: Some(label),
             size: size.max(4).next_multiple_of(4),
             usage,
             mapped_at_creation: false,
-        });
+        };
+        #[cfg(target_arch = "wasm32")]
+        let buf = self.device.create_buffer(&desc);
+        #[cfg(not(target_arch = "wasm32"))]
+        let buf = self.create_buffer_checked(label, size, &desc)?;
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        Ok(buf)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn create_buffer_checked(
+        &self,
+        label: &str,
+        size: u64,
+        desc: &wgpu::BufferDescriptor<'_>,
+    ) -> Result<wgpu::Buffer> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buf = self.device.create_buffer(desc);
         let v = pollster::block_on(val.pop());
         let o = pollster::block_on(oom.pop());
         if let Some(e) = o {
@@ -269,7 +301,6 @@ impl GpuContext {
                 "cannot create buffer '{label}' of {size} bytes: {e}"
             )));
         }
-        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         Ok(buf)
     }
 
@@ -338,7 +369,12 @@ impl GpuContext {
 
     /// Copies `size` bytes at `offset` of `buf` (which needs COPY_SRC) back to the host.
     /// Creates a staging buffer per call: for tests and one-off reads, not the hot path.
-    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+    pub async fn read_bytes_async(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>> {
         let padded = size.next_multiple_of(4).max(4);
         let staging = self.create_buffer(
             "readback",
@@ -348,20 +384,14 @@ impl GpuContext {
         let mut enc = self.encoder();
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, padded);
         self.submit(enc);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| Error::Gpu("read-back: map callback dropped".into()))?
-            .map_err(|e| Error::Gpu(format!("read-back: map failed: {e}")))?;
-        let view = staging
-            .get_mapped_range(..)
-            .map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
-        let out = view[..size as usize].to_vec();
-        drop(view);
-        staging.unmap();
+        let mut out = self.map_read(&staging, padded).await?;
+        out.truncate(size as usize);
         Ok(out)
+    }
+
+    /// Blocking [`GpuContext::read_bytes_async`] (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>> {
+        pollster::block_on(self.read_bytes_async(buf, offset, size))
     }
 }

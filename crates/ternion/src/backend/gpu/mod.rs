@@ -78,7 +78,9 @@ mod upload;
 
 pub use bandwidth::measure_read_bandwidth;
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
-pub use context::{list_adapters, AdapterListing, Caps, Counters, GpuContext, GpuOptions};
+#[cfg(not(target_arch = "wasm32"))]
+pub use context::list_adapters;
+pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
     ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,

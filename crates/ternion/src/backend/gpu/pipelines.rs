@@ -341,6 +341,7 @@ impl GpuContext {
         }
         let src = key.kernel.source();
         let (file, text) = src.text();
+        #[cfg(not(target_arch = "wasm32"))]
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = {
             let mut modules = self.pipelines.modules.lock().expect("lock");
@@ -381,6 +382,9 @@ impl GpuContext {
                 },
                 cache: None,
             });
+        // A browser resolves error scopes only asynchronously: there, compile errors reach
+        // `GpuContext::check` through the uncaptured-error handler instead.
+        #[cfg(not(target_arch = "wasm32"))]
         if let Some(e) = pollster::block_on(scope.pop()) {
             // Forget a module that failed to compile so the error repeats rather than hides.
             self.pipelines

@@ -1,0 +1,293 @@
+//! One sequence on a loaded model: the asynchronous generation loop the browser API drives
+//! (native tests drive the same code). The forward pass is the core crate's: the GPU plan
+//! ([`GpuModel`]) or, for small files, the CPU model ([`Model`]).
+
+use std::future::Future;
+
+use ternion::backend::cpu::CpuState;
+use ternion::backend::gpu::GpuModel;
+use ternion::model::{Logits, Model};
+use ternion::sample::{Sampler, SamplerConfig};
+use ternion::tokenizer::{StreamDecoder, Tokenizer};
+use ternion::{Error, Result};
+
+/// What the engine needs from its host: a clock and a way to let the host's event loop
+/// run between tokens (a browser tab stays responsive and a `stop` call gets through).
+pub trait Host {
+    /// Milliseconds since an arbitrary origin.
+    fn now_ms(&self) -> f64;
+    /// Returns after the host has had a chance to run other work.
+    fn pause(&self) -> impl Future<Output = ()>;
+}
+
+/// The forward pass a sequence runs on.
+pub enum Backend {
+    /// The WebGPU (or native wgpu) plan; the KV cache lives on the device.
+    Gpu(Box<GpuModel>),
+    /// The CPU model with its sequence state (whole file in memory: small models only).
+    Cpu(Box<CpuSeq>),
+}
+
+/// A sequence on the CPU model.
+pub struct CpuSeq {
+    /// The model.
+    pub model: Model,
+    /// Its KV cache and scratch.
+    pub state: CpuState,
+    /// Positions the state holds.
+    pub n_ctx: usize,
+}
+
+impl Backend {
+    /// "webgpu" or "cpu".
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Gpu(_) => "webgpu",
+            Backend::Cpu(_) => "cpu",
+        }
+    }
+
+    /// Positions a sequence may hold.
+    pub fn n_ctx(&self) -> usize {
+        match self {
+            Backend::Gpu(g) => g.n_ctx(),
+            Backend::Cpu(c) => c.n_ctx,
+        }
+    }
+
+    /// Feeds `tokens` after those already cached and returns the last one's logits.
+    async fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        match self {
+            Backend::Gpu(g) => g.forward_async(tokens, Logits::Last).await,
+            Backend::Cpu(c) => Ok(c
+                .model
+                .forward_cpu(tokens, Logits::Last, &mut c.state)?
+                .to_vec()),
+        }
+    }
+
+    /// Feeds one token and returns the argmax of its logits (on the GPU only the id comes
+    /// back).
+    async fn argmax(&mut self, token: u32) -> Result<u32> {
+        match self {
+            Backend::Gpu(g) => g.argmax_step_async(token).await,
+            Backend::Cpu(_) => Ok(ternion::sample::argmax(&self.logits(&[token]).await?)),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            Backend::Gpu(g) => g.truncate(len),
+            Backend::Cpu(c) => c.state.truncate(len),
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The model produced an end-of-generation token.
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+    /// The context is full.
+    Context,
+    /// The token callback asked to stop.
+    Cancelled,
+}
+
+impl Finish {
+    /// "stop", "length", "context" or "cancelled".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::Context => "context",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What one [`Engine::generate`] call did.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// Tokens fed before the first new one (the prompt, plus a token left pending by the
+    /// previous call).
+    pub prompt_tokens: Vec<u32>,
+    /// The new tokens, in order (an end-of-generation token is not included).
+    pub tokens: Vec<u32>,
+    /// Their text.
+    pub text: String,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Milliseconds spent on the prompt (up to the first new token).
+    pub prompt_ms: f64,
+    /// Milliseconds spent decoding the rest.
+    pub decode_ms: f64,
+}
+
+impl Generated {
+    /// Decode speed: tokens after the first, per second (0 when there were none).
+    pub fn decode_tok_s(&self) -> f64 {
+        let n = self.tokens.len().saturating_sub(1);
+        if n == 0 || self.decode_ms <= 0.0 {
+            0.0
+        } else {
+            n as f64 * 1e3 / self.decode_ms
+        }
+    }
+
+    /// Prompt speed in tokens per second.
+    pub fn prompt_tok_s(&self) -> f64 {
+        if self.prompt_ms <= 0.0 {
+            0.0
+        } else {
+            self.prompt_tokens.len() as f64 * 1e3 / self.prompt_ms
+        }
+    }
+}
+
+/// A model, its tokenizer and one sequence.
+pub struct Engine {
+    tokenizer: Tokenizer,
+    backend: Backend,
+    /// Every token fed to the model so far.
+    fed: Vec<u32>,
+    /// The last sampled token of a generation that stopped before feeding it.
+    pending: Option<u32>,
+}
+
+/// Greedy decoding with no penalty: the GPU's own argmax gives the same token as the
+/// sampler on downloaded logits, so only the id needs to come back.
+fn is_plain_greedy(c: &SamplerConfig) -> bool {
+    c.temperature <= 0.0
+        && c.repeat_penalty == 1.0
+        && c.presence_penalty == 0.0
+        && c.frequency_penalty == 0.0
+}
+
+impl Engine {
+    /// A new, empty sequence.
+    pub fn new(tokenizer: Tokenizer, backend: Backend) -> Engine {
+        Engine {
+            tokenizer,
+            backend,
+            fed: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The forward pass in use.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// Tokens fed so far.
+    pub fn fed(&self) -> &[u32] {
+        &self.fed
+    }
+
+    /// Encodes `text` as the continuation of this sequence (BOS only at its start, when the
+    /// model wants one; special tokens are parsed).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let bos = self.fed.is_empty() && self.pending.is_none() && self.tokenizer.add_bos();
+        self.tokenizer.encode(text, bos, true)
+    }
+
+    /// Forgets the sequence.
+    pub fn reset(&mut self) {
+        self.fed.clear();
+        self.pending = None;
+        self.backend.truncate(0);
+    }
+
+    /// Feeds `prompt` and generates up to `max_tokens` tokens, calling
+    /// `on_token(Some(id), text)` with each new token and the newly complete text (and
+    /// `on_token(None, rest)` for bytes completed at the end); `on_token` returning `false`
+    /// stops. The sequence continues across calls until [`Engine::reset`].
+    pub async fn generate<H: Host>(
+        &mut self,
+        host: &H,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        max_tokens: usize,
+        ignore_eos: bool,
+        mut on_token: impl FnMut(Option<u32>, &str) -> bool,
+    ) -> Result<Generated> {
+        let input: Vec<u32> = self.pending.iter().chain(prompt).copied().collect();
+        if input.is_empty() {
+            return Err(Error::Request(
+                "nothing to feed: the prompt is empty".into(),
+            ));
+        }
+        let n_ctx = self.backend.n_ctx();
+        if self.fed.len() + input.len() >= n_ctx {
+            return Err(Error::Request(format!(
+                "{} tokens in the sequence + {} new leave no room in the context of {n_ctx} \
+                 (reset to start over)",
+                self.fed.len(),
+                input.len()
+            )));
+        }
+        self.pending = None;
+        let greedy = is_plain_greedy(sampler.config());
+        let t0 = host.now_ms();
+        let logits = self.backend.logits(&input).await?;
+        self.fed.extend_from_slice(&input);
+        let mut next = sampler.sample(&logits, &self.fed);
+        let t1 = host.now_ms();
+        let mut out = Generated {
+            prompt_tokens: input,
+            tokens: Vec::new(),
+            text: String::new(),
+            finish: Finish::Length,
+            prompt_ms: t1 - t0,
+            decode_ms: 0.0,
+        };
+        let mut stream = StreamDecoder::default();
+        loop {
+            if out.tokens.len() >= max_tokens {
+                break;
+            }
+            if self.tokenizer.is_eog(next) && !ignore_eos {
+                out.finish = Finish::Stop;
+                break;
+            }
+            out.tokens.push(next);
+            let piece = stream.push(&self.tokenizer, next);
+            out.text.push_str(&piece);
+            if !on_token(Some(next), &piece) {
+                self.pending = Some(next);
+                out.finish = Finish::Cancelled;
+                break;
+            }
+            if out.tokens.len() >= max_tokens || self.fed.len() + 1 >= n_ctx {
+                self.pending = Some(next);
+                if out.tokens.len() < max_tokens {
+                    out.finish = Finish::Context;
+                }
+                break;
+            }
+            host.pause().await;
+            self.fed.push(next);
+            next = if greedy {
+                self.backend.argmax(next).await?
+            } else {
+                let logits = self.backend.logits(&[next]).await?;
+                sampler.sample(&logits, &self.fed)
+            };
+        }
+        let rest = stream.finish();
+        if !rest.is_empty() {
+            on_token(None, &rest);
+            out.text.push_str(&rest);
+        }
+        out.decode_ms = host.now_ms() - t1;
+        Ok(out)
+    }
+}

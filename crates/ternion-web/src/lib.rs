@@ -1,0 +1,21 @@
+//! Ternion in the browser: a wasm-bindgen API over the core crate's WebGPU backend (the
+//! same plan, kernels and model code as native), and the static chat page in `www/`.
+//!
+//! - [`loader`]: the GGUF header from a prefix of the file, then each tensor's byte range
+//!   (HTTP range requests or `File` slices) straight into GPU buffers; memory holds one
+//!   read-ahead window, never the whole file.
+//! - [`engine`]: one sequence on a loaded model and its asynchronous generation loop.
+//! - `api` (wasm32 only): the JavaScript class `Ternion` — `loadUrl`, `loadFile`,
+//!   `generate` with a streaming callback, `stop`, `reset` — see `www/README.md` for the
+//!   JavaScript side and `README.md` ("In the browser") for building and serving.
+//!
+//! The loader and engine are plain async Rust over small traits ([`loader::ByteSource`],
+//! [`engine::Host`]), so native tests run them on lavapipe against the CPU backend.
+
+pub mod engine;
+pub mod loader;
+
+#[cfg(target_arch = "wasm32")]
+mod api;
+#[cfg(target_arch = "wasm32")]
+mod browser;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Browser tests (issue 7): the GPU kernels through wasm-bindgen-test in headless Chromium
+# (WebGPU on SwiftShader), then the chat page end to end against the native CPU backend's
+# token ids, and the "no WebGPU" negative control. Installs what is missing, once:
+# Debian's chromium + chromium-driver, the wasm32-unknown-unknown target, and
+# wasm-bindgen-cli at exactly the version Cargo.lock names (kept in ~/.cargo/bin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+rustup target list --installed | grep -qx wasm32-unknown-unknown \
+  || rustup target add wasm32-unknown-unknown
+want=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print }' Cargo.lock)
+have=$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }' || true)
+if [ "$have" != "$want" ]; then
+  echo "installing wasm-bindgen-cli $want (found '${have:-none}')"
+  cargo install -q wasm-bindgen-cli --version "=$want" --locked -j2 \
+    || cargo install -q wasm-bindgen-cli --version "=$want" -j2
+fi
+
+cargo clippy --release -p ternion-web --target wasm32-unknown-unknown --all-targets -j2 -- -D warnings
+
+# 1. Kernels in the browser. The runner reads crates/ternion-web/webdriver.json (flags).
+export CHROMEDRIVER="${CHROMEDRIVER:-$(command -v chromedriver)}"
+export WASM_BINDGEN_TEST_TIMEOUT=300
+(cd crates/ternion-web &&
+  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+    cargo test --release -p ternion-web --target wasm32-unknown-unknown -j2 --test kernels)
+
+# 2. The page end to end, and the negative control.
+./scripts/web-build.sh
+cargo build --release -p ternion-cli -j2
+target="${CARGO_TARGET_DIR:-target}"
+python3 crates/ternion-web/tests/e2e.py --ternion "$target/release/ternion" ${WEB_SCREENSHOT:+--screenshot "$WEB_SCREENSHOT"}
