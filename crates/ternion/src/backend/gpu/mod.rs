@@ -85,8 +85,8 @@ pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
     ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,
     PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
-    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, TernaryMatvec, TernaryWeights, TopK,
-    ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
+    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, TernaryGlu, TernaryMatvec,
+    TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

@@ -51,6 +51,13 @@ pub enum Kernel {
         /// The 4-tokens-per-workgroup prefill entry point.
         batch: bool,
     },
+    /// `ternary.wgsl` `matvec_glu`: gate and up I2_S matvecs and `act(g)·u`, fused (decode).
+    TernaryGlu {
+        /// Threads per weight row (power of two, 1..=256).
+        tpr: u32,
+        /// The gate activation.
+        act: GluAct,
+    },
     /// `f16_matvec.wgsl`: F16 weight shard × f32 hidden (LM head).
     F16Matvec {
         /// Threads per weight row (power of two, 1..=256).
@@ -185,7 +192,7 @@ impl Kernel {
         match self {
             Kernel::Embed => Source::Embed,
             Kernel::RmsNorm { .. } => Source::RmsNorm,
-            Kernel::Ternary { .. } => Source::Ternary,
+            Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } => Source::Ternary,
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
@@ -205,6 +212,7 @@ impl Kernel {
             Kernel::RmsNorm { quant: false } => "rmsnorm",
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
+            Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::F16Matvec { last: false, .. } => "main",
             Kernel::F16Matvec { last: true, .. } => "last",
             Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
@@ -241,6 +249,10 @@ impl Kernel {
                     GluAct::Silu => 1.0,
                 },
             )],
+            Kernel::TernaryGlu { tpr, act } => vec![
+                ("TPR", f64::from(tpr)),
+                ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
+            ],
             Kernel::Ternary { tpr, epilogue, .. } => vec![
                 ("TPR", f64::from(tpr)),
                 (

@@ -19,7 +19,7 @@ use super::context::GpuContext;
 use super::ops::{
     ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut, PosTable, QAct,
     QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
-    RowOp, StepUniform, TernaryMatvec,
+    RowOp, StepUniform, TernaryGlu, TernaryMatvec,
 };
 use super::pipelines::{Epilogue, GluAct as KernelGlu};
 use super::upload::GpuWeight;
@@ -57,6 +57,9 @@ enum Launch {
     Embed(Embed),
     Norm(RmsNorm),
     Ternary(TernaryMatvec),
+    /// Gate and up I2_S matvecs and the GLU: fused for one token, three launches (the
+    /// 4-token batch kernels and `glu.wgsl`) for a batch.
+    TernaryGlu(Box<FusedGlu>),
     RopeKv(RopeKv),
     Attention(Attention),
     Glu(Glu),
@@ -79,6 +82,14 @@ enum Launch {
     QHead(Box<QHead>),
 }
 
+/// The parts of [`Launch::TernaryGlu`].
+struct FusedGlu {
+    fused: TernaryGlu,
+    gate: TernaryMatvec,
+    up: TernaryMatvec,
+    glu: Glu,
+}
+
 /// The parts of [`Launch::QHead`].
 struct QHead {
     select: RowOp,
@@ -95,6 +106,7 @@ impl Launch {
             Launch::Embed(_) => "embed",
             Launch::Norm(_) => "rmsnorm",
             Launch::Ternary(_) => "ternary",
+            Launch::TernaryGlu(_) => "ternary_glu",
             Launch::RopeKv(_) => "rope_kv",
             Launch::Attention(_) => "attention",
             Launch::Glu(_) => "glu",
@@ -111,6 +123,21 @@ impl Launch {
             Launch::Embed(e) => e.record(pass, n),
             Launch::Norm(o) => o.record(pass, n),
             Launch::Ternary(o) => o.record(pass, n, n > 1),
+            Launch::TernaryGlu(f) => {
+                let FusedGlu {
+                    fused,
+                    gate,
+                    up,
+                    glu,
+                } = &**f;
+                if n == 1 {
+                    fused.record(pass, 1);
+                } else {
+                    gate.record(pass, n, true);
+                    up.record(pass, n, true);
+                    glu.record(pass, n);
+                }
+            }
             Launch::RopeKv(o) => o.record(pass, n),
             Launch::Attention(o) => o.record(pass, n, n_kv),
             Launch::Glu(o) => o.record(pass, n),
@@ -153,6 +180,7 @@ impl Launch {
         match self {
             Launch::Embed(e) => e.dispatch_count(),
             Launch::Attention(_) => Attention::dispatches(n),
+            Launch::TernaryGlu(_) if n > 1 => 3,
             Launch::Head { decode, .. } => decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
             Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),
@@ -426,16 +454,52 @@ impl Plan {
                                     graph.weights[w.0].name
                                 )));
                             };
-                            launches.push(Launch::Ternary(TernaryMatvec::new(
-                                g,
-                                variant,
-                                TPR,
-                                tw,
-                                &q,
-                                &ob,
-                                epilogue,
-                                Some(&step),
-                            )?));
+                            let mv = |w, out: &GpuBuffer| {
+                                TernaryMatvec::new(
+                                    g,
+                                    variant,
+                                    TPR,
+                                    w,
+                                    &q,
+                                    out,
+                                    epilogue,
+                                    Some(&step),
+                                )
+                            };
+                            // gate = W_g·x; up = W_u·x; gate = act(gate)·up → one launch.
+                            let glu = match (graph.ops.get(i + 1), graph.ops.get(i + 2)) {
+                                (
+                                    Some(&Op::Linear {
+                                        w: wu,
+                                        x: xu,
+                                        out: up,
+                                        add: false,
+                                    }),
+                                    Some(&Op::Glu { act, gate, up: up2 }),
+                                ) if !add && xu == x && gate == out && up2 == up => {
+                                    match &weights[wu.0] {
+                                        GpuWeight::Ternary(uw) => Some((uw, up, act)),
+                                        _ => None,
+                                    }
+                                }
+                                _ => None,
+                            };
+                            if let Some((uw, up, act)) = glu {
+                                let act = match act {
+                                    GluAct::Relu2 => KernelGlu::ReluSqr,
+                                    GluAct::Silu => KernelGlu::Silu,
+                                };
+                                let ub = acts.f32(up)?;
+                                launches.push(Launch::TernaryGlu(Box::new(FusedGlu {
+                                    fused: TernaryGlu::new(g, variant, TPR, tw, uw, &q, &ob, act)?,
+                                    gate: mv(tw, &ob)?,
+                                    up: mv(uw, &ub)?,
+                                    glu: Glu::new(g, act, &ob, &ub, width(out))?,
+                                })));
+                                i += 2;
+                            } else {
+                                launches.push(Launch::Ternary(mv(tw, &ob)?));
+                            }
                         }
                         (GpuWeight::F16Rows(m), _) if acts.is_selected(x) && !add => {
                             let xb = acts.f32(x)?;

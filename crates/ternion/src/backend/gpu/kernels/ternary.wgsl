@@ -2,15 +2,19 @@
 // y = (Σ code·q − Σq) / s · w_scale  (= Σ t·q / s · w_scale with t = code − 1; BITNET.md §4).
 //
 // Bindings (group 0):
-//   0 uniform Params { rows, words, w_scale, _ }: output features M, u32 words per weight row
-//                     (K/16), per-tensor I2_S scale
+//   0 uniform Params { rows, words, w_scale, up_scale }: output features M, u32 words per
+//                     weight row (K/16), per-tensor I2_S scale (and the up matrix's, matvec_glu)
 //   1 storage read  w:    array<u32>        M × K/16 words: the I2_S codes exactly as in the
 //                                          file (no repacking; the 32-byte tail is not bound)
 //   2 storage read  act:  array<u32>        T × K/4 words of packed int8 (rmsnorm.wgsl)
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, bits of i32 Σq
 //   4 storage rw    out:  array<f32>        T × M; EPILOGUE 0 stores, 1 adds (residual)
 //   5 uniform Step { n_tokens, .. }          matmul4 only
-// Dispatch: matvec (ceil(M / (256/TPR)), T, 1); matmul4 (ceil(M / (256/TPR)), ceil(T/4), 1).
+//   6 storage read  w_up: array<u32>        matvec_glu only: the up projection, laid out as w
+// Dispatch: matvec and matvec_glu (ceil(M / (256/TPR)), T, 1); matmul4 (ceil(M / (256/TPR)),
+// ceil(T/4), 1). matvec_glu is the fused gated FFN: row r of gate (w) and of up (w_up) against
+// the same activations, then out = act(g)·u with glu.wgsl's formulas (ACT 0: relu², 1: SiLU),
+// so gate, up and their product never go through memory.
 // A workgroup is 256 threads = 256/TPR rows × TPR lanes; lanes stride over the row's words
 // and their partial sums are reduced by subgroupShuffleXor (variant SUBGROUPS, which the
 // host only picks when TPR ≤ the adapter's minimum subgroup size) or in shared memory.
@@ -25,10 +29,11 @@
 
 override TPR: u32 = 32u;
 override EPILOGUE: u32 = 0u;
+override ACT: u32 = 0u;
 const WG: u32 = 256u;
 const M2: u32 = 0x03030303u;
 
-struct Params { rows: u32, words: u32, w_scale: f32, pad: u32 }
+struct Params { rows: u32, words: u32, w_scale: f32, up_scale: f32 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -37,6 +42,7 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> tok_scale: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
+@group(0) @binding(6) var<storage, read> w_up: array<u32>;
 
 #if SUBGROUPS
 fn reduce1(v: i32, li: u32) -> i32 {
@@ -99,9 +105,14 @@ fn act_word(abase: u32, i: u32) -> u32 {
     return abase + (i >> 3u) * 32u + (i & 7u);
 }
 
-fn finish(t: u32, row: u32, d: i32) {
+// The f32 output of integer dot `d` of token t for a matrix of scale `scale`.
+fn scaled(t: u32, d: i32, scale: f32) -> f32 {
     let m = tok_scale[t];
-    let y = (f32(d - bitcast<i32>(m.y)) / bitcast<f32>(m.x)) * p.w_scale;
+    return (f32(d - bitcast<i32>(m.y)) / bitcast<f32>(m.x)) * scale;
+}
+
+fn finish(t: u32, row: u32, d: i32) {
+    let y = scaled(t, d, p.w_scale);
     let o = t * p.rows + row;
     if (EPILOGUE == 1u) {
         out[o] = out[o] + y;
@@ -158,5 +169,35 @@ fn matmul4(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: 
                 finish(t0 + j, row, d[j]);
             }
         }
+    }
+}
+
+@compute @workgroup_size(256)
+fn matvec_glu(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let lane = li % TPR;
+    let row = wg.x * (WG / TPR) + li / TPR;
+    let t = wg.y;
+    var acc = vec4<i32>(0);
+    if (row < p.rows) {
+        let wbase = row * p.words;
+        let abase = t * p.words * 4u;
+        for (var i = lane; i < p.words; i += TPR) {
+            let a0 = act_word(abase, i);
+            acc.x += word_dot(w[wbase + i], a0);
+            acc.y += word_dot(w_up[wbase + i], a0);
+        }
+    }
+    let d = reduce4(acc, li);
+    if (lane == 0u && row < p.rows) {
+        let g = scaled(t, d.x, p.w_scale);
+        let u = scaled(t, d.y, p.up_scale);
+        var y: f32;
+        if (ACT == 0u) {
+            let r = max(g, 0.0);
+            y = (r * r) * u;
+        } else {
+            y = (g / (1.0 + exp(-g))) * u;
+        }
+        out[t * p.rows + row] = y;
     }
 }

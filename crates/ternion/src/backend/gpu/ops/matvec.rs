@@ -3,7 +3,7 @@
 use super::{check_tpr, uniform, Dispatch, QuantAct, StepUniform, WG};
 use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
 use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
+use crate::backend::gpu::pipelines::{Epilogue, GluAct, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// An I2_S weight matrix on the GPU: the codes as stored in the file, and the scale.
@@ -146,6 +146,73 @@ impl TernaryMatvec {
             (Some(b), true) => b.record(pass, n_tokens.div_ceil(4)),
             _ => self.single.record(pass, n_tokens),
         }
+    }
+}
+
+/// The fused gated FFN for I2_S weights: `out = act(W_gate·a) · (W_up·a)` in one dispatch
+/// (`ternary.wgsl` `matvec_glu`), one token per workgroup row.
+pub struct TernaryGlu {
+    dispatch: Dispatch,
+    _params: GpuBuffer,
+}
+
+impl TernaryGlu {
+    /// Binds `gate` and `up` (same shape), `act` and `out` (f32, `gate.rows` per token).
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn new(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        gate: &TernaryWeights,
+        up: &TernaryWeights,
+        act: &QuantAct,
+        out: &GpuBuffer,
+        glu: GluAct,
+    ) -> Result<TernaryGlu> {
+        check_tpr(tpr)?;
+        if (gate.k, gate.rows) != (up.k, up.rows) || act.k != gate.k {
+            return Err(Error::Gpu(format!(
+                "fused GLU: gate {}×{}, up {}×{}, activations of width {}",
+                gate.rows, gate.k, up.rows, up.k, act.k
+            )));
+        }
+        let params = uniform(
+            ctx,
+            "ternary_glu.params",
+            &[
+                gate.rows as u32,
+                (gate.k / 16) as u32,
+                gate.scale.to_bits(),
+                up.scale.to_bits(),
+            ],
+        )?;
+        let key = PipelineKey {
+            kernel: Kernel::TernaryGlu { tpr, act: glu },
+            variant,
+        };
+        let dispatch = Dispatch::new(
+            ctx,
+            key,
+            "ternary_glu",
+            &[
+                (0, params.binding()),
+                (1, gate.codes.binding()),
+                (2, act.q.binding()),
+                (3, act.meta.binding()),
+                (4, out.binding()),
+                (6, up.codes.binding()),
+            ],
+            (gate.rows as u32).div_ceil(WG / tpr),
+        )?;
+        Ok(TernaryGlu {
+            dispatch,
+            _params: params,
+        })
+    }
+
+    /// Records the fused product for `n_tokens` tokens.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        self.dispatch.record(pass, n_tokens);
     }
 }
 
