@@ -216,6 +216,99 @@ impl TernaryGlu {
     }
 }
 
+/// The norm a fused-norm ternary launch computes itself: `rmsnorm(x) · w` with `eps`.
+#[derive(Clone, Copy)]
+pub struct NormIn<'a> {
+    /// The norm's input row (f32).
+    pub x: &'a GpuBuffer,
+    /// The norm weight.
+    pub w: &'a GpuBuffer,
+    /// Epsilon.
+    pub eps: f32,
+}
+
+/// Largest K of [`TernaryNormed`] (its activations live in shared memory).
+pub const NORMED_MAX_K: usize = 8192;
+
+/// One decode token's `RMSNorm → int8 → I2_S matvec` (or fused GLU) in one launch
+/// (`ternary.wgsl` `matvec_n` / `matvec_glu_n`): every workgroup derives the quantized
+/// activations itself, bit-identical to [`RmsNorm`](super::RmsNorm) in quant mode.
+pub struct TernaryNormed {
+    dispatch: Dispatch,
+    _params: Vec<GpuBuffer>,
+}
+
+impl TernaryNormed {
+    /// Binds `w` (and `up` with its activation for the fused GLU), the norm input and
+    /// `out` (f32, `w.rows` values; stored or added per `epilogue`).
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn new(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &TernaryWeights,
+        up: Option<(&TernaryWeights, GluAct)>,
+        norm: NormIn<'_>,
+        out: &GpuBuffer,
+        epilogue: Epilogue,
+    ) -> Result<TernaryNormed> {
+        check_tpr(tpr)?;
+        if w.k > NORMED_MAX_K || up.is_some_and(|(u, _)| (u.k, u.rows) != (w.k, w.rows)) {
+            return Err(Error::Gpu(format!(
+                "fused-norm matvec: K = {} (at most {NORMED_MAX_K}), gate/up shapes must match",
+                w.k
+            )));
+        }
+        let up_scale = up.map_or(0.0, |(u, _)| u.scale);
+        let params = uniform(
+            ctx,
+            "ternary_n.params",
+            &[
+                w.rows as u32,
+                (w.k / 16) as u32,
+                w.scale.to_bits(),
+                up_scale.to_bits(),
+            ],
+        )?;
+        let np = uniform(ctx, "ternary_n.norm", &[norm.eps.to_bits(), 0, 0, 0])?;
+        let key = PipelineKey {
+            kernel: Kernel::TernaryNormed {
+                tpr,
+                epilogue,
+                glu: up.map(|(_, a)| a),
+            },
+            variant,
+        };
+        let mut bindings = vec![
+            (0, params.binding()),
+            (1, w.codes.binding()),
+            (4, out.binding()),
+            (7, norm.x.binding()),
+            (8, norm.w.binding()),
+            (9, np.binding()),
+        ];
+        if let Some((u, _)) = up {
+            bindings.push((6, u.codes.binding()));
+        }
+        let dispatch = Dispatch::new(
+            ctx,
+            key,
+            "ternary_n",
+            &bindings,
+            (w.rows as u32).div_ceil(WG / tpr),
+        )?;
+        Ok(TernaryNormed {
+            dispatch,
+            _params: vec![params, np],
+        })
+    }
+
+    /// Records the launch for the step's single token.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        self.dispatch.record(pass, 1);
+    }
+}
+
 /// `out[t][row0 + j] = W_shard[j] · x[t]` over every shard of an F16 matrix (LM head).
 pub struct F16Matvec {
     dispatches: Vec<Dispatch>,
