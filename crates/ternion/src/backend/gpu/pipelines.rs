@@ -58,16 +58,6 @@ pub enum Kernel {
         /// The gate activation.
         act: GluAct,
     },
-    /// `ternary.wgsl` `matvec_n` / `matvec_glu_n`: one token's RMSNorm + int8 quantization
-    /// computed by every workgroup into shared memory, then the matvec (or the fused GLU).
-    TernaryNormed {
-        /// Threads per weight row (power of two, 1..=256).
-        tpr: u32,
-        /// Store or add (plain matvec).
-        epilogue: Epilogue,
-        /// The fused gated FFN's activation, or `None` for the plain matvec.
-        glu: Option<GluAct>,
-    },
     /// `f16_matvec.wgsl`: F16 weight shard × f32 hidden (LM head).
     F16Matvec {
         /// Threads per weight row (power of two, 1..=256).
@@ -179,16 +169,6 @@ enum Source {
 }
 
 impl Source {
-    /// A library file appended (preprocessed with the same defines) after the kernel.
-    fn library(self) -> Option<(&'static str, &'static str)> {
-        match self {
-            Source::RmsNorm | Source::Ternary => {
-                Some(("norm_math.wgsl", include_str!("kernels/norm_math.wgsl")))
-            }
-            _ => None,
-        }
-    }
-
     fn text(self) -> (&'static str, &'static str) {
         match self {
             Source::Embed => ("embed.wgsl", include_str!("kernels/embed.wgsl")),
@@ -212,9 +192,7 @@ impl Kernel {
         match self {
             Kernel::Embed => Source::Embed,
             Kernel::RmsNorm { .. } => Source::RmsNorm,
-            Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } | Kernel::TernaryNormed { .. } => {
-                Source::Ternary
-            }
+            Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } => Source::Ternary,
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
@@ -235,8 +213,6 @@ impl Kernel {
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
             Kernel::TernaryGlu { .. } => "matvec_glu",
-            Kernel::TernaryNormed { glu: None, .. } => "matvec_n",
-            Kernel::TernaryNormed { glu: Some(_), .. } => "matvec_glu_n",
             Kernel::F16Matvec { last: false, .. } => "main",
             Kernel::F16Matvec { last: true, .. } => "last",
             Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
@@ -273,14 +249,6 @@ impl Kernel {
                     GluAct::Silu => 1.0,
                 },
             )],
-            Kernel::TernaryNormed { tpr, epilogue, glu } => vec![
-                ("TPR", f64::from(tpr)),
-                (
-                    "EPILOGUE",
-                    if epilogue == Epilogue::Add { 1.0 } else { 0.0 },
-                ),
-                ("ACT", if glu == Some(GluAct::Silu) { 1.0 } else { 0.0 }),
-            ],
             Kernel::TernaryGlu { tpr, act } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
@@ -400,9 +368,6 @@ impl GpuContext {
                         defines.push("SUBGROUPS");
                     }
                     let mut code = preprocess(file, text, &defines)?;
-                    if let Some((lib_file, lib)) = src.library() {
-                        code.push_str(&preprocess(lib_file, lib, &defines)?);
-                    }
                     code.push_str(include_str!("kernels/common.wgsl"));
                     let m = self
                         .device

@@ -17,9 +17,9 @@ use std::collections::HashMap;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::{
-    ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, MatIn, NormIn, NormOut, PosTable,
-    QAct, QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
-    RowOp, StepUniform, TernaryGlu, TernaryMatvec, TernaryNormed, NORMED_MAX_K,
+    ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut, PosTable, QAct,
+    QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
+    RowOp, StepUniform, TernaryGlu, TernaryMatvec,
 };
 use super::pipelines::{Epilogue, GluAct as KernelGlu};
 use super::upload::GpuWeight;
@@ -55,16 +55,8 @@ impl Rows {
 /// One compiled launch group.
 enum Launch {
     Embed(Embed),
-    /// A norm; with `skip_decode` its consumers compute it themselves for one token.
-    Norm {
-        op: RmsNorm,
-        skip_decode: bool,
-    },
-    /// An I2_S matvec, and its fused-norm form for one token.
-    Ternary {
-        mv: TernaryMatvec,
-        normed: Option<TernaryNormed>,
-    },
+    Norm(RmsNorm),
+    Ternary(TernaryMatvec),
     /// Gate and up I2_S matvecs and the GLU: fused for one token, three launches (the
     /// 4-token batch kernels and `glu.wgsl`) for a batch.
     TernaryGlu(Box<FusedGlu>),
@@ -93,7 +85,6 @@ enum Launch {
 /// The parts of [`Launch::TernaryGlu`].
 struct FusedGlu {
     fused: TernaryGlu,
-    normed: Option<TernaryNormed>,
     gate: TernaryMatvec,
     up: TernaryMatvec,
     glu: Glu,
@@ -113,9 +104,8 @@ impl Launch {
     fn label(&self) -> &'static str {
         match self {
             Launch::Embed(_) => "embed",
-            Launch::Norm { .. } => "rmsnorm",
-            Launch::Ternary { normed: None, .. } => "ternary",
-            Launch::Ternary { .. } => "ternary+norm",
+            Launch::Norm(_) => "rmsnorm",
+            Launch::Ternary(_) => "ternary",
             Launch::TernaryGlu(_) => "ternary_glu",
             Launch::RopeKv(_) => "rope_kv",
             Launch::Attention(_) => "attention",
@@ -131,26 +121,16 @@ impl Launch {
     fn record(&self, pass: &mut wgpu::ComputePass<'_>, n: u32, n_kv: u32, rows: Rows) {
         match self {
             Launch::Embed(e) => e.record(pass, n),
-            Launch::Norm { op, skip_decode } => {
-                if !(n == 1 && *skip_decode) {
-                    op.record(pass, n)
-                }
-            }
-            Launch::Ternary { mv, normed } => match normed {
-                Some(f) if n == 1 => f.record(pass),
-                _ => mv.record(pass, n, n > 1),
-            },
+            Launch::Norm(o) => o.record(pass, n),
+            Launch::Ternary(o) => o.record(pass, n, n > 1),
             Launch::TernaryGlu(f) => {
                 let FusedGlu {
                     fused,
-                    normed,
                     gate,
                     up,
                     glu,
                 } = &**f;
-                if let (1, Some(nf)) = (n, normed) {
-                    nf.record(pass);
-                } else if n == 1 {
+                if n == 1 {
                     fused.record(pass, 1);
                 } else {
                     gate.record(pass, n, true);
@@ -201,9 +181,6 @@ impl Launch {
             Launch::Embed(e) => e.dispatch_count(),
             Launch::Attention(_) => Attention::dispatches(n),
             Launch::TernaryGlu(_) if n > 1 => 3,
-            Launch::Norm {
-                skip_decode: true, ..
-            } if n == 1 => 0,
             Launch::Head { decode, .. } => decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
             Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),
@@ -245,9 +222,6 @@ struct Acts<'g> {
     qacts: HashMap<(ActId, ActQuant), QAct>,
     /// Every Q8 buffer made (kept alive with the plan).
     qact_bufs: Vec<QAct>,
-    /// Int8 acts whose one-token form the consumers derive themselves: the norm's input
-    /// and weight buffers and epsilon.
-    norm_src: HashMap<ActId, (GpuBuffer, GpuBuffer, f32)>,
     /// Acts standing for the selected rows of another act (`SelectRows`).
     alias: HashMap<ActId, ActId>,
     /// Acts computed on selected rows.
@@ -289,11 +263,10 @@ impl Acts<'_> {
         self.selected.contains(&a)
     }
 
-    /// Forgets the quantized copies and norm source of an act an op is about to overwrite.
+    /// Forgets the quantized copies of an act that an op is about to overwrite.
     fn written(&mut self, a: ActId) {
         let a = self.resolve(a);
         self.qacts.retain(|(b, _), _| *b != a);
-        self.norm_src.remove(&a);
     }
 
     /// The `kind` quantization of act `x` (`rows` rows), emitting the quantize launch the
@@ -342,28 +315,6 @@ fn only_ternary_readers(graph: &Graph, weights: &[GpuWeight], i: usize, act: Act
         }
     }
     read
-}
-
-/// True when `input` (a norm's input, op `i`) is not written before the last read of the
-/// norm's output `out`, so the readers may recompute the norm from it.
-fn norm_input_stable(graph: &Graph, i: usize, input: ActId, out: ActId) -> bool {
-    let (mut last_read, mut written) = (None, None);
-    for (j, op) in graph.ops.iter().enumerate().skip(i + 1) {
-        let (reads, writes) = op_io(op);
-        if reads.contains(&out) {
-            last_read = Some(j);
-        }
-        if writes.contains(&input) && written.is_none() {
-            written = Some(j);
-        }
-        if writes.contains(&out) {
-            break;
-        }
-    }
-    match (last_read, written) {
-        (Some(r), Some(w)) => w > r,
-        _ => true,
-    }
 }
 
 /// Activations an op reads and writes.
@@ -427,7 +378,6 @@ impl Plan {
             quant: HashMap::new(),
             qacts: HashMap::new(),
             qact_bufs: Vec::new(),
-            norm_src: HashMap::new(),
             alias: HashMap::new(),
             selected: Vec::new(),
         };
@@ -468,21 +418,14 @@ impl Plan {
                         acts.selected.push(out);
                     }
                     let n = width(x);
-                    let mut skip_decode = false;
-                    let op = if only_ternary_readers(graph, &weights, i, out) {
+                    let norm = if only_ternary_readers(graph, &weights, i, out) {
                         let q = acts.quant(out)?;
-                        let src = acts.resolve(x);
-                        if n <= NORMED_MAX_K && norm_input_stable(graph, i, src, out) {
-                            skip_decode = true;
-                            let o = acts.resolve(out);
-                            acts.norm_src.insert(o, (xb.clone(), wb.clone(), eps));
-                        }
                         RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::Quant(&q))?
                     } else {
                         let ob = acts.f32(out)?;
                         RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::F32(&ob))?
                     };
-                    launches.push(Launch::Norm { op, skip_decode });
+                    launches.push(Launch::Norm(norm));
                 }
                 Op::LayerNorm { x, w, b, eps, out } => {
                     if acts.is_selected(x) {
@@ -541,21 +484,6 @@ impl Plan {
                                 }
                                 _ => None,
                             };
-                            let src = acts.norm_src.get(&acts.resolve(x)).cloned();
-                            let normed = |up| -> Result<Option<TernaryNormed>> {
-                                let Some((nx, nw, eps)) = &src else {
-                                    return Ok(None);
-                                };
-                                let norm = NormIn {
-                                    x: nx,
-                                    w: nw,
-                                    eps: *eps,
-                                };
-                                let op = TernaryNormed::new(
-                                    g, variant, TPR, tw, up, norm, &ob, epilogue,
-                                )?;
-                                Ok(Some(op))
-                            };
                             if let Some((uw, up, act)) = glu {
                                 let act = match act {
                                     GluAct::Relu2 => KernelGlu::ReluSqr,
@@ -564,17 +492,13 @@ impl Plan {
                                 let ub = acts.f32(up)?;
                                 launches.push(Launch::TernaryGlu(Box::new(FusedGlu {
                                     fused: TernaryGlu::new(g, variant, TPR, tw, uw, &q, &ob, act)?,
-                                    normed: normed(Some((uw, act)))?,
                                     gate: mv(tw, &ob)?,
                                     up: mv(uw, &ub)?,
                                     glu: Glu::new(g, act, &ob, &ub, width(out))?,
                                 })));
                                 i += 2;
                             } else {
-                                launches.push(Launch::Ternary {
-                                    mv: mv(tw, &ob)?,
-                                    normed: normed(None)?,
-                                });
+                                launches.push(Launch::Ternary(mv(tw, &ob)?));
                             }
                         }
                         (GpuWeight::F16Rows(m), _) if acts.is_selected(x) && !add => {

@@ -10,18 +10,11 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, bits of i32 Σq
 //   4 storage rw    out:  array<f32>        T × M; EPILOGUE 0 stores, 1 adds (residual)
 //   5 uniform Step { n_tokens, .. }          matmul4 only
-//   6 storage read  w_up: array<u32>        matvec_glu(_n) only: the up projection, laid out as w
-//   7 storage read  norm_x: array<f32>      _n entries: the norm's input row (one token)
-//   8 storage read  norm_w: array<f32>      _n entries: the norm weight (K values)
-//   9 uniform NormP { eps, .. }              _n entries
+//   6 storage read  w_up: array<u32>        matvec_glu only: the up projection, laid out as w
 // Dispatch: matvec and matvec_glu (ceil(M / (256/TPR)), T, 1); matmul4 (ceil(M / (256/TPR)),
 // ceil(T/4), 1). matvec_glu is the fused gated FFN: row r of gate (w) and of up (w_up) against
 // the same activations, then out = act(g)·u with glu.wgsl's formulas (ACT 0: relu², 1: SiLU),
 // so gate, up and their product never go through memory.
-// matvec_n and matvec_glu_n (decode, one token, K ≤ 8192) first compute the RMSNorm of
-// norm_x and its int8 quantization in every workgroup, into shared memory, with the same
-// arithmetic as rmsnorm.wgsl (norm_math.wgsl, appended to both), then run matvec /
-// matvec_glu against it: the norm launch disappears and the results are bit-identical.
 // A workgroup is 256 threads = 256/TPR rows × TPR lanes; lanes stride over the row's words
 // and their partial sums are reduced by subgroupShuffleXor (variant SUBGROUPS, which the
 // host only picks when TPR ≤ the adapter's minimum subgroup size) or in shared memory.
@@ -50,15 +43,6 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
 @group(0) @binding(6) var<storage, read> w_up: array<u32>;
-@group(0) @binding(7) var<storage, read> norm_x: array<f32>;
-@group(0) @binding(8) var<storage, read> norm_w: array<f32>;
-struct NormP { eps: f32, pad0: u32, pad1: u32, pad2: u32 }
-@group(0) @binding(9) var<uniform> np: NormP;
-
-// Activation words of the _n entries (K ≤ 8192) and their (scale bits, Σq).
-const MAX_ACT_WORDS: u32 = 2048u;
-var<workgroup> act_sh: array<u32, MAX_ACT_WORDS>;
-var<workgroup> meta_sh: vec2<u32>;
 
 #if SUBGROUPS
 fn reduce1(v: i32, li: u32) -> i32 {
@@ -215,136 +199,5 @@ fn matvec_glu(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
             y = (g / (1.0 + exp(-g))) * u;
         }
         out[t * p.rows + row] = y;
-    }
-}
-
-fn normed_x(i: u32, scale: f32) -> f32 {
-    return (norm_x[i] * scale) * norm_w[i];
-}
-
-// rmsnorm_quant of norm_x (K = 16·p.words values) into act_sh / meta_sh; rmsnorm.wgsl's
-// arithmetic step for step.
-fn load_normed(li: u32) {
-    let n = p.words * 16u;
-    var ss = vec2<f32>(0.0, 0.0);
-    for (var i = li; i < n; i += WG) {
-        let v = norm_x[i];
-        ss = dd_add(ss, vec2<f32>(v * v, 0.0));
-    }
-    let scale = inv_rms_of(sum_dd(ss, li), n, np.eps);
-    var m = 0.0;
-    for (var i = li; i < n; i += WG) {
-        m = max(m, abs(normed_x(i, scale)));
-    }
-    let s = quant_scale(max_f(m, li));
-    var qs = 0;
-    for (var i = li * 4u; i < n; i += WG * 4u) {
-        let q = vec4<i32>(
-            q8(normed_x(i, scale) * s),
-            q8(normed_x(i + 1u, scale) * s),
-            q8(normed_x(i + 2u, scale) * s),
-            q8(normed_x(i + 3u, scale) * s),
-        );
-        qs += q.x + q.y + q.z + q.w;
-        act_sh[i / 4u] = pack4xI8(q);
-    }
-    let total = sum_i(qs, li);
-    if (li == 0u) {
-        meta_sh = vec2<u32>(bitcast<u32>(s), bitcast<u32>(total));
-    }
-    workgroupBarrier();
-}
-
-// word_dot against act_sh.
-fn word_dot_sh(wv: u32, a0: u32) -> i32 {
-    return dot4I8Packed((wv >> 6u) & M2, act_sh[a0])
-        + dot4I8Packed((wv >> 4u) & M2, act_sh[a0 + 8u])
-        + dot4I8Packed((wv >> 2u) & M2, act_sh[a0 + 16u])
-        + dot4I8Packed(wv & M2, act_sh[a0 + 24u]);
-}
-
-fn scaled_sh(d: i32, scale: f32) -> f32 {
-    return (f32(d - bitcast<i32>(meta_sh.y)) / bitcast<f32>(meta_sh.x)) * scale;
-}
-
-@compute @workgroup_size(256)
-fn matvec_n(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-#if SUBGROUPS
-    @builtin(subgroup_invocation_id) sl: u32,
-    @builtin(subgroup_size) ssz: u32,
-    @builtin(subgroup_id) sid: u32,
-    @builtin(num_subgroups) ns: u32,
-#endif
-) {
-#if SUBGROUPS
-    sg_lane = sl;
-    sg_size = ssz;
-    sg_id = sid;
-    sg_count = ns;
-#endif
-    load_normed(li);
-    let lane = li % TPR;
-    let row = wg.x * (WG / TPR) + li / TPR;
-    var acc = 0;
-    if (row < p.rows) {
-        let wbase = row * p.words;
-        for (var i = lane; i < p.words; i += TPR) {
-            acc += word_dot_sh(w[wbase + i], act_word(0u, i));
-        }
-    }
-    let d = reduce1(acc, li);
-    if (lane == 0u && row < p.rows) {
-        let y = scaled_sh(d, p.w_scale);
-        if (EPILOGUE == 1u) {
-            out[row] = out[row] + y;
-        } else {
-            out[row] = y;
-        }
-    }
-}
-
-@compute @workgroup_size(256)
-fn matvec_glu_n(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-#if SUBGROUPS
-    @builtin(subgroup_invocation_id) sl: u32,
-    @builtin(subgroup_size) ssz: u32,
-    @builtin(subgroup_id) sid: u32,
-    @builtin(num_subgroups) ns: u32,
-#endif
-) {
-#if SUBGROUPS
-    sg_lane = sl;
-    sg_size = ssz;
-    sg_id = sid;
-    sg_count = ns;
-#endif
-    load_normed(li);
-    let lane = li % TPR;
-    let row = wg.x * (WG / TPR) + li / TPR;
-    var acc = vec4<i32>(0);
-    if (row < p.rows) {
-        let wbase = row * p.words;
-        for (var i = lane; i < p.words; i += TPR) {
-            let a0 = act_word(0u, i);
-            acc.x += word_dot_sh(w[wbase + i], a0);
-            acc.y += word_dot_sh(w_up[wbase + i], a0);
-        }
-    }
-    let d = reduce4(acc, li);
-    if (lane == 0u && row < p.rows) {
-        let g = scaled_sh(d.x, p.w_scale);
-        let u = scaled_sh(d.y, p.up_scale);
-        var y: f32;
-        if (ACT == 0u) {
-            let r = max(g, 0.0);
-            y = (r * r) * u;
-        } else {
-            y = (g / (1.0 + exp(-g))) * u;
-        }
-        out[row] = y;
     }
 }
