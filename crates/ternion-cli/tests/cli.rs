@@ -343,6 +343,44 @@ fn validate_golden_families_passes() {
     }
 }
 
+/// False (with the reason printed) when GPU tests are switched off.
+fn gpu_tests_on() -> bool {
+    if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") {
+        eprintln!("skipped: TERNION_SKIP_GPU_TESTS=1");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn validate_golden_families_passes_on_gpu() {
+    if !gpu_tests_on() {
+        return;
+    }
+    let m = shared().join("golden/manifest.json");
+    let out = ok(&["validate", m.to_str().unwrap(), "--backend", "gpu"]);
+    assert!(out.contains("all 60 cases pass"), "{out}");
+    for model in [
+        "bitnet-l3-d256-tq1_0",
+        "llama-spm-d256-q6_k",
+        "phi3-d32-f16",
+        "gpt2-d32-f32",
+    ] {
+        assert!(out.contains(model), "{model} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn validate_golden_bitnet_passes_on_gpu() {
+    if !gpu_tests_on() {
+        return;
+    }
+    let m = shared().join("golden-bitnet/manifest.json");
+    let out = ok(&["validate", m.to_str().unwrap(), "--backend", "gpu"]);
+    assert!(out.contains("backend: gpu"), "{out}");
+    assert!(out.contains("all 3 cases pass"), "{out}");
+}
+
 #[test]
 fn sha256_is_checked_before_loading() {
     let model = shared().join("golden-bitnet/bitnet-b158-tiny-pub.gguf");
