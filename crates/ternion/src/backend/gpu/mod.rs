@@ -27,9 +27,13 @@
 //!   the pipeline and bind group and dispatches, so recording creates nothing
 //!   (DESIGN.md principle 3; a test checks the counters).
 //! - `kernels/*.wgsl`: each file's header documents role, bindings, dispatch and layout.
+//! - `upload.rs`: [`GpuUpload`] reads the header, builds the model's graph, checks and
+//!   allocates every weight, then takes tensors one at a time in file order (the browser
+//!   streams them); `plan.rs` compiles the graph into launches (fusions listed there);
+//!   `exec.rs`: [`GpuModel`], the step loop, async read-backs, timestamp profiling.
 //!
 //! # A step
-//! Build the ops at load time against persistent buffers (hidden state, quantized
+//! The plan builds the ops at load time against persistent buffers (hidden state, quantized
 //! activations, logits, a [`StepUniform`] for batched kernels). Per step: write the token
 //! ids (and the step uniform), then
 //! ```text
