@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ternion_server::ServerConfig;
+use ternion_server::{Batching, ServerConfig};
 
 use crate::common::{self, ModelArgs};
 
@@ -34,6 +34,15 @@ pub struct ServeArgs {
     /// Seconds running sequences may continue after SIGTERM/Ctrl-C before they are cancelled.
     #[arg(long, default_value_t = 10)]
     shutdown_grace: u64,
+    /// KV-cache pages (32 positions each) shared by all sequences; bounds KV memory
+    /// (default: enough for --max-active full contexts). A sequence that needs a page when
+    /// none is free ends with an error.
+    #[arg(long)]
+    kv_pages: Option<usize>,
+    /// Run one sequence per forward pass instead of batching the active sequences
+    /// (the scheduler before batching; for comparisons).
+    #[arg(long)]
+    no_batch: bool,
 }
 
 /// Runs `ternion serve` until SIGTERM or Ctrl-C.
@@ -59,6 +68,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         queue: a.queue,
         max_body: a.max_body,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        kv_pages: a.kv_pages,
+        batching: if a.no_batch {
+            Batching::OneByOne
+        } else {
+            Batching::Stacked
+        },
         ..ServerConfig::new(model)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

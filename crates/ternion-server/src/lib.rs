@@ -27,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use ternion::tokenizer::TokenizerOptions;
 
+pub use crate::engine::Batching;
 use crate::engine::{EngineConfig, Shared};
 use crate::http::AppState;
 
@@ -50,6 +51,10 @@ pub struct ServerConfig {
     /// After a shutdown signal, how long running sequences may continue before they are
     /// cancelled.
     pub shutdown_grace: Duration,
+    /// KV-cache pages shared by all sequences (default: `max_active` full contexts).
+    pub kv_pages: Option<usize>,
+    /// How the engine runs the sequences of one step.
+    pub batching: Batching,
 }
 
 impl ServerConfig {
@@ -65,6 +70,8 @@ impl ServerConfig {
             queue: 64,
             max_body: 1 << 20,
             shutdown_grace: Duration::from_secs(10),
+            kv_pages: None,
+            batching: Batching::Stacked,
         }
     }
 
@@ -130,6 +137,8 @@ pub async fn run(
             n_ctx: cfg.n_ctx,
             max_active: cfg.max_active,
             queue: cfg.queue,
+            kv_pages: cfg.kv_pages,
+            batching: cfg.batching,
         },
         shared.clone(),
         loaded_tx,

@@ -515,7 +515,12 @@ fn sixteen_concurrent_clients_are_all_answered() {
             && s.metric("ternion_sequences_finished_total") == 18.0
     });
     assert_eq!(s.metric("ternion_queue_length"), 0.0);
-    assert!(s.metric("ternion_generated_tokens_total") > 0.0);
+    let generated = s.metric("ternion_generated_tokens_total");
+    assert!(generated > 0.0);
+    // Concurrent sequences shared forward passes: fewer passes than tokens generated.
+    let passes = s.metric("ternion_forward_passes_total");
+    assert!(passes < generated, "{passes} passes for {generated} tokens");
+    assert_eq!(s.metric("ternion_kv_pages_in_use"), 0.0);
 }
 
 /// Sends a streaming request over a raw socket and waits for `chunks` data events.
@@ -561,15 +566,38 @@ fn client_disconnect_cancels_and_frees_the_sequence() {
     body["ignore_eos"] = json!(true);
     let r = open_stream(&s, &body, 3);
     assert_eq!(s.metric("ternion_active_sequences"), 1.0);
+    assert!(s.metric("ternion_kv_pages_in_use") >= 1.0);
+    assert!(s.metric("ternion_kv_pages_capacity") >= 4096.0 / 32.0);
     drop(r); // closes the socket mid-stream
-    wait_for("the sequence is freed", || {
-        s.metric("ternion_active_sequences") == 0.0
+    wait_for("the sequence and its KV pages are freed", || {
+        s.metric("ternion_active_sequences") == 0.0 && s.metric("ternion_kv_pages_in_use") == 0.0
     });
     assert_eq!(s.metric("ternion_sequences_cancelled_total"), 1.0);
     assert_eq!(s.metric("ternion_sequences_finished_total"), 0.0);
     let generated = s.metric("ternion_generated_tokens_total");
     assert!(generated < 4000.0, "generated {generated} tokens");
     // The server still serves.
+    let (status, v) = s.post("/v1/chat/completions", &chat_body("Hi", 4));
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn exhausted_kv_pool_is_a_clear_error_and_frees_its_pages() {
+    // Two pages of 32 positions: a sequence that outgrows them ends with an error.
+    let s = Server::start(&["--ctx", "4096", "--kv-pages", "2"]);
+    assert_eq!(s.metric("ternion_kv_pages_capacity"), 2.0);
+    let mut body = chat_body("Write a very long essay.", 200);
+    body["ignore_eos"] = json!(true);
+    let (status, v) = s.post("/v1/chat/completions", &body);
+    assert_eq!(status, 503, "{v}");
+    assert_error(&v, "");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("KV cache pool exhausted"), "{msg}");
+    wait_for("pages returned", || {
+        s.metric("ternion_kv_pages_in_use") == 0.0
+    });
+    assert_eq!(s.metric("ternion_sequences_failed_total"), 1.0);
+    // A request that fits is served.
     let (status, v) = s.post("/v1/chat/completions", &chat_body("Hi", 4));
     assert_eq!(status, 200, "{v}");
 }
