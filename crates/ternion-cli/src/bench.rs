@@ -53,7 +53,8 @@ fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn synthetic_path(name: &str) -> Result<PathBuf> {
+/// The file of synthetic model `SHAPE-TYPE` in the cache folder, written on first use.
+pub(crate) fn synthetic_path(name: &str) -> Result<PathBuf> {
     let (shape_name, ty) = name
         .rsplit_once('-')
         .with_context(|| format!("--synthetic '{name}': expected SHAPE-TYPE, e.g. 2b-4t-i2_s"))?;

@@ -55,7 +55,15 @@ pub struct Job {
 /// What the engine tells a request's handler.
 #[derive(Debug)]
 pub enum Event {
-    /// Newly generated text (never empty).
+    /// One generated token and the text it completes (empty while a character or a
+    /// possible stop sequence is incomplete).
+    Token {
+        /// The token id.
+        id: u32,
+        /// Newly complete text.
+        text: String,
+    },
+    /// Text released at the end of the sequence (never empty).
     Text(String),
     /// The sequence ended; nothing follows.
     Done(Done),
@@ -341,9 +349,7 @@ impl Seq {
                 return false;
             }
         }
-        let id = self
-            .sampler
-            .sample(logits, &self.history);
+        let id = self.sampler.sample(logits, &self.history);
         if self.generated.is_empty() {
             m.observe_ttft(self.job.arrived.elapsed());
         }
@@ -355,7 +361,7 @@ impl Seq {
         m.generated_tokens_total.fetch_add(1, Relaxed);
         let piece = self.decoder.push(tok, id);
         let f = self.stop.push(&piece);
-        self.send_text(f.text);
+        self.send(Event::Token { id, text: f.text });
         if f.stopped {
             self.finish(FinishReason::Stop, true);
             return true;
@@ -482,7 +488,13 @@ impl Scheduler<'_> {
 
     /// Admits queued jobs into free slots (or, when shutting down, answers them 503).
     /// Returns `false` when every queue sender is gone.
-    fn admit(&self, rx: &Receiver<Job>, shutting: bool, active: &mut Vec<Seq>, m: &Metrics) -> bool {
+    fn admit(
+        &self,
+        rx: &Receiver<Job>,
+        shutting: bool,
+        active: &mut Vec<Seq>,
+        m: &Metrics,
+    ) -> bool {
         loop {
             if shutting {
                 while let Ok(job) = rx.try_recv() {

@@ -180,6 +180,10 @@ pub async fn run(
             });
         }
     };
+    // Streamed tokens are small writes: send each at once rather than wait for an ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await;

@@ -382,7 +382,11 @@ mod tests {
         assert_eq!(pool.pages_allocated(), 4, "freed pages are reused");
         let mut ids: Vec<u32> = a.page_ids().chain(b.page_ids()).collect();
         ids.sort_unstable();
-        assert_eq!(ids, [0, 1, 2, 3], "page ids are unique and below the capacity");
+        assert_eq!(
+            ids,
+            [0, 1, 2, 3],
+            "page ids are unique and below the capacity"
+        );
         drop(a);
         drop(b);
         assert_eq!(pool.pages_in_use(), 0);

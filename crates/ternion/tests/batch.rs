@@ -23,7 +23,15 @@ fn plans() -> Vec<Plan> {
     let chunks = [
         vec![(5, All), (1, All), (1, Last), (3, Last), (1, All), (1, All)],
         vec![(2, Last), (3, All), (1, All), (1, All), (1, Last)],
-        vec![(1, All), (1, All), (4, All), (1, All), (1, All), (1, All), (1, All)],
+        vec![
+            (1, All),
+            (1, All),
+            (4, All),
+            (1, All),
+            (1, All),
+            (1, All),
+            (1, All),
+        ],
         vec![(9, Last), (1, All)],
     ];
     chunks
@@ -32,7 +40,9 @@ fn plans() -> Vec<Plan> {
         .map(|(s, chunks)| {
             let n: usize = chunks.iter().map(|c| c.0).sum();
             Plan {
-                tokens: (0..n).map(|i| ((i * 37 + s * 11 + 3) % 97) as u32).collect(),
+                tokens: (0..n)
+                    .map(|i| ((i * 37 + s * 11 + 3) % 97) as u32)
+                    .collect(),
                 chunks,
             }
         })
@@ -108,10 +118,17 @@ fn check(path: &Path, what: &str) {
                 .zip(b)
                 .map(|(x, y)| (x - y).abs())
                 .fold(0f32, f32::max);
-            assert!(same, "{what}: sequence {s} chunk {c} differs (max |diff| {max})");
+            assert!(
+                same,
+                "{what}: sequence {s} chunk {c} differs (max |diff| {max})"
+            );
         }
     }
-    assert_eq!(pool.pages_in_use(), 0, "{what}: pages freed with the sequences");
+    assert_eq!(
+        pool.pages_in_use(),
+        0,
+        "{what}: pages freed with the sequences"
+    );
 }
 
 fn synth_bitnet(ty: GgmlType, name: &str) -> PathBuf {

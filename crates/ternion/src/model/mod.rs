@@ -16,8 +16,8 @@ pub use config::{Arch, Config};
 pub use graph::Graph;
 
 use crate::backend::cpu::{CpuModel, CpuState, SeqStep, Workspace};
-use crate::kv::{KvGeometry, KvPool};
 use crate::gguf::GgufFile;
+use crate::kv::{KvGeometry, KvPool};
 use crate::Result;
 
 /// Which rows of logits a forward pass returns.

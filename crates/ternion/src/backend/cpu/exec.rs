@@ -479,7 +479,8 @@ impl CpuModel {
                         n_head_kv: g.n_head_kv,
                         head_dim: g.head_dim,
                     };
-                    let need = scratch_per_thread(capacity, g.head_dim) * pool::global().n_threads();
+                    let need =
+                        scratch_per_thread(capacity, g.head_dim) * pool::global().n_threads();
                     attn_scratch.resize(need, 0.0);
                     let qs = std::mem::take(&mut acts.bufs[q.0]);
                     let w = graph.acts[out.0].width;

@@ -10,7 +10,9 @@ mod rope;
 pub mod simd;
 mod unary;
 
-pub use attention::{attention, attention_rows, scratch_per_thread, AttnShape, Heads, KvRows, QueryRow};
+pub use attention::{
+    attention, attention_rows, scratch_per_thread, AttnShape, Heads, KvRows, QueryRow,
+};
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
 pub use linear::{Linear, QuantInput};
 pub use norm::{layer_norm, rms_norm};
