@@ -472,6 +472,17 @@ fn greedy_output_equals_ternion_run() {
         })
         .collect();
     assert_eq!(text, run["text"].as_str().unwrap());
+    // With return_token_ids, one chunk per generated token carries its id.
+    let ids: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| {
+            let ch: Value = serde_json::from_str(e).unwrap();
+            let ids = ch["choices"][0]["token_ids"].as_array()?.clone();
+            assert_eq!(ids.len(), 1, "{ch}");
+            Some(ids[0].clone())
+        })
+        .collect();
+    assert_eq!(Value::Array(ids), run["tokens"]);
 }
 
 #[test]
