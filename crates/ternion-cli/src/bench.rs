@@ -7,7 +7,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use ternion::backend::cpu::{SeqStep, Workspace};
 use ternion::backend::gpu::GpuModel;
+use ternion::kv::KvSeq;
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::argmax;
@@ -43,6 +45,10 @@ pub struct BenchArgs {
     /// LM head storage: as stored (exact) or requantized to Q8_0.
     #[arg(long, value_enum, default_value = "stored")]
     lm_head: LmHeadArg,
+    /// Sequences run together (CPU): their prompts are prefilled in one pass, then every
+    /// decode step is one batched pass over all of them; tok/s are totals over the batch.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 /// Peak resident memory of this process in bytes (Linux), if known.
@@ -115,6 +121,51 @@ fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result
     Ok((prefill_s, t.elapsed().as_secs_f64()))
 }
 
+/// Prefill and decode seconds of `prompts.len()` sequences run together on the CPU: one
+/// pass prefills every prompt, then each decode step is one pass over all sequences.
+fn time_cpu_batched(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    n_gen: usize,
+    n_ctx: usize,
+) -> Result<(f64, f64)> {
+    Session::new(model, 8).prefill(&prompts[0][..prompts[0].len().min(4)])?;
+    let pool = model.kv_pool(n_ctx, prompts.len());
+    let mut kvs: Vec<KvSeq> = prompts
+        .iter()
+        .map(|_| KvSeq::new(pool.clone(), n_ctx))
+        .collect();
+    let mut ws = Workspace::default();
+    let mut next = vec![0u32; prompts.len()];
+    let mut pass = |inputs: &[&[u32]], next: &mut [u32]| -> Result<()> {
+        let mut steps: Vec<SeqStep<'_>> = kvs
+            .iter_mut()
+            .zip(inputs)
+            .map(|(kv, &tokens)| SeqStep {
+                kv,
+                tokens,
+                logits: Logits::Last,
+            })
+            .collect();
+        model.forward_batch(&mut steps, &mut ws)?;
+        for (i, n) in next.iter_mut().enumerate() {
+            *n = argmax(ws.logits(model.graph(), i));
+        }
+        Ok(())
+    };
+    let t = Instant::now();
+    let inputs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    pass(&inputs, &mut next)?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..n_gen {
+        let last = next.clone();
+        let inputs: Vec<&[u32]> = last.iter().map(std::slice::from_ref).collect();
+        pass(&inputs, &mut next)?;
+    }
+    Ok((prefill_s, t.elapsed().as_secs_f64()))
+}
+
 /// Prefill and decode seconds on the GPU: decode steps end in the GPU argmax, so only the
 /// token id comes back. At least a second of warm-up first (GPUs idle at low clocks).
 fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<(f64, f64)> {
@@ -149,6 +200,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.n_prompt == 0 {
         bail!("-p must be at least 1");
     }
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
     let t0 = Instant::now();
     let (_file, model) = model::load_with(&path, &a.lm_head.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
@@ -156,21 +210,32 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = model.config();
     let n_ctx = a.n_prompt + a.n_gen + 1;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let prompt: Vec<u32> = (0..a.n_prompt)
-        .map(|_| rng.random_range(0..cfg.n_vocab as u32))
+    let prompts: Vec<Vec<u32>> = (0..a.batch)
+        .map(|_| {
+            (0..a.n_prompt)
+                .map(|_| rng.random_range(0..cfg.n_vocab as u32))
+                .collect()
+        })
         .collect();
+    let prompt = &prompts[0];
 
     let mut gpu = a.backend.gpu(&model, n_ctx)?;
+    if gpu.is_some() && a.batch > 1 {
+        bail!("--batch runs on the CPU backend in this build");
+    }
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
     let (prefill_s, decode_s) = match &mut gpu {
-        Some(g) => time_gpu(g, &prompt, a.n_gen)?,
-        None => time_cpu(&model, &prompt, a.n_gen, n_ctx)?,
+        Some(g) => time_gpu(g, prompt, a.n_gen)?,
+        None if a.batch > 1 => time_cpu_batched(&model, &prompts, a.n_gen, n_ctx)?,
+        None => time_cpu(&model, prompt, a.n_gen, n_ctx)?,
     };
-    let prefill_tok_s = a.n_prompt as f64 / prefill_s;
-    let decode_tok_s = a.n_gen as f64 / decode_s.max(1e-9);
-    let ms_per_token = decode_s * 1e3 / a.n_gen.max(1) as f64;
+    let prefill_tok_s = (a.batch * a.n_prompt) as f64 / prefill_s;
+    let decode_tok_s = (a.batch * a.n_gen) as f64 / decode_s.max(1e-9);
+    // For a batch: the step time shared out over its sequences (1000 / decode tok/s).
+    let ms_per_token = decode_s * 1e3 / (a.batch * a.n_gen).max(1) as f64;
     let bytes = model.weight_bytes_per_token();
-    let gb_s = bytes as f64 * decode_tok_s / 1e9;
+    // Weights are read once per step, whatever the batch.
+    let gb_s = bytes as f64 * (decode_tok_s / a.batch as f64) / 1e9;
     let rss = peak_rss();
     println!(
         "{}: {} layers, width {}, vocab {}",
@@ -181,7 +246,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let dispatches = gpu.as_ref().map(|g| g.dispatches_per_token());
     println!(
-        "{backend}, {threads} threads | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        "{backend}, {threads} threads, batch {} | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        a.batch,
         a.n_prompt,
         a.n_gen,
         bytes as f64 / 1e6,
@@ -197,6 +263,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "lm_head": format!("{:?}", a.lm_head),
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
+            "batch": a.batch,
             "prefill_tok_s": prefill_tok_s,
             "decode_tok_s": decode_tok_s,
             "ms_per_token": ms_per_token,

@@ -42,6 +42,10 @@ pub struct BenchServeArgs {
     /// Requests each client sends, one after the other.
     #[arg(long, default_value_t = 1)]
     requests: usize,
+    /// Instead of --requests: each client keeps sending requests until this many seconds
+    /// have passed (a soak test).
+    #[arg(long)]
+    duration: Option<u64>,
     /// In-process server: one sequence per forward pass instead of batching.
     #[arg(long)]
     no_batch: bool,
@@ -130,20 +134,28 @@ fn measure(a: &BenchServeArgs, url: &str, model_id: &str, streams: usize) -> Res
         .map(|c| {
             let (url, model_id) = (url.to_string(), model_id.to_string());
             let (n_prompt, max_tokens, requests) = (a.prompt_tokens, a.max_tokens, a.requests);
+            let duration = a.duration.map(Duration::from_secs);
             std::thread::spawn(move || -> Result<Vec<Trace>> {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(c as u64);
-                (0..requests)
-                    .map(|r| {
-                        let prompt: Vec<u32> =
-                            (0..n_prompt).map(|_| rng.random_range(0..256)).collect();
-                        let body = json!({
-                            "model": model_id, "prompt": [prompt], "max_tokens": max_tokens,
-                            "stream": true, "ignore_eos": true, "return_token_ids": true,
-                            "temperature": 0.8, "seed": c * 1000 + r,
-                        });
-                        stream_one(&url, &body)
-                    })
-                    .collect()
+                let mut traces = Vec::new();
+                for r in 0.. {
+                    let more = match duration {
+                        Some(d) => t0.elapsed() < d,
+                        None => r < requests,
+                    };
+                    if !more {
+                        break;
+                    }
+                    let prompt: Vec<u32> =
+                        (0..n_prompt).map(|_| rng.random_range(0..256)).collect();
+                    let body = json!({
+                        "model": model_id, "prompt": [prompt], "max_tokens": max_tokens,
+                        "stream": true, "ignore_eos": true, "return_token_ids": true,
+                        "temperature": 0.8, "seed": c * 1_000_000 + r,
+                    });
+                    traces.push(stream_one(&url, &body)?);
+                }
+                Ok(traces)
             })
         })
         .collect();
@@ -311,6 +323,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             "prompt_tokens": a.prompt_tokens,
             "max_tokens": a.max_tokens,
             "requests_per_stream": a.requests,
+            "duration_s": a.duration,
             "runs": runs,
         });
         println!("{out}");

@@ -358,10 +358,19 @@ fn bench_serve_json_reports_every_stream_count() {
         assert_eq!(r["requests"].as_u64(), Some(streams * 2), "{r}");
         // Every request streamed exactly its 5 tokens (end-of-generation ignored).
         assert_eq!(r["tokens"].as_u64(), Some(streams * 2 * 5), "{r}");
-        for k in ["aggregate_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"] {
+        for k in [
+            "aggregate_tok_s",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "itl_p50_ms",
+            "itl_p99_ms",
+        ] {
             assert!(r[k].as_f64().unwrap() > 0.0, "{k}: {r}");
         }
-        assert!(r["ttft_p99_ms"].as_f64() >= r["ttft_p50_ms"].as_f64(), "{r}");
+        assert!(
+            r["ttft_p99_ms"].as_f64() >= r["ttft_p50_ms"].as_f64(),
+            "{r}"
+        );
         assert!(r["itl_p99_ms"].as_f64() >= r["itl_p50_ms"].as_f64(), "{r}");
     }
 }

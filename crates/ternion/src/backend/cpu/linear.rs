@@ -301,9 +301,21 @@ impl Linear {
                 } else {
                     x
                 };
-                par_rows_each(out, m, |j, t| {
-                    simd::f16_dot(level, self.row(data, j), &xs[t * k..(t + 1) * k])
-                        * self.post_scale
+                let xt = |t: usize| &xs[t * k..(t + 1) * k];
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let y = if n == 4 {
+                        simd::f16_dot4(level, w, std::array::from_fn(|i| xt(t0 + i)))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                simd::f16_dot(level, w, xt(t0 + i))
+                            } else {
+                                0.0
+                            }
+                        })
+                    };
+                    y.map(|v| v * self.post_scale)
                 });
             }
             GgmlType::F32 => par_rows_each(out, m, |j, t| {

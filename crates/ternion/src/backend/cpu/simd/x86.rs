@@ -113,6 +113,48 @@ pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
     sum
 }
 
+/// [`f16_dot`] of one F16 row against four activation rows: each weight vector is
+/// converted once and used four times; every result keeps `f16_dot`'s accumulation order,
+/// so it equals `f16_dot` of that row bit for bit.
+///
+/// # Safety
+/// `w` must point at `2 · n` readable bytes, where every `x[t]` holds `n` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_dot4(w: *const u8, x: [&[f32]; 4]) -> [f32; 4] {
+    let n = x[0].len();
+    let w = w.cast::<u16>();
+    let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for j in 0..4 {
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
+            for t in 0..4 {
+                let xv = _mm256_loadu_ps(x[t].as_ptr().add(i + 8 * j));
+                acc[t][j] = _mm256_fmadd_ps(wv, xv, acc[t][j]);
+            }
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i).cast()));
+        for t in 0..4 {
+            acc[t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[t].as_ptr().add(i)), acc[t][0]);
+        }
+        i += 8;
+    }
+    std::array::from_fn(|t| {
+        let a = &acc[t];
+        let mut sum = hsum_f32(_mm256_add_ps(
+            _mm256_add_ps(a[0], a[1]),
+            _mm256_add_ps(a[2], a[3]),
+        ));
+        for (r, &xv) in x[t].iter().enumerate().skip(i) {
+            sum += half::f16::from_bits(w.add(r).read_unaligned()).to_f32() * xv;
+        }
+        sum
+    })
+}
+
 /// `out_i += a · v_i` for `out.len()` F16 values at `v`.
 ///
 /// # Safety
