@@ -49,6 +49,9 @@ pub struct BenchServeArgs {
     /// In-process server: one sequence per forward pass instead of batching.
     #[arg(long)]
     no_batch: bool,
+    /// In-process server: prompt tokens evaluated per engine step (see `ternion serve`).
+    #[arg(long, default_value_t = 256)]
+    prefill_per_step: usize,
     /// In-process server: context size per sequence (default: prompt + max tokens).
     #[arg(long)]
     ctx: Option<usize>,
@@ -199,6 +202,7 @@ impl InProcess {
             n_ctx: Some(a.ctx.unwrap_or(a.prompt_tokens + a.max_tokens + 1)),
             max_active: max_streams,
             queue: max_streams.max(1) * 2,
+            prefill_per_step: a.prefill_per_step,
             batching: if a.no_batch {
                 Batching::OneByOne
             } else {
@@ -273,6 +277,12 @@ fn wait_ready(url: &str, server: Option<&InProcess>) -> Result<String> {
 pub fn run(a: BenchServeArgs) -> Result<()> {
     if a.streams.contains(&0) || a.requests == 0 || a.max_tokens == 0 || a.prompt_tokens == 0 {
         bail!("--streams, --requests, --max-tokens and --prompt-tokens must be at least 1");
+    }
+    if a.prefill_per_step < ternion_server::engine::MIN_PREFILL_PER_STEP {
+        bail!(
+            "--prefill-per-step must be at least {}",
+            ternion_server::engine::MIN_PREFILL_PER_STEP
+        );
     }
     let server = match (&a.url, &a.model, &a.synthetic) {
         (Some(_), _, _) => None,

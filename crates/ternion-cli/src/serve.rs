@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// none is free ends with an error.
     #[arg(long)]
     kv_pages: Option<usize>,
+    /// Prompt tokens evaluated per engine step, over all newly admitted requests: smaller
+    /// values shorten the stall of running streams when prompts arrive (at least 3).
+    #[arg(long, default_value_t = 256)]
+    prefill_per_step: usize,
     /// Run one sequence per forward pass instead of batching the active sequences
     /// (the scheduler before batching; for comparisons).
     #[arg(long)]
@@ -59,6 +63,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.model.ctx == Some(0) {
         bail!("--ctx must be at least 1");
     }
+    if a.prefill_per_step < ternion_server::engine::MIN_PREFILL_PER_STEP {
+        bail!(
+            "--prefill-per-step must be at least {}",
+            ternion_server::engine::MIN_PREFILL_PER_STEP
+        );
+    }
     let threads = common::init_threads(a.model.threads)?;
     let cfg = ServerConfig {
         model_id: a.alias.clone(),
@@ -69,6 +79,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_body: a.max_body,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         kv_pages: a.kv_pages,
+        prefill_per_step: a.prefill_per_step,
         batching: if a.no_batch {
             Batching::OneByOne
         } else {

@@ -4,8 +4,9 @@
 //! iterations the engine admits queued jobs while fewer than `max_active` sequences run;
 //! each admitted job gets a KV cache ([`KvSeq`]) whose pages come from one [`KvPool`]
 //! shared by all sequences. One iteration gives every active sequence a step (the token
-//! it sampled last, or the next chunk of its prompt while the iteration's prompt budget of
-//! [`PREFILL_CHUNK`] tokens lasts) and runs all steps as ONE batched forward pass
+//! it sampled last, or the next chunk of its prompt while the iteration's prompt budget
+//! ([`EngineConfig::prefill_per_step`] tokens) lasts) and runs all steps as ONE batched
+//! forward pass
 //! ([`Model::forward_batch`]: each weight read once for every sequence), then samples the
 //! next token of every sequence whose prompt is in. With [`Batching::OneByOne`] the same
 //! steps run one sequence per pass (the scheduler before batching, kept for comparison).
@@ -137,7 +138,14 @@ pub struct EngineConfig {
     pub kv_pages: Option<usize>,
     /// How the steps of an iteration are run.
     pub batching: Batching,
+    /// Prompt tokens evaluated per iteration, over all new sequences (at least
+    /// [`MIN_PREFILL_PER_STEP`]): bounds how long a step that admits prompts stalls the
+    /// sequences already decoding.
+    pub prefill_per_step: usize,
 }
+
+/// Smallest prompt budget of an iteration (a prompt chunk may not leave one token behind).
+pub const MIN_PREFILL_PER_STEP: usize = 3;
 
 /// How the engine runs the steps of one iteration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -185,6 +193,7 @@ pub fn spawn(
                 n_ctx,
                 max_active: cfg.max_active,
                 batching: cfg.batching,
+                prefill_per_step: cfg.prefill_per_step.max(MIN_PREFILL_PER_STEP),
             };
             sched.run(&rx, &shared);
         })
@@ -288,18 +297,20 @@ impl Seq {
         })
     }
 
-    /// Plans this iteration's step: the token sampled last, or the next prompt chunk if it
-    /// fits the iteration's remaining prompt `budget` (the first chunk always does).
-    /// Returns whether the sequence runs this iteration.
+    /// Plans this iteration's step: the token sampled last, or the next prompt chunk (at
+    /// most [`PREFILL_CHUNK`] tokens) taken from the iteration's prompt `budget`. A prompt
+    /// is never split so that a chunk of one token remains (a single token runs with decode
+    /// numerics), so chunked prompts give the same logits as one whole batch. Returns
+    /// whether the sequence runs this iteration.
     fn plan(&mut self, budget: &mut usize) -> bool {
         self.in_flight = if self.fed < self.job.prompt.len() {
-            let n = (self.job.prompt.len() - self.fed).min(PREFILL_CHUNK);
-            if *budget != PREFILL_CHUNK && n > *budget {
-                0
-            } else {
-                *budget = budget.saturating_sub(n);
-                n
+            let left = self.job.prompt.len() - self.fed;
+            let mut n = left.min(PREFILL_CHUNK).min(*budget);
+            if n < left && (n < 2 || left - n == 1) {
+                n = if n >= 3 { n - 1 } else { 0 };
             }
+            *budget -= n;
+            n
         } else {
             1
         };
@@ -428,6 +439,7 @@ struct Scheduler<'m> {
     n_ctx: usize,
     max_active: usize,
     batching: Batching,
+    prefill_per_step: usize,
 }
 
 impl Scheduler<'_> {
@@ -468,7 +480,7 @@ impl Scheduler<'_> {
                 }
                 continue;
             }
-            let mut budget = PREFILL_CHUNK;
+            let mut budget = self.prefill_per_step;
             let mut stepping: Vec<&mut Seq> = active
                 .iter_mut()
                 .filter_map(|s| s.plan(&mut budget).then_some(s))

@@ -55,11 +55,13 @@ pub struct ServerConfig {
     pub kv_pages: Option<usize>,
     /// How the engine runs the sequences of one step.
     pub batching: Batching,
+    /// Prompt tokens evaluated per engine step over all new sequences.
+    pub prefill_per_step: usize,
 }
 
 impl ServerConfig {
     /// Defaults for `model_path`: 4 active sequences, a queue of 64, 1 MiB bodies, 10 s
-    /// shutdown grace.
+    /// shutdown grace, 256 prompt tokens per step.
     pub fn new(model_path: impl Into<PathBuf>) -> ServerConfig {
         ServerConfig {
             model_path: model_path.into(),
@@ -72,6 +74,7 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             kv_pages: None,
             batching: Batching::Stacked,
+            prefill_per_step: 256,
         }
     }
 
@@ -139,6 +142,7 @@ pub async fn run(
             queue: cfg.queue,
             kv_pages: cfg.kv_pages,
             batching: cfg.batching,
+            prefill_per_step: cfg.prefill_per_step,
         },
         shared.clone(),
         loaded_tx,

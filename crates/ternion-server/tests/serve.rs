@@ -426,7 +426,17 @@ fn completions_whole_and_streamed() {
 
 #[test]
 fn greedy_output_equals_ternion_run() {
-    let s = Server::start(&[]);
+    greedy_equals_run(&[]);
+}
+
+/// Prompts fed in small chunks over several engine steps give the same tokens.
+#[test]
+fn greedy_output_with_a_small_prompt_budget_equals_ternion_run() {
+    greedy_equals_run(&["--prefill-per-step", "4"]);
+}
+
+fn greedy_equals_run(server_args: &[&str]) {
+    let s = Server::start(server_args);
     let prompt = "Once upon a time, in a quiet village,";
     let o = Command::new(ternion_bin())
         .arg("run")
