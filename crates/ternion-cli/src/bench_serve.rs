@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use ternion_server::{Batching, ServerConfig};
+use ternion_server::ServerConfig;
 
 use crate::common;
 
@@ -203,19 +203,10 @@ impl InProcess {
             max_active: max_streams,
             queue: max_streams.max(1) * 2,
             prefill_per_step: a.prefill_per_step,
-            batching: if a.no_batch {
-                Batching::OneByOne
-            } else {
-                Batching::Stacked
-            },
+            batching: crate::serve::batching(a.no_batch),
             ..ServerConfig::new(model)
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("ternion-http")
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
+        let rt = crate::serve::http_runtime()?;
         let listener = rt
             .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
             .context("listening on 127.0.0.1")?;

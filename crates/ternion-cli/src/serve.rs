@@ -49,6 +49,25 @@ pub struct ServeArgs {
     no_batch: bool,
 }
 
+/// The engine's batching for a `--no-batch` flag.
+pub(crate) fn batching(no_batch: bool) -> Batching {
+    if no_batch {
+        Batching::OneByOne
+    } else {
+        Batching::Stacked
+    }
+}
+
+/// The async runtime the HTTP side runs on (two worker threads: the engine has its own).
+pub(crate) fn http_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ternion-http")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 /// Runs `ternion serve` until SIGTERM or Ctrl-C.
 pub fn run(a: ServeArgs) -> Result<()> {
     if a.model.backend.backend == common::Backend::Gpu {
@@ -80,19 +99,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         kv_pages: a.kv_pages,
         prefill_per_step: a.prefill_per_step,
-        batching: if a.no_batch {
-            Batching::OneByOne
-        } else {
-            Batching::Stacked
-        },
+        batching: batching(a.no_batch),
         ..ServerConfig::new(model)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("ternion-http")
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = http_runtime()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await

@@ -486,7 +486,7 @@ impl Scheduler<'_> {
                 .filter_map(|s| s.plan(&mut budget).then_some(s))
                 .collect();
             let group = match self.batching {
-                Batching::Stacked => stepping.len(),
+                Batching::Stacked => stepping.len().max(1),
                 Batching::OneByOne => 1,
             };
             for g in stepping.chunks_mut(group) {

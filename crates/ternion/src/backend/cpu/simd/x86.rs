@@ -128,17 +128,17 @@ pub unsafe fn f16_dot4(w: *const u8, x: [&[f32]; 4]) -> [f32; 4] {
     while i + 32 <= n {
         for j in 0..4 {
             let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
-            for t in 0..4 {
-                let xv = _mm256_loadu_ps(x[t].as_ptr().add(i + 8 * j));
-                acc[t][j] = _mm256_fmadd_ps(wv, xv, acc[t][j]);
+            for (a, xt) in acc.iter_mut().zip(x) {
+                let xv = _mm256_loadu_ps(xt.as_ptr().add(i + 8 * j));
+                a[j] = _mm256_fmadd_ps(wv, xv, a[j]);
             }
         }
         i += 32;
     }
     while i + 8 <= n {
         let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i).cast()));
-        for t in 0..4 {
-            acc[t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[t].as_ptr().add(i)), acc[t][0]);
+        for (a, xt) in acc.iter_mut().zip(x) {
+            a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt.as_ptr().add(i)), a[0]);
         }
         i += 8;
     }
