@@ -106,19 +106,42 @@ pub(crate) fn synthetic_path(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// CPU time (user + system) this process has used so far, in seconds: on a shared machine
+/// the CPU time of a phase varies far less with the neighbours' load than its wall time.
+fn cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(u.ru_utime) + s(u.ru_stime)
+}
+
 /// Prefill and decode seconds on the CPU (after a warm-up that touches every weight page
 /// and starts the worker pool).
-fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result<(f64, f64)> {
+fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result<Timings> {
     Session::new(model, 8).prefill(&prompt[..prompt.len().min(4)])?;
     let mut s = Session::new(model, n_ctx);
     let t = Instant::now();
     let mut next = argmax(s.prefill(prompt)?);
     let prefill_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     for _ in 0..n_gen {
         next = argmax(s.decode(next)?);
     }
-    Ok((prefill_s, t.elapsed().as_secs_f64()))
+    Ok(Timings {
+        prefill_s,
+        decode_s: t.elapsed().as_secs_f64(),
+        decode_cpu_s: Some(cpu_seconds() - cpu),
+    })
+}
+
+/// Wall seconds of the prefill and the decode steps, and (CPU) the decode's CPU seconds.
+struct Timings {
+    prefill_s: f64,
+    decode_s: f64,
+    decode_cpu_s: Option<f64>,
 }
 
 /// Prefill and decode seconds of `prompts.len()` sequences run together on the CPU: one
@@ -128,7 +151,7 @@ fn time_cpu_batched(
     prompts: &[Vec<u32>],
     n_gen: usize,
     n_ctx: usize,
-) -> Result<(f64, f64)> {
+) -> Result<Timings> {
     Session::new(model, 8).prefill(&prompts[0][..prompts[0].len().min(4)])?;
     let pool = model.kv_pool(n_ctx, prompts.len());
     let mut kvs: Vec<KvSeq> = prompts
@@ -157,18 +180,22 @@ fn time_cpu_batched(
     let inputs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
     pass(&inputs, &mut next)?;
     let prefill_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     for _ in 0..n_gen {
         let last = next.clone();
         let inputs: Vec<&[u32]> = last.iter().map(std::slice::from_ref).collect();
         pass(&inputs, &mut next)?;
     }
-    Ok((prefill_s, t.elapsed().as_secs_f64()))
+    Ok(Timings {
+        prefill_s,
+        decode_s: t.elapsed().as_secs_f64(),
+        decode_cpu_s: Some(cpu_seconds() - cpu),
+    })
 }
 
 /// Prefill and decode seconds on the GPU: decode steps end in the GPU argmax, so only the
 /// token id comes back. At least a second of warm-up first (GPUs idle at low clocks).
-fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<(f64, f64)> {
+fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < 1.5 {
         g.truncate(0);
@@ -186,7 +213,11 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<(f64, f64)
     for _ in 0..n_gen {
         next = g.argmax_step(next)?;
     }
-    Ok((prefill_s, t.elapsed().as_secs_f64()))
+    Ok(Timings {
+        prefill_s,
+        decode_s: t.elapsed().as_secs_f64(),
+        decode_cpu_s: None,
+    })
 }
 
 /// Runs `ternion bench`.
@@ -224,7 +255,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("--batch runs on the CPU backend in this build");
     }
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
-    let (prefill_s, decode_s) = match &mut gpu {
+    let Timings {
+        prefill_s,
+        decode_s,
+        decode_cpu_s,
+    } = match &mut gpu {
         Some(g) => time_gpu(g, prompt, a.n_gen)?,
         None if a.batch > 1 => time_cpu_batched(&model, &prompts, a.n_gen, n_ctx)?,
         None => time_cpu(&model, prompt, a.n_gen, n_ctx)?,
@@ -267,6 +302,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "prefill_tok_s": prefill_tok_s,
             "decode_tok_s": decode_tok_s,
             "ms_per_token": ms_per_token,
+            "decode_cpu_s": decode_cpu_s,
+            "decode_tok_per_cpu_s": decode_cpu_s.map(|c| (a.batch * a.n_gen) as f64 / c),
             "weight_bytes_per_token": bytes,
             "achieved_gb_s": gb_s,
             "load_s": load_s,
