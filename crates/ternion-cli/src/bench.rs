@@ -7,7 +7,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use ternion::backend::cpu::{SeqStep, Workspace};
 use ternion::backend::gpu::{measure_read_bandwidth, GpuModel, GpuModelOptions, KernelTime};
+use ternion::kv::KvSeq;
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::argmax;
@@ -47,6 +49,10 @@ pub struct BenchArgs {
     /// the breakdown (adds a little time per launch to the figures above it).
     #[arg(long)]
     profile: bool,
+    /// Sequences run together (CPU): their prompts are prefilled in one pass, then every
+    /// decode step is one batched pass over all of them; tok/s are totals over the batch.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 /// Peak resident memory of this process in bytes (Linux), if known.
@@ -57,7 +63,8 @@ fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn synthetic_path(name: &str) -> Result<PathBuf> {
+/// The file of synthetic model `SHAPE-TYPE` in the cache folder, written on first use.
+pub(crate) fn synthetic_path(name: &str) -> Result<PathBuf> {
     let (shape_name, ty) = name
         .rsplit_once('-')
         .with_context(|| format!("--synthetic '{name}': expected SHAPE-TYPE, e.g. 2b-4t-i2_s"))?;
@@ -103,24 +110,96 @@ fn synthetic_path(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// CPU time (user + system) this process has used so far, in seconds: on a shared machine
+/// the CPU time of a phase varies far less with the neighbours' load than its wall time.
+fn cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(u.ru_utime) + s(u.ru_stime)
+}
+
 /// Prefill and decode seconds on the CPU (after a warm-up that touches every weight page
 /// and starts the worker pool).
-fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result<(f64, f64)> {
+fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result<Timings> {
     Session::new(model, 8).prefill(&prompt[..prompt.len().min(4)])?;
     let mut s = Session::new(model, n_ctx);
     let t = Instant::now();
     let mut next = argmax(s.prefill(prompt)?);
     let prefill_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
     for _ in 0..n_gen {
         next = argmax(s.decode(next)?);
     }
-    Ok((prefill_s, t.elapsed().as_secs_f64()))
+    Ok(Timings {
+        prefill_s,
+        decode_s: t.elapsed().as_secs_f64(),
+        decode_cpu_s: Some(cpu_seconds() - cpu),
+    })
+}
+
+/// Wall seconds of the prefill and the decode steps, and (CPU) the decode's CPU seconds.
+struct Timings {
+    prefill_s: f64,
+    decode_s: f64,
+    decode_cpu_s: Option<f64>,
+}
+
+/// Prefill and decode seconds of `prompts.len()` sequences run together on the CPU: one
+/// pass prefills every prompt, then each decode step is one pass over all sequences.
+fn time_cpu_batched(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    n_gen: usize,
+    n_ctx: usize,
+) -> Result<Timings> {
+    Session::new(model, 8).prefill(&prompts[0][..prompts[0].len().min(4)])?;
+    let pool = model.kv_pool(n_ctx, prompts.len());
+    let mut kvs: Vec<KvSeq> = prompts
+        .iter()
+        .map(|_| KvSeq::new(pool.clone(), n_ctx))
+        .collect();
+    let mut ws = Workspace::default();
+    let mut next = vec![0u32; prompts.len()];
+    let mut pass = |inputs: &[&[u32]], next: &mut [u32]| -> Result<()> {
+        let mut steps: Vec<SeqStep<'_>> = kvs
+            .iter_mut()
+            .zip(inputs)
+            .map(|(kv, &tokens)| SeqStep {
+                kv,
+                tokens,
+                logits: Logits::Last,
+            })
+            .collect();
+        model.forward_batch(&mut steps, &mut ws)?;
+        for (i, n) in next.iter_mut().enumerate() {
+            *n = argmax(ws.logits(model.graph(), i));
+        }
+        Ok(())
+    };
+    let t = Instant::now();
+    let inputs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    pass(&inputs, &mut next)?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let (t, cpu) = (Instant::now(), cpu_seconds());
+    for _ in 0..n_gen {
+        let last = next.clone();
+        let inputs: Vec<&[u32]> = last.iter().map(std::slice::from_ref).collect();
+        pass(&inputs, &mut next)?;
+    }
+    Ok(Timings {
+        prefill_s,
+        decode_s: t.elapsed().as_secs_f64(),
+        decode_cpu_s: Some(cpu_seconds() - cpu),
+    })
 }
 
 /// Prefill and decode seconds on the GPU: decode steps end in the GPU argmax, so only the
 /// token id comes back. At least a second of warm-up first (GPUs idle at low clocks).
-fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<(f64, f64)> {
+fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < 1.5 {
         g.truncate(0);
@@ -139,7 +218,11 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<(f64, f64)
     for _ in 0..n_gen {
         next = g.argmax_step(next)?;
     }
-    Ok((prefill_s, t.elapsed().as_secs_f64()))
+    Ok(Timings {
+        prefill_s,
+        decode_s: t.elapsed().as_secs_f64(),
+        decode_cpu_s: None,
+    })
 }
 
 /// Prints the per-kernel decode breakdown, largest first.
@@ -174,6 +257,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.n_prompt == 0 {
         bail!("-p must be at least 1");
     }
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
     let t0 = Instant::now();
     let (_file, model) = model::load_with(&path, &a.lm_head.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
@@ -181,9 +267,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = model.config();
     let n_ctx = a.n_prompt + a.n_gen + 1;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let prompt: Vec<u32> = (0..a.n_prompt)
-        .map(|_| rng.random_range(0..cfg.n_vocab as u32))
+    let prompts: Vec<Vec<u32>> = (0..a.batch)
+        .map(|_| {
+            (0..a.n_prompt)
+                .map(|_| rng.random_range(0..cfg.n_vocab as u32))
+                .collect()
+        })
         .collect();
+    let prompt = &prompts[0];
 
     let gopts = GpuModelOptions {
         n_ctx,
@@ -194,16 +285,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.profile && gpu.is_none() {
         bail!("--profile times GPU kernels: use it with --backend gpu");
     }
+    if gpu.is_some() && a.batch > 1 {
+        bail!("--batch runs on the CPU backend in this build");
+    }
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
-    let (prefill_s, decode_s) = match &mut gpu {
-        Some(g) => time_gpu(g, &prompt, a.n_gen)?,
-        None => time_cpu(&model, &prompt, a.n_gen, n_ctx)?,
+    let Timings {
+        prefill_s,
+        decode_s,
+        decode_cpu_s,
+    } = match &mut gpu {
+        Some(g) => time_gpu(g, prompt, a.n_gen)?,
+        None if a.batch > 1 => time_cpu_batched(&model, &prompts, a.n_gen, n_ctx)?,
+        None => time_cpu(&model, prompt, a.n_gen, n_ctx)?,
     };
-    let prefill_tok_s = a.n_prompt as f64 / prefill_s;
-    let decode_tok_s = a.n_gen as f64 / decode_s.max(1e-9);
-    let ms_per_token = decode_s * 1e3 / a.n_gen.max(1) as f64;
+    let prefill_tok_s = (a.batch * a.n_prompt) as f64 / prefill_s;
+    let decode_tok_s = (a.batch * a.n_gen) as f64 / decode_s.max(1e-9);
+    // For a batch: the step time shared out over its sequences (1000 / decode tok/s).
+    let ms_per_token = decode_s * 1e3 / (a.batch * a.n_gen).max(1) as f64;
     let bytes = model.weight_bytes_per_token();
-    let gb_s = bytes as f64 * decode_tok_s / 1e9;
+    // Weights are read once per step, whatever the batch.
+    let gb_s = bytes as f64 * (decode_tok_s / a.batch as f64) / 1e9;
     let rss = peak_rss();
     println!(
         "{}: {} layers, width {}, vocab {}",
@@ -214,7 +315,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let dispatches = gpu.as_ref().map(|g| g.dispatches_per_token());
     println!(
-        "{backend}, {threads} threads | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        "{backend}, {threads} threads, batch {} | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        a.batch,
         a.n_prompt,
         a.n_gen,
         bytes as f64 / 1e6,
@@ -244,9 +346,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "lm_head": format!("{:?}", a.lm_head),
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
+            "batch": a.batch,
             "prefill_tok_s": prefill_tok_s,
             "decode_tok_s": decode_tok_s,
             "ms_per_token": ms_per_token,
+            "decode_cpu_s": decode_cpu_s,
+            "decode_tok_per_cpu_s": decode_cpu_s.map(|c| (a.batch * a.n_gen) as f64 / c),
             "weight_bytes_per_token": bytes,
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,

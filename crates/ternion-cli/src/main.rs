@@ -1,6 +1,7 @@
 //! `ternion`: run, chat with, inspect, validate and benchmark GGUF models.
 
 mod bench;
+mod bench_serve;
 mod common;
 mod inspect;
 mod logits;
@@ -40,6 +41,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Load-test the server: N concurrent streams, tok/s, time to first token, latency.
+    BenchServe(bench_serve::BenchServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Synth(a) => synth::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ternion_server::ServerConfig;
+use ternion_server::{Batching, ServerConfig};
 
 use crate::common::{self, ModelArgs};
 
@@ -34,6 +34,38 @@ pub struct ServeArgs {
     /// Seconds running sequences may continue after SIGTERM/Ctrl-C before they are cancelled.
     #[arg(long, default_value_t = 10)]
     shutdown_grace: u64,
+    /// KV-cache pages (32 positions each) shared by all sequences; bounds KV memory
+    /// (default: enough for --max-active full contexts). A sequence that needs a page when
+    /// none is free ends with an error.
+    #[arg(long)]
+    kv_pages: Option<usize>,
+    /// Prompt tokens evaluated per engine step, over all newly admitted requests: smaller
+    /// values shorten the stall of running streams when prompts arrive (at least 3).
+    #[arg(long, default_value_t = 256)]
+    prefill_per_step: usize,
+    /// Run one sequence per forward pass instead of batching the active sequences
+    /// (the scheduler before batching; for comparisons).
+    #[arg(long)]
+    no_batch: bool,
+}
+
+/// The engine's batching for a `--no-batch` flag.
+pub(crate) fn batching(no_batch: bool) -> Batching {
+    if no_batch {
+        Batching::OneByOne
+    } else {
+        Batching::Stacked
+    }
+}
+
+/// The async runtime the HTTP side runs on (two worker threads: the engine has its own).
+pub(crate) fn http_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ternion-http")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 /// Runs `ternion serve` until SIGTERM or Ctrl-C.
@@ -50,6 +82,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.model.ctx == Some(0) {
         bail!("--ctx must be at least 1");
     }
+    if a.prefill_per_step < ternion_server::engine::MIN_PREFILL_PER_STEP {
+        bail!(
+            "--prefill-per-step must be at least {}",
+            ternion_server::engine::MIN_PREFILL_PER_STEP
+        );
+    }
     let threads = common::init_threads(a.model.threads)?;
     let cfg = ServerConfig {
         model_id: a.alias.clone(),
@@ -59,14 +97,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         queue: a.queue,
         max_body: a.max_body,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        kv_pages: a.kv_pages,
+        prefill_per_step: a.prefill_per_step,
+        batching: batching(a.no_batch),
         ..ServerConfig::new(model)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("ternion-http")
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = http_runtime()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await

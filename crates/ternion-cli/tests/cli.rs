@@ -334,6 +334,48 @@ fn bench_json_reports_speeds() {
 }
 
 #[test]
+fn bench_serve_json_reports_every_stream_count() {
+    let out = ok(&[
+        "bench-serve",
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "--streams",
+        "1,3",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "5",
+        "--requests",
+        "2",
+        "--json",
+    ]);
+    let v = last_json(&out);
+    assert_eq!(v["batching"], "stacked");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (r, streams) in runs.iter().zip([1u64, 3]) {
+        assert_eq!(r["streams"].as_u64(), Some(streams), "{r}");
+        assert_eq!(r["requests"].as_u64(), Some(streams * 2), "{r}");
+        // Every request streamed exactly its 5 tokens (end-of-generation ignored).
+        assert_eq!(r["tokens"].as_u64(), Some(streams * 2 * 5), "{r}");
+        for k in [
+            "aggregate_tok_s",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "itl_p50_ms",
+            "itl_p99_ms",
+        ] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{k}: {r}");
+        }
+        assert!(
+            r["ttft_p99_ms"].as_f64() >= r["ttft_p50_ms"].as_f64(),
+            "{r}"
+        );
+        assert!(r["itl_p99_ms"].as_f64() >= r["itl_p50_ms"].as_f64(), "{r}");
+    }
+}
+
+#[test]
 fn validate_golden_families_passes() {
     let m = shared().join("golden/manifest.json");
     let out = ok(&["validate", m.to_str().unwrap(), "-t", "2"]);

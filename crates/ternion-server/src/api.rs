@@ -131,8 +131,8 @@ pub struct Common {
     pub n: Option<i64>,
     /// Keep generating past end-of-generation tokens. An extension.
     pub ignore_eos: Option<bool>,
-    /// Add `prompt_token_ids` and per-choice `token_ids` to a non-streamed answer
-    /// (vLLM's extension).
+    /// Add `prompt_token_ids` and per-choice `token_ids` to a non-streamed answer, and
+    /// stream one chunk per generated token with its `token_ids` (vLLM's extension).
     pub return_token_ids: Option<bool>,
     /// Log-probabilities are not served.
     pub logprobs: Option<Value>,

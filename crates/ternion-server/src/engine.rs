@@ -2,15 +2,17 @@
 //!
 //! Requests arrive through a bounded queue ([`Job`]s on a `sync_channel`). Between two
 //! iterations the engine admits queued jobs while fewer than `max_active` sequences run;
-//! each admitted job gets its own [`Session`] (its own KV cache of `n_ctx` positions).
-//! One iteration builds one [`Step`] per active sequence (a chunk of its prompt, or the
-//! token it sampled last), hands the whole set to a [`ForwardBatch`] in one call, then
-//! samples the next token of every sequence whose prompt is in. Today's implementation,
-//! [`OneByOne`], runs the steps one after the other (round robin, one token per sequence
-//! per iteration); a batched forward pass can replace it without touching the scheduler.
+//! each admitted job gets a KV cache ([`KvSeq`]) whose pages come from one [`KvPool`]
+//! shared by all sequences. One iteration gives every active sequence a step (the token
+//! it sampled last, or the next chunk of its prompt while the iteration's prompt budget
+//! ([`EngineConfig::prefill_per_step`] tokens) lasts) and runs all steps as ONE batched
+//! forward pass
+//! ([`Model::forward_batch`]: each weight read once for every sequence), then samples the
+//! next token of every sequence whose prompt is in. With [`Batching::OneByOne`] the same
+//! steps run one sequence per pass (the scheduler before batching, kept for comparison).
 //!
 //! A sequence whose client went away (its event receiver was dropped) is removed before
-//! the next iteration; dropping it drops its `Session` and so frees its KV cache.
+//! the next iteration; dropping it returns its KV pages to the pool at once.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -20,10 +22,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use ternion::backend::cpu::{SeqStep, Workspace};
 use ternion::chat::ChatTemplate;
-use ternion::model::Model;
+use ternion::kv::{KvPool, KvSeq};
+use ternion::model::{Logits, Model};
 use ternion::sample::{Sampler, SamplerConfig};
-use ternion::session::{FinishReason, Session, PREFILL_CHUNK};
+use ternion::session::{FinishReason, PREFILL_CHUNK};
 use ternion::tokenizer::{StreamDecoder, Tokenizer, TokenizerOptions};
 
 use crate::metrics::Metrics;
@@ -52,7 +56,15 @@ pub struct Job {
 /// What the engine tells a request's handler.
 #[derive(Debug)]
 pub enum Event {
-    /// Newly generated text (never empty).
+    /// One generated token and the text it completes (empty while a character or a
+    /// possible stop sequence is incomplete).
+    Token {
+        /// The token id.
+        id: u32,
+        /// Newly complete text.
+        text: String,
+    },
+    /// Text released at the end of the sequence (never empty).
     Text(String),
     /// The sequence ended; nothing follows.
     Done(Done),
@@ -122,36 +134,27 @@ pub struct EngineConfig {
     pub max_active: usize,
     /// Most requests waiting for a slot; more are refused with 429.
     pub queue: usize,
+    /// KV pages shared by all sequences (default: enough for `max_active` full contexts).
+    pub kv_pages: Option<usize>,
+    /// How the steps of an iteration are run.
+    pub batching: Batching,
+    /// Prompt tokens evaluated per iteration, over all new sequences (at least
+    /// [`MIN_PREFILL_PER_STEP`]): bounds how long a step that admits prompts stalls the
+    /// sequences already decoding.
+    pub prefill_per_step: usize,
 }
 
-/// The input of one sequence to one forward pass.
-pub struct Step<'a, 'm> {
-    /// The sequence's session (model reference and KV cache).
-    pub session: &'a mut Session<'m>,
-    /// Tokens to evaluate: a chunk of the prompt, or the one token sampled last.
-    pub tokens: &'a [u32],
-}
+/// Smallest prompt budget of an iteration (a prompt chunk may not leave one token behind).
+pub const MIN_PREFILL_PER_STEP: usize = 3;
 
-/// Runs one forward pass for a set of sequences. After it returns `Ok` for a step, that
-/// step's `session.last_logits()` are the logits of its last token.
-///
-/// This is the seam for batched decoding: an implementation backed by a model call such
-/// as `forward_batch(&mut [seq])` evaluates every step in one pass over the weights.
-pub trait ForwardBatch {
-    /// Evaluates every step; one result per step, in order.
-    fn forward_batch(&mut self, steps: &mut [Step<'_, '_>]) -> Vec<ternion::Result<()>>;
-}
-
-/// Today's forward: each sequence in turn, through [`Session::prefill`].
-pub struct OneByOne;
-
-impl ForwardBatch for OneByOne {
-    fn forward_batch(&mut self, steps: &mut [Step<'_, '_>]) -> Vec<ternion::Result<()>> {
-        steps
-            .iter_mut()
-            .map(|s| s.session.prefill(s.tokens).map(|_| ()))
-            .collect()
-    }
+/// How the engine runs the steps of one iteration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Batching {
+    /// Every active sequence in one forward pass.
+    #[default]
+    Stacked,
+    /// One forward pass per sequence (round robin), as before batching.
+    OneByOne,
 }
 
 /// Starts the engine thread: it loads the model, publishes [`Ready`] in `shared`, reports
@@ -173,17 +176,26 @@ pub fn spawn(
                 }
             };
             let (model, tokenizer, rx, n_ctx) = model;
-            shared.metrics.model_loaded.store(true, Relaxed);
+            let pool = match cfg.kv_pages {
+                Some(pages) => KvPool::new(model.kv_geometry(), pages),
+                None => model.kv_pool(n_ctx, cfg.max_active),
+            };
+            let m = &shared.metrics;
+            m.kv_pages_capacity.store(pool.capacity() as u64, Relaxed);
+            m.kv_page_bytes
+                .store(model.kv_geometry().page_bytes() as u64, Relaxed);
+            m.model_loaded.store(true, Relaxed);
             let _ = loaded.send(Ok(()));
-            run(
-                &model,
-                &tokenizer,
-                &rx,
+            let sched = Scheduler {
+                model: &model,
+                tok: &tokenizer,
+                pool,
                 n_ctx,
-                cfg.max_active,
-                &shared,
-                &mut OneByOne,
-            );
+                max_active: cfg.max_active,
+                batching: cfg.batching,
+                prefill_per_step: cfg.prefill_per_step.max(MIN_PREFILL_PER_STEP),
+            };
+            sched.run(&rx, &shared);
         })
 }
 
@@ -236,14 +248,19 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, String> {
 }
 
 /// One sequence being generated.
-struct Seq<'m> {
+struct Seq {
     job: Job,
-    session: Session<'m>,
+    /// Its KV cache (pages from the shared pool, returned on drop).
+    kv: KvSeq,
+    /// Tokens evaluated into the cache, in order (penalties look at them).
+    history: Vec<u32>,
     sampler: Sampler,
     /// Prompt tokens evaluated so far.
     fed: usize,
-    /// Tokens handed to the current forward pass.
+    /// Tokens handed to this iteration's forward pass (0: none this iteration).
     in_flight: usize,
+    /// Finished, failed or cancelled: removed after this iteration.
+    ended: bool,
     /// The token sampled last (the next decode input).
     last: u32,
     generated: Vec<u32>,
@@ -251,10 +268,10 @@ struct Seq<'m> {
     stop: StopFilter,
 }
 
-impl<'m> Seq<'m> {
+impl Seq {
     /// A sequence for `job`; when its sampler settings are invalid, the job is answered
     /// with the error and dropped.
-    fn new(model: &'m Model, n_ctx: usize, job: Job) -> Option<Seq<'m>> {
+    fn new(pool: &Arc<KvPool>, n_ctx: usize, job: Job) -> Option<Seq> {
         let sampler = match Sampler::new(job.sampler.clone()) {
             Ok(s) => s,
             Err(e) => {
@@ -266,10 +283,12 @@ impl<'m> Seq<'m> {
             }
         };
         Some(Seq {
-            session: Session::new(model, n_ctx),
+            kv: KvSeq::new(pool.clone(), n_ctx),
+            history: Vec::with_capacity(n_ctx),
             sampler,
             fed: 0,
             in_flight: 0,
+            ended: false,
             last: 0,
             generated: Vec::new(),
             decoder: StreamDecoder::new(),
@@ -278,18 +297,37 @@ impl<'m> Seq<'m> {
         })
     }
 
-    /// This sequence's input to the next forward pass.
-    fn step(&mut self) -> Step<'_, 'm> {
+    /// Plans this iteration's step: the token sampled last, or the next prompt chunk (at
+    /// most [`PREFILL_CHUNK`] tokens) taken from the iteration's prompt `budget`. A prompt
+    /// is never split so that a chunk of one token remains (a single token runs with decode
+    /// numerics), so chunked prompts give the same logits as one whole batch. Returns
+    /// whether the sequence runs this iteration.
+    fn plan(&mut self, budget: &mut usize) -> bool {
+        self.in_flight = if self.fed < self.job.prompt.len() {
+            let left = self.job.prompt.len() - self.fed;
+            let mut n = left.min(PREFILL_CHUNK).min(*budget);
+            if n < left && (n < 2 || left - n == 1) {
+                n = if n >= 3 { n - 1 } else { 0 };
+            }
+            *budget -= n;
+            n
+        } else {
+            1
+        };
+        self.in_flight > 0
+    }
+
+    /// This sequence's part of the forward pass.
+    fn step(&mut self) -> SeqStep<'_> {
         let tokens = if self.fed < self.job.prompt.len() {
-            let end = (self.fed + PREFILL_CHUNK).min(self.job.prompt.len());
-            &self.job.prompt[self.fed..end]
+            &self.job.prompt[self.fed..self.fed + self.in_flight]
         } else {
             std::slice::from_ref(&self.last)
         };
-        self.in_flight = tokens.len();
-        Step {
-            session: &mut self.session,
+        SeqStep {
+            kv: &mut self.kv,
             tokens,
+            logits: Logits::Last,
         }
     }
 
@@ -304,9 +342,16 @@ impl<'m> Seq<'m> {
         }
     }
 
-    /// After a successful forward pass: samples the next token when the prompt is in.
-    /// Returns `true` when the sequence has ended (its `Done` event is sent).
-    fn advance(&mut self, tok: &Tokenizer, m: &Metrics) -> bool {
+    /// After a successful forward pass with `logits` as its last row: samples the next
+    /// token when the prompt is in. Returns `true` when the sequence has ended (its `Done`
+    /// event is sent).
+    fn advance(&mut self, logits: &[f32], tok: &Tokenizer, m: &Metrics) -> bool {
+        if self.fed < self.job.prompt.len() {
+            self.history
+                .extend_from_slice(&self.job.prompt[self.fed..self.fed + self.in_flight]);
+        } else {
+            self.history.push(self.last);
+        }
         if self.fed < self.job.prompt.len() {
             self.fed += self.in_flight;
             m.prompt_tokens_total
@@ -315,9 +360,7 @@ impl<'m> Seq<'m> {
                 return false;
             }
         }
-        let id = self
-            .sampler
-            .sample(self.session.last_logits(), self.session.tokens());
+        let id = self.sampler.sample(logits, &self.history);
         if self.generated.is_empty() {
             m.observe_ttft(self.job.arrived.elapsed());
         }
@@ -329,12 +372,12 @@ impl<'m> Seq<'m> {
         m.generated_tokens_total.fetch_add(1, Relaxed);
         let piece = self.decoder.push(tok, id);
         let f = self.stop.push(&piece);
-        self.send_text(f.text);
+        self.send(Event::Token { id, text: f.text });
         if f.stopped {
             self.finish(FinishReason::Stop, true);
             return true;
         }
-        if self.generated.len() >= self.job.max_tokens || self.session.room() <= 1 {
+        if self.generated.len() >= self.job.max_tokens || self.kv.n_ctx() - self.kv.len() <= 1 {
             self.finish(FinishReason::Length, false);
             return true;
         }
@@ -388,24 +431,82 @@ impl RateWindow {
     }
 }
 
-/// The scheduler loop. Returns once shutdown was asked for and no sequence is left, or
-/// when every queue sender is gone.
-pub fn run(
-    model: &Model,
-    tok: &Tokenizer,
-    rx: &Receiver<Job>,
+/// The scheduler: admits jobs, steps the active sequences, retires them.
+struct Scheduler<'m> {
+    model: &'m Model,
+    tok: &'m Tokenizer,
+    pool: Arc<KvPool>,
     n_ctx: usize,
     max_active: usize,
-    shared: &Shared,
-    forward: &mut dyn ForwardBatch,
-) {
-    let m = &shared.metrics;
-    let mut active: Vec<Seq<'_>> = Vec::new();
-    let mut rate = RateWindow::new(m);
-    loop {
-        rate.tick(m);
-        let shutting = shared.shutdown.load(Acquire);
-        // Admit queued jobs into free slots.
+    batching: Batching,
+    prefill_per_step: usize,
+}
+
+impl Scheduler<'_> {
+    /// The scheduler loop. Returns once shutdown was asked for and no sequence is left, or
+    /// when every queue sender is gone.
+    fn run(&self, rx: &Receiver<Job>, shared: &Shared) {
+        let m = &shared.metrics;
+        let mut active: Vec<Seq> = Vec::new();
+        let mut ws = Workspace::default();
+        let mut rate = RateWindow::new(m);
+        loop {
+            rate.tick(m);
+            let shutting = shared.shutdown.load(Acquire);
+            if !self.admit(rx, shutting, &mut active, m) {
+                return;
+            }
+            if shutting && shared.cancel_all.load(Acquire) {
+                for s in active.drain(..) {
+                    m.cancelled_total.fetch_add(1, Relaxed);
+                    s.send(Event::Error {
+                        status: 503,
+                        message: "the server is shutting down".into(),
+                    });
+                }
+            }
+            // Clients that went away: dropping the sequence frees its KV pages.
+            active.retain(|s| {
+                let gone = s.job.events.is_closed();
+                if gone {
+                    m.cancelled_total.fetch_add(1, Relaxed);
+                }
+                !gone
+            });
+            self.publish(active.len(), m);
+            if active.is_empty() {
+                if shutting {
+                    return;
+                }
+                continue;
+            }
+            let mut budget = self.prefill_per_step;
+            let mut stepping: Vec<&mut Seq> = active
+                .iter_mut()
+                .filter_map(|s| s.plan(&mut budget).then_some(s))
+                .collect();
+            let group = match self.batching {
+                Batching::Stacked => stepping.len().max(1),
+                Batching::OneByOne => 1,
+            };
+            for g in stepping.chunks_mut(group) {
+                self.forward(g, &mut ws, m);
+            }
+            m.engine_steps_total.fetch_add(1, Relaxed);
+            active.retain(|s| !s.ended);
+            self.publish(active.len(), m);
+        }
+    }
+
+    /// Admits queued jobs into free slots (or, when shutting down, answers them 503).
+    /// Returns `false` when every queue sender is gone.
+    fn admit(
+        &self,
+        rx: &Receiver<Job>,
+        shutting: bool,
+        active: &mut Vec<Seq>,
+        m: &Metrics,
+    ) -> bool {
         loop {
             if shutting {
                 while let Ok(job) = rx.try_recv() {
@@ -416,22 +517,22 @@ pub fn run(
                         message: "the server is shutting down".into(),
                     });
                 }
-                break;
+                return true;
             }
-            if active.len() >= max_active {
-                break;
+            if active.len() >= self.max_active {
+                return true;
             }
             let job = if active.is_empty() {
                 match rx.recv_timeout(Duration::from_millis(50)) {
                     Ok(j) => j,
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Timeout) => return true,
+                    Err(RecvTimeoutError::Disconnected) => return false,
                 }
             } else {
                 match rx.try_recv() {
                     Ok(j) => j,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
+                    Err(TryRecvError::Empty) => return true,
+                    Err(TryRecvError::Disconnected) => return false,
                 }
             };
             m.queue_length.fetch_sub(1, Relaxed);
@@ -439,68 +540,57 @@ pub fn run(
                 m.cancelled_total.fetch_add(1, Relaxed);
                 continue;
             }
-            match Seq::new(model, n_ctx, job) {
+            match Seq::new(&self.pool, self.n_ctx, job) {
                 Some(s) => active.push(s),
                 None => {
                     m.failed_total.fetch_add(1, Relaxed);
                 }
             }
         }
-        if shutting && shared.cancel_all.load(Acquire) {
-            for s in active.drain(..) {
-                m.cancelled_total.fetch_add(1, Relaxed);
-                s.send(Event::Error {
-                    status: 503,
-                    message: "the server is shutting down".into(),
-                });
-            }
-        }
-        // Clients that went away: dropping the sequence frees its KV cache.
-        active.retain(|s| {
-            let gone = s.job.events.is_closed();
-            if gone {
-                m.cancelled_total.fetch_add(1, Relaxed);
-            }
-            !gone
-        });
-        m.active_sequences.store(active.len() as u64, Relaxed);
-        if active.is_empty() {
-            if shutting {
-                return;
-            }
-            continue;
-        }
-        let results = {
-            let mut steps: Vec<Step<'_, '_>> = active.iter_mut().map(Seq::step).collect();
-            forward.forward_batch(&mut steps)
+    }
+
+    /// Runs one forward pass over `group` and advances each sequence. When the pass fails,
+    /// each sequence is retried alone, so only the one at fault ends (with its error).
+    fn forward(&self, group: &mut [&mut Seq], ws: &mut Workspace, m: &Metrics) {
+        let result = {
+            let mut steps: Vec<SeqStep<'_>> = group.iter_mut().map(|s| s.step()).collect();
+            m.forward_passes_total.fetch_add(1, Relaxed);
+            self.model.forward_batch(&mut steps, ws)
         };
-        m.engine_steps_total.fetch_add(1, Relaxed);
-        let mut results = results.into_iter();
-        active.retain_mut(|s| match results.next() {
-            Some(Ok(())) => {
-                let ended = s.advance(tok, m);
-                if ended {
-                    m.finished_total.fetch_add(1, Relaxed);
+        match result {
+            Ok(()) => {
+                for (i, s) in group.iter_mut().enumerate() {
+                    let logits = ws.logits(self.model.graph(), i);
+                    if s.advance(logits, self.tok, m) {
+                        m.finished_total.fetch_add(1, Relaxed);
+                        s.ended = true;
+                    }
                 }
-                !ended
             }
-            Some(Err(e)) => {
+            Err(_) if group.len() > 1 => {
+                for s in group.iter_mut() {
+                    self.forward(std::slice::from_mut(s), ws, m);
+                }
+            }
+            Err(e) => {
                 m.failed_total.fetch_add(1, Relaxed);
-                s.send(Event::Error {
-                    status: 500,
+                let status = match e {
+                    ternion::Error::KvPoolExhausted { .. } => 503,
+                    _ => 500,
+                };
+                group[0].send(Event::Error {
+                    status,
                     message: format!("generation failed: {e}"),
                 });
-                false
+                group[0].ended = true;
             }
-            None => {
-                m.failed_total.fetch_add(1, Relaxed);
-                s.send(Event::Error {
-                    status: 500,
-                    message: "the forward pass returned no result for this sequence".into(),
-                });
-                false
-            }
-        });
-        m.active_sequences.store(active.len() as u64, Relaxed);
+        }
+    }
+
+    /// Publishes the active-sequence and KV-page gauges.
+    fn publish(&self, active: usize, m: &Metrics) {
+        m.active_sequences.store(active as u64, Relaxed);
+        m.kv_pages_in_use
+            .store(self.pool.pages_in_use() as u64, Relaxed);
     }
 }

@@ -462,6 +462,15 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>) -> Response {
                 return None;
             }
             match st.rx.recv().await {
+                Some(Event::Token { id, text }) => {
+                    if st.meta.return_token_ids {
+                        let mut c = st.meta.text_chunk(&text);
+                        c["choices"][0]["token_ids"] = json!([id]);
+                        st.queue.push_back(sse_json(&c));
+                    } else if !text.is_empty() {
+                        st.queue.push_back(sse_json(&st.meta.text_chunk(&text)));
+                    }
+                }
                 Some(Event::Text(t)) => st.queue.push_back(sse_json(&st.meta.text_chunk(&t))),
                 Some(Event::Done(d)) => {
                     let finish = d.finish.as_str();
@@ -523,7 +532,7 @@ async fn whole_response(
     let mut text = String::new();
     let done = loop {
         match rx.recv().await {
-            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Token { text: t, .. } | Event::Text(t)) => text.push_str(&t),
             Some(Event::Done(d)) => break d,
             Some(Event::Error { status, message }) => return Err(error_for(status, message)),
             None => return Err(error_for(500, "the engine stopped".into())),

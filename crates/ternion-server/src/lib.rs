@@ -27,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use ternion::tokenizer::TokenizerOptions;
 
+pub use crate::engine::Batching;
 use crate::engine::{EngineConfig, Shared};
 use crate::http::AppState;
 
@@ -50,11 +51,17 @@ pub struct ServerConfig {
     /// After a shutdown signal, how long running sequences may continue before they are
     /// cancelled.
     pub shutdown_grace: Duration,
+    /// KV-cache pages shared by all sequences (default: `max_active` full contexts).
+    pub kv_pages: Option<usize>,
+    /// How the engine runs the sequences of one step.
+    pub batching: Batching,
+    /// Prompt tokens evaluated per engine step over all new sequences.
+    pub prefill_per_step: usize,
 }
 
 impl ServerConfig {
     /// Defaults for `model_path`: 4 active sequences, a queue of 64, 1 MiB bodies, 10 s
-    /// shutdown grace.
+    /// shutdown grace, 256 prompt tokens per step.
     pub fn new(model_path: impl Into<PathBuf>) -> ServerConfig {
         ServerConfig {
             model_path: model_path.into(),
@@ -65,6 +72,9 @@ impl ServerConfig {
             queue: 64,
             max_body: 1 << 20,
             shutdown_grace: Duration::from_secs(10),
+            kv_pages: None,
+            batching: Batching::Stacked,
+            prefill_per_step: 256,
         }
     }
 
@@ -130,6 +140,9 @@ pub async fn run(
             n_ctx: cfg.n_ctx,
             max_active: cfg.max_active,
             queue: cfg.queue,
+            kv_pages: cfg.kv_pages,
+            batching: cfg.batching,
+            prefill_per_step: cfg.prefill_per_step,
         },
         shared.clone(),
         loaded_tx,
@@ -171,6 +184,10 @@ pub async fn run(
             });
         }
     };
+    // Streamed tokens are small writes: send each at once rather than wait for an ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await;

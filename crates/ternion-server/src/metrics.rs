@@ -38,6 +38,14 @@ pub struct Metrics {
     pub generated_tokens_total: AtomicU64,
     /// Engine iterations (one forward batch each).
     pub engine_steps_total: AtomicU64,
+    /// Forward passes run (one per iteration when batching, one per sequence otherwise).
+    pub forward_passes_total: AtomicU64,
+    /// KV-cache pages held by sequences.
+    pub kv_pages_in_use: AtomicU64,
+    /// KV-cache pages in the shared pool.
+    pub kv_pages_capacity: AtomicU64,
+    /// Bytes of one KV-cache page.
+    pub kv_page_bytes: AtomicU64,
     /// Recent generation rate over all sequences (f64 bits).
     tokens_per_second_bits: AtomicU64,
     ttft_buckets: [AtomicU64; TTFT_BUCKETS.len()],
@@ -150,6 +158,30 @@ impl Metrics {
             "counter",
             "Engine iterations (one forward batch each).",
             g(&self.engine_steps_total),
+        );
+        one(
+            "ternion_forward_passes_total",
+            "counter",
+            "Forward passes run; with batching, one pass steps every active sequence.",
+            g(&self.forward_passes_total),
+        );
+        one(
+            "ternion_kv_pages_in_use",
+            "gauge",
+            "KV-cache pages held by active sequences.",
+            g(&self.kv_pages_in_use),
+        );
+        one(
+            "ternion_kv_pages_capacity",
+            "gauge",
+            "KV-cache pages in the pool shared by all sequences.",
+            g(&self.kv_pages_capacity),
+        );
+        one(
+            "ternion_kv_page_bytes",
+            "gauge",
+            "Bytes of one KV-cache page.",
+            g(&self.kv_page_bytes),
         );
         one(
             "ternion_tokens_per_second",

@@ -426,7 +426,17 @@ fn completions_whole_and_streamed() {
 
 #[test]
 fn greedy_output_equals_ternion_run() {
-    let s = Server::start(&[]);
+    greedy_equals_run(&[]);
+}
+
+/// Prompts fed in small chunks over several engine steps give the same tokens.
+#[test]
+fn greedy_output_with_a_small_prompt_budget_equals_ternion_run() {
+    greedy_equals_run(&["--prefill-per-step", "4"]);
+}
+
+fn greedy_equals_run(server_args: &[&str]) {
+    let s = Server::start(server_args);
     let prompt = "Once upon a time, in a quiet village,";
     let o = Command::new(ternion_bin())
         .arg("run")
@@ -472,6 +482,17 @@ fn greedy_output_equals_ternion_run() {
         })
         .collect();
     assert_eq!(text, run["text"].as_str().unwrap());
+    // With return_token_ids, one chunk per generated token carries its id.
+    let ids: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| {
+            let ch: Value = serde_json::from_str(e).unwrap();
+            let ids = ch["choices"][0]["token_ids"].as_array()?.clone();
+            assert_eq!(ids.len(), 1, "{ch}");
+            Some(ids[0].clone())
+        })
+        .collect();
+    assert_eq!(Value::Array(ids), run["tokens"]);
 }
 
 #[test]
@@ -515,7 +536,12 @@ fn sixteen_concurrent_clients_are_all_answered() {
             && s.metric("ternion_sequences_finished_total") == 18.0
     });
     assert_eq!(s.metric("ternion_queue_length"), 0.0);
-    assert!(s.metric("ternion_generated_tokens_total") > 0.0);
+    let generated = s.metric("ternion_generated_tokens_total");
+    assert!(generated > 0.0);
+    // Concurrent sequences shared forward passes: fewer passes than tokens generated.
+    let passes = s.metric("ternion_forward_passes_total");
+    assert!(passes < generated, "{passes} passes for {generated} tokens");
+    assert_eq!(s.metric("ternion_kv_pages_in_use"), 0.0);
 }
 
 /// Sends a streaming request over a raw socket and waits for `chunks` data events.
@@ -561,15 +587,38 @@ fn client_disconnect_cancels_and_frees_the_sequence() {
     body["ignore_eos"] = json!(true);
     let r = open_stream(&s, &body, 3);
     assert_eq!(s.metric("ternion_active_sequences"), 1.0);
+    assert!(s.metric("ternion_kv_pages_in_use") >= 1.0);
+    assert!(s.metric("ternion_kv_pages_capacity") >= 4096.0 / 32.0);
     drop(r); // closes the socket mid-stream
-    wait_for("the sequence is freed", || {
-        s.metric("ternion_active_sequences") == 0.0
+    wait_for("the sequence and its KV pages are freed", || {
+        s.metric("ternion_active_sequences") == 0.0 && s.metric("ternion_kv_pages_in_use") == 0.0
     });
     assert_eq!(s.metric("ternion_sequences_cancelled_total"), 1.0);
     assert_eq!(s.metric("ternion_sequences_finished_total"), 0.0);
     let generated = s.metric("ternion_generated_tokens_total");
     assert!(generated < 4000.0, "generated {generated} tokens");
     // The server still serves.
+    let (status, v) = s.post("/v1/chat/completions", &chat_body("Hi", 4));
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn exhausted_kv_pool_is_a_clear_error_and_frees_its_pages() {
+    // Two pages of 32 positions: a sequence that outgrows them ends with an error.
+    let s = Server::start(&["--ctx", "4096", "--kv-pages", "2"]);
+    assert_eq!(s.metric("ternion_kv_pages_capacity"), 2.0);
+    let mut body = chat_body("Write a very long essay.", 200);
+    body["ignore_eos"] = json!(true);
+    let (status, v) = s.post("/v1/chat/completions", &body);
+    assert_eq!(status, 503, "{v}");
+    assert_error(&v, "");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("KV cache pool exhausted"), "{msg}");
+    wait_for("pages returned", || {
+        s.metric("ternion_kv_pages_in_use") == 0.0
+    });
+    assert_eq!(s.metric("ternion_sequences_failed_total"), 1.0);
+    // A request that fits is served.
     let (status, v) = s.post("/v1/chat/completions", &chat_body("Hi", 4));
     assert_eq!(status, 200, "{v}");
 }

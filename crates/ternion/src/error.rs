@@ -42,6 +42,16 @@ pub enum Error {
     /// A request is invalid (prompt too long, bad token id, bad sampling settings).
     #[error("invalid request: {0}")]
     Request(String),
+    /// The shared KV-cache pool has fewer free pages than a sequence needs.
+    #[error("KV cache pool exhausted: {need} more pages needed, {free} of {capacity} free")]
+    KvPoolExhausted {
+        /// Pages the sequence asked for.
+        need: usize,
+        /// Pages free in the pool.
+        free: usize,
+        /// Pages in the pool.
+        capacity: usize,
+    },
     /// The GPU backend failed: no adapter, a shader or pipeline error, out of GPU memory,
     /// or the device was lost.
     #[error("gpu: {0}")]

@@ -96,7 +96,7 @@ pub fn check_model_fits(file: &GgufFile) -> Result<()> {
 
 /// Checks that a KV cache of the given size can be allocated (its size does not overflow
 /// and fits the memory available now, on top of `already` bytes the caller will also use,
-/// typically [`tensor_data_bytes`]). Call it before `KvCache::new` / `Session::new`.
+/// typically [`tensor_data_bytes`]). Call it before `Model::kv_pool` / `Session::new`.
 pub fn check_kv_cache_fits(
     n_layer: usize,
     kv_dim: usize,

@@ -1,9 +1,11 @@
 //! A sequence being generated: prefill the prompt in batches, decode one token at a time,
 //! sample, stop on end-of-generation or a length limit.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::cpu::CpuState;
+use crate::kv::KvPool;
 use crate::model::{Logits, Model};
 use crate::sample::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -100,11 +102,19 @@ pub struct CpuEngine<'m> {
 }
 
 impl<'m> CpuEngine<'m> {
-    /// A CPU sequence with room for `n_ctx` positions.
+    /// A CPU sequence with room for `n_ctx` positions, in a KV pool of its own.
     pub fn new(model: &'m Model, n_ctx: usize) -> CpuEngine<'m> {
         CpuEngine {
             model,
             state: model.cpu_state(n_ctx),
+        }
+    }
+
+    /// A CPU sequence with room for `n_ctx` positions whose KV pages come from `pool`.
+    pub fn in_pool(model: &'m Model, pool: Arc<KvPool>, n_ctx: usize) -> CpuEngine<'m> {
+        CpuEngine {
+            model,
+            state: model.cpu_state_in(pool, n_ctx),
         }
     }
 }

@@ -15,8 +15,9 @@ use std::sync::Arc;
 pub use config::{Arch, Config};
 pub use graph::Graph;
 
-use crate::backend::cpu::{CpuModel, CpuState};
+use crate::backend::cpu::{CpuModel, CpuState, SeqStep, Workspace};
 use crate::gguf::GgufFile;
+use crate::kv::{KvGeometry, KvPool};
 use crate::Result;
 
 /// Which rows of logits a forward pass returns.
@@ -108,6 +109,29 @@ impl Model {
     /// A fresh CPU sequence state with room for `n_ctx` positions.
     pub fn cpu_state(&self, n_ctx: usize) -> CpuState {
         self.cpu.new_state(&self.graph, n_ctx)
+    }
+
+    /// The shape of this model's KV-cache pages.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        CpuModel::kv_geometry(&self.graph)
+    }
+
+    /// A KV page pool for this model with room for `n_seq` sequences of `n_ctx` positions.
+    pub fn kv_pool(&self, n_ctx: usize, n_seq: usize) -> Arc<KvPool> {
+        let g = self.kv_geometry();
+        KvPool::for_sequences(g.n_layer, g.kv_dim, n_ctx, n_seq)
+    }
+
+    /// A fresh CPU sequence state with room for `n_ctx` positions whose pages come from
+    /// `pool` (made by [`Model::kv_pool`] or with [`Model::kv_geometry`]).
+    pub fn cpu_state_in(&self, pool: Arc<KvPool>, n_ctx: usize) -> CpuState {
+        self.cpu.new_state_in(pool, n_ctx)
+    }
+
+    /// Runs the new tokens of several sequences as one CPU pass (see
+    /// [`CpuModel::forward_batch`]); step `i`'s logits are then `ws.logits(graph, i)`.
+    pub fn forward_batch(&self, steps: &mut [SeqStep<'_>], ws: &mut Workspace) -> Result<()> {
+        self.cpu.forward_batch(&self.graph, steps, ws)
     }
 
     /// Runs a CPU forward pass (see [`CpuModel::forward`]).

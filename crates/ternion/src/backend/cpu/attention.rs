@@ -30,6 +30,72 @@ pub fn scratch_per_thread(capacity: usize, head_dim: usize) -> usize {
     capacity + head_dim
 }
 
+/// Where the keys and values of one sequence's cache are read, one position at a time
+/// (a row holds every kv head of that position).
+pub trait KvRows: Sync {
+    /// The key row of position `p`.
+    fn key(&self, p: usize) -> &[f16];
+    /// The value row of position `p`.
+    fn value(&self, p: usize) -> &[f16];
+}
+
+/// A cache laid out contiguously: row `p` at `p · kv_dim`.
+struct Contiguous<'a> {
+    k: &'a [f16],
+    v: &'a [f16],
+    kv_dim: usize,
+}
+
+impl KvRows for Contiguous<'_> {
+    fn key(&self, p: usize) -> &[f16] {
+        &self.k[p * self.kv_dim..][..self.kv_dim]
+    }
+    fn value(&self, p: usize) -> &[f16] {
+        &self.v[p * self.kv_dim..][..self.kv_dim]
+    }
+}
+
+impl<T: KvRows> KvRows for &T {
+    fn key(&self, p: usize) -> &[f16] {
+        (**self).key(p)
+    }
+    fn value(&self, p: usize) -> &[f16] {
+        (**self).value(p)
+    }
+}
+
+impl KvRows for crate::kv::KvLayer<'_> {
+    fn key(&self, p: usize) -> &[f16] {
+        crate::kv::KvLayer::key(self, p)
+    }
+    fn value(&self, p: usize) -> &[f16] {
+        crate::kv::KvLayer::value(self, p)
+    }
+}
+
+/// One query row of a batched attention call: which sequence's cache it reads, its
+/// position, and whether its probabilities are rounded to F16 (single-token decode).
+#[derive(Clone, Copy, Debug)]
+pub struct QueryRow {
+    /// Index of the sequence's cache.
+    pub seq: usize,
+    /// Position of the row (it sees keys `0..=pos`).
+    pub pos: usize,
+    /// Round probabilities to F16 before P·V.
+    pub round_probs: bool,
+}
+
+/// Head geometry of a batched attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+}
+
 /// `q` holds one row of `n_head · head_dim` per new token; `k`/`v` hold the cached rows for
 /// positions `0..pos0 + n_tokens`. Writes the concatenated head outputs to `out`.
 /// `scratch` holds [`scratch_per_thread`] floats for each thread of the global pool.
@@ -41,12 +107,45 @@ pub fn attention(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
+    let heads = Heads {
+        n_head: s.n_head,
+        n_head_kv: s.n_head_kv,
+        head_dim: s.head_dim,
+    };
+    let rows: Vec<QueryRow> = (0..q.len() / (s.n_head * s.head_dim))
+        .map(|t| QueryRow {
+            seq: 0,
+            pos: s.pos0 + t,
+            round_probs: s.round_probs,
+        })
+        .collect();
+    let cache = Contiguous {
+        k,
+        v,
+        kv_dim: s.n_head_kv * s.head_dim,
+    };
+    attention_rows(q, |_| &cache, &rows, heads, s.capacity, out, scratch);
+}
+
+/// Batched causal attention: query row `r` of `q` (described by `rows[r]`) attends over
+/// positions `0..=rows[r].pos` of cache `cache(rows[r].seq)`. Each (row, head) pair is one
+/// task of the global pool, with the numerics of [`attention`]. `capacity` bounds every
+/// row's position + 1; `scratch` holds [`scratch_per_thread`]`(capacity, head_dim)` floats
+/// for each thread.
+pub fn attention_rows<C: KvRows>(
+    q: &[f32],
+    cache: impl Fn(usize) -> C + Sync,
+    rows: &[QueryRow],
+    s: Heads,
+    capacity: usize,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
     let hd = s.head_dim;
-    let kv_dim = s.n_head_kv * hd;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let level = simd::Level::detect();
-    let per_thread = scratch_per_thread(s.capacity, hd);
+    let per_thread = scratch_per_thread(capacity, hd);
     let pool = pool::global();
     assert!(
         scratch.len() >= per_thread * pool.n_threads(),
@@ -62,8 +161,9 @@ pub fn attention(
                 std::slice::from_raw_parts_mut(scratch.0.add(thread * per_thread), per_thread)
             };
             let (qh, scores) = mine.split_at_mut(hd);
-            let (t, h) = (i / s.n_head, i % s.n_head);
-            let n_keys = s.pos0 + t + 1;
+            let (row, h) = (rows[i / s.n_head], i % s.n_head);
+            let cache = cache(row.seq);
+            let n_keys = row.pos + 1;
             let kvh = h / group;
             for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
                 *d = f16::from_f32(x).to_f32();
@@ -71,7 +171,7 @@ pub fn attention(
             let scores = &mut scores[..n_keys];
             let mut max = f32::NEG_INFINITY;
             for (p, sc) in scores.iter_mut().enumerate() {
-                let kr = &k[p * kv_dim + kvh * hd..][..hd];
+                let kr = &cache.key(p)[kvh * hd..][..hd];
                 *sc = simd::f16_dot_halves(level, kr, qh) * scale;
                 max = max.max(*sc);
             }
@@ -83,13 +183,13 @@ pub fn attention(
             let inv = (1.0 / sum) as f32;
             for sc in scores.iter_mut() {
                 *sc *= inv;
-                if s.round_probs {
+                if row.round_probs {
                     *sc = f16::from_f32(*sc).to_f32();
                 }
             }
             o.fill(0.0);
             for (p, &w) in scores.iter().enumerate() {
-                simd::f16_axpy(level, o, w, &v[p * kv_dim + kvh * hd..][..hd]);
+                simd::f16_axpy(level, o, w, &cache.value(p)[kvh * hd..][..hd]);
             }
         }
     });

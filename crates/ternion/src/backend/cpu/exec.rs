@@ -1,13 +1,20 @@
 //! The CPU runs a model's [`Graph`] op by op with the kernels of this module.
+//!
+//! A forward pass takes the new tokens of one or several sequences ([`SeqStep`]s) and runs
+//! them as one stack of rows: every row-wise op (norms, every [`Op::Linear`], activations)
+//! sees all rows at once, so each weight is read once per pass; RoPE, position embeddings,
+//! the KV-cache write and attention use each row's own sequence and position. A row's
+//! numerics do not depend on the other rows of the pass: a sequence gives bit-identical
+//! results alone or batched.
 
 use std::sync::Arc;
 
 use super::{
-    add_rows, attention, gelu_ggml, layer_norm, pool, rms_norm, rope, scratch_per_thread,
-    AttnShape, Linear, QuantInput,
+    add_rows, attention_rows, gelu_ggml, layer_norm, pool, rms_norm, rope, scratch_per_thread,
+    Heads, Linear, QuantInput, QueryRow,
 };
 use crate::gguf::GgufFile;
-use crate::kv::KvCache;
+use crate::kv::{KvGeometry, KvPool, KvSeq, PAGE_POSITIONS};
 use crate::model::graph::{ActId, GluAct, Graph, Op, UnaryAct, WeightKind};
 use crate::model::{LmHead, LoadOptions, Logits};
 use crate::quant;
@@ -28,30 +35,76 @@ pub struct CpuModel {
     lm_head: Option<Linear>,
 }
 
-/// The per-sequence state of a CPU run: KV cache and reusable buffers (sized on first use,
-/// then reused, so decode steps do not allocate).
-pub struct CpuState {
-    kv: KvCache,
+/// One sequence's part of a forward pass: its cache (page table) and its new tokens.
+pub struct SeqStep<'a> {
+    /// The sequence's KV cache; the step's positions follow the filled ones.
+    pub kv: &'a mut KvSeq,
+    /// New tokens: a chunk of a prompt, or the one token sampled last.
+    pub tokens: &'a [u32],
+    /// Which logits rows the step wants.
+    pub logits: Logits,
+}
+
+/// The reusable buffers of forward passes: activations of the stacked rows, quantized
+/// inputs, attention scratch and per-row bookkeeping. Sized on first use, then reused, so
+/// steps of the same shape do not allocate.
+#[derive(Default)]
+pub struct Workspace {
     acts: Acts,
     qi: QuantInput,
     qi_of: Option<(usize, u64)>,
     tmp: Vec<f32>,
     attn_scratch: Vec<f32>,
+    /// Token ids of every row, steps one after the other.
+    tokens: Vec<u32>,
+    /// Sequence, position and decode flag of every row.
+    rows: Vec<QueryRow>,
+    /// Per step: first row and row count.
+    spans: Vec<(usize, usize)>,
+    /// The row each logits row comes from.
+    sel_src: Vec<usize>,
+    /// Per step: first logits row and logits row count.
+    sel_spans: Vec<(usize, usize)>,
+}
+
+impl Workspace {
+    /// The logits rows of step `i` of the last forward pass (empty if there is no such step).
+    pub fn logits(&self, graph: &Graph, i: usize) -> &[f32] {
+        let w = graph.acts[graph.logits.0].width;
+        match (self.sel_spans.get(i), self.acts.bufs.get(graph.logits.0)) {
+            (Some(&(start, n)), Some(buf)) => &buf[start * w..(start + n) * w],
+            _ => &[],
+        }
+    }
+
+    /// Every logits row of the last forward pass, steps one after the other.
+    pub fn all_logits(&self, graph: &Graph) -> &[f32] {
+        let l = graph.logits.0;
+        match self.acts.rows.get(l) {
+            Some(&rows) => &self.acts.bufs[l][..rows * graph.acts[l].width],
+            None => &[],
+        }
+    }
+}
+
+/// The state of a single CPU sequence: its KV cache and its own workspace.
+pub struct CpuState {
+    kv: KvSeq,
+    ws: Workspace,
 }
 
 impl CpuState {
     /// The logits rows written by the last forward pass of `graph`.
     pub fn logits(&self, graph: &Graph) -> &[f32] {
-        let l = graph.logits.0;
-        &self.acts.bufs[l][..self.acts.rows[l] * graph.acts[l].width]
+        self.ws.all_logits(graph)
     }
 
     /// The KV cache.
-    pub fn kv(&self) -> &KvCache {
+    pub fn kv(&self) -> &KvSeq {
         &self.kv
     }
 
-    /// Forgets every position after the first `len`.
+    /// Forgets every position after the first `len` (freeing the pages past it).
     pub fn truncate(&mut self, len: usize) {
         self.kv.truncate(len);
     }
@@ -141,21 +194,29 @@ impl CpuModel {
             .sum()
     }
 
-    /// A fresh sequence state with room for `n_ctx` positions.
+    /// The shape of this model's KV pages.
+    pub fn kv_geometry(graph: &Graph) -> KvGeometry {
+        KvGeometry {
+            n_layer: graph.n_layer,
+            kv_dim: graph.attn.n_head_kv * graph.attn.head_dim,
+            page_size: PAGE_POSITIONS,
+        }
+    }
+
+    /// A fresh sequence state with room for `n_ctx` positions, in a pool of its own.
     pub fn new_state(&self, graph: &Graph, n_ctx: usize) -> CpuState {
-        let kv_dim = graph.attn.n_head_kv * graph.attn.head_dim;
-        let n = graph.acts.len();
+        let geo = CpuModel::kv_geometry(graph);
         CpuState {
-            kv: KvCache::new(graph.n_layer, kv_dim, n_ctx),
-            acts: Acts {
-                bufs: vec![Vec::new(); n],
-                rows: vec![0; n],
-                version: vec![0; n],
-            },
-            qi: QuantInput::default(),
-            qi_of: None,
-            tmp: Vec::new(),
-            attn_scratch: Vec::new(),
+            kv: KvSeq::standalone(geo.n_layer, geo.kv_dim, n_ctx),
+            ws: Workspace::default(),
+        }
+    }
+
+    /// A fresh sequence state with room for `n_ctx` positions, drawing pages from `pool`.
+    pub fn new_state_in(&self, pool: Arc<KvPool>, n_ctx: usize) -> CpuState {
+        CpuState {
+            kv: KvSeq::new(pool, n_ctx),
+            ws: Workspace::default(),
         }
     }
 
@@ -171,65 +232,171 @@ impl CpuModel {
         which: Logits,
         st: &'s mut CpuState,
     ) -> Result<&'s [f32]> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(Error::Request("no tokens to evaluate".into()));
+        let mut steps = [SeqStep {
+            kv: &mut st.kv,
+            tokens,
+            logits: which,
+        }];
+        self.forward_batch(graph, &mut steps, &mut st.ws)?;
+        Ok(st.ws.all_logits(graph))
+    }
+
+    /// Checks every step and reserves its KV pages, all or none: on an error no cache
+    /// changes. Returns the largest context of the steps.
+    fn admit(&self, graph: &Graph, steps: &mut [SeqStep<'_>]) -> Result<usize> {
+        if steps.is_empty() {
+            return Err(Error::Request("no sequences to evaluate".into()));
         }
-        st.kv.check_room(n)?;
-        let pos0 = st.kv.len();
-        let single = n == 1;
-        st.qi.round_f16 = single;
-        st.qi_of = None;
+        let mut vocab = None;
+        let mut positions = None;
+        for op in &graph.ops {
+            match *op {
+                Op::Embed { table, .. } => vocab = Some(self.matrix(table.0)?.out_features()),
+                Op::AddPosEmbed { table, .. } => {
+                    positions = Some(self.matrix(table.0)?.out_features())
+                }
+                _ => {}
+            }
+        }
+        let mut capacity = 0;
+        for s in steps.iter() {
+            let n = s.tokens.len();
+            if n == 0 {
+                return Err(Error::Request("no tokens to evaluate".into()));
+            }
+            if let Some(&id) = vocab.and_then(|v| s.tokens.iter().find(|&&id| id as usize >= v)) {
+                return Err(Error::Request(format!(
+                    "token id {id} is outside the vocabulary (size {})",
+                    vocab.unwrap_or(0)
+                )));
+            }
+            s.kv.check_room(n)?;
+            if let Some(p) = positions.filter(|&p| s.kv.len() + n > p) {
+                return Err(Error::Request(format!(
+                    "position {} is past the model's {p} learned positions",
+                    s.kv.len() + n - 1
+                )));
+            }
+            capacity = capacity.max(s.kv.n_ctx());
+        }
+        for i in 0..steps.len() {
+            let n = steps[i].tokens.len();
+            if let Err(e) = steps[i].kv.reserve(n) {
+                for s in steps[..i].iter_mut() {
+                    let len = s.kv.len();
+                    s.kv.truncate(len);
+                }
+                return Err(e);
+            }
+        }
+        Ok(capacity)
+    }
+
+    /// Runs the new tokens of several sequences as one pass: every weight is read once for
+    /// all rows; each row uses its own sequence's cache and positions. Appends every step's
+    /// keys and values to its cache; the logits rows of step `i` are then
+    /// [`Workspace::logits`]`(graph, i)`. A step of one token runs with decode numerics
+    /// (see [`CpuModel::forward`]), a longer one with prefill numerics, whatever the other
+    /// steps are, so results equal running each sequence alone.
+    ///
+    /// Checks every step (tokens present and in the vocabulary, room in its context, pages
+    /// in the pool) before changing anything: an invalid step fails the whole call.
+    pub fn forward_batch(
+        &self,
+        graph: &Graph,
+        steps: &mut [SeqStep<'_>],
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        let capacity = self.admit(graph, steps)?;
+        let Workspace {
+            acts,
+            qi,
+            qi_of,
+            tmp,
+            attn_scratch,
+            tokens,
+            rows,
+            spans,
+            sel_src,
+            sel_spans,
+        } = ws;
+        acts.ensure(graph.acts.len());
+        tokens.clear();
+        rows.clear();
+        spans.clear();
+        sel_src.clear();
+        sel_spans.clear();
+        for (seq, s) in steps.iter().enumerate() {
+            let (start, n, pos0) = (tokens.len(), s.tokens.len(), s.kv.len());
+            tokens.extend_from_slice(s.tokens);
+            rows.extend((0..n).map(|t| QueryRow {
+                seq,
+                pos: pos0 + t,
+                round_probs: n == 1,
+            }));
+            spans.push((start, n));
+            let sel = match s.logits {
+                Logits::Last => start + n - 1..start + n,
+                Logits::All => start..start + n,
+            };
+            sel_spans.push((sel_src.len(), sel.len()));
+            sel_src.extend(sel);
+        }
+        let n = tokens.len();
+        *qi_of = None;
         let g = &graph.attn;
+        let kv_dim = g.n_head_kv * g.head_dim;
         for op in &graph.ops {
             match *op {
                 Op::Embed { table, out } => {
                     let t = self.matrix(table.0)?;
                     let d = t.in_features();
-                    let o = st.acts.write(out, n, d);
+                    let o = acts.write(out, n, d);
                     for (&id, row) in tokens.iter().zip(o.chunks_exact_mut(d)) {
-                        if id as usize >= t.out_features() {
-                            return Err(Error::Request(format!(
-                                "token id {id} is outside the vocabulary (size {})",
-                                t.out_features()
-                            )));
-                        }
                         t.dequantize_row(id as usize, row)?;
                     }
                 }
                 Op::RmsNorm { x, w, out } => {
                     let wv = self.vector(w.0)?;
-                    let rows = st.acts.rows[x.0];
-                    let xs = std::mem::take(&mut st.acts.bufs[x.0]);
-                    let o = st.acts.write(out, rows, wv.len());
-                    rms_norm(&xs[..rows * wv.len()], wv, graph.rms_eps, o);
-                    st.acts.bufs[x.0] = xs;
+                    let r = acts.rows[x.0];
+                    let xs = std::mem::take(&mut acts.bufs[x.0]);
+                    let o = acts.write(out, r, wv.len());
+                    rms_norm(&xs[..r * wv.len()], wv, graph.rms_eps, o);
+                    acts.bufs[x.0] = xs;
                 }
                 Op::Linear { w, x, out, add } => {
                     let l = match (&self.lm_head, out == graph.logits) {
                         (Some(h), true) => h,
                         _ => self.matrix(w.0)?,
                     };
-                    let rows = st.acts.rows[x.0];
-                    let key = (x.0, st.acts.version[x.0]);
-                    if st.qi_of != Some(key) {
-                        st.qi.reset();
-                        st.qi_of = Some(key);
+                    let r = acts.rows[x.0];
+                    let key = (x.0, acts.version[x.0]);
+                    if *qi_of != Some(key) {
+                        qi.reset();
+                        // Decode rows round F16 inputs. The rows of `x` are either one per
+                        // token or one per logits row; the two counts are equal only when
+                        // every token is a logits row, and then the flags agree.
+                        if r == n {
+                            qi.set_round_f16(rows.iter().map(|q| q.round_probs));
+                        } else {
+                            qi.set_round_f16(sel_src.iter().map(|&t| rows[t].round_probs));
+                        }
+                        *qi_of = Some(key);
                     }
-                    let xs = std::mem::take(&mut st.acts.bufs[x.0]);
-                    let xs_rows = &xs[..rows * l.in_features()];
+                    let xs = std::mem::take(&mut acts.bufs[x.0]);
+                    let xs_rows = &xs[..r * l.in_features()];
                     if add {
-                        let mut tmp = std::mem::take(&mut st.tmp);
-                        tmp.resize(rows * l.out_features(), 0.0);
-                        l.forward(xs_rows, &mut st.qi, &mut tmp);
-                        let o = st.acts.modify(out, rows * l.out_features());
-                        o.iter_mut().zip(&tmp).for_each(|(a, &b)| *a += b);
-                        st.tmp = tmp;
+                        let mut t = std::mem::take(tmp);
+                        t.resize(r * l.out_features(), 0.0);
+                        l.forward(xs_rows, qi, &mut t);
+                        let o = acts.modify(out, r * l.out_features());
+                        o.iter_mut().zip(&t).for_each(|(a, &b)| *a += b);
+                        *tmp = t;
                     } else {
-                        let o = st.acts.write(out, rows, l.out_features());
-                        l.forward(xs_rows, &mut st.qi, o);
+                        let o = acts.write(out, r, l.out_features());
+                        l.forward(xs_rows, qi, o);
                     }
-                    st.acts.bufs[x.0] = xs;
+                    acts.bufs[x.0] = xs;
                 }
                 Op::Rope { q, k } => {
                     let freqs = match g.rope_freqs {
@@ -238,35 +405,37 @@ impl CpuModel {
                     };
                     for a in [q, k] {
                         let w = graph.acts[a.0].width;
-                        let buf = st.acts.modify(a, n * w);
-                        rope(
-                            buf,
-                            n,
-                            pos0,
-                            g.head_dim,
-                            g.n_rot,
-                            g.rope_base,
-                            g.rope_mode,
-                            freqs,
-                        );
+                        let buf = acts.modify(a, n * w);
+                        for &(start, len) in spans.iter() {
+                            rope(
+                                &mut buf[start * w..(start + len) * w],
+                                len,
+                                rows[start].pos,
+                                g.head_dim,
+                                g.n_rot,
+                                g.rope_base,
+                                g.rope_mode,
+                                freqs,
+                            );
+                        }
                     }
                 }
                 Op::LayerNorm { x, w, b, eps, out } => {
                     let (wv, bv) = (self.vector(w.0)?, self.vector(b.0)?);
-                    let rows = st.acts.rows[x.0];
-                    let xs = std::mem::take(&mut st.acts.bufs[x.0]);
-                    let o = st.acts.write(out, rows, wv.len());
-                    layer_norm(&xs[..rows * wv.len()], wv, bv, eps, o);
-                    st.acts.bufs[x.0] = xs;
+                    let r = acts.rows[x.0];
+                    let xs = std::mem::take(&mut acts.bufs[x.0]);
+                    let o = acts.write(out, r, wv.len());
+                    layer_norm(&xs[..r * wv.len()], wv, bv, eps, o);
+                    acts.bufs[x.0] = xs;
                 }
                 Op::AddBias { x, b } => {
                     let bv = self.vector(b.0)?;
-                    let rows = st.acts.rows[x.0];
-                    add_rows(st.acts.modify(x, rows * bv.len()), bv);
+                    let r = acts.rows[x.0];
+                    add_rows(acts.modify(x, r * bv.len()), bv);
                 }
                 Op::Act { act, x } => {
-                    let len = st.acts.rows[x.0] * graph.acts[x.0].width;
-                    let xs = st.acts.modify(x, len);
+                    let len = acts.rows[x.0] * graph.acts[x.0].width;
+                    let xs = acts.modify(x, len);
                     match act {
                         UnaryAct::GeluTanh => {
                             pool::global().for_each_chunk_mut(xs, 4096, |_, c, _| {
@@ -278,72 +447,60 @@ impl CpuModel {
                 Op::AddPosEmbed { table, x } => {
                     let t = self.matrix(table.0)?;
                     let d = t.in_features();
-                    if pos0 + n > t.out_features() {
-                        return Err(Error::Request(format!(
-                            "position {} is past the model's {} learned positions",
-                            pos0 + n - 1,
-                            t.out_features()
-                        )));
+                    let mut pe = std::mem::take(tmp);
+                    pe.resize(d, 0.0);
+                    let xs = acts.modify(x, n * d);
+                    for (row, q) in xs.chunks_exact_mut(d).zip(rows.iter()) {
+                        t.dequantize_row(q.pos, &mut pe)?;
+                        add_rows(row, &pe);
                     }
-                    let mut tmp = std::mem::take(&mut st.tmp);
-                    tmp.resize(d, 0.0);
-                    let xs = st.acts.modify(x, n * d);
-                    for (r, row) in xs.chunks_exact_mut(d).enumerate() {
-                        t.dequantize_row(pos0 + r, &mut tmp)?;
-                        add_rows(row, &tmp);
-                    }
-                    st.tmp = tmp;
+                    *tmp = pe;
                 }
                 Op::Slice { x, start, out } => {
                     let (wx, wo) = (graph.acts[x.0].width, graph.acts[out.0].width);
-                    let rows = st.acts.rows[x.0];
-                    let xs = std::mem::take(&mut st.acts.bufs[x.0]);
-                    let o = st.acts.write(out, rows, wo);
+                    let r = acts.rows[x.0];
+                    let xs = std::mem::take(&mut acts.bufs[x.0]);
+                    let o = acts.write(out, r, wo);
                     for (or, xr) in o.chunks_exact_mut(wo).zip(xs.chunks_exact(wx)) {
                         or.copy_from_slice(&xr[start..start + wo]);
                     }
-                    st.acts.bufs[x.0] = xs;
+                    acts.bufs[x.0] = xs;
                 }
                 Op::KvStore { layer, k, v } => {
-                    let kv_dim = g.n_head_kv * g.head_dim;
-                    let (ks, vs) = (
-                        &st.acts.bufs[k.0][..n * kv_dim],
-                        &st.acts.bufs[v.0][..n * kv_dim],
-                    );
-                    st.kv.write(layer, ks, vs);
+                    let (ks, vs) = (&acts.bufs[k.0], &acts.bufs[v.0]);
+                    for (s, &(start, len)) in steps.iter_mut().zip(spans.iter()) {
+                        let span = start * kv_dim..(start + len) * kv_dim;
+                        s.kv.write(layer, &ks[span.clone()], &vs[span]);
+                    }
                 }
                 Op::Attention { layer, q, out } => {
-                    let shape = AttnShape {
+                    let heads = Heads {
                         n_head: g.n_head,
                         n_head_kv: g.n_head_kv,
                         head_dim: g.head_dim,
-                        pos0,
-                        round_probs: single,
-                        capacity: st.kv.n_ctx(),
                     };
                     let need =
-                        scratch_per_thread(st.kv.n_ctx(), g.head_dim) * pool::global().n_threads();
-                    let mut scratch = std::mem::take(&mut st.attn_scratch);
-                    scratch.resize(need, 0.0);
-                    let qs = std::mem::take(&mut st.acts.bufs[q.0]);
+                        scratch_per_thread(capacity, g.head_dim) * pool::global().n_threads();
+                    attn_scratch.resize(need, 0.0);
+                    let qs = std::mem::take(&mut acts.bufs[q.0]);
                     let w = graph.acts[out.0].width;
-                    let o = st.acts.write(out, n, w);
-                    let (kc, vc) = st.kv.layer(layer, pos0 + n);
-                    attention(
+                    let o = acts.write(out, n, w);
+                    let seqs: &[SeqStep<'_>] = steps;
+                    attention_rows(
                         &qs[..n * g.n_head * g.head_dim],
-                        kc,
-                        vc,
-                        &shape,
+                        |i| seqs[i].kv.layer(layer),
+                        rows,
+                        heads,
+                        capacity,
                         o,
-                        &mut scratch,
+                        attn_scratch,
                     );
-                    st.acts.bufs[q.0] = qs;
-                    st.attn_scratch = scratch;
+                    acts.bufs[q.0] = qs;
                 }
                 Op::Glu { act, gate, up } => {
                     let w = graph.acts[gate.0].width;
-                    let ups = std::mem::take(&mut st.acts.bufs[up.0]);
-                    let gs = st.acts.modify(gate, n * w);
+                    let ups = std::mem::take(&mut acts.bufs[up.0]);
+                    let gs = acts.modify(gate, n * w);
                     match act {
                         GluAct::Relu2 => gs.iter_mut().zip(&ups).for_each(|(g, &u)| {
                             let r = g.max(0.0);
@@ -353,27 +510,28 @@ impl CpuModel {
                             *g = (*g / (1.0 + (-*g).exp())) * u;
                         }),
                     }
-                    st.acts.bufs[up.0] = ups;
+                    acts.bufs[up.0] = ups;
                 }
                 Op::SelectRows { x, out } => {
                     let w = graph.acts[x.0].width;
-                    let sel = match which {
-                        Logits::Last => n - 1..n,
-                        Logits::All => 0..n,
-                    };
-                    let xs = std::mem::take(&mut st.acts.bufs[x.0]);
-                    let o = st.acts.write(out, sel.len(), w);
-                    o.copy_from_slice(&xs[sel.start * w..sel.end * w]);
-                    st.acts.bufs[x.0] = xs;
+                    let xs = std::mem::take(&mut acts.bufs[x.0]);
+                    let o = acts.write(out, sel_src.len(), w);
+                    for (or, &t) in o.chunks_exact_mut(w).zip(sel_src.iter()) {
+                        or.copy_from_slice(&xs[t * w..(t + 1) * w]);
+                    }
+                    acts.bufs[x.0] = xs;
                 }
             }
         }
-        st.kv.advance(n);
-        Ok(st.logits(graph))
+        for s in steps.iter_mut() {
+            s.kv.advance(s.tokens.len());
+        }
+        Ok(())
     }
 }
 
 /// The activation buffers of a step.
+#[derive(Default)]
 struct Acts {
     bufs: Vec<Vec<f32>>,
     rows: Vec<usize>,
@@ -382,6 +540,15 @@ struct Acts {
 }
 
 impl Acts {
+    /// Makes room for `n` activations (once per graph).
+    fn ensure(&mut self, n: usize) {
+        if self.bufs.len() != n {
+            self.bufs = vec![Vec::new(); n];
+            self.rows = vec![0; n];
+            self.version = vec![0; n];
+        }
+    }
+
     /// The buffer of `a`, resized to `rows × width` and marked as rewritten.
     fn write(&mut self, a: ActId, rows: usize, width: usize) -> &mut [f32] {
         self.rows[a.0] = rows;

@@ -295,15 +295,27 @@ impl Linear {
                 });
             }
             GgmlType::F16 => {
-                let xs: &[f32] = if qi.round_f16 {
-                    qi.ensure_f16(x);
+                let xs: &[f32] = if qi.round_f16.iter().any(|&r| r) {
+                    qi.ensure_f16(x, k);
                     &qi.x16
                 } else {
                     x
                 };
-                par_rows_each(out, m, |j, t| {
-                    simd::f16_dot(level, self.row(data, j), &xs[t * k..(t + 1) * k])
-                        * self.post_scale
+                let xt = |t: usize| &xs[t * k..(t + 1) * k];
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let y = if n == 4 {
+                        simd::f16_dot4(level, w, std::array::from_fn(|i| xt(t0 + i)))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                simd::f16_dot(level, w, xt(t0 + i))
+                            } else {
+                                0.0
+                            }
+                        })
+                    };
+                    y.map(|v| v * self.post_scale)
                 });
             }
             GgmlType::F32 => par_rows_each(out, m, |j, t| {
@@ -367,14 +379,23 @@ pub struct QuantInput {
     xbf: Vec<f32>,
     q80: Vec<i8>,
     q80_d: Vec<f32>,
-    /// Round float activations to F16 before F16 products (single-token decode).
-    pub round_f16: bool,
+    /// Per input row: round its float activations to F16 before F16 products (rows of a
+    /// single-token decode step).
+    round_f16: Vec<bool>,
 }
 
 impl QuantInput {
     /// Forgets the cached forms: call whenever the input changes.
     pub fn reset(&mut self) {
         self.fresh = [false; 5];
+    }
+
+    /// Sets, row by row, which input rows are rounded to F16 before F16 products (rows
+    /// past the end are not).
+    pub fn set_round_f16(&mut self, rows: impl Iterator<Item = bool>) {
+        self.round_f16.clear();
+        self.round_f16.extend(rows);
+        self.fresh[2] = false;
     }
 
     fn ensure_per_token(&mut self, x: &[f32], k: usize) {
@@ -437,12 +458,18 @@ impl QuantInput {
             .extend(x.iter().map(|&v| half::bf16::from_f32(v).to_f32()));
     }
 
-    fn ensure_f16(&mut self, x: &[f32]) {
+    fn ensure_f16(&mut self, x: &[f32], k: usize) {
         if std::mem::replace(&mut self.fresh[2], true) {
             return;
         }
         self.x16.clear();
-        self.x16
-            .extend(x.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+        for (t, row) in x.chunks_exact(k).enumerate() {
+            if self.round_f16.get(t).copied().unwrap_or(false) {
+                self.x16
+                    .extend(row.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+            } else {
+                self.x16.extend_from_slice(row);
+            }
+        }
     }
 }

@@ -10,8 +10,10 @@ mod rope;
 pub mod simd;
 mod unary;
 
-pub use attention::{attention, scratch_per_thread, AttnShape};
-pub use exec::{CpuModel, CpuState};
+pub use attention::{
+    attention, attention_rows, scratch_per_thread, AttnShape, Heads, KvRows, QueryRow,
+};
+pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
 pub use linear::{Linear, QuantInput};
 pub use norm::{layer_norm, rms_norm};
 pub use rope::{rope, rope_neox, MAX_ROT};

@@ -178,6 +178,21 @@ pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
     }
 }
 
+/// [`f16_dot`] of one F16 row against four activation rows; each result equals
+/// `f16_dot` of that row bit for bit.
+#[inline]
+pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
+    for xt in x {
+        assert_eq!(w.len(), 2 * xt.len(), "f16_dot4: length mismatch");
+    }
+    match level {
+        // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
+        _ => x.map(|xt| f16_dot(level, w, xt)),
+    }
+}
+
 /// Σ k_i·q_i for an F16 key row and an f32 query.
 #[inline]
 pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {

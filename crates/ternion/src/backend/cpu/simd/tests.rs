@@ -231,3 +231,25 @@ fn q8_0_dot4_equals_four_dots() {
         );
     }
 }
+
+#[test]
+fn f16_dot4_equals_four_dots() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(13);
+    for k in [7, 40, 264, 2560, 2563] {
+        let row: Vec<u8> = (0..k)
+            .flat_map(|_| f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes())
+            .collect();
+        let xs: Vec<Vec<f32>> = (0..4)
+            .map(|_| (0..k).map(|_| rng.random_range(-3.0..3.0)).collect())
+            .collect();
+        let four = f16_dot4(level, &row, [&xs[0], &xs[1], &xs[2], &xs[3]]);
+        for t in 0..4 {
+            assert_eq!(
+                four[t].to_bits(),
+                f16_dot(level, &row, &xs[t]).to_bits(),
+                "k={k} t={t}"
+            );
+        }
+    }
+}

@@ -113,6 +113,66 @@ pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
     sum
 }
 
+/// [`f16_dot`] of one F16 row against two activation rows: each weight vector is
+/// converted once and used twice; each result keeps `f16_dot`'s four accumulators and
+/// order, so it equals `f16_dot` of that row bit for bit. (Eight named accumulators stay in
+/// registers; four rows at once would spill.)
+///
+/// # Safety
+/// `w` must point at `x0.len()` readable halves, and `x1.len() == x0.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_dot2(w: *const u16, x0: &[f32], x1: &[f32]) -> [f32; 2] {
+    let n = x0.len();
+    let (p, q) = (x0.as_ptr(), x1.as_ptr());
+    let z = _mm256_setzero_ps();
+    let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+    let (mut b0, mut b1, mut b2, mut b3) = (z, z, z, z);
+    let mut i = 0;
+    while i + 32 <= n {
+        let w0 = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i).cast()));
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(p.add(i)), a0);
+        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(q.add(i)), b0);
+        let w1 = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8).cast()));
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(p.add(i + 8)), a1);
+        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(q.add(i + 8)), b1);
+        let w2 = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 16).cast()));
+        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(p.add(i + 16)), a2);
+        b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(q.add(i + 16)), b2);
+        let w3 = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 24).cast()));
+        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(p.add(i + 24)), a3);
+        b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(q.add(i + 24)), b3);
+        i += 32;
+    }
+    while i + 8 <= n {
+        let w0 = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i).cast()));
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(p.add(i)), a0);
+        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(q.add(i)), b0);
+        i += 8;
+    }
+    let mut sa = hsum_f32(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    let mut sb = hsum_f32(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+    while i < n {
+        let wv = half::f16::from_bits(w.add(i).read_unaligned()).to_f32();
+        sa += wv * x0[i];
+        sb += wv * x1[i];
+        i += 1;
+    }
+    [sa, sb]
+}
+
+/// [`f16_dot`] of one F16 row against four activation rows (two [`f16_dot2`] passes);
+/// each result equals `f16_dot` of that row bit for bit.
+///
+/// # Safety
+/// `w` must point at `2 · n` readable bytes, where every `x[t]` holds `n` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_dot4(w: *const u8, x: [&[f32]; 4]) -> [f32; 4] {
+    let w = w.cast::<u16>();
+    let [a, b] = f16_dot2(w, x[0], x[1]);
+    let [c, d] = f16_dot2(w, x[2], x[3]);
+    [a, b, c, d]
+}
+
 /// `out_i += a · v_i` for `out.len()` F16 values at `v`.
 ///
 /// # Safety

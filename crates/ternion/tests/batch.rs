@@ -1,0 +1,220 @@
+//! Batched forward passes across sequences give the same logits as each sequence alone:
+//! prefill chunks and single-token decode steps of several sequences stacked into one pass,
+//! on BitNet (I2_S, TQ2_0), Llama (F16, Q4_K), Phi-3 (F16) and GPT-2 (Q8_0) models.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ternion::backend::cpu::{SeqStep, Workspace};
+use ternion::kv::{KvGeometry, KvPool, KvSeq};
+use ternion::model::{self, Logits, Model};
+use ternion::quant::GgmlType;
+use ternion::synth::{self, Shape, Spec, Vocab};
+use ternion::Error;
+
+/// One sequence's tokens and how they are fed: (chunk length, logits wanted) per step.
+struct Plan {
+    tokens: Vec<u32>,
+    chunks: Vec<(usize, Logits)>,
+}
+
+fn plans() -> Vec<Plan> {
+    use Logits::{All, Last};
+    let chunks = [
+        vec![(5, All), (1, All), (1, Last), (3, Last), (1, All), (1, All)],
+        vec![(2, Last), (3, All), (1, All), (1, All), (1, Last)],
+        vec![
+            (1, All),
+            (1, All),
+            (4, All),
+            (1, All),
+            (1, All),
+            (1, All),
+            (1, All),
+        ],
+        vec![(9, Last), (1, All)],
+    ];
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(s, chunks)| {
+            let n: usize = chunks.iter().map(|c| c.0).sum();
+            Plan {
+                tokens: (0..n)
+                    .map(|i| ((i * 37 + s * 11 + 3) % 97) as u32)
+                    .collect(),
+                chunks,
+            }
+        })
+        .collect()
+}
+
+/// Logits of every chunk of `plan`, the sequence running alone.
+fn alone(m: &Model, plan: &Plan) -> Vec<Vec<f32>> {
+    let mut st = m.cpu_state(64);
+    let mut at = 0;
+    plan.chunks
+        .iter()
+        .map(|&(n, which)| {
+            let out = m
+                .forward_cpu(&plan.tokens[at..at + n], which, &mut st)
+                .unwrap()
+                .to_vec();
+            at += n;
+            out
+        })
+        .collect()
+}
+
+/// Logits of every chunk of every plan, all sequences stepped together: round `r` runs
+/// chunk `r` of every plan that has one, as one pass.
+fn batched(m: &Model, plans: &[Plan], pool: &Arc<KvPool>) -> Vec<Vec<Vec<f32>>> {
+    let mut kvs: Vec<KvSeq> = plans.iter().map(|_| KvSeq::new(pool.clone(), 64)).collect();
+    let mut at = vec![0usize; plans.len()];
+    let mut out = vec![Vec::new(); plans.len()];
+    let mut ws = Workspace::default();
+    let rounds = plans.iter().map(|p| p.chunks.len()).max().unwrap();
+    for r in 0..rounds {
+        let live: Vec<usize> = (0..plans.len())
+            .filter(|&s| r < plans[s].chunks.len())
+            .collect();
+        let mut steps: Vec<SeqStep<'_>> = kvs
+            .iter_mut()
+            .enumerate()
+            .filter(|(s, _)| live.contains(s))
+            .map(|(s, kv)| {
+                let (n, logits) = plans[s].chunks[r];
+                SeqStep {
+                    kv,
+                    tokens: &plans[s].tokens[at[s]..at[s] + n],
+                    logits,
+                }
+            })
+            .collect();
+        m.forward_batch(&mut steps, &mut ws).unwrap();
+        drop(steps);
+        for (i, &s) in live.iter().enumerate() {
+            out[s].push(ws.logits(m.graph(), i).to_vec());
+            at[s] += plans[s].chunks[r].0;
+        }
+    }
+    out
+}
+
+fn check(path: &Path, what: &str) {
+    let (_file, m) = model::load(path).unwrap();
+    let plans = plans();
+    let want: Vec<_> = plans.iter().map(|p| alone(&m, p)).collect();
+    let pool = m.kv_pool(64, plans.len());
+    let got = batched(&m, &plans, &pool);
+    for (s, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.len(), g.len());
+        for (c, (a, b)) in w.iter().zip(g).enumerate() {
+            assert!(!a.is_empty());
+            assert_eq!(a.len(), b.len(), "{what}: sequence {s} chunk {c}");
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            let max = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                same,
+                "{what}: sequence {s} chunk {c} differs (max |diff| {max})"
+            );
+        }
+    }
+    assert_eq!(
+        pool.pages_in_use(),
+        0,
+        "{what}: pages freed with the sequences"
+    );
+}
+
+fn synth_bitnet(ty: GgmlType, name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("ternion-batch-{}-{name}", std::process::id()));
+    synth::write(
+        &Spec {
+            arch: "bitnet-b1.58",
+            shape: Shape::named("tiny").unwrap(),
+            weight_type: ty,
+            vocab: Vocab::Bytes { n_vocab: 300 },
+            seed: 5,
+        },
+        &path,
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn batched_equals_alone_bitnet_i2s() {
+    let p = synth_bitnet(GgmlType::I2_S, "i2s.gguf");
+    check(&p, "bitnet I2_S");
+    std::fs::remove_file(&p).ok();
+}
+
+#[test]
+fn batched_equals_alone_golden_families() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/models");
+    if !dir.is_dir() {
+        eprintln!("skipped: {} is missing (golden models)", dir.display());
+        return;
+    }
+    for f in [
+        "llama-spm-d32-f16.gguf",
+        "llama-spm-d256-q4_k.gguf",
+        "phi3-d32-f16.gguf",
+        "gpt2-d32-q8_0.gguf",
+        "bitnet-spm-d256-tq2_0.gguf",
+    ] {
+        check(&dir.join(f), f);
+    }
+}
+
+#[test]
+fn exhausted_pool_fails_the_pass_and_changes_no_cache() {
+    let p = synth_bitnet(GgmlType::I2_S, "pool.gguf");
+    let (_file, m) = model::load(&p).unwrap();
+    let g: KvGeometry = m.kv_geometry();
+    // Three pages: the first sequence needs two (40 positions), the second two more.
+    let pool = KvPool::new(g, 3);
+    let mut a = KvSeq::new(pool.clone(), 64);
+    let mut b = KvSeq::new(pool.clone(), 64);
+    let (ta, tb) = (vec![1u32; 40], vec![2u32; 33]);
+    let mut ws = Workspace::default();
+    let mut steps = [
+        SeqStep {
+            kv: &mut a,
+            tokens: &ta,
+            logits: Logits::Last,
+        },
+        SeqStep {
+            kv: &mut b,
+            tokens: &tb,
+            logits: Logits::Last,
+        },
+    ];
+    let e = m.forward_batch(&mut steps, &mut ws).unwrap_err();
+    assert!(matches!(e, Error::KvPoolExhausted { .. }), "{e}");
+    assert_eq!((a.len(), b.len(), pool.pages_in_use()), (0, 0, 0));
+    // Alone, each fits; a context overflow is its own error.
+    let mut one = [SeqStep {
+        kv: &mut a,
+        tokens: &ta,
+        logits: Logits::Last,
+    }];
+    m.forward_batch(&mut one, &mut ws).unwrap();
+    assert_eq!((a.len(), pool.pages_in_use()), (40, 2));
+    let long = vec![3u32; 65];
+    let mut over = [SeqStep {
+        kv: &mut b,
+        tokens: &long,
+        logits: Logits::Last,
+    }];
+    let e = m.forward_batch(&mut over, &mut ws).unwrap_err();
+    assert!(e.to_string().contains("context full"), "{e}");
+    drop(a);
+    assert_eq!(pool.pages_in_use(), 0);
+    std::fs::remove_file(&p).ok();
+}
