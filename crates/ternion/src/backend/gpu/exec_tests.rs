@@ -198,9 +198,9 @@ fn decode_steps_create_nothing() {
     assert_eq!(f.ctx.counters(), before);
     assert_eq!(f.ctx.pipelines.len(), pipelines);
     let cfg = f.cpu.config();
-    // embed (1 shard) + 14 per layer (gate, up and GLU fused) + final norm + LM head
-    // (1 shard) + argmax (2).
-    assert_eq!(gpu.dispatches_per_token(), 1 + 14 * cfg.n_layer + 1 + 1 + 2);
+    // embed (1 shard) + 12 per layer (q/k/v fused; gate, up and GLU fused) + final norm +
+    // LM head (1 shard) + argmax (2).
+    assert_eq!(gpu.dispatches_per_token(), 1 + 12 * cfg.n_layer + 1 + 1 + 2);
     eprintln!(
         "dispatches per decoded token: {}",
         gpu.dispatches_per_token()

@@ -89,7 +89,7 @@ pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
     ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,
     PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
-    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, TernaryGlu, TernaryMatvec,
+    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
     TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
 };
 pub use pipelines::{

@@ -58,6 +58,11 @@ pub enum Kernel {
         /// The gate activation.
         act: GluAct,
     },
+    /// `ternary.wgsl` `matvec3`: three I2_S matvecs sharing their input (q, k, v), one launch.
+    Ternary3 {
+        /// Threads per weight row (power of two, 1..=256).
+        tpr: u32,
+    },
     /// `f16_matvec.wgsl`: F16 weight shard × f32 hidden (LM head).
     F16Matvec {
         /// Threads per weight row (power of two, 1..=256).
@@ -192,7 +197,9 @@ impl Kernel {
         match self {
             Kernel::Embed => Source::Embed,
             Kernel::RmsNorm { .. } => Source::RmsNorm,
-            Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } => Source::Ternary,
+            Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } | Kernel::Ternary3 { .. } => {
+                Source::Ternary
+            }
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
@@ -213,6 +220,7 @@ impl Kernel {
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
             Kernel::TernaryGlu { .. } => "matvec_glu",
+            Kernel::Ternary3 { .. } => "matvec3",
             Kernel::F16Matvec { last: false, .. } => "main",
             Kernel::F16Matvec { last: true, .. } => "last",
             Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
@@ -249,6 +257,7 @@ impl Kernel {
                     GluAct::Silu => 1.0,
                 },
             )],
+            Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
             Kernel::TernaryGlu { tpr, act } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),

@@ -19,7 +19,7 @@ use super::context::GpuContext;
 use super::ops::{
     ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut, PosTable, QAct,
     QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
-    RowOp, StepUniform, TernaryGlu, TernaryMatvec,
+    RowOp, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
 };
 use super::pipelines::{Epilogue, GluAct as KernelGlu};
 use super::upload::GpuWeight;
@@ -60,6 +60,9 @@ enum Launch {
     /// Gate and up I2_S matvecs and the GLU: fused for one token, three launches (the
     /// 4-token batch kernels and `glu.wgsl`) for a batch.
     TernaryGlu(Box<FusedGlu>),
+    /// Three I2_S matvecs sharing their input (q, k, v): one launch for one token, the
+    /// three batch kernels for a batch.
+    Ternary3(Box<(Ternary3, [TernaryMatvec; 3])>),
     RopeKv(RopeKv),
     Attention(Attention),
     Glu(Glu),
@@ -107,6 +110,7 @@ impl Launch {
             Launch::Norm(_) => "rmsnorm",
             Launch::Ternary(_) => "ternary",
             Launch::TernaryGlu(_) => "ternary_glu",
+            Launch::Ternary3(_) => "ternary_qkv",
             Launch::RopeKv(_) => "rope_kv",
             Launch::Attention(_) => "attention",
             Launch::Glu(_) => "glu",
@@ -123,6 +127,15 @@ impl Launch {
             Launch::Embed(e) => e.record(pass, n),
             Launch::Norm(o) => o.record(pass, n),
             Launch::Ternary(o) => o.record(pass, n, n > 1),
+            Launch::Ternary3(b) => {
+                if n == 1 {
+                    b.0.record(pass, 1);
+                } else {
+                    for mv in &b.1 {
+                        mv.record(pass, n, true);
+                    }
+                }
+            }
             Launch::TernaryGlu(f) => {
                 let FusedGlu {
                     fused,
@@ -180,7 +193,7 @@ impl Launch {
         match self {
             Launch::Embed(e) => e.dispatch_count(),
             Launch::Attention(_) => Attention::dispatches(n),
-            Launch::TernaryGlu(_) if n > 1 => 3,
+            Launch::TernaryGlu(_) | Launch::Ternary3(_) if n > 1 => 3,
             Launch::Head { decode, .. } => decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
             Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),
@@ -484,7 +497,45 @@ impl Plan {
                                 }
                                 _ => None,
                             };
-                            if let Some((uw, up, act)) = glu {
+                            // Three linears of the same input, stored (q, k, v) → one launch.
+                            let three = |j: usize| match graph.ops.get(i + j) {
+                                Some(&Op::Linear {
+                                    w,
+                                    x: xj,
+                                    out,
+                                    add: false,
+                                }) if xj == x && !add => match &weights[w.0] {
+                                    GpuWeight::Ternary(tw) => Some((tw, out)),
+                                    _ => None,
+                                },
+                                _ => None,
+                            };
+                            let qkv = match (three(1), three(2)) {
+                                (Some(b), Some(c))
+                                    if glu.is_none()
+                                        && ![out, b.1, c.1].contains(&x)
+                                        && out != b.1
+                                        && out != c.1
+                                        && b.1 != c.1 =>
+                                {
+                                    Some((b, c))
+                                }
+                                _ => None,
+                            };
+                            if let Some(((w1, o1), (w2, o2))) = qkv {
+                                let (b1, b2) = (acts.f32(o1)?, acts.f32(o2)?);
+                                let fused = Ternary3::new(
+                                    g,
+                                    variant,
+                                    TPR,
+                                    [tw, w1, w2],
+                                    &q,
+                                    [&ob, &b1, &b2],
+                                )?;
+                                let each = [mv(tw, &ob)?, mv(w1, &b1)?, mv(w2, &b2)?];
+                                launches.push(Launch::Ternary3(Box::new((fused, each))));
+                                i += 2;
+                            } else if let Some((uw, up, act)) = glu {
                                 let act = match act {
                                     GluAct::Relu2 => KernelGlu::ReluSqr,
                                     GluAct::Silu => KernelGlu::Silu,

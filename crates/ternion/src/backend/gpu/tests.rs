@@ -252,6 +252,49 @@ fn cpu_act(ctx: &GpuContext, x: &[f32], k: usize) -> (QuantAct, Vec<i8>, Vec<act
     (qa, q, per)
 }
 
+/// The fused q/k/v launch stores exactly what three separate matvecs store.
+#[test]
+fn ternary3_equals_three_matvecs() {
+    let Some(ctx) = ctx() else { return };
+    let mut r = rng(41);
+    let (k, tokens) = (384usize, 2usize);
+    let rows = [40usize, 13, 13];
+    let ws: Vec<TernaryWeights> = rows
+        .iter()
+        .map(|&m| TernaryWeights::upload(&ctx, "w", &ternary_tensor(&mut r, m, k), k, m).unwrap())
+        .collect();
+    let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
+    let (qa, _, _) = cpu_act(&ctx, &x, k);
+    let outs: Vec<GpuBuffer> = rows
+        .iter()
+        .map(|&m| GpuBuffer::zeroed(&ctx, "y", (tokens * m * 4) as u64).unwrap())
+        .collect();
+    for v in variants(&ctx, 32) {
+        let mut want = Vec::new();
+        for (w, o) in ws.iter().zip(&outs) {
+            let op = TernaryMatvec::new(&ctx, v, 32, w, &qa, o, Epilogue::Store, None).unwrap();
+            run(&ctx, |p| op.record(p, tokens as u32, false));
+            want.push(o.read::<f32>(&ctx).unwrap());
+        }
+        for o in &outs {
+            o.write(&ctx, 0, &vec![0u8; o.size as usize]);
+        }
+        let op = Ternary3::new(
+            &ctx,
+            v,
+            32,
+            [&ws[0], &ws[1], &ws[2]],
+            &qa,
+            [&outs[0], &outs[1], &outs[2]],
+        )
+        .unwrap();
+        run(&ctx, |p| op.record(p, tokens as u32));
+        for (i, o) in outs.iter().enumerate() {
+            assert_eq!(o.read::<f32>(&ctx).unwrap(), want[i], "{v:?} part {i}");
+        }
+    }
+}
+
 #[test]
 fn ternary_matvec_matches_cpu() {
     let Some(ctx) = ctx() else { return };

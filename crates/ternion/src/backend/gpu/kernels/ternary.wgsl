@@ -10,11 +10,17 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, bits of i32 Σq
 //   4 storage rw    out:  array<f32>        T × M; EPILOGUE 0 stores, 1 adds (residual)
 //   5 uniform Step { n_tokens, .. }          matmul4 only
-//   6 storage read  w_up: array<u32>        matvec_glu only: the up projection, laid out as w
+//   6 storage read  w_up: array<u32>        matvec_glu: the up projection; matvec3: the 2nd matrix
+//  10 storage read  w3:   array<u32>        matvec3 only: the 3rd matrix
+//  11 storage rw    out2: array<f32>        matvec3 only: T × M2
+//  12 storage rw    out3: array<f32>        matvec3 only: T × M3
+//  13 uniform Parts { m1, m2, scale2, scale3 } matvec3 only (p.rows = M1 + M2 + M3 total rows)
 // Dispatch: matvec and matvec_glu (ceil(M / (256/TPR)), T, 1); matmul4 (ceil(M / (256/TPR)),
 // ceil(T/4), 1). matvec_glu is the fused gated FFN: row r of gate (w) and of up (w_up) against
 // the same activations, then out = act(g)·u with glu.wgsl's formulas (ACT 0: relu², 1: SiLU),
-// so gate, up and their product never go through memory.
+// so gate, up and their product never go through memory. matvec3 runs three matrices that
+// share the activations (q, k, v) as one launch over their stacked rows, each row stored
+// into its own output.
 // A workgroup is 256 threads = 256/TPR rows × TPR lanes; lanes stride over the row's words
 // and their partial sums are reduced by subgroupShuffleXor (variant SUBGROUPS, which the
 // host only picks when TPR ≤ the adapter's minimum subgroup size) or in shared memory.
@@ -43,6 +49,11 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
 @group(0) @binding(6) var<storage, read> w_up: array<u32>;
+@group(0) @binding(10) var<storage, read> w3: array<u32>;
+@group(0) @binding(11) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(12) var<storage, read_write> out3: array<f32>;
+struct Parts { m1: u32, m2: u32, scale2: f32, scale3: f32 }
+@group(0) @binding(13) var<uniform> parts: Parts;
 
 #if SUBGROUPS
 fn reduce1(v: i32, li: u32) -> i32 {
@@ -199,5 +210,47 @@ fn matvec_glu(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w
             y = (g / (1.0 + exp(-g))) * u;
         }
         out[t * p.rows + row] = y;
+    }
+}
+
+@compute @workgroup_size(256)
+fn matvec3(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let lane = li % TPR;
+    let row = wg.x * (WG / TPR) + li / TPR;
+    let t = wg.y;
+    let abase = t * p.words * 4u;
+    // Which matrix this row belongs to, and its row there.
+    var part = 0u;
+    var r = row;
+    if (row >= parts.m1 + parts.m2) {
+        part = 2u;
+        r = row - parts.m1 - parts.m2;
+    } else if (row >= parts.m1) {
+        part = 1u;
+        r = row - parts.m1;
+    }
+    var acc = 0;
+    if (row < p.rows) {
+        let wbase = r * p.words;
+        for (var i = lane; i < p.words; i += TPR) {
+            let a0 = act_word(abase, i);
+            if (part == 0u) {
+                acc += word_dot(w[wbase + i], a0);
+            } else if (part == 1u) {
+                acc += word_dot(w_up[wbase + i], a0);
+            } else {
+                acc += word_dot(w3[wbase + i], a0);
+            }
+        }
+    }
+    let d = reduce1(acc, li);
+    if (lane == 0u && row < p.rows) {
+        if (part == 0u) {
+            out[t * parts.m1 + r] = scaled(t, d, p.w_scale);
+        } else if (part == 1u) {
+            out2[t * parts.m2 + r] = scaled(t, d, parts.scale2);
+        } else {
+            out3[t * (p.rows - parts.m1 - parts.m2) + r] = scaled(t, d, parts.scale3);
+        }
     }
 }

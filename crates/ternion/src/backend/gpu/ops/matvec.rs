@@ -216,6 +216,80 @@ impl TernaryGlu {
     }
 }
 
+/// Three I2_S matvecs over the same activations (q, k, v) as one launch over their stacked
+/// rows (`ternary.wgsl` `matvec3`), one token per workgroup row; each result is stored.
+pub struct Ternary3 {
+    dispatch: Dispatch,
+    _params: Vec<GpuBuffer>,
+}
+
+impl Ternary3 {
+    /// Binds the three matrices (same K), `act`, and their outputs (f32, rows per token).
+    pub fn new(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: [&TernaryWeights; 3],
+        act: &QuantAct,
+        out: [&GpuBuffer; 3],
+    ) -> Result<Ternary3> {
+        check_tpr(tpr)?;
+        if w.iter().any(|m| m.k != act.k) {
+            return Err(Error::Gpu(format!(
+                "matvec3: activations of width {} for weights of widths {}, {}, {}",
+                act.k, w[0].k, w[1].k, w[2].k
+            )));
+        }
+        let rows = w[0].rows + w[1].rows + w[2].rows;
+        let params = uniform(
+            ctx,
+            "ternary3.params",
+            &[rows as u32, (act.k / 16) as u32, w[0].scale.to_bits(), 0],
+        )?;
+        let parts = uniform(
+            ctx,
+            "ternary3.parts",
+            &[
+                w[0].rows as u32,
+                w[1].rows as u32,
+                w[1].scale.to_bits(),
+                w[2].scale.to_bits(),
+            ],
+        )?;
+        let key = PipelineKey {
+            kernel: Kernel::Ternary3 { tpr },
+            variant,
+        };
+        let dispatch = Dispatch::new(
+            ctx,
+            key,
+            "ternary3",
+            &[
+                (0, params.binding()),
+                (1, w[0].codes.binding()),
+                (2, act.q.binding()),
+                (3, act.meta.binding()),
+                (4, out[0].binding()),
+                (6, w[1].codes.binding()),
+                (10, w[2].codes.binding()),
+                (11, out[1].binding()),
+                (12, out[2].binding()),
+                (13, parts.binding()),
+            ],
+            (rows as u32).div_ceil(WG / tpr),
+        )?;
+        Ok(Ternary3 {
+            dispatch,
+            _params: vec![params, parts],
+        })
+    }
+
+    /// Records the three products for `n_tokens` tokens.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        self.dispatch.record(pass, n_tokens);
+    }
+}
+
 /// `out[t][row0 + j] = W_shard[j] · x[t]` over every shard of an F16 matrix (LM head).
 pub struct F16Matvec {
     dispatches: Vec<Dispatch>,

@@ -14,7 +14,7 @@ mod select;
 pub use attention::{Attention, AttnDims, GpuKv, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use embed::Embed;
 pub use glu::Glu;
-pub use matvec::{F16Matvec, TernaryGlu, TernaryMatvec, TernaryWeights};
+pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};
 pub use norm::{NormOut, QuantAct, RmsNorm};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
