@@ -450,16 +450,22 @@ fn check_settings(s: &Settings) {
     );
 }
 
+/// Validates the shared fields against [`SERVED_MODEL`]: settings within their limits, or
+/// a well-formed error.
+fn check_common(common: &Common) {
+    match common.settings(SERVED_MODEL, 7) {
+        Ok(s) => check_settings(&s),
+        Err(e) => check_api_error(&e),
+    }
+}
+
 /// Arbitrary bytes → `api::parse_body` as a chat-completions and as a completions body;
 /// whatever parses goes through `settings`, `messages` and `prompt`. Every outcome must
 /// be `Ok` or a 4xx `ApiError`, never a panic, and what is accepted must hold the limits.
 pub fn server_request(data: &[u8]) {
     match parse_body::<ChatRequest>(data) {
         Ok(req) => {
-            match req.common.settings(SERVED_MODEL, 7) {
-                Ok(s) => check_settings(&s),
-                Err(e) => check_api_error(&e),
-            }
+            check_common(&req.common);
             match req.messages() {
                 Ok(msgs) => assert_eq!(msgs.len(), req.messages.len()),
                 Err(e) => check_api_error(&e),
@@ -469,10 +475,7 @@ pub fn server_request(data: &[u8]) {
     }
     match parse_body::<CompletionRequest>(data) {
         Ok(req) => {
-            match req.common.settings(SERVED_MODEL, 7) {
-                Ok(s) => check_settings(&s),
-                Err(e) => check_api_error(&e),
-            }
+            check_common(&req.common);
             match req.prompt() {
                 Ok(Prompt::Text(t)) => assert!(t.len() <= data.len()),
                 Ok(Prompt::Tokens(ids)) => assert!(ids.len() <= data.len()),

@@ -111,6 +111,17 @@ fn check_format_string(fmt: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Upper bound of the bytes `replace(from, to)` adds to `s` (an empty `from` matches
+/// between every character, as in Python).
+fn replace_growth(s: &str, from: &str, to: &str) -> usize {
+    let hits = if from.is_empty() {
+        s.chars().count() + 1
+    } else {
+        s.matches(from).count()
+    };
+    hits.saturating_mul(to.len())
+}
+
 /// Bytes of a value once rendered as text.
 fn text_len(v: &Value) -> usize {
     v.as_str().map_or_else(|| v.to_string().len(), str::len)
@@ -168,15 +179,10 @@ pub(crate) fn install(env: &mut Environment<'_>, budget: &Arc<Budget>) {
     env.add_filter(
         "replace",
         move |state: &State, v: StringInput, from: StringInput, to: StringInput| {
-            let (s, f) = (v.as_str(), from.as_str());
-            let hits = if f.is_empty() {
-                s.chars().count() + 1
-            } else {
-                s.matches(f).count()
-            };
+            let s = v.as_str();
             b.charge(
                 s.len()
-                    .saturating_add(hits.saturating_mul(to.as_str().len())),
+                    .saturating_add(replace_growth(s, from.as_str(), to.as_str())),
             )?;
             filters::replace(state, v, from, to)
         },
@@ -263,12 +269,7 @@ pub(crate) fn install(env: &mut Environment<'_>, budget: &Arc<Budget>) {
                 "replace" => {
                     let from = args.first().and_then(Value::as_str).unwrap_or_default();
                     let to = args.get(1).and_then(Value::as_str).unwrap_or_default();
-                    let hits = if from.is_empty() {
-                        s.chars().count() + 1
-                    } else {
-                        s.matches(from).count()
-                    };
-                    hits.saturating_mul(to.len())
+                    replace_growth(s, from, to)
                 }
                 _ => 0,
             };
@@ -306,6 +307,8 @@ fn rewrite<'s>(instrs: &Instructions<'s>) -> Instructions<'s> {
 
 /// Longest literal text of `source` before whitespace control (an upper bound of what
 /// one `EmitRaw` instruction writes).
+// `SyntaxConfig` is a unit struct only without minijinja's `custom_syntax` feature.
+#[allow(clippy::default_constructed_unit_structs)]
 fn longest_literal(source: &str) -> usize {
     let ws = WhitespaceConfig {
         keep_trailing_newline: true,
