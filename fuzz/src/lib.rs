@@ -14,7 +14,9 @@ use ternion::gguf::{GgufFile, GgufWriter, Value, ValueType};
 use ternion::model::{Config, LoadOptions, Logits, Model};
 use ternion::quant::{self, act, GgmlType};
 use ternion::tokenizer::{byte_to_unicode, StreamDecoder, Tokenizer, TokenizerOptions};
-use ternion_server::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
+use ternion_server::api::{
+    parse_body, ApiError, ChatRequest, Common, CompletionRequest, Prompt, Settings,
+};
 
 /// Every ggml type the table knows, for the dispatcher.
 const ALL_TYPES: [GgmlType; 23] = [

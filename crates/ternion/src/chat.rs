@@ -884,6 +884,18 @@ mod tests {
         }
     }
 
+    /// A template the lexer rejects is an error, not a hang (found by the `chat_template`
+    /// fuzzer: measuring the literal text looped on the lexer's repeated error).
+    #[test]
+    fn lexer_error_is_an_error_not_a_hang() {
+        for src in ["\r{%\u{1d}", "{{ 'unterminated", "{% for %}"] {
+            assert!(
+                matches!(render_one(src), Err(Error::Template(_))),
+                "{src:?}"
+            );
+        }
+    }
+
     /// The checked operators keep minijinja's semantics on ordinary values.
     #[test]
     fn checked_operators_keep_their_meaning() {

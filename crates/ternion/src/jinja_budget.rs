@@ -315,9 +315,11 @@ fn longest_literal(source: &str) -> usize {
         lstrip_blocks: false,
         trim_blocks: false,
     };
+    // The lexer repeats its error forever: stop at the first one (compiling reports it).
     tokenize(source, false, SyntaxConfig::default(), ws)
-        .filter_map(|t| match t {
-            Ok((Token::TemplateData(s), _)) => Some(s.len()),
+        .map_while(Result::ok)
+        .filter_map(|(t, _)| match t {
+            Token::TemplateData(s) => Some(s.len()),
             _ => None,
         })
         .max()
