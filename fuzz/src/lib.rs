@@ -14,6 +14,9 @@ use ternion::gguf::{GgufFile, GgufWriter, Value, ValueType};
 use ternion::model::{Config, LoadOptions, Logits, Model};
 use ternion::quant::{self, act, GgmlType};
 use ternion::tokenizer::{byte_to_unicode, StreamDecoder, Tokenizer, TokenizerOptions};
+use ternion_server::api::{
+    parse_body, ApiError, ChatRequest, Common, CompletionRequest, Prompt, Settings,
+};
 
 /// Every ggml type the table knows, for the dispatcher.
 const ALL_TYPES: [GgmlType; 23] = [
@@ -411,6 +414,80 @@ pub fn chat_template(data: &[u8]) {
     let _ = ChatTemplate::BitNet.render(&messages, gen, "<s>", "</s>");
 }
 
+// ---------------------------------------------------------------------------------------
+// server_request
+
+/// The model id the request target validates against (the seeds name it).
+const SERVED_MODEL: &str = "ternion";
+
+/// Checks the shape of a validation error: a 4xx status and an OpenAI error body that
+/// serializes to JSON.
+fn check_api_error(e: &ApiError) {
+    assert!(
+        e.status.is_client_error(),
+        "status {} for {:?}",
+        e.status,
+        e.message
+    );
+    let body = e.body();
+    assert!(body["error"]["message"].is_string(), "error body {body}");
+    std::hint::black_box(serde_json::to_vec(&body).expect("error body serializes"));
+}
+
+/// Checks validated settings against the limits `settings` promises.
+fn check_settings(s: &Settings) {
+    assert!(
+        s.stop.len() <= 16,
+        "{} stop sequences accepted",
+        s.stop.len()
+    );
+    assert!(s.max_tokens.is_none_or(|n| n >= 1), "max_tokens 0 accepted");
+    assert!(
+        !s.include_usage || s.stream,
+        "usage chunk without streaming"
+    );
+    assert!(
+        s.sampler.validate().is_ok(),
+        "settings with an invalid sampler"
+    );
+}
+
+/// Validates the shared fields against [`SERVED_MODEL`]: settings within their limits, or
+/// a well-formed error.
+fn check_common(common: &Common) {
+    match common.settings(SERVED_MODEL, 7) {
+        Ok(s) => check_settings(&s),
+        Err(e) => check_api_error(&e),
+    }
+}
+
+/// Arbitrary bytes → `api::parse_body` as a chat-completions and as a completions body;
+/// whatever parses goes through `settings`, `messages` and `prompt`. Every outcome must
+/// be `Ok` or a 4xx `ApiError`, never a panic, and what is accepted must hold the limits.
+pub fn server_request(data: &[u8]) {
+    match parse_body::<ChatRequest>(data) {
+        Ok(req) => {
+            check_common(&req.common);
+            match req.messages() {
+                Ok(msgs) => assert_eq!(msgs.len(), req.messages.len()),
+                Err(e) => check_api_error(&e),
+            }
+        }
+        Err(e) => check_api_error(&e),
+    }
+    match parse_body::<CompletionRequest>(data) {
+        Ok(req) => {
+            check_common(&req.common);
+            match req.prompt() {
+                Ok(Prompt::Text(t)) => assert!(t.len() <= data.len()),
+                Ok(Prompt::Tokens(ids)) => assert!(ids.len() <= data.len()),
+                Err(e) => check_api_error(&e),
+            }
+        }
+        Err(e) => check_api_error(&e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Replays `corpus/<target>/*` and `artifacts/<target>/*` through each target: the
@@ -453,5 +530,10 @@ mod tests {
     #[test]
     fn replay_chat_template() {
         replay("chat_template", super::chat_template);
+    }
+
+    #[test]
+    fn replay_server_request() {
+        replay("server_request", super::server_request);
     }
 }

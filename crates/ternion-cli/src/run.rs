@@ -1,6 +1,8 @@
 //! `ternion run` (one prompt, streamed or as JSON) and `ternion chat` (interactive).
 
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -73,7 +75,22 @@ pub struct RunArgs {
     json: bool,
 }
 
-/// Runs `ternion run`.
+/// Exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: i32 = 130;
+
+/// A flag that the first SIGINT (Ctrl-C) sets; a second one exits at once with
+/// [`EXIT_INTERRUPTED`].
+fn interrupt_flag() -> Result<Arc<AtomicBool>> {
+    use signal_hook::consts::SIGINT;
+    let flag = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register_conditional_shutdown(SIGINT, EXIT_INTERRUPTED, flag.clone())?;
+    signal_hook::flag::register(SIGINT, flag.clone())?;
+    Ok(flag)
+}
+
+/// Runs `ternion run`. Ctrl-C during generation stops it after the current token; the
+/// partial text and the statistics are printed as usual (`finish_reason`
+/// "interrupted" with `--json`) and the process exits with status 130.
 pub fn run(a: RunArgs) -> Result<()> {
     let mut l = common::load(&a.model, true)?;
     let ids = a.prompt.ids(&l.tokenizer)?;
@@ -93,22 +110,35 @@ pub fn run(a: RunArgs) -> Result<()> {
         max_tokens: a.n_predict,
         ignore_eos: a.ignore_eos,
     };
+    let interrupted = interrupt_flag()?;
+    eprintln!(
+        "generating up to {} tokens (Ctrl-C stops and prints what was done)",
+        a.n_predict
+    );
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
     let stats = session.generate(&ids, &l.tokenizer, &mut sampler, &opts, |piece| {
         text.push_str(piece);
         if !a.json {
             // A closed stdout ends generation.
-            return write!(out, "{piece}").and_then(|_| out.flush()).is_ok();
+            if write!(out, "{piece}").and_then(|_| out.flush()).is_err() {
+                return false;
+            }
         }
-        true
+        !interrupted.load(Ordering::Relaxed)
     })?;
+    let interrupted = interrupted.load(Ordering::Relaxed);
+    let finish = if interrupted {
+        "interrupted"
+    } else {
+        stats.finish.as_str()
+    };
     if a.json {
         let v = json!({
             "prompt_tokens": ids,
             "tokens": stats.generated,
             "text": text,
-            "finish_reason": stats.finish.as_str(),
+            "finish_reason": finish,
             "load_ms": l.load_time.as_secs_f64() * 1e3,
             "prompt_ms": stats.prompt_time.as_secs_f64() * 1e3,
             "decode_ms": stats.decode_time.as_secs_f64() * 1e3,
@@ -118,7 +148,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;
+        if interrupted {
+            eprintln!("interrupted");
+        }
         print_stats(l.load_time, &stats);
+    }
+    if interrupted {
+        out.flush()?;
+        std::process::exit(EXIT_INTERRUPTED);
     }
     Ok(())
 }

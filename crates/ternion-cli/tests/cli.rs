@@ -487,3 +487,100 @@ fn chat_streams_two_turns_and_reuses_the_cache() {
         "second turn re-fed the history: {prompts:?}"
     );
 }
+
+/// Starts `ternion run` on the tiny model with a generation far longer than any test
+/// (ignore EOS, a 32k context: about two minutes), with stdout and stderr piped.
+#[cfg(unix)]
+fn spawn_long_run(json: bool) -> std::process::Child {
+    let mut args = vec![
+        "run",
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "--prompt",
+        "Once upon a time",
+        "-n",
+        "1000000",
+        "--ignore-eos",
+        "--ctx",
+        "32768",
+        "-t",
+        "1",
+    ];
+    if json {
+        args.push("--json");
+    }
+    Command::new(env!("CARGO_BIN_EXE_ternion"))
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the ternion binary starts")
+}
+
+#[cfg(unix)]
+fn sigint(child: &std::process::Child) {
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+/// Ctrl-C while `ternion run` streams: the text so far, "interrupted" and the stats, exit
+/// status 130. The signal is sent once the first piece is out; the test then stops
+/// reading, so the run cannot get far past that point (its stdout pipe fills) and cannot
+/// finish on its own first.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_a_streaming_run_with_partial_output_and_stats() {
+    use std::io::Read;
+    let mut child = spawn_long_run(false);
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("a first piece");
+    sigint(&child);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "stderr:\n{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let decoded: usize = stderr
+        .split("decode ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no decode stats in:\n{stderr}"));
+    assert!((1..32768).contains(&decoded), "{decoded} tokens");
+    assert!(!rest.is_empty() || first[0] != 0, "no text printed");
+}
+
+/// Ctrl-C during `ternion run --json`: the JSON line is still printed last, with the
+/// tokens so far and finish_reason "interrupted"; exit status 130. The signal is sent
+/// after the "generating" line on stderr (the handler is installed by then), minutes
+/// before the run could finish on its own.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_a_json_run_with_the_partial_result() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = spawn_long_run(true);
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("generating") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "no 'generating' line"
+        );
+    }
+    sigint(&child);
+    let mut err_rest = String::new();
+    stderr.read_to_string(&mut err_rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "stderr:\n{err_rest}");
+    let v = last_json(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(v["finish_reason"], "interrupted");
+    let n = v["tokens"].as_array().expect("tokens").len();
+    assert!((1..32768).contains(&n), "{n} tokens");
+    assert!(v["decode_tok_s"].is_number(), "{v}");
+}

@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{context, Environment, ErrorKind, Value};
 
-use crate::{Error, Result};
+use crate::{jinja_budget, Error, Result};
 
 /// Instruction budget of one Jinja render: ample for real templates over long
 /// conversations, yet a runaway loop stops within a fraction of a second.
@@ -162,9 +162,7 @@ fn render_jinja(
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
-    env.set_fuel(Some(JINJA_FUEL));
     env.set_recursion_limit(JINJA_RECURSION_LIMIT);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",
         |msg: String| -> std::result::Result<Value, minijinja::Error> {
@@ -180,7 +178,22 @@ fn render_jinja(
             .map_or(0, |d| d.as_secs() as i64);
         strftime(&fmt, secs)
     });
-    env.add_filter("tojson", tojson);
+    let input_bytes = messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum::<usize>()
+        + bos_token.len()
+        + eos_token.len();
+    let budget = jinja_budget::Budget::for_input(input_bytes);
+    jinja_budget::install(&mut env, &budget);
+    env.add_filter(
+        "tojson",
+        move |value: &Value, indent: Option<usize>, kwargs: Kwargs| {
+            let out = tojson(value, indent, kwargs, budget.left())?;
+            budget.charge(out.len())?;
+            Ok::<_, minijinja::Error>(out)
+        },
+    );
     let messages: Vec<Value> = messages
         .iter()
         .map(|m| {
@@ -190,16 +203,14 @@ fn render_jinja(
             ])
         })
         .collect();
-    env.render_str(
-        source,
-        context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos_token,
-            eos_token => eos_token,
-        },
-    )
-    .map_err(|e| Error::Template(e.to_string()))
+    let ctx = context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    };
+    jinja_budget::render(&mut env, source, ctx, JINJA_FUEL)
+        .map_err(|e| Error::Template(e.to_string()))
 }
 
 /// Output style of [`tojson`], following Python's `json.dumps`.
@@ -209,14 +220,18 @@ struct JsonStyle {
     key_sep: String,
     ensure_ascii: bool,
     sort_keys: bool,
+    /// Longest output accepted (the render's remaining byte budget).
+    max_len: usize,
 }
 
 /// The `tojson` filter as Hugging Face defines it: `json.dumps(value, ensure_ascii=False,
-/// indent=indent, separators=separators, sort_keys=sort_keys)`, no HTML escaping.
+/// indent=indent, separators=separators, sort_keys=sort_keys)`, no HTML escaping, and at
+/// most `max_len` bytes of output.
 fn tojson(
     value: &Value,
     indent: Option<usize>,
     kwargs: Kwargs,
+    max_len: usize,
 ) -> std::result::Result<String, minijinja::Error> {
     let indent = match kwargs.get::<Option<usize>>("indent")? {
         Some(i) => Some(i),
@@ -247,6 +262,7 @@ fn tojson(
         key_sep,
         ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
         sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        max_len,
     };
     kwargs.assert_all_used()?;
     let mut out = String::new();
@@ -322,6 +338,12 @@ fn write_container(
         }
     };
     for i in 0..len {
+        if out.len() > style.max_len {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: output larger than the render's budget",
+            ));
+        }
         if i > 0 {
             out.push_str(&style.item_sep);
         }
@@ -813,5 +835,81 @@ mod tests {
             }
         }
         assert!(render_one("{{ [1] | tojson(indent=256) }}").is_ok());
+    }
+
+    /// Hostile templates that once exhausted memory (formerly
+    /// `fuzz/known-issues/chat_template/`): each must end in a template error, quickly.
+    #[test]
+    fn hostile_templates_fail_in_bounded_memory_and_time() {
+        let cases = [
+            // doubling a string through a namespace (2^41 bytes in 40 steps)
+            r#"{% set ns = namespace(s="ab") %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"#,
+            // the same through macro recursion
+            r#"{% macro f(s, n) %}{% if n %}{{ f(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}{% endmacro %}{{ f("ab", 40) }}"#,
+            // the same with `+`, with a list, and with repetition
+            r#"{% set ns = namespace(s="ab") %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"#,
+            r#"{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|join }}"#,
+            r#"{% set ns = namespace(s="ab") %}{% for i in range(60) %}{% set ns.s = ns.s * 2 %}{% endfor %}"#,
+            r#"{{ "ab" * 99999999 }}"#,
+            // squaring with replace (filter and method), join amplification
+            r#"{% set ns = namespace(s="aaaa") %}{% for i in range(40) %}{% set ns.s = ns.s|replace("a", ns.s) %}{% endfor %}"#,
+            r#"{% set ns = namespace(s="aaaa") %}{% for i in range(40) %}{% set ns.s = ns.s.replace("a", ns.s) %}{% endfor %}"#,
+            r#"{% set ns = namespace(s="x" * 1000) %}{% for i in range(20) %}{% set ns.s = range(1000)|join(ns.s) %}{% endfor %}"#,
+            // huge widths in upstream filters and Python string methods
+            r#"{{ "%0999999999999d"|format(1) }}"#,
+            r#"{{ messages[0].content|indent(999999999999) }}"#,
+            r#"{{ '{:>999999999999}'.format(1) }}"#,
+            r#"{{ [1]|batch(999999999999, 0)|list }}"#,
+            // output growth by emission and by literal text
+            r#"{% set s = "x" * 1000000 %}{% for i in range(100000) %}{{ s }}{% endfor %}"#,
+            &format!(
+                "{{% for i in range(100000) %}}{{% for j in range(100000) %}}{}{{% endfor %}}{{% endfor %}}",
+                "y".repeat(4096)
+            ),
+        ];
+        for src in cases {
+            let t = std::time::Instant::now();
+            match render_one(src) {
+                Err(Error::Template(msg)) => {
+                    assert!(
+                        ["budget", "larger than", "too large", "fuel"]
+                            .iter()
+                            .any(|w| msg.contains(w)),
+                        "{src}: unexpected error {msg}"
+                    );
+                }
+                other => panic!("{src}: expected a template error, got {other:?}"),
+            }
+            assert!(t.elapsed().as_secs() < 10, "{src}: took {:?}", t.elapsed());
+        }
+    }
+
+    /// A template the lexer rejects is an error, not a hang (found by the `chat_template`
+    /// fuzzer: measuring the literal text looped on the lexer's repeated error).
+    #[test]
+    fn lexer_error_is_an_error_not_a_hang() {
+        for src in ["\r{%\u{1d}", "{{ 'unterminated", "{% for %}"] {
+            assert!(
+                matches!(render_one(src), Err(Error::Template(_))),
+                "{src:?}"
+            );
+        }
+    }
+
+    /// The checked operators keep minijinja's semantics on ordinary values.
+    #[test]
+    fn checked_operators_keep_their_meaning() {
+        let src = "{{ 1 + 2 }} {{ 1.5 + 1 }} {{ 'a' + 'b' }} {{ [1] + [2] }} {{ 'ab' ~ 3 }} \
+                   {{ 2 * 3 }} {{ 'x' * 3 }} {{ [0] * 2 }} {{ 'a-b'|replace('-', '+') }} \
+                   {{ [1, 2]|join(',') }} {{ '%03d'|format(7) }} {{ '{}!'.format('hi') }} \
+                   {{ 'a\nb'|indent(2) }} {{ [1, 2, 3]|batch(2)|list }}";
+        assert_eq!(
+            render_one(src).unwrap(),
+            "3 2.5 ab [1, 2] ab3 6 xxx [0, 0] a+b 1,2 007 hi! a\n  b [[1, 2], [3]]"
+        );
+        assert!(matches!(
+            render_one("{{ 9223372036854775807 + 1 }}"),
+            Ok(_) | Err(Error::Template(_))
+        ));
     }
 }

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod chat;
 pub mod error;
 pub mod gguf;
+mod jinja_budget;
 pub mod kv;
 pub mod limits;
 pub mod model;
