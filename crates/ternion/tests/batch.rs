@@ -9,6 +9,7 @@ use ternion::backend::cpu::{SeqStep, Workspace};
 use ternion::kv::{KvGeometry, KvPool, KvSeq};
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
+use ternion::session::{CpuEngine, Session};
 use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::Error;
 
@@ -215,6 +216,31 @@ fn exhausted_pool_fails_the_pass_and_changes_no_cache() {
     let e = m.forward_batch(&mut over, &mut ws).unwrap_err();
     assert!(e.to_string().contains("context full"), "{e}");
     drop(a);
+    assert_eq!(pool.pages_in_use(), 0);
+    std::fs::remove_file(&p).ok();
+}
+
+#[test]
+fn sessions_share_a_pool_and_give_pages_back_on_reset_and_drop() {
+    let p = synth_bitnet(GgmlType::I2_S, "sessions.gguf");
+    let (_file, m) = model::load(&p).unwrap();
+    let pool = m.kv_pool(128, 2);
+    let mut a = Session::with_engine(Box::new(CpuEngine::in_pool(&m, pool.clone(), 128)));
+    let mut b = Session::with_engine(Box::new(CpuEngine::in_pool(&m, pool.clone(), 128)));
+    let (pa, pb) = (vec![7u32; 40], vec![9u32; 10]);
+    let got = a.prefill(&pa).unwrap().to_vec();
+    b.prefill(&pb).unwrap();
+    assert_eq!(
+        pool.pages_in_use(),
+        3,
+        "40 positions take 2 pages of 32, 10 take 1"
+    );
+    // A session in a shared pool computes what a standalone one does.
+    let mut solo = Session::new(&m, 128);
+    assert_eq!(solo.prefill(&pa).unwrap(), &got[..]);
+    a.reset();
+    assert_eq!(pool.pages_in_use(), 1);
+    drop(b);
     assert_eq!(pool.pages_in_use(), 0);
     std::fs::remove_file(&p).ok();
 }

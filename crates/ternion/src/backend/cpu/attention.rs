@@ -1,4 +1,7 @@
-//! Causal multi-head attention over the F16 KV cache, with grouped-query heads.
+//! Causal multi-head attention over an F16 KV cache, with grouped-query heads:
+//! [`attention_rows`] runs the query rows of several sequences at once, each row reading
+//! its own sequence's cache (the paged [`crate::kv::KvSeq`] through [`KvRows`]);
+//! [`attention`] is the same computation over one contiguous cache.
 //!
 //! Numerics follow the reference engines: Q is rounded to F16 for QKᵀ, scores are scaled
 //! by 1/√head_dim, the softmax sums in f64, and for single-token decode the
