@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI smoke test of the fuzz targets in fuzz/: builds them with cargo-fuzz and runs each for
-# a few seconds (5 targets x SMOKE_SECONDS, 10 s by default: under a minute in all),
+# a few seconds (5 targets x SMOKE_SECONDS, 9 s by default: under a minute in all),
 # starting from the committed corpus. Exits non-zero on any crash, timeout or OOM.
 #
 # Works on stable Rust: cargo-fuzz needs nightly flags, which RUSTC_BOOTSTRAP=1 unlocks on
@@ -17,7 +17,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root/fuzz"
-secs="${SMOKE_SECONDS:-10}"
+secs="${SMOKE_SECONDS:-9}"
 targets=(gguf_reader tokenizer quant_blocks chat_template server_request)
 target_dir="${FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-$root/fuzz/target}}"
 export RUSTC_BOOTSTRAP=1

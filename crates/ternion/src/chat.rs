@@ -150,8 +150,8 @@ fn render_chatml(messages: &[Message], add_generation_prompt: bool) -> String {
 }
 
 /// Renders a Hugging Face template: `trim_blocks` and `lstrip_blocks` on, Python string
-/// methods, `raise_exception`, `strftime_now` and a Python-compatible `tojson`, with fuel
-/// and recursion limits against hostile templates.
+/// methods, `raise_exception`, `strftime_now` and a Python-compatible `tojson`, with fuel,
+/// recursion and byte-budget limits against hostile templates (see `jinja_budget`).
 fn render_jinja(
     source: &str,
     messages: &[Message],
