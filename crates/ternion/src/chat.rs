@@ -25,6 +25,13 @@ use crate::{jinja_budget, Error, Result};
 /// conversations, yet a runaway loop stops within a fraction of a second.
 const JINJA_FUEL: u64 = 5_000_000;
 
+/// Stack of the thread a Jinja render runs on (native builds). minijinja drops and prints
+/// nested values recursively, and a hostile template can nest a list as deep as its fuel
+/// allows (`{% set ns.l = [ns.l] %}` in a loop): each level costs a few instructions of
+/// fuel, so the depth stays below ~`JINJA_FUEL / 4` and this stack holds it.
+#[cfg(not(target_arch = "wasm32"))]
+const RENDER_STACK_BYTES: usize = 1 << 30;
+
 /// Nesting budget of one Jinja render (loops, conditionals, macro calls).
 const JINJA_RECURSION_LIMIT: usize = 200;
 
@@ -153,6 +160,40 @@ fn render_chatml(messages: &[Message], add_generation_prompt: bool) -> String {
 /// methods, `raise_exception`, `strftime_now` and a Python-compatible `tojson`, with fuel,
 /// recursion and byte-budget limits against hostile templates (see `jinja_budget`).
 fn render_jinja(
+    source: &str,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let render = || {
+        render_jinja_here(
+            source,
+            messages,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+        )
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::thread::scope(|s| {
+            let worker = std::thread::Builder::new()
+                .name("jinja".into())
+                .stack_size(RENDER_STACK_BYTES)
+                .spawn_scoped(s, render)
+                .map_err(|e| Error::Template(format!("cannot start the template renderer: {e}")))?;
+            worker
+                .join()
+                .map_err(|_| Error::Template("the template renderer panicked".into()))?
+        })
+    }
+    #[cfg(target_arch = "wasm32")]
+    render()
+}
+
+/// [`render_jinja`] on the calling thread.
+fn render_jinja_here(
     source: &str,
     messages: &[Message],
     add_generation_prompt: bool,
@@ -839,6 +880,28 @@ mod tests {
 
     /// Hostile templates that once exhausted memory (formerly
     /// `fuzz/known-issues/chat_template/`): each must end in a template error, quickly.
+    /// A list nested as deep as the fuel allows is dropped and printed without overflowing
+    /// the stack (the render runs on its own large stack).
+    #[test]
+    fn deeply_nested_values_do_not_overflow_the_stack() {
+        for body in ["{{ ns.l|length }}", "{{ ns.l }}"] {
+            let src = format!(
+                "{{% set ns = namespace(l=[]) %}}{{% for i in range(100000) %}}\
+                 {{% for j in range(100000) %}}{{% set ns.l = [ns.l] %}}{{% endfor %}}\
+                 {{% endfor %}}{body}"
+            );
+            match render_one(&src) {
+                Err(Error::Template(msg)) => assert!(msg.contains("fuel"), "{msg}"),
+                other => panic!("expected running out of fuel, got {other:?}"),
+            }
+        }
+        // 90,000 levels: more than a default 2 MiB thread stack survives dropping.
+        let src = "{% set ns = namespace(l=[]) %}{% for i in range(300) %}\
+                   {% for j in range(300) %}{% set ns.l = [ns.l] %}{% endfor %}{% endfor %}\
+                   {{ ns.l|length }}";
+        assert_eq!(render_one(src).unwrap(), "1");
+    }
+
     #[test]
     fn hostile_templates_fail_in_bounded_memory_and_time() {
         let cases = [
