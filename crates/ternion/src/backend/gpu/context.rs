@@ -345,10 +345,16 @@ impl GpuContext {
         self.check()
     }
 
-    /// Maps the first `size` bytes of `buf` (MAP_READ, after the submit that filled it)
-    /// and returns a copy. Natively the device is polled until the map completes; in a
-    /// browser the future resolves when the page's event loop delivers the callback.
-    pub async fn map_read(&self, buf: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
+    /// Maps the first `size` bytes of `buf` (MAP_READ, after the submit that filled it),
+    /// hands them to `read` and unmaps. Natively the device is polled until the map
+    /// completes; in a browser the future resolves when the page's event loop delivers the
+    /// callback.
+    pub async fn map_read_with<R>(
+        &self,
+        buf: &wgpu::Buffer,
+        size: u64,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
         let (tx, rx) = futures_channel::oneshot::channel();
         buf.map_async(wgpu::MapMode::Read, 0..size, move |r| {
             let _ = tx.send(r);
@@ -358,13 +364,18 @@ impl GpuContext {
         rx.await
             .map_err(|_| Error::Gpu("read-back: map callback dropped".into()))?
             .map_err(|e| Error::Gpu(format!("read-back: map failed: {e}")))?;
-        let out = buf
-            .get_mapped_range(0..size)
-            .map_err(|e| Error::Gpu(format!("read-back: {e}")))?
-            .to_vec();
+        let out = read(
+            &buf.get_mapped_range(0..size)
+                .map_err(|e| Error::Gpu(format!("read-back: {e}")))?,
+        );
         buf.unmap();
         self.check()?;
         Ok(out)
+    }
+
+    /// [`GpuContext::map_read_with`] returning a copy of the bytes.
+    pub async fn map_read(&self, buf: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
+        self.map_read_with(buf, size, <[u8]>::to_vec).await
     }
 
     /// Copies `size` bytes at `offset` of `buf` (which needs COPY_SRC) back to the host.

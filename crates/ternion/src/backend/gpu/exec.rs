@@ -77,6 +77,8 @@ enum Out {
     Argmax,
     /// Top-k of the (single) logits row.
     TopK,
+    /// Nothing: the step only extends the KV cache (the LM head is not run).
+    Cache,
 }
 
 /// A model resident on the GPU with its KV cache.
@@ -236,20 +238,20 @@ impl GpuModel {
         self.plan.ids.write(g, 0, bytemuck::cast_slice(tokens));
         self.plan.step.write(g, nt, self.pos as u32);
         let n_kv = (self.pos + n) as u32;
-        let which = match out {
-            Out::Logits(w) => w,
-            _ => Logits::Last,
+        let rows = match out {
+            Out::Logits(w) => Rows::of(n, w),
+            Out::Cache => Rows::Skip,
+            Out::Argmax | Out::TopK => Rows::of(n, Logits::Last),
         };
         let mut enc = g.encoder();
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             let queries = self.profiler.as_ref().map(|p| &p.queries);
-            self.plan
-                .record(&mut pass, nt, n_kv, Rows::of(n, which), queries);
+            self.plan.record(&mut pass, nt, n_kv, rows, queries);
             match out {
                 Out::Argmax => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
-                Out::Logits(_) => {}
+                Out::Logits(_) | Out::Cache => {}
             }
         }
         match out {
@@ -260,6 +262,7 @@ impl GpuModel {
                 let bytes = (rows * self.cfg.n_vocab * 4) as u64;
                 enc.copy_buffer_to_buffer(&self.plan.logits.buf, 0, &self.staging.buf, 0, bytes);
             }
+            Out::Cache => {}
         }
         if let Some(p) = &self.profiler {
             p.record_resolve(&mut enc);
@@ -302,20 +305,22 @@ impl GpuModel {
         let n_chunks = tokens.len().div_ceil(chunk);
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let last = i + 1 == n_chunks;
-            // Earlier chunks of a Last request: nothing to read back.
-            let want = if which == Logits::All || last {
-                which
+            // Earlier chunks of a Last request only fill the cache: no LM head, no copy.
+            let out_kind = if which == Logits::All || last {
+                Out::Logits(which)
             } else {
-                Logits::Last
+                Out::Cache
             };
-            self.step(part, Out::Logits(want))?;
+            self.step(part, out_kind)?;
             if which == Logits::All || last {
                 let rows = if which == Logits::All { part.len() } else { 1 };
-                let bytes = self
-                    .ctx
-                    .map_read(&self.staging.buf, (rows * self.cfg.n_vocab * 4) as u64)
+                let size = (rows * self.cfg.n_vocab * 4) as u64;
+                let dst = &mut out;
+                self.ctx
+                    .map_read_with(&self.staging.buf, size, |b| {
+                        dst.extend_from_slice(bytemuck::cast_slice(b))
+                    })
                     .await?;
-                out.extend_from_slice(bytemuck::cast_slice(&bytes));
             } else {
                 self.ctx.check()?;
             }

@@ -128,6 +128,25 @@ fn tiny_model_prompt_logits_match_cpu() {
     assert!(flips <= 1, "{flips} prompts with an activation flip");
 }
 
+/// A prompt longer than one step: earlier chunks skip the LM head, and the last row comes
+/// out bit-identical to the all-rows run over the same chunks.
+#[test]
+fn multi_chunk_prompt_last_row_equals_all_rows() {
+    let Some(f) = fixture() else { return };
+    let mut gpu = gpu_model(&f, 64);
+    let tokens: Vec<u32> = f.prompts.concat();
+    assert!(
+        tokens.len() > 16,
+        "needs more than one step of max_batch 16"
+    );
+    let vocab = f.cpu.config().n_vocab;
+    let last = gpu.forward(&tokens, Logits::Last).unwrap();
+    gpu.truncate(0);
+    let all = gpu.forward(&tokens, Logits::All).unwrap();
+    assert_eq!(last.len(), vocab);
+    assert_eq!(last, all[(tokens.len() - 1) * vocab..]);
+}
+
 /// Top-1 minus top-2 of a logits row.
 fn margin(v: &[f32]) -> f32 {
     let (mut a, mut b) = (f32::MIN, f32::MIN);

@@ -39,6 +39,8 @@ pub(crate) enum Rows {
     Last,
     /// Every row of a batch.
     All,
+    /// None: the step only fills the KV cache (earlier chunks of a prompt).
+    Skip,
 }
 
 impl Rows {
@@ -158,6 +160,7 @@ impl Launch {
                 Rows::Decode => decode.record(pass, n),
                 Rows::Last => last.record(pass, n),
                 Rows::All => all.record(pass, n),
+                Rows::Skip => {}
             },
             Launch::Quantize(o) => o.record(pass, n),
             Launch::QLinear(o) => o.record(pass, n, n > 1),
@@ -172,6 +175,9 @@ impl Launch {
                     quant_all,
                     all,
                 } = &**h;
+                if rows == Rows::Skip {
+                    return;
+                }
                 if rows == Rows::All {
                     if let Some(q) = quant_all {
                         q.record(pass, n);
