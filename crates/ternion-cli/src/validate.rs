@@ -25,7 +25,10 @@ use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 use crate::common::{self, BackendArgs, LmHeadArg};
 
 const PROMPT_MAX_ABS: f32 = 1e-2;
-const PROMPT_MAX_ABS_GPU: f32 = 0.15;
+/// GPU prompt-logit bound: the GPU matches to ~1e-6 except where one int8 activation lands
+/// on a rounding boundary and rounds the other way (BITNET.md §5); the largest such flip on
+/// the golden prompts moves logits by 3.6e-2 (lavapipe, prompt p2).
+const PROMPT_MAX_ABS_GPU: f32 = 5e-2;
 const DECODE_MAX_ABS: f32 = 0.25;
 const MARGIN: f64 = 0.05;
 
