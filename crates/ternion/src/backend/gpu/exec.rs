@@ -1,11 +1,18 @@
-//! A model resident on the GPU: the compiled [`Plan`](super::plan) of its graph, its KV
-//! cache, and the step loop — ONE compute pass and ONE submit per step.
+//! A model resident on the GPU: the compiled [`Plan`](super::plan) of its graph, its paged
+//! KV caches, and the step loop — ONE compute pass and ONE submit per step.
 //!
 //! # A step
-//! Write the token ids and the step uniform (n_tokens, pos), record every launch of the
-//! plan into one compute pass, copy the result (logits, or the top-k / argmax pairs) to a
-//! persistent staging buffer, submit once, map. Nothing is created after load: the counter
-//! test checks it over 100 decode steps.
+//! Write the token ids, each token's (position, sequence slot), the page tables that
+//! changed and the step uniform, record every launch of the plan into one compute pass,
+//! copy the result (logits, or the top-k / argmax pairs) to a persistent staging buffer,
+//! submit once, map. Nothing is created after load: the counter test checks it over 100
+//! decode steps.
+//!
+//! # Sequences
+//! The model's own sequence serves the single-sequence API ([`GpuModel::forward`],
+//! [`GpuModel::argmax_step`], ...). With [`GpuModelOptions::max_seqs`] > 1 more sequences
+//! can be opened ([`GpuModel::new_seq`]) and stepped together
+//! ([`GpuModel::forward_seqs`]): every weight is read once for all of them.
 //!
 //! Read-backs are `async` (a browser delivers map callbacks from its event loop); the
 //! blocking methods wrap them for native callers.
@@ -15,17 +22,28 @@ use std::sync::Arc;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::TopK;
-use super::plan::{Plan, Rows};
+use super::plan::{KvSizes, Plan, Rows};
+use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
+use crate::kv::PAGE_POSITIONS;
 use crate::model::graph::Graph;
 use crate::model::{Config, Logits, Model};
 use crate::{Error, Result};
 
+/// Top bit of a token's slot (attention) and of a picked row (LM head): this row is the
+/// one token of its sequence in a multi-sequence step and keeps the decode numerics.
+const DECODE_ROW: u32 = 1 << 31;
+
 /// Sizes fixed at load.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuModelOptions {
-    /// Positions of the KV cache.
+    /// Most positions of one sequence.
     pub n_ctx: usize,
+    /// Sequences [`GpuModel::new_seq`] can have open at once, besides the model's own.
+    pub max_seqs: usize,
+    /// KV pages (of [`PAGE_POSITIONS`] positions) shared by all sequences; `None`: room
+    /// for `max_seqs + 1` full contexts.
+    pub kv_pages: Option<usize>,
     /// Largest batch of tokens one step runs (activation buffers are sized for it);
     /// longer inputs are split into steps of this size.
     pub max_batch: usize,
@@ -40,6 +58,8 @@ impl Default for GpuModelOptions {
     fn default() -> Self {
         GpuModelOptions {
             n_ctx: 4096,
+            max_seqs: 0,
+            kv_pages: None,
             max_batch: 64,
             top_k: 40,
             profile: false,
@@ -77,6 +97,8 @@ enum Out {
     Argmax,
     /// Top-k of the (single) logits row.
     TopK,
+    /// The last row of every sequence of a multi-sequence step.
+    Picked,
     /// Nothing: the step only extends the KV cache (the LM head is not run).
     Cache,
 }
@@ -91,8 +113,14 @@ pub struct GpuModel {
     topk: TopK,
     staging: GpuBuffer,
     profiler: Option<Profiler>,
-    /// Positions filled in the KV cache.
-    pos: usize,
+    /// Slots and pages of the KV caches.
+    table: Arc<std::sync::Mutex<KvTable>>,
+    /// The sequence of the single-sequence API.
+    main: GpuSeq,
+    /// Scratch for the per-token (position, slot) pairs of a step.
+    toks: Vec<[u32; 2]>,
+    /// Scratch for the step's token ids.
+    ids: Vec<u32>,
 }
 
 impl GpuModel {
@@ -119,8 +147,23 @@ impl GpuModel {
                 "GPU plan: max_batch and n_ctx must be ≥ 1".into(),
             ));
         }
+        let slots = opts.max_seqs.saturating_add(1);
         let g = &*ctx;
-        let plan = Plan::compile(g, graph, weights, opts.max_batch, opts.n_ctx, cfg.n_vocab)?;
+        let pages = opts
+            .kv_pages
+            .unwrap_or_else(|| opts.n_ctx.div_ceil(PAGE_POSITIONS).saturating_mul(slots));
+        let kv = KvSizes { pages, slots };
+        let plan = Plan::compile(
+            g,
+            graph,
+            weights,
+            opts.max_batch,
+            opts.n_ctx,
+            cfg.n_vocab,
+            kv,
+        )?;
+        let table = KvTable::new(slots, pages, opts.n_ctx);
+        let main = KvTable::open(&table)?;
         let staging = GpuBuffer::with_usage(
             g,
             "logits.staging",
@@ -143,7 +186,10 @@ impl GpuModel {
             topk,
             staging,
             profiler,
-            pos: 0,
+            table,
+            main,
+            toks: Vec::with_capacity(opts.max_batch),
+            ids: Vec::with_capacity(opts.max_batch),
         })
     }
 
@@ -157,19 +203,36 @@ impl GpuModel {
         &self.ctx
     }
 
-    /// Positions the KV cache holds.
+    /// Most positions of one sequence.
     pub fn n_ctx(&self) -> usize {
         self.opts.n_ctx
     }
 
-    /// Positions filled in the KV cache.
+    /// Positions filled in the model's own sequence.
     pub fn pos(&self) -> usize {
-        self.pos
+        self.main.len()
     }
 
-    /// Forgets every position after the first `len` (0 starts a new sequence).
+    /// Forgets every position of the model's own sequence after the first `len` (0 starts
+    /// a new sequence).
     pub fn truncate(&mut self, len: usize) {
-        self.pos = self.pos.min(len);
+        self.main.truncate(len);
+    }
+
+    /// Opens another sequence (one of [`GpuModelOptions::max_seqs`]).
+    pub fn new_seq(&self) -> Result<GpuSeq> {
+        KvTable::open(&self.table)
+    }
+
+    /// KV pages held by open sequences, and the pages there are.
+    pub fn kv_pages(&self) -> (usize, usize) {
+        let t = lock(&self.table);
+        (t.pages_in_use(), t.capacity())
+    }
+
+    /// Most tokens one step runs.
+    pub fn max_batch(&self) -> usize {
+        self.opts.max_batch
     }
 
     /// Dispatches recorded for one decode step ending in the GPU argmax
@@ -205,43 +268,101 @@ impl GpuModel {
         }
     }
 
-    /// Records and submits one step of `tokens` (≤ max_batch) at the current position,
-    /// with the result selected by `out` copied to staging; advances the position.
-    fn step(&mut self, tokens: &[u32], out: Out) -> Result<()> {
-        let n = tokens.len();
-        if n == 0 || n > self.opts.max_batch {
+    /// Records and submits one step: the tokens of each `(slot, tokens)` part at the
+    /// positions after those its sequence caches (≤ max_batch tokens in all), with the
+    /// result selected by `out` copied to staging; advances the sequences.
+    fn step(&mut self, parts: &[(u32, &[u32])], out: Out) -> Result<()> {
+        let n: usize = parts.iter().map(|p| p.1.len()).sum();
+        if n == 0 || n > self.opts.max_batch || parts.iter().any(|p| p.1.is_empty()) {
             return Err(Error::Request(format!(
-                "GPU step of {n} tokens (1..={} allowed)",
+                "GPU step of {n} tokens (1..={} allowed, at least one per sequence)",
                 self.opts.max_batch
             )));
         }
-        if self.pos + n > self.opts.n_ctx {
+        if out == Out::Picked && parts.len() > self.plan.logits_rows {
             return Err(Error::Request(format!(
-                "context full: {} positions used + {n} new > context size {}",
-                self.pos, self.opts.n_ctx
-            )));
-        }
-        if let Some(max) = self.plan.max_pos.filter(|&m| self.pos + n > m) {
-            return Err(Error::Request(format!(
-                "position {} is past the model's {max} learned positions",
-                self.pos + n - 1
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-            return Err(Error::Request(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.cfg.n_vocab
+                "GPU step of {} sequences: at most {} logits rows per step",
+                parts.len(),
+                self.plan.logits_rows
             )));
         }
         let g = &*self.ctx;
+        self.toks.clear();
+        self.ids.clear();
+        {
+            let mut table = lock(&self.table);
+            for (i, &(slot, tokens)) in parts.iter().enumerate() {
+                if parts[..i].iter().any(|p| p.0 == slot) {
+                    return Err(Error::Request(format!(
+                        "sequence slot {slot} appears twice in one step"
+                    )));
+                }
+                let len = table.len(slot);
+                if len + tokens.len() > self.opts.n_ctx {
+                    return Err(Error::Request(format!(
+                        "context full: {len} positions used + {} new > context size {}",
+                        tokens.len(),
+                        self.opts.n_ctx
+                    )));
+                }
+                if let Some(max) = self.plan.max_pos.filter(|&m| len + tokens.len() > m) {
+                    return Err(Error::Request(format!(
+                        "position {} is past the model's {max} learned positions",
+                        len + tokens.len() - 1
+                    )));
+                }
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+                    return Err(Error::Request(format!(
+                        "token id {bad} is outside the vocabulary (size {})",
+                        self.cfg.n_vocab
+                    )));
+                }
+                self.ids.extend_from_slice(tokens);
+                // The one token of a sequence beside others keeps the decode numerics.
+                let flag = if parts.len() > 1 && tokens.len() == 1 {
+                    DECODE_ROW
+                } else {
+                    0
+                };
+                self.toks
+                    .extend((len..len + tokens.len()).map(|p| [p as u32, slot | flag]));
+            }
+            let grow: Vec<(u32, usize)> = parts.iter().map(|p| (p.0, p.1.len())).collect();
+            table.reserve(&grow)?;
+            let idx = &self.plan.index;
+            for &(slot, _) in parts {
+                if let Some(pages) = table.take_dirty(slot) {
+                    let at = u64::from(slot) * idx.pps as u64 * 4;
+                    idx.pages.write(g, at, bytemuck::cast_slice(pages));
+                }
+            }
+        }
         let nt = n as u32;
-        self.plan.ids.write(g, 0, bytemuck::cast_slice(tokens));
-        self.plan.step.write(g, nt, self.pos as u32);
-        let n_kv = (self.pos + n) as u32;
+        self.plan.ids.write(g, 0, bytemuck::cast_slice(&self.ids));
+        self.plan
+            .index
+            .toks
+            .write(g, 0, bytemuck::cast_slice(&self.toks));
+        self.plan.step.write(g, nt, self.toks[0][0]);
+        let n_kv = self.toks[0][0] + 1;
         let rows = match out {
             Out::Logits(w) => Rows::of(n, w),
             Out::Cache => Rows::Skip,
             Out::Argmax | Out::TopK => Rows::of(n, Logits::Last),
+            Out::Picked => {
+                let mut end = 0u32;
+                let picks: Vec<u32> = parts
+                    .iter()
+                    .map(|p| {
+                        end += p.1.len() as u32;
+                        let flag = if p.1.len() == 1 { DECODE_ROW } else { 0 };
+                        (end - 1) | flag
+                    })
+                    .collect();
+                self.plan.picks.write(g, 0, bytemuck::cast_slice(&picks));
+                self.plan.pick_step.write(g, picks.len() as u32, 0);
+                Rows::Picked(picks.len() as u32)
+            }
         };
         let mut enc = g.encoder();
         {
@@ -251,25 +372,46 @@ impl GpuModel {
             match out {
                 Out::Argmax => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
-                Out::Logits(_) | Out::Cache => {}
+                Out::Logits(_) | Out::Cache | Out::Picked => {}
             }
         }
-        match out {
-            Out::Argmax => self.argmax.record_download(&mut enc),
-            Out::TopK => self.topk.record_download(&mut enc),
-            Out::Logits(w) => {
-                let rows = if w == Logits::All { n } else { 1 };
-                let bytes = (rows * self.cfg.n_vocab * 4) as u64;
-                enc.copy_buffer_to_buffer(&self.plan.logits.buf, 0, &self.staging.buf, 0, bytes);
+        let logit_rows = match out {
+            Out::Argmax => {
+                self.argmax.record_download(&mut enc);
+                0
             }
-            Out::Cache => {}
+            Out::TopK => {
+                self.topk.record_download(&mut enc);
+                0
+            }
+            Out::Logits(Logits::All) => n,
+            Out::Logits(Logits::Last) => 1,
+            Out::Picked => parts.len(),
+            Out::Cache => 0,
+        };
+        if logit_rows > 0 {
+            let bytes = (logit_rows * self.cfg.n_vocab * 4) as u64;
+            enc.copy_buffer_to_buffer(&self.plan.logits.buf, 0, &self.staging.buf, 0, bytes);
         }
         if let Some(p) = &self.profiler {
             p.record_resolve(&mut enc);
         }
         g.submit(enc);
-        self.pos += n;
+        let mut table = lock(&self.table);
+        for &(slot, tokens) in parts {
+            table.advance(slot, tokens.len());
+        }
         Ok(())
+    }
+
+    /// Maps `rows` logits rows of the staging buffer onto the end of `out`.
+    async fn read_logits(&self, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let size = (rows * self.cfg.n_vocab * 4) as u64;
+        self.ctx
+            .map_read_with(&self.staging.buf, size, |b| {
+                out.extend_from_slice(bytemuck::cast_slice(b))
+            })
+            .await
     }
 
     /// Adds the last step's timestamps to the profile.
@@ -311,16 +453,10 @@ impl GpuModel {
             } else {
                 Out::Cache
             };
-            self.step(part, out_kind)?;
+            self.step(&[(self.main.slot(), part)], out_kind)?;
             if which == Logits::All || last {
                 let rows = if which == Logits::All { part.len() } else { 1 };
-                let size = (rows * self.cfg.n_vocab * 4) as u64;
-                let dst = &mut out;
-                self.ctx
-                    .map_read_with(&self.staging.buf, size, |b| {
-                        dst.extend_from_slice(bytemuck::cast_slice(b))
-                    })
-                    .await?;
+                self.read_logits(rows, &mut out).await?;
             } else {
                 self.ctx.check()?;
             }
@@ -332,7 +468,10 @@ impl GpuModel {
     /// Decodes one token and returns the argmax of its logits (ties → lowest id); only
     /// the id and its logit come back from the GPU.
     pub async fn argmax_step_async(&mut self, token: u32) -> Result<u32> {
-        self.step(&[token], Out::Argmax)?;
+        self.step(
+            &[(self.main.slot(), std::slice::from_ref(&token))],
+            Out::Argmax,
+        )?;
         let best = self.argmax.read_async(&self.ctx).await?[0].0;
         self.collect_profile().await?;
         Ok(best)
@@ -340,10 +479,44 @@ impl GpuModel {
 
     /// Decodes one token and returns the `top_k` best (id, logit) pairs, best first.
     pub async fn topk_step_async(&mut self, token: u32) -> Result<Vec<(u32, f32)>> {
-        self.step(&[token], Out::TopK)?;
+        self.step(
+            &[(self.main.slot(), std::slice::from_ref(&token))],
+            Out::TopK,
+        )?;
         let best = self.topk.read_async(&self.ctx).await?;
         self.collect_profile().await?;
         Ok(best)
+    }
+
+    /// Runs one step over several sequences — each `steps[i].tokens` at the positions after
+    /// those `steps[i].seq` caches, at most [`GpuModel::max_batch`] tokens in all, every
+    /// sequence at most once — and returns the logits of each sequence's last token, one
+    /// row of `n_vocab` per step in order. Several tokens use the batch numerics, one token
+    /// alone the decode numerics (as [`GpuModel::forward`]). When the KV pages run out the
+    /// error is [`Error::KvPoolExhausted`] and no sequence has changed.
+    pub async fn forward_seqs_async(&mut self, steps: &[GpuSeqStep<'_>]) -> Result<Vec<f32>> {
+        if let Some(s) = steps.iter().find(|s| !s.seq.belongs_to(&self.table)) {
+            return Err(Error::Request(format!(
+                "{:?} was opened on another model",
+                s.seq
+            )));
+        }
+        let parts: Vec<(u32, &[u32])> = steps.iter().map(|s| (s.seq.slot(), s.tokens)).collect();
+        let out = if parts.len() == 1 {
+            Out::Logits(Logits::Last)
+        } else {
+            Out::Picked
+        };
+        self.step(&parts, out)?;
+        let mut logits = Vec::with_capacity(parts.len() * self.cfg.n_vocab);
+        self.read_logits(parts.len(), &mut logits).await?;
+        self.collect_profile().await?;
+        Ok(logits)
+    }
+
+    /// Blocking [`GpuModel::forward_seqs_async`].
+    pub fn forward_seqs(&mut self, steps: &[GpuSeqStep<'_>]) -> Result<Vec<f32>> {
+        pollster::block_on(self.forward_seqs_async(steps))
     }
 
     /// Blocking [`GpuModel::forward_async`].

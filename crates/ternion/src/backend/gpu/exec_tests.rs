@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::model::{self, Logits, Model};
+use crate::Error;
 
 fn golden_dir() -> PathBuf {
     std::env::var_os("TERNION_GOLDEN_BITNET")
@@ -224,4 +225,134 @@ fn decode_steps_create_nothing() {
         "dispatches per decoded token: {}",
         gpu.dispatches_per_token()
     );
+}
+
+fn st<'a>(seq: &'a GpuSeq, tokens: &'a [u32]) -> GpuSeqStep<'a> {
+    GpuSeqStep { seq, tokens }
+}
+
+fn multi_seq_model(f: &Fixture, max_seqs: usize, kv_pages: Option<usize>) -> GpuModel {
+    let opts = GpuModelOptions {
+        n_ctx: 96,
+        max_batch: 48,
+        max_seqs,
+        kv_pages,
+        top_k: 8,
+        ..GpuModelOptions::default()
+    };
+    GpuModel::from_model(f.ctx.clone(), &f.cpu, opts).expect("GPU load")
+}
+
+/// Sequences stepped together (prompt chunks of different sequences in one step, each
+/// sequence's last row picked) give the logits each gives alone, bit for bit: the batch
+/// kernels compute every row on its own. Dropping the sequences gives their pages back.
+#[test]
+fn sequences_stepped_together_match_each_alone() {
+    let Some(f) = fixture() else { return };
+    let vocab = f.cpu.config().n_vocab;
+    let (p0, p1, p2) = (&f.prompts[0], &f.prompts[1], &f.prompts[2]);
+    let (c0, c1) = ([5u32, 9], [17u32, 3, 11]);
+    // Alone: the model's own sequence, one prompt after another.
+    let mut alone = multi_seq_model(&f, 0, None);
+    let mut want = Vec::new();
+    for (p, c) in [(p0, &c0[..]), (p1, &c1[..])] {
+        alone.truncate(0);
+        want.push(alone.forward(p, Logits::Last).unwrap());
+        want.push(alone.forward(c, Logits::Last).unwrap());
+    }
+    alone.truncate(0);
+    let want_p2 = alone.forward(p2, Logits::Last).unwrap();
+
+    let mut gpu = multi_seq_model(&f, 3, None);
+    let (a, b) = (gpu.new_seq().unwrap(), gpu.new_seq().unwrap());
+    let got = gpu
+        .forward_seqs(&[st(&a, &p0[..]), st(&b, &p1[..])])
+        .unwrap();
+    assert_eq!(got.len(), 2 * vocab);
+    assert_eq!(got[..vocab], want[0], "prompt 0 beside prompt 1");
+    assert_eq!(got[vocab..], want[2], "prompt 1 beside prompt 0");
+    // A third sequence joins with its prompt while the others continue.
+    let c = gpu.new_seq().unwrap();
+    let got = gpu
+        .forward_seqs(&[st(&b, &c1[..]), st(&c, &p2[..]), st(&a, &c0[..])])
+        .unwrap();
+    assert_eq!(got[..vocab], want[3], "continuation of 1");
+    assert_eq!(got[vocab..2 * vocab], want_p2, "prompt 2 joining");
+    assert_eq!(got[2 * vocab..], want[1], "continuation of 0");
+    assert_eq!((a.len(), b.len()), (p0.len() + 2, p1.len() + 3));
+    let used = |g: &GpuModel| g.kv_pages().0;
+    let before = used(&gpu);
+    drop((a, b, c));
+    assert!(used(&gpu) < before);
+    assert_eq!(used(&gpu), 0, "the model's own sequence is empty");
+}
+
+/// One token per sequence (batched decoding) keeps the decode numerics (attention's
+/// decode split, the F16-rounded head input) inside the batch: every row bit-identical to
+/// the same sequence decoded alone in single-token steps.
+#[test]
+fn batched_decode_follows_each_sequence() {
+    let Some(f) = fixture() else { return };
+    let vocab = f.cpu.config().n_vocab;
+    let mut alone = multi_seq_model(&f, 0, None);
+    let mut gpu = multi_seq_model(&f, 3, None);
+    let seqs: Vec<GpuSeq> = (0..3).map(|_| gpu.new_seq().unwrap()).collect();
+    let steps: Vec<GpuSeqStep<'_>> = seqs
+        .iter()
+        .zip(&f.prompts)
+        .map(|(seq, tokens)| GpuSeqStep { seq, tokens })
+        .collect();
+    let first = gpu.forward_seqs(&steps).unwrap();
+    let mut generated: Vec<Vec<u32>> = first.chunks(vocab).map(|r| vec![argmax(r)]).collect();
+    for _ in 0..6 {
+        let steps: Vec<GpuSeqStep<'_>> = seqs
+            .iter()
+            .zip(&generated)
+            .map(|(seq, g)| GpuSeqStep {
+                seq,
+                tokens: &g[g.len() - 1..],
+            })
+            .collect();
+        let got = gpu.forward_seqs(&steps).unwrap();
+        for (i, row) in got.chunks(vocab).enumerate() {
+            alone.truncate(0);
+            let mut want = alone.forward(&f.prompts[i], Logits::Last).unwrap();
+            for &t in &generated[i] {
+                want = alone.forward(&[t], Logits::Last).unwrap();
+            }
+            assert_eq!(row, &want[..], "sequence {i} after {:?}", generated[i]);
+            generated[i].push(argmax(row));
+        }
+    }
+}
+
+/// A step that needs more KV pages than are free fails with the typed error and changes
+/// no sequence; freeing a sequence makes room.
+#[test]
+fn kv_pages_run_out_cleanly() {
+    let Some(f) = fixture() else { return };
+    let mut gpu = multi_seq_model(&f, 2, Some(3));
+    let (a, b) = (gpu.new_seq().unwrap(), gpu.new_seq().unwrap());
+    let p: Vec<u32> = f.prompts.concat();
+    assert!((33..=64).contains(&p.len()), "two pages of prompt");
+    gpu.forward_seqs(&[st(&a, &p[..])]).unwrap();
+    assert_eq!(gpu.kv_pages(), (2, 3));
+    let err = gpu
+        .forward_seqs(&[st(&a, &p[..8]), st(&b, &p[..])])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::KvPoolExhausted {
+                need: 2,
+                free: 1,
+                capacity: 3
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!((a.len(), b.len(), gpu.kv_pages().0), (p.len(), 0, 2));
+    drop(a);
+    gpu.forward_seqs(&[st(&b, &p[..])]).unwrap();
+    assert_eq!(b.len(), p.len());
 }

@@ -74,6 +74,7 @@ mod exec_tests;
 mod ops;
 mod pipelines;
 mod plan;
+mod seqs;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -87,7 +88,7 @@ pub use context::list_adapters;
 pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
-    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,
+    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormOut,
     PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
     RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
     TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
@@ -95,4 +96,5 @@ pub use ops::{
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
 };
+pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};

@@ -8,7 +8,8 @@
 //! - `Rope` followed by `KvStore` → one `rope_kv` launch (rotation + F16 cache store).
 //! - `Linear { add: true }` → the matvec's `Add` epilogue (the residual add).
 //! - `SelectRows` → no copy: the ops after it run on the step's rows and the final matvec
-//!   (the LM head) multiplies the last row only, or every row, as the step asks.
+//!   (the LM head) multiplies the last row only, every row, or the rows a step picks (the
+//!   last token of each sequence of a multi-sequence step: gathered first), as the step asks.
 //!
 //! A graph op the GPU has no kernel for is an error naming the op, at load.
 
@@ -17,8 +18,8 @@ use std::collections::HashMap;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::{
-    ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut, PosTable, QAct,
-    QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
+    ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormOut, PosTable,
+    QAct, QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
     RowOp, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
 };
 use super::pipelines::{Epilogue, GluAct as KernelGlu};
@@ -41,6 +42,8 @@ pub(crate) enum Rows {
     All,
     /// None: the step only fills the KV cache (earlier chunks of a prompt).
     Skip,
+    /// The rows listed in [`Plan::picks`] (this many), in that order.
+    Picked(u32),
 }
 
 impl Rows {
@@ -68,12 +71,8 @@ enum Launch {
     RopeKv(RopeKv),
     Attention(Attention),
     Glu(Glu),
-    /// The F16 matvec over selected rows (the LM head), in its three row modes.
-    Head {
-        decode: F16Matvec,
-        last: F16Matvec,
-        all: F16Matvec,
-    },
+    /// The F16 matvec over selected rows (the LM head), in its row modes.
+    Head(Box<Head>),
     /// Activation quantization (Q8_0 / Q8_K) for the GGUF-format matvecs.
     Quantize(QuantizeAct),
     /// A GGUF-format matvec.
@@ -95,6 +94,16 @@ struct FusedGlu {
     glu: Glu,
 }
 
+/// The parts of [`Launch::Head`]: one matvec per row mode; picked rows are gathered into
+/// a compact buffer first.
+struct Head {
+    decode: F16Matvec,
+    last: F16Matvec,
+    all: F16Matvec,
+    gather: RowOp,
+    picked: F16Matvec,
+}
+
 /// The parts of [`Launch::QHead`].
 struct QHead {
     select: RowOp,
@@ -103,6 +112,9 @@ struct QHead {
     last: QMatvec,
     quant_all: Option<QuantizeAct>,
     all: QMatvec,
+    gather: RowOp,
+    quant_picked: Option<QuantizeAct>,
+    picked: QMatvec,
 }
 
 impl Launch {
@@ -116,7 +128,7 @@ impl Launch {
             Launch::RopeKv(_) => "rope_kv",
             Launch::Attention(_) => "attention",
             Launch::Glu(_) => "glu",
-            Launch::Head { .. } | Launch::QHead(_) => "lm_head",
+            Launch::Head(_) | Launch::QHead(_) => "lm_head",
             Launch::Quantize(_) => "quantize",
             Launch::QLinear(_) => "qmatvec",
             Launch::QEmbed(_) => "embed",
@@ -156,10 +168,14 @@ impl Launch {
             Launch::RopeKv(o) => o.record(pass, n),
             Launch::Attention(o) => o.record(pass, n, n_kv),
             Launch::Glu(o) => o.record(pass, n),
-            Launch::Head { decode, last, all } => match rows {
-                Rows::Decode => decode.record(pass, n),
-                Rows::Last => last.record(pass, n),
-                Rows::All => all.record(pass, n),
+            Launch::Head(h) => match rows {
+                Rows::Decode => h.decode.record(pass, n),
+                Rows::Last => h.last.record(pass, n),
+                Rows::All => h.all.record(pass, n),
+                Rows::Picked(m) => {
+                    h.gather.record(pass, m);
+                    h.picked.record(pass, m);
+                }
                 Rows::Skip => {}
             },
             Launch::Quantize(o) => o.record(pass, n),
@@ -174,11 +190,20 @@ impl Launch {
                     last,
                     quant_all,
                     all,
+                    gather,
+                    quant_picked,
+                    picked,
                 } = &**h;
                 if rows == Rows::Skip {
                     return;
                 }
-                if rows == Rows::All {
+                if let Rows::Picked(m) = rows {
+                    gather.record(pass, m);
+                    if let Some(q) = quant_picked {
+                        q.record(pass, m);
+                    }
+                    picked.record(pass, m, m > 1);
+                } else if rows == Rows::All {
                     if let Some(q) = quant_all {
                         q.record(pass, n);
                     }
@@ -200,7 +225,7 @@ impl Launch {
             Launch::Embed(e) => e.dispatch_count(),
             Launch::Attention(_) => Attention::dispatches(n),
             Launch::TernaryGlu(_) | Launch::Ternary3(_) if n > 1 => 3,
-            Launch::Head { decode, .. } => decode.dispatch_count(),
+            Launch::Head(h) => h.decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
             Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),
             _ => 1,
@@ -215,6 +240,12 @@ pub(crate) struct Plan {
     pub ids: GpuBuffer,
     /// `{ n_tokens, pos }` of the step.
     pub step: StepUniform,
+    /// `{ picked rows, 0 }` of the step (read by the GGUF-format head over picked rows).
+    pub pick_step: StepUniform,
+    /// Rows whose logits a [`Rows::Picked`] step computes (u32 each, `max_batch`).
+    pub picks: GpuBuffer,
+    /// Positions and sequence slots of the step's tokens, and the page tables.
+    pub index: KvIndex,
     /// The logits activation (rows as [`Plan::logits_rows`] allows).
     pub logits: GpuBuffer,
     /// Logits rows the buffer holds.
@@ -241,6 +272,8 @@ struct Acts<'g> {
     qacts: HashMap<(ActId, ActQuant), QAct>,
     /// Every Q8 buffer made (kept alive with the plan).
     qact_bufs: Vec<QAct>,
+    /// Other buffers the launches bind (picked-row copies).
+    keep: Vec<GpuBuffer>,
     /// Acts standing for the selected rows of another act (`SelectRows`).
     alias: HashMap<ActId, ActId>,
     /// Acts computed on selected rows.
@@ -305,6 +338,20 @@ impl Acts<'_> {
     }
 }
 
+/// Sizes of the paged KV caches.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KvSizes {
+    /// Pages per layer (shared by all sequences).
+    pub pages: usize,
+    /// Sequence slots (page tables).
+    pub slots: usize,
+}
+
+/// The compact copy of the picked rows of an act of `width` (the head's input).
+fn picked_rows(ctx: &GpuContext, width: usize, max_batch: usize) -> Result<GpuBuffer> {
+    GpuBuffer::zeroed(ctx, "picked", (max_batch * width * 4) as u64)
+}
+
 /// A weight uploaded as a GGUF-format matrix, with its output scale.
 fn quant_weight(weights: &[GpuWeight], w: WeightId) -> Option<(&QWeights, f32)> {
     match &weights[w.0] {
@@ -361,7 +408,8 @@ fn unsupported(op: &Op) -> Error {
 }
 
 impl Plan {
-    /// Compiles `graph` over the uploaded `weights`.
+    /// Compiles `graph` over the uploaded `weights`, with KV caches of `kv.pages` pages
+    /// for `kv.slots` sequences of up to `n_ctx` positions.
     pub(crate) fn compile(
         ctx: &GpuContext,
         graph: &Graph,
@@ -369,6 +417,7 @@ impl Plan {
         max_batch: usize,
         n_ctx: usize,
         n_vocab: usize,
+        kv: KvSizes,
     ) -> Result<Plan> {
         let g = ctx;
         let geo = &graph.attn;
@@ -384,9 +433,12 @@ impl Plan {
             .min(g.caps().max_binding / row_bytes)
             .max(1) as usize;
         let step = StepUniform::new(g)?;
+        let pick_step = StepUniform::new(g)?;
         let ids = GpuBuffer::zeroed(g, "ids", (max_batch * 4) as u64)?;
+        let picks = GpuBuffer::zeroed(g, "picks", (max_batch * 4) as u64)?;
+        let index = KvIndex::new(g, max_batch, kv.slots, n_ctx)?;
         let kv = (0..graph.n_layer)
-            .map(|_| GpuKv::new(g, n_ctx, dims.kv_dim()))
+            .map(|_| GpuKv::new(g, kv.pages, dims.kv_dim()))
             .collect::<Result<Vec<_>>>()?;
         let mut acts = Acts {
             graph,
@@ -397,6 +449,7 @@ impl Plan {
             quant: HashMap::new(),
             qacts: HashMap::new(),
             qact_bufs: Vec::new(),
+            keep: Vec::new(),
             alias: HashMap::new(),
             selected: Vec::new(),
         };
@@ -560,13 +613,17 @@ impl Plan {
                         }
                         (GpuWeight::F16Rows(m), _) if acts.is_selected(x) && !add => {
                             let xb = acts.f32(x)?;
-                            launches.push(Launch::Head {
+                            let pb = picked_rows(g, width(x), max_batch)?;
+                            launches.push(Launch::Head(Box::new(Head {
                                 decode: F16Matvec::new(g, variant, TPR, m, &xb, &ob, true)?,
                                 last: F16Matvec::last_row(
                                     g, variant, TPR, m, &xb, &ob, false, &step,
                                 )?,
                                 all: F16Matvec::new(g, variant, TPR, m, &xb, &ob, false)?,
-                            });
+                                gather: RowOp::gather(g, &xb, width(x), &picks, &pb, true)?,
+                                picked: F16Matvec::new(g, variant, TPR, m, &pb, &ob, false)?,
+                            })));
+                            acts.keep.push(pb);
                         }
                         (_, Some((qw, post_scale))) => {
                             let opts = |round_x| QMatvecOpts {
@@ -613,6 +670,34 @@ impl Plan {
                                     }
                                     None => (None, mv(MatIn::F32(&acts.f32(x)?), true)?),
                                 };
+                                let pb = picked_rows(g, width(x), max_batch)?;
+                                // F32-input formats round a decode row's input like
+                                // `decode` (round_x); Q8 inputs are quantized unrounded.
+                                let xb = acts.f32(x)?;
+                                let round = kind.is_none();
+                                let gather = RowOp::gather(g, &xb, width(x), &picks, &pb, round)?;
+                                let pick_mv = |input: MatIn<'_>| {
+                                    QMatvec::new(
+                                        g,
+                                        variant,
+                                        TPR,
+                                        qw,
+                                        input,
+                                        &ob,
+                                        opts(false),
+                                        Some(&pick_step),
+                                    )
+                                };
+                                let (quant_picked, picked) = match kind {
+                                    Some(k) => {
+                                        let q = QAct::new(g, k, width(x), max_batch)?;
+                                        acts.qact_bufs.push(q.clone());
+                                        let qa = QuantizeAct::new(g, &pb, &q)?;
+                                        (Some(qa), pick_mv(MatIn::Quant(&q))?)
+                                    }
+                                    None => (None, pick_mv(MatIn::F32(&pb))?),
+                                };
+                                acts.keep.push(pb);
                                 launches.push(Launch::QHead(Box::new(QHead {
                                     select,
                                     quant_one,
@@ -620,6 +705,9 @@ impl Plan {
                                     last,
                                     quant_all,
                                     all,
+                                    gather,
+                                    quant_picked,
+                                    picked,
                                 })));
                             } else {
                                 let linear = match kind {
@@ -649,7 +737,14 @@ impl Plan {
                     };
                     let (qb, kb, vb) = (acts.f32(q)?, acts.f32(k)?, acts.f32(v)?);
                     launches.push(Launch::RopeKv(RopeKv::with_rope(
-                        g, dims, rope, &step, &qb, &kb, &vb, &kv[layer],
+                        g,
+                        dims,
+                        rope,
+                        &step,
+                        &qb,
+                        &kb,
+                        &vb,
+                        (&kv[layer], &index),
                     )?));
                     i += 1;
                 }
@@ -670,13 +765,25 @@ impl Plan {
                     };
                     let (qb, kb, vb) = (acts.f32(q)?, acts.f32(k)?, acts.f32(v)?);
                     launches.push(Launch::RopeKv(RopeKv::with_rope(
-                        g, store, rope, &step, &qb, &kb, &vb, &kv[layer],
+                        g,
+                        store,
+                        rope,
+                        &step,
+                        &qb,
+                        &kb,
+                        &vb,
+                        (&kv[layer], &index),
                     )?));
                 }
                 Op::Attention { layer, q, out } => {
                     let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
                     launches.push(Launch::Attention(Attention::new(
-                        g, dims, &step, &qb, &kv[layer], &ob, true,
+                        g,
+                        dims,
+                        &qb,
+                        (&kv[layer], &index),
+                        &ob,
+                        true,
                     )?));
                 }
                 Op::Glu { act, gate, up } => {
@@ -713,6 +820,7 @@ impl Plan {
                     launches.push(Launch::Row(RowOp::add_pos(
                         g,
                         &step,
+                        &index.toks,
                         &xb,
                         tb,
                         width(x),
@@ -743,16 +851,20 @@ impl Plan {
             f32s,
             quant,
             qact_bufs,
+            keep,
             ..
         } = acts;
         Ok(Plan {
             launches,
             ids,
             step,
+            pick_step,
+            picks,
+            index,
             logits,
             logits_rows,
             max_pos,
-            _acts: f32s.into_values().collect(),
+            _acts: f32s.into_values().chain(keep).collect(),
             _quant: quant.into_values().collect(),
             _qacts: qact_bufs,
             _kv: kv,

@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::backend::cpu::{attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape};
+use crate::kv::PAGE_POSITIONS;
 use crate::quant::{act, i2s};
 
 pub(super) fn ctx_with(opts: &GpuOptions) -> Option<GpuContext> {
@@ -527,10 +528,10 @@ fn rope_kv_matches_cpu() {
             GpuBuffer::from_slice(&ctx, "k", &k).unwrap(),
             GpuBuffer::from_slice(&ctx, "v", &v).unwrap(),
         );
-        let kv = GpuKv::new(&ctx, n_ctx, kvd).unwrap();
+        let seq = PagedSeq::new(&ctx, n_ctx, kvd, pos0, n);
         let step = StepUniform::new(&ctx).unwrap();
         step.write(&ctx, n as u32, pos0 as u32);
-        let op = RopeKv::new(&ctx, d, &step, &qb, &kb, &vb, &kv).unwrap();
+        let op = RopeKv::new(&ctx, d, &step, &qb, &kb, &vb, seq.both()).unwrap();
         run(&ctx, |p| op.record(p, n as u32));
 
         let (mut qc, mut kc) = (q.clone(), k.clone());
@@ -552,8 +553,7 @@ fn rope_kv_matches_cpu() {
             worst = worst.max(err);
             assert!(err <= 1e-5, "{d:?} q[{i}]: gpu {} cpu {}", qg[i], qc[i]);
         }
-        let kcache = kv.k.read::<u16>(&ctx).unwrap();
-        let vcache = kv.v.read::<u16>(&ctx).unwrap();
+        let (kcache, vcache) = seq.read_rows(&ctx);
         assert!(
             kcache[..pos0 * kvd].iter().all(|&b| b == 0),
             "rows before pos0"
@@ -583,6 +583,68 @@ fn rope_kv_matches_cpu() {
     eprintln!("rope_kv: worst |gpu − cpu| / (|x0| + |x1|) = {worst:e}");
 }
 
+/// One sequence in slot 1 of a two-slot [`KvIndex`], its pages in reverse order after a
+/// spare page 0 (so the page-table indirection is exercised), with its `n` new tokens at
+/// positions `pos0..`: position-ordered rows go in and come out through its page table.
+pub(super) struct PagedSeq {
+    pub kv: GpuKv,
+    pub index: KvIndex,
+    pages: Vec<u32>,
+    kvd: usize,
+    n_ctx: usize,
+}
+
+impl PagedSeq {
+    pub fn new(ctx: &GpuContext, n_ctx: usize, kvd: usize, pos0: usize, n: usize) -> PagedSeq {
+        let n_pages = n_ctx.div_ceil(PAGE_POSITIONS);
+        let pages: Vec<u32> = (0..n_pages).map(|i| (n_pages - i) as u32).collect();
+        let kv = GpuKv::new(ctx, n_pages + 1, kvd).unwrap();
+        let index = KvIndex::new(ctx, n.max(1), 2, n_ctx).unwrap();
+        let at = (index.pps * 4) as u64;
+        index.pages.write(ctx, at, bytemuck::cast_slice(&pages));
+        let toks: Vec<[u32; 2]> = (pos0..pos0 + n).map(|p| [p as u32, 1]).collect();
+        index.toks.write(ctx, 0, bytemuck::cast_slice(&toks));
+        PagedSeq {
+            kv,
+            index,
+            pages,
+            kvd,
+            n_ctx,
+        }
+    }
+
+    fn row(&self, pos: usize) -> usize {
+        self.pages[pos / PAGE_POSITIONS] as usize * PAGE_POSITIONS + pos % PAGE_POSITIONS
+    }
+
+    /// Writes keys and values of positions `0..k.len() / kvd`.
+    pub fn write_rows(&self, ctx: &GpuContext, k: &[f16], v: &[f16]) {
+        for (pos, (kr, vr)) in k.chunks(self.kvd).zip(v.chunks(self.kvd)).enumerate() {
+            let at = (self.row(pos) * self.kvd * 2) as u64;
+            self.kv.k.write(ctx, at, bytemuck::cast_slice(kr));
+            self.kv.v.write(ctx, at, bytemuck::cast_slice(vr));
+        }
+    }
+
+    /// Keys and values (F16 bits) of positions `0..n_ctx`, in position order.
+    pub fn read_rows(&self, ctx: &GpuContext) -> (Vec<u16>, Vec<u16>) {
+        let (k, v) = (
+            self.kv.k.read::<u16>(ctx).unwrap(),
+            self.kv.v.read::<u16>(ctx).unwrap(),
+        );
+        let gather = |c: &[u16]| {
+            (0..self.n_ctx)
+                .flat_map(|p| c[self.row(p) * self.kvd..][..self.kvd].iter().copied())
+                .collect()
+        };
+        (gather(&k), gather(&v))
+    }
+
+    pub fn both(&self) -> (&GpuKv, &KvIndex) {
+        (&self.kv, &self.index)
+    }
+}
+
 fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
     (0..n)
         .map(|_| f16::from_f32(r.random_range(-2.0..2.0)))
@@ -606,15 +668,12 @@ pub(super) fn attention_case(
     let vc = random_kv(r, n_kv * kvd);
     // Spread scores so that the softmax is far from uniform.
     let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
-    let kv = GpuKv::new(ctx, n_ctx, kvd).unwrap();
-    kv.k.write(ctx, 0, bytemuck::cast_slice(&kc));
-    kv.v.write(ctx, 0, bytemuck::cast_slice(&vc));
+    let seq = PagedSeq::new(ctx, n_ctx, kvd, pos0, n);
+    seq.write_rows(ctx, &kc, &vc);
     let qb = GpuBuffer::from_slice(ctx, "q", &q).unwrap();
     let out = GpuBuffer::zeroed(ctx, "att", (n * hq * 4) as u64).unwrap();
-    let step = StepUniform::new(ctx).unwrap();
-    step.write(ctx, n as u32, pos0 as u32);
     let round = n == 1;
-    let op = Attention::new(ctx, d, &step, &qb, &kv, &out, round).unwrap();
+    let op = Attention::new(ctx, d, &qb, seq.both(), &out, round).unwrap();
     run(ctx, |p| op.record(p, n as u32, n_kv as u32));
     let got = out.read::<f32>(ctx).unwrap();
 

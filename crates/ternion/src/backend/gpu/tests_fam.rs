@@ -18,7 +18,7 @@
 use half::f16;
 use rand::Rng;
 
-use super::tests::{attention_case, ctx_with, dims, rng, run, variants};
+use super::tests::{attention_case, ctx_with, dims, rng, run, variants, PagedSeq};
 use super::*;
 use crate::backend::cpu::{add_rows, gelu_ggml, layer_norm, rope};
 use crate::model::graph::RopeMode;
@@ -400,6 +400,8 @@ fn add_pos_embed_f32_and_f16_tables() {
         let x: Vec<f32> = (0..n * t).map(|_| r.random_range(-2.0..2.0)).collect();
         let step = StepUniform::new(&ctx).unwrap();
         step.write(&ctx, t as u32, pos0 as u32);
+        let tk: Vec<[u32; 2]> = (pos0..pos0 + t).map(|p| [p as u32, 0]).collect();
+        let toks = GpuBuffer::from_slice(&ctx, "toks", &tk).unwrap();
         let tb32 = GpuBuffer::from_slice(&ctx, "pos32", &table).unwrap();
         let tb16 = GpuBuffer::from_slice(&ctx, "pos16", &t16).unwrap();
         for f16_table in [false, true] {
@@ -409,7 +411,7 @@ fn add_pos_embed_f32_and_f16_tables() {
             } else {
                 PosTable::F32(&tb32)
             };
-            let op = RowOp::add_pos(&ctx, &step, &xb, tab, n, n_pos).unwrap();
+            let op = RowOp::add_pos(&ctx, &step, &toks, &xb, tab, n, n_pos).unwrap();
             run(&ctx, |p| op.record(p, t as u32));
             let want: Vec<f32> = (0..n * t)
                 .map(|i| {
@@ -462,14 +464,14 @@ fn rope_norm_freqs_partial_and_plain_store() {
                 GpuBuffer::from_slice(&ctx, "v", &v).unwrap(),
             );
             let fb = GpuBuffer::from_slice(&ctx, "freqs", &freqs).unwrap();
-            let kv = GpuKv::new(&ctx, n_ctx, kvd).unwrap();
+            let seq = PagedSeq::new(&ctx, n_ctx, kvd, pos0, n);
             let step = StepUniform::new(&ctx).unwrap();
             step.write(&ctx, n as u32, pos0 as u32);
             let opts = RopeOpts {
                 mode,
                 freqs: with_freqs.then_some(&fb),
             };
-            let op = RopeKv::with_rope(&ctx, d, opts, &step, &qb, &kb, &vb, &kv).unwrap();
+            let op = RopeKv::with_rope(&ctx, d, opts, &step, &qb, &kb, &vb, seq.both()).unwrap();
             run(&ctx, |p| op.record(p, n as u32));
 
             let (mut qc, mut kc) = (q.clone(), k.clone());
@@ -487,8 +489,7 @@ fn rope_norm_freqs_partial_and_plain_store() {
                     qc[i]
                 );
             }
-            let kcache = kv.k.read::<u16>(&ctx).unwrap();
-            let vcache = kv.v.read::<u16>(&ctx).unwrap();
+            let (kcache, vcache) = seq.read_rows(&ctx);
             for i in 0..n * kvd {
                 let want = f16::from_f32(kc[i]).to_bits();
                 let got = kcache[pos0 * kvd + i];
@@ -505,13 +506,13 @@ fn rope_norm_freqs_partial_and_plain_store() {
         let d = dims(2, 2, 8, 8, 1e4);
         let b = GpuBuffer::zeroed(&ctx, "b", 64).unwrap();
         let small = GpuBuffer::zeroed(&ctx, "f", 8).unwrap();
-        let kv = GpuKv::new(&ctx, 4, 16).unwrap();
+        let seq = PagedSeq::new(&ctx, 4, 16, 0, 1);
         let step = StepUniform::new(&ctx).unwrap();
         let opts = RopeOpts {
             mode: RopeMode::Norm,
             freqs: Some(&small),
         };
-        assert!(RopeKv::with_rope(&ctx, d, opts, &step, &b, &b, &b, &kv).is_err());
+        assert!(RopeKv::with_rope(&ctx, d, opts, &step, &b, &b, &b, seq.both()).is_err());
     }
 }
 
@@ -556,6 +557,7 @@ fn family_ops_create_nothing_per_record() {
     let step = StepUniform::new(&ctx).unwrap();
     step.write(&ctx, t as u32, 2);
     let table = GpuBuffer::from_slice(&ctx, "pos", &vec![0.25f32; k * 8]).unwrap();
+    let toks = GpuBuffer::from_slice(&ctx, "toks", &vec![[0u32, 0]; t]).unwrap();
     let quant = QuantizeAct::new(&ctx, &x, &qa).unwrap();
     let mv = QMatvec::new(
         &ctx,
@@ -572,7 +574,7 @@ fn family_ops_create_nothing_per_record() {
         RowOp::layer_norm(&ctx, &x, &vec_k, &vec_k, k, 1e-5, &y).unwrap(),
         RowOp::add_bias(&ctx, &y, &vec_k, k).unwrap(),
         RowOp::gelu(&ctx, &y, k).unwrap(),
-        RowOp::add_pos(&ctx, &step, &y, PosTable::F32(&table), k, 8).unwrap(),
+        RowOp::add_pos(&ctx, &step, &toks, &y, PosTable::F32(&table), k, 8).unwrap(),
     ];
     let before = ctx.counters();
     for _ in 0..10 {

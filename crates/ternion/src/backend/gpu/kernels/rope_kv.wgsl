@@ -1,22 +1,28 @@
-// rope_kv.wgsl — rotary embedding of q and k for T tokens at positions pos, pos+1, …, in
-// ggml's NEOX pairing (i with i + n_rot/2) or NORM pairing (2i with 2i + 1), then the
-// layer's KV-cache store: rotated k and v rounded to F16 at those positions. n_rot = 0 is a
-// plain KV store (GPT-2).
+// rope_kv.wgsl — rotary embedding of q and k for T tokens, each at its own position in its
+// own sequence (toks), in ggml's NEOX pairing (i with i + n_rot/2) or NORM pairing (2i with
+// 2i + 1), then the layer's paged KV-cache store: rotated k and v rounded to F16 into the row
+// of the token's (sequence, position). n_rot = 0 is a plain KV store (GPT-2).
 //
 // Bindings (group 0):
-//   0 uniform Params { n_head, n_head_kv, head_dim, n_rot, theta_scale, mode, has_freqs, _ }:
+//   0 uniform Params { n_head, n_head_kv, head_dim, n_rot, theta_scale, mode, has_freqs, pps }:
 //                     theta_scale = base^(−2/n_rot) computed on the host in f32 exactly as
 //                     backend/cpu/rope.rs does; head_dim even, n_rot a multiple of 4;
-//                     mode 0 = NEOX, 1 = NORM; has_freqs: divide pair i's angle by freqs[i]
-//   1 uniform Step { n_tokens, pos, .. }        pos = position of token 0
+//                     mode 0 = NEOX, 1 = NORM; has_freqs: divide pair i's angle by freqs[i];
+//                     pps = page-table entries per sequence
+//   1 uniform Step { n_tokens, .. }
 //   2 storage rw    q:       array<f32>         T × n_head·head_dim, rotated in place
 //   3 storage read  k:       array<f32>         T × kv_dim (kv_dim = n_head_kv·head_dim)
 //   4 storage read  v:       array<f32>         T × kv_dim
-//   5 storage rw    k_cache: array<u32>         n_ctx × kv_dim F16, two halves per word
-//                                              (element 2i in the low half), row = position
+//   5 storage rw    k_cache: array<u32>         pages × PAGE rows of kv_dim F16, two halves per
+//                                              word (element 2i in the low half); the row of
+//                                              (seq s, position i) is
+//                                              pages[s·pps + i / PAGE]·PAGE + i % PAGE
 //   6 storage rw    v_cache: array<u32>         same layout
 //   7 storage read  freqs:   array<f32>         n_rot/2 frequency divisors (Llama-3
 //                                              rope_freqs; any buffer when has_freqs = 0)
+//   8 storage read  toks:    array<vec2<u32>>   T × (position, sequence slot; top bit: a flag
+//                                              for attention.wgsl)
+//   9 storage read  pages:   array<u32>         slots × pps page ids (the page tables)
 // Dispatch: (ceil(items / 256), T, 1) with items = (n_head + 2·n_head_kv) · head_dim/2: per
 // token, one thread per word (pair of adjacent dims) of every q head, every k head, then
 // every v head. NEOX: in a rotated head, thread j < n_rot/4 rotates the pairs (2j, 2j+n_rot/2)
@@ -43,7 +49,7 @@ struct Params {
     theta_scale: f32,
     mode: u32,
     has_freqs: u32,
-    pad2: u32,
+    pps: u32,
 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
@@ -55,6 +61,11 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(5) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(6) var<storage, read_write> v_cache: array<u32>;
 @group(0) @binding(7) var<storage, read> freqs: array<f32>;
+@group(0) @binding(8) var<storage, read> toks: array<vec2<u32>>;
+@group(0) @binding(9) var<storage, read> pages: array<u32>;
+
+// Positions per KV page (kv.rs PAGE_POSITIONS).
+const PAGE: u32 = 32u;
 
 fn pack_f16(a: f32, b: f32) -> u32 {
     return f16_bits(a) | (f16_bits(b) << 16u);
@@ -104,8 +115,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let head = item / hw;
     let j = item % hw;
     let kv_dim = p.n_head_kv * p.head_dim;
-    let pos = step.pos + t;
-    let crow = pos * kv_dim / 2u;
+    let tk = toks[t];
+    let pos = tk.x;
+    // The top bit of the slot flags decode numerics for attention.wgsl.
+    let slot = tk.y & 0x7fffffffu;
+    let crow = (pages[slot * p.pps + pos / PAGE] * PAGE + pos % PAGE) * kv_dim / 2u;
     if (head >= p.n_head + p.n_head_kv) {
         // v: copy one word.
         let e = (head - p.n_head - p.n_head_kv) * p.head_dim + 2u * j;

@@ -6,17 +6,23 @@
 //   0 uniform Params { n, m, start, eps }: input row width n; `slice`: output width m and
 //                     first column `start`; `add_pos`: m = positions in the table, start =
 //                     1 for an F16 table, 0 for f32; `layernorm`: eps (f32 bits)
-//   1 uniform Step { n_tokens, pos, .. }   add_pos, select_last
+//   1 uniform Step { n_tokens, .. }        add_pos, select_last
 //   2 storage rw    x:   array<f32>   T × n rows (in place for add_bias, gelu, add_pos)
 //   3 storage read  a:   array<u32>   layernorm: n f32 weights; add_bias: n f32 biases;
 //                                     add_pos: m × n table rows (f32, or F16 two per word,
 //                                     element 2i in the low half)
 //   4 storage read  b:   array<f32>   layernorm: n biases
-//   5 storage rw    out: array<f32>   layernorm: T × n; slice: T × m; select_last: n
+//   5 storage rw    out: array<f32>   layernorm: T × n; slice: T × m; select_last: n;
+//                                     gather: R × n
+//   6 storage read  toks: array<vec2<u32>>  add_pos: T × (position, sequence slot)
+//   7 storage read  picks: array<u32>  gather: R row indices into x
 // Dispatch:
 //   layernorm   (T, 1, 1): one workgroup per row (tree sums in shared memory)
 //   add_bias, gelu, add_pos, slice: (ceil(width / 256), T, 1), a thread per element
 //   select_last (ceil(n / 256), 1, 1): row n_tokens − 1 of x into out
+//   gather      (ceil(n / 256), R, 1): out row r = x row picks[r] (low 31 bits); with m = 1
+//               a row whose pick has the top bit set is rounded to F16 (the decode
+//               numerics of an F16 LM head, for a sequence's single-token step)
 // `add_pos` skips rows whose position is past the table (the host rejects such steps).
 //
 // Numerics against backend/cpu (norm.rs, unary.rs):
@@ -28,7 +34,7 @@
 //   or one F16 ulp away near a rounding boundary, except where 1 + tanh cancels (x < −4,
 //   outputs below ~1e-5 in magnitude, where the table itself is a few % off the exact
 //   value): there within 1e-6 absolute. 0 for x ≤ −10 and x for x ≥ 10, like ggml.
-// - add_bias, add_pos, slice, select_last: exact.
+// - add_bias, add_pos, slice, select_last, gather: exact (gather's rounding is RNE).
 
 const WG: u32 = 256u;
 
@@ -41,6 +47,8 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> a: array<u32>;
 @group(0) @binding(4) var<storage, read> b: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read> toks: array<vec2<u32>>;
+@group(0) @binding(7) var<storage, read> picks: array<u32>;
 
 var<workgroup> red: array<f32, WG>;
 
@@ -113,8 +121,11 @@ fn gelu(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @compute @workgroup_size(256)
 fn add_pos(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let pos = step.pos + gid.y;
-    if (gid.x >= p.n || gid.y >= step.n_tokens || pos >= p.m) {
+    if (gid.x >= p.n || gid.y >= step.n_tokens) {
+        return;
+    }
+    let pos = toks[gid.y].x;
+    if (pos >= p.m) {
         return;
     }
     let e = pos * p.n + gid.x;
@@ -139,5 +150,18 @@ fn slice(@builtin(global_invocation_id) gid: vec3<u32>) {
 fn select_last(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (gid.x < p.n) {
         out[gid.x] = x[(step.n_tokens - 1u) * p.n + gid.x];
+    }
+}
+
+@compute @workgroup_size(256)
+fn gather(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < p.n) {
+        let pk = picks[gid.y];
+        let v = x[(pk & 0x7fffffffu) * p.n + gid.x];
+        if (p.m == 1u && pk >= 0x80000000u) {
+            out[gid.y * p.n + gid.x] = round_f16(v);
+        } else {
+            out[gid.y * p.n + gid.x] = v;
+        }
     }
 }

@@ -4,35 +4,70 @@ use super::{uniform, Dispatch, StepUniform, WG};
 use crate::backend::gpu::buffers::GpuBuffer;
 use crate::backend::gpu::context::GpuContext;
 use crate::backend::gpu::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
+use crate::kv::PAGE_POSITIONS;
 use crate::model::graph::RopeMode;
 use crate::{Error, Result};
 
-/// One layer's F16 KV cache on the GPU: `n_ctx` rows of `kv_dim` halves for keys and for
-/// values (two halves per u32 word), written by [`RopeKv`] and read by [`Attention`].
+/// One layer's paged F16 KV cache on the GPU: `n_pages` pages of [`PAGE_POSITIONS`] rows of
+/// `kv_dim` halves for keys and for values (two halves per u32 word), written by [`RopeKv`]
+/// and read by [`Attention`] through the page tables of a [`KvIndex`].
 #[derive(Clone, Debug)]
 pub struct GpuKv {
     /// Keys.
     pub k: GpuBuffer,
     /// Values.
     pub v: GpuBuffer,
-    /// Positions held.
-    pub n_ctx: usize,
+    /// Pages held.
+    pub n_pages: usize,
     /// Halves per position (n_head_kv · head_dim).
     pub kv_dim: usize,
 }
 
 impl GpuKv {
-    /// A zeroed cache of `n_ctx` positions of `kv_dim` (even) halves.
-    pub fn new(ctx: &GpuContext, n_ctx: usize, kv_dim: usize) -> Result<GpuKv> {
+    /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) halves.
+    pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize) -> Result<GpuKv> {
         if !kv_dim.is_multiple_of(2) {
             return Err(Error::Gpu(format!("KV cache: kv_dim {kv_dim} is odd")));
         }
-        let bytes = (n_ctx * kv_dim * 2) as u64;
+        let bytes = n_pages
+            .checked_mul(PAGE_POSITIONS * kv_dim * 2)
+            .ok_or_else(|| Error::Gpu(format!("KV cache: {n_pages} pages overflow")))?;
         Ok(GpuKv {
-            k: GpuBuffer::zeroed(ctx, "kv.k", bytes)?,
-            v: GpuBuffer::zeroed(ctx, "kv.v", bytes)?,
-            n_ctx,
+            k: GpuBuffer::zeroed(ctx, "kv.k", bytes as u64)?,
+            v: GpuBuffer::zeroed(ctx, "kv.v", bytes as u64)?,
+            n_pages,
             kv_dim,
+        })
+    }
+}
+
+/// Where each token of a step goes in the paged caches: its (position, sequence slot)
+/// pair, and every slot's page table. Shared by all layers; written once per step.
+#[derive(Clone, Debug)]
+pub struct KvIndex {
+    /// `max_batch` × (position, slot), u32 pairs.
+    pub toks: GpuBuffer,
+    /// `slots × pps` page ids.
+    pub pages: GpuBuffer,
+    /// Page-table entries per slot (pages of the longest sequence).
+    pub pps: usize,
+    /// Most positions of one sequence.
+    pub n_ctx: usize,
+    /// Sequence slots.
+    pub slots: usize,
+}
+
+impl KvIndex {
+    /// Zeroed buffers for steps of up to `max_batch` tokens over `slots` sequences of up to
+    /// `n_ctx` positions.
+    pub fn new(ctx: &GpuContext, max_batch: usize, slots: usize, n_ctx: usize) -> Result<KvIndex> {
+        let pps = n_ctx.div_ceil(PAGE_POSITIONS).max(1);
+        Ok(KvIndex {
+            toks: GpuBuffer::zeroed(ctx, "kv.toks", (max_batch.max(1) * 8) as u64)?,
+            pages: GpuBuffer::zeroed(ctx, "kv.pages", (slots.max(1) * pps * 4) as u64)?,
+            pps,
+            n_ctx,
+            slots,
         })
     }
 }
@@ -102,7 +137,7 @@ impl RopeKv {
         q: &GpuBuffer,
         k: &GpuBuffer,
         v: &GpuBuffer,
-        kv: &GpuKv,
+        kv: (&GpuKv, &KvIndex),
     ) -> Result<RopeKv> {
         let rope = RopeOpts {
             mode: RopeMode::Neox,
@@ -121,7 +156,7 @@ impl RopeKv {
         q: &GpuBuffer,
         k: &GpuBuffer,
         v: &GpuBuffer,
-        kv: &GpuKv,
+        (kv, index): (&GpuKv, &KvIndex),
     ) -> Result<RopeKv> {
         dims.check()?;
         if let Some(f) = rope.freqs {
@@ -153,7 +188,7 @@ impl RopeKv {
                 theta_scale.to_bits(),
                 u32::from(rope.mode == RopeMode::Norm),
                 u32::from(rope.freqs.is_some()),
-                0,
+                index.pps as u32,
             ],
         )?;
         let items = ((dims.n_head + 2 * dims.n_head_kv) * dims.head_dim / 2) as u32;
@@ -175,6 +210,8 @@ impl RopeKv {
                 (6, kv.v.binding()),
                 // Never read without factors: `v` stands in (read-only, already bound).
                 (7, rope.freqs.unwrap_or(v).binding()),
+                (8, index.toks.binding()),
+                (9, index.pages.binding()),
             ],
             items.div_ceil(WG),
         )?;
@@ -185,7 +222,7 @@ impl RopeKv {
     }
 
     /// Records the rotation and cache store of `n_tokens` tokens (the step uniform must hold
-    /// the same count and their first position).
+    /// the same count, the index their positions and slots).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         self.dispatch.record(pass, n_tokens);
     }
@@ -195,7 +232,8 @@ impl RopeKv {
 pub const ATTN_CHUNK: u32 = 256;
 
 /// Causal GQA attention over a [`GpuKv`] (`attention.wgsl`): flash-decoding in three
-/// dispatches for one token, one workgroup per (head, token) for a batch.
+/// dispatches for one token, one workgroup per (head, token) for several (one sequence's
+/// prompt, or tokens of different sequences).
 pub struct Attention {
     scores: Dispatch,
     probs_pv: Dispatch,
@@ -213,14 +251,14 @@ impl Attention {
     pub fn new(
         ctx: &GpuContext,
         dims: AttnDims,
-        step: &StepUniform,
         q: &GpuBuffer,
-        kv: &GpuKv,
+        (kv, index): (&GpuKv, &KvIndex),
         out: &GpuBuffer,
         round_p: bool,
     ) -> Result<Attention> {
         dims.check()?;
-        let max_chunks = (kv.n_ctx as u32).div_ceil(ATTN_CHUNK);
+        let n_ctx = index.n_ctx;
+        let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
         let hq = dims.n_head * dims.head_dim;
         let scale = 1.0 / (dims.head_dim as f32).sqrt();
         let params = uniform(
@@ -230,19 +268,20 @@ impl Attention {
                 dims.n_head as u32,
                 dims.n_head_kv as u32,
                 dims.head_dim as u32,
-                kv.n_ctx as u32,
+                n_ctx as u32,
                 scale.to_bits(),
                 max_chunks,
-                0,
+                index.pps as u32,
                 0,
             ],
         )?;
-        let scores =
-            GpuBuffer::zeroed(ctx, "attention.scores", (dims.n_head * kv.n_ctx * 4) as u64)?;
+        let scores = GpuBuffer::zeroed(ctx, "attention.scores", (dims.n_head * n_ctx * 4) as u64)?;
+        // One row of chunk stats per token of the largest step (decode rows of a batch).
+        let max_batch = index.toks.size / 8;
         let stats = GpuBuffer::zeroed(
             ctx,
             "attention.stats",
-            u64::from(max_chunks) * dims.n_head as u64 * 8,
+            max_batch * u64::from(max_chunks) * dims.n_head as u64 * 8,
         )?;
         let partial = GpuBuffer::zeroed(
             ctx,
@@ -256,18 +295,23 @@ impl Attention {
             },
             variant: Variant::default(),
         };
-        let (u, st) = (params.binding(), step.buf.binding());
+        let (u, toks, pages) = (
+            params.binding(),
+            index.toks.binding(),
+            index.pages.binding(),
+        );
         let scores_d = Dispatch::new(
             ctx,
             key(AttnStage::Scores),
             "attention.scores",
             &[
                 (0, u.clone()),
-                (1, st.clone()),
                 (2, q.binding()),
                 (3, kv.k.binding()),
                 (6, scores.binding()),
                 (7, stats.binding()),
+                (9, toks.clone()),
+                (10, pages.clone()),
             ],
             0,
         )?;
@@ -277,11 +321,12 @@ impl Attention {
             "attention.probs_pv",
             &[
                 (0, u.clone()),
-                (1, st.clone()),
                 (4, kv.v.binding()),
                 (6, scores.binding()),
                 (7, stats.binding()),
                 (8, partial.binding()),
+                (9, toks.clone()),
+                (10, pages.clone()),
             ],
             0,
         )?;
@@ -291,9 +336,9 @@ impl Attention {
             "attention.merge",
             &[
                 (0, u.clone()),
-                (1, st.clone()),
                 (5, out.binding()),
                 (8, partial.binding()),
+                (9, toks.clone()),
             ],
             ((hq / 2) as u32).div_ceil(WG),
         )?;
@@ -303,11 +348,13 @@ impl Attention {
             "attention.prefill",
             &[
                 (0, u),
-                (1, st),
                 (2, q.binding()),
                 (3, kv.k.binding()),
                 (4, kv.v.binding()),
                 (5, out.binding()),
+                (7, stats.binding()),
+                (9, toks),
+                (10, pages),
             ],
             dims.n_head as u32,
         )?;
@@ -317,16 +364,16 @@ impl Attention {
             merge,
             prefill,
             n_head: dims.n_head as u32,
-            n_ctx: kv.n_ctx as u32,
+            n_ctx: n_ctx as u32,
             _keep: vec![params, scores, stats, partial],
         })
     }
 
-    /// Records attention for `n_tokens` new tokens whose last one is at position
-    /// `n_kv − 1` (the step uniform must hold `n_tokens` and `n_kv − n_tokens`): three
-    /// dispatches for one token, one for a batch.
+    /// Records attention for `n_tokens` new tokens (positions and slots in the index); for
+    /// one token `n_kv` is its position + 1: three dispatches for one token, one for
+    /// several.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
-        debug_assert!(n_kv <= self.n_ctx && n_tokens <= n_kv);
+        debug_assert!(n_tokens > 1 || n_kv <= self.n_ctx);
         if n_tokens == 1 {
             let chunks = n_kv.div_ceil(ATTN_CHUNK);
             for d in [&self.scores, &self.probs_pv] {

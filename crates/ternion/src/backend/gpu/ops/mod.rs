@@ -11,7 +11,7 @@ mod qmatvec;
 mod rowops;
 mod select;
 
-pub use attention::{Attention, AttnDims, GpuKv, RopeKv, RopeOpts, ATTN_CHUNK};
+pub use attention::{Attention, AttnDims, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use embed::Embed;
 pub use glu::Glu;
 pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};

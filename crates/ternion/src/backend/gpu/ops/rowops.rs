@@ -1,5 +1,5 @@
 //! Row and element-wise ops of the GPT-2 / Phi-3 / Llama graphs (`rowops.wgsl`): LayerNorm
-//! with bias, bias add, GELU, learned position embeddings, column slices, last-row select.
+//! with bias, bias add, GELU, learned position embeddings, column slices, row selection.
 
 use super::{uniform, Dispatch, StepUniform, WG};
 use crate::backend::gpu::buffers::GpuBuffer;
@@ -22,6 +22,8 @@ pub enum RowOpKind {
     Slice,
     /// Row `n_tokens − 1` of `x`.
     SelectLast,
+    /// Rows of `x` listed in an index buffer.
+    Gather,
 }
 
 impl RowOpKind {
@@ -33,6 +35,7 @@ impl RowOpKind {
             RowOpKind::AddPos => "add_pos",
             RowOpKind::Slice => "slice",
             RowOpKind::SelectLast => "select_last",
+            RowOpKind::Gather => "gather",
         }
     }
 }
@@ -128,12 +131,15 @@ impl RowOp {
         )
     }
 
-    /// `x[t] += table[pos + t]` for rows of `n`, at the step's positions; `n_pos` rows in
-    /// the table. Rows whose position is ≥ `n_pos` are left unchanged: the caller checks
-    /// `pos + n_tokens ≤ n_pos` before the step.
+    /// `x[t] += table[pos_t]` for rows of `n`, at the tokens' positions (`toks`: the
+    /// (position, slot) pairs of [`KvIndex`](super::KvIndex)); `n_pos` rows in the table.
+    /// Rows whose position is ≥ `n_pos` are left unchanged: the caller checks positions
+    /// before the step.
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
     pub fn add_pos(
         ctx: &GpuContext,
         step: &StepUniform,
+        toks: &GpuBuffer,
         x: &GpuBuffer,
         table: PosTable<'_>,
         n: usize,
@@ -157,6 +163,7 @@ impl RowOp {
                 (1, step.buf.binding()),
                 (2, x.binding()),
                 (3, buf.binding()),
+                (6, toks.binding()),
             ],
         )
     }
@@ -204,6 +211,26 @@ impl RowOp {
                 (2, x.binding()),
                 (5, out.binding()),
             ],
+        )
+    }
+
+    /// `out[r] = x[picks[r]]` for rows of `n` (`picks`: u32 row indices in the low 31 bits;
+    /// `record` takes the number of rows to gather). With `round_flagged`, a row whose pick
+    /// has the top bit set is rounded to F16 on the way.
+    pub fn gather(
+        ctx: &GpuContext,
+        x: &GpuBuffer,
+        n: usize,
+        picks: &GpuBuffer,
+        out: &GpuBuffer,
+        round_flagged: bool,
+    ) -> Result<RowOp> {
+        Self::build(
+            ctx,
+            RowOpKind::Gather,
+            [n as u32, u32::from(round_flagged), 0, 0],
+            (n as u32).div_ceil(WG),
+            &[(2, x.binding()), (5, out.binding()), (7, picks.binding())],
         )
     }
 
