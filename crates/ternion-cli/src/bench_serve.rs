@@ -30,6 +30,8 @@ pub struct BenchServeArgs {
     /// Worker threads of the in-process server (default: all cores).
     #[arg(long, short = 't')]
     threads: Option<usize>,
+    #[command(flatten)]
+    backend: crate::common::BackendArgs,
     /// Concurrent streams to measure, comma-separated; one run per value.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     streams: Vec<usize>,
@@ -204,6 +206,7 @@ impl InProcess {
             queue: max_streams.max(1) * 2,
             prefill_per_step: a.prefill_per_step,
             batching: crate::serve::batching(a.no_batch),
+            device: crate::serve::device(&a.backend),
             ..ServerConfig::new(model)
         };
         let rt = crate::serve::http_runtime()?;

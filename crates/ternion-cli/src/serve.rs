@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ternion_server::{Batching, ServerConfig};
+use ternion_server::{Batching, Device, ServerConfig};
 
 use crate::common::{self, ModelArgs};
 
@@ -58,6 +58,29 @@ pub(crate) fn batching(no_batch: bool) -> Batching {
     }
 }
 
+/// Where the engine runs for `--backend` / `--device`: `auto` takes the GPU when an
+/// adapter opens.
+pub(crate) fn device(b: &common::BackendArgs) -> Device {
+    let gpu = Device::Gpu(b.device);
+    match b.backend {
+        common::Backend::Cpu => Device::Cpu,
+        common::Backend::Gpu => gpu,
+        common::Backend::Auto => {
+            let opts = ternion::backend::gpu::GpuOptions {
+                device_index: b.device,
+                ..Default::default()
+            };
+            match ternion::backend::gpu::GpuContext::new(&opts) {
+                Ok(_) => gpu,
+                Err(e) => {
+                    eprintln!("no GPU ({e}); serving on the CPU");
+                    Device::Cpu
+                }
+            }
+        }
+    }
+}
+
 /// The async runtime the HTTP side runs on (two worker threads: the engine has its own).
 pub(crate) fn http_runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -70,9 +93,6 @@ pub(crate) fn http_runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Runs `ternion serve` until SIGTERM or Ctrl-C.
 pub fn run(a: ServeArgs) -> Result<()> {
-    if a.model.backend.backend == common::Backend::Gpu {
-        bail!("serve runs its batched sequences on the CPU in this build; drop --backend gpu");
-    }
     let Some(model) = a.model.model.clone() else {
         bail!("give the model file with --model FILE");
     };
@@ -100,6 +120,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         kv_pages: a.kv_pages,
         prefill_per_step: a.prefill_per_step,
         batching: batching(a.no_batch),
+        device: device(&a.model.backend),
         ..ServerConfig::new(model)
     };
     let rt = http_runtime()?;

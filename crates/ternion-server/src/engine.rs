@@ -13,6 +13,12 @@
 //!
 //! A sequence whose client went away (its event receiver was dropped) is removed before
 //! the next iteration; dropping it returns its KV pages to the pool at once.
+//!
+//! On a GPU ([`Device::Gpu`]) the sequences are [`GpuSeq`]s of one [`GpuModel`] (paged KV
+//! caches on the device) and an iteration is one [`GpuModel::forward_seqs`] step. A GPU
+//! failure (device lost, out of memory) is fatal to the engine but not to the server: every
+//! sequence and queued request gets a 503 with the reason, `/health` reports the engine
+//! unhealthy, and the HTTP side keeps answering.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -23,6 +29,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use ternion::backend::cpu::{SeqStep, Workspace};
+#[cfg(feature = "gpu")]
+use ternion::backend::gpu::{
+    GpuContext, GpuModel, GpuModelOptions, GpuOptions, GpuSeq, GpuSeqStep,
+};
 use ternion::chat::ChatTemplate;
 use ternion::kv::{KvPool, KvSeq};
 use ternion::model::{Logits, Model};
@@ -119,6 +129,18 @@ pub struct Shared {
     pub shutdown: std::sync::atomic::AtomicBool,
     /// Cancel every active sequence now (the shutdown grace period is over).
     pub cancel_all: std::sync::atomic::AtomicBool,
+    /// Why the engine stopped serving (a GPU fault): set once, reported by `/health`.
+    pub failed: OnceLock<String>,
+}
+
+/// Where the engine runs the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU backend (paged KV cache in host memory).
+    #[default]
+    Cpu,
+    /// A GPU adapter (`Some(index)` as `--device` picks it; `None`: the default one).
+    Gpu(Option<usize>),
 }
 
 /// Engine settings.
@@ -142,6 +164,8 @@ pub struct EngineConfig {
     /// [`MIN_PREFILL_PER_STEP`]): bounds how long a step that admits prompts stalls the
     /// sequences already decoding.
     pub prefill_per_step: usize,
+    /// CPU or GPU.
+    pub device: Device,
 }
 
 /// Smallest prompt budget of an iteration (a prompt chunk may not leave one token behind).
@@ -176,27 +200,133 @@ pub fn spawn(
                 }
             };
             let (model, tokenizer, rx, n_ctx) = model;
-            let pool = match cfg.kv_pages {
-                Some(pages) => KvPool::new(model.kv_geometry(), pages),
-                None => model.kv_pool(n_ctx, cfg.max_active),
+            let prefill_per_step = cfg.prefill_per_step.max(MIN_PREFILL_PER_STEP);
+            let runner = match Runner::new(&cfg, &model, n_ctx, prefill_per_step) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = loaded.send(Err(e));
+                    return;
+                }
             };
             let m = &shared.metrics;
-            m.kv_pages_capacity.store(pool.capacity() as u64, Relaxed);
+            let (_, capacity) = runner.pages();
+            m.kv_pages_capacity.store(capacity as u64, Relaxed);
             m.kv_page_bytes
                 .store(model.kv_geometry().page_bytes() as u64, Relaxed);
             m.model_loaded.store(true, Relaxed);
             let _ = loaded.send(Ok(()));
-            let sched = Scheduler {
-                model: &model,
+            let mut sched = Scheduler {
                 tok: &tokenizer,
-                pool,
+                runner,
+                n_vocab: model.config().n_vocab,
                 n_ctx,
                 max_active: cfg.max_active,
                 batching: cfg.batching,
-                prefill_per_step: cfg.prefill_per_step.max(MIN_PREFILL_PER_STEP),
+                prefill_per_step,
             };
             sched.run(&rx, &shared);
         })
+}
+
+/// The backend the scheduler steps, with its KV pages.
+enum Runner<'m> {
+    Cpu {
+        model: &'m Model,
+        pool: Arc<KvPool>,
+        ws: Workspace,
+    },
+    #[cfg(feature = "gpu")]
+    Gpu {
+        gpu: Box<GpuModel>,
+        /// Fault injection for tests: destroy the device before this many more steps
+        /// (`TERNION_TEST_GPU_LOST_AFTER`), to check a real device loss end to end.
+        lose_after: Option<u64>,
+    },
+}
+
+impl<'m> Runner<'m> {
+    fn new(
+        cfg: &EngineConfig,
+        model: &'m Model,
+        n_ctx: usize,
+        prefill_per_step: usize,
+    ) -> Result<Runner<'m>, String> {
+        match cfg.device {
+            Device::Cpu => {
+                let pool = match cfg.kv_pages {
+                    Some(pages) => KvPool::new(model.kv_geometry(), pages),
+                    None => model.kv_pool(n_ctx, cfg.max_active),
+                };
+                Ok(Runner::Cpu {
+                    model,
+                    pool,
+                    ws: Workspace::default(),
+                })
+            }
+            #[cfg(feature = "gpu")]
+            Device::Gpu(device_index) => {
+                let opts = GpuOptions {
+                    device_index,
+                    ..GpuOptions::default()
+                };
+                let ctx = GpuContext::new(&opts).map_err(|e| format!("GPU: {e}"))?;
+                // One step holds a prompt budget's chunk and a token of every other sequence.
+                let gopts = GpuModelOptions {
+                    n_ctx,
+                    max_batch: prefill_per_step.min(PREFILL_CHUNK) + cfg.max_active,
+                    max_seqs: cfg.max_active,
+                    kv_pages: cfg.kv_pages,
+                    ..GpuModelOptions::default()
+                };
+                let gpu = GpuModel::from_model(Arc::new(ctx), model, gopts)
+                    .map_err(|e| format!("loading the model onto the GPU: {e}"))?;
+                let lose_after = std::env::var("TERNION_TEST_GPU_LOST_AFTER")
+                    .ok()
+                    .and_then(|v| v.parse().ok());
+                Ok(Runner::Gpu {
+                    gpu: Box::new(gpu),
+                    lose_after,
+                })
+            }
+            #[cfg(not(feature = "gpu"))]
+            Device::Gpu(_) => Err("this server was built without the GPU backend".into()),
+        }
+    }
+
+    /// A KV cache for a new sequence.
+    fn new_kv(&self, n_ctx: usize) -> ternion::Result<SeqKv> {
+        match self {
+            Runner::Cpu { pool, .. } => Ok(SeqKv::Cpu(KvSeq::new(pool.clone(), n_ctx))),
+            #[cfg(feature = "gpu")]
+            Runner::Gpu { gpu, .. } => gpu.new_seq().map(SeqKv::Gpu),
+        }
+    }
+
+    /// Pages in use and pages in all.
+    fn pages(&self) -> (usize, usize) {
+        match self {
+            Runner::Cpu { pool, .. } => (pool.pages_in_use(), pool.capacity()),
+            #[cfg(feature = "gpu")]
+            Runner::Gpu { gpu, .. } => gpu.kv_pages(),
+        }
+    }
+}
+
+/// A sequence's KV cache on the engine's backend.
+enum SeqKv {
+    Cpu(KvSeq),
+    #[cfg(feature = "gpu")]
+    Gpu(GpuSeq),
+}
+
+impl SeqKv {
+    fn len(&self) -> usize {
+        match self {
+            SeqKv::Cpu(kv) => kv.len(),
+            #[cfg(feature = "gpu")]
+            SeqKv::Gpu(seq) => seq.len(),
+        }
+    }
 }
 
 /// Clears the "model loaded" flag when the engine thread ends, however it ends.
@@ -251,7 +381,9 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, String> {
 struct Seq {
     job: Job,
     /// Its KV cache (pages from the shared pool, returned on drop).
-    kv: KvSeq,
+    kv: SeqKv,
+    /// Most positions of its cache.
+    n_ctx: usize,
     /// Tokens evaluated into the cache, in order (penalties look at them).
     history: Vec<u32>,
     sampler: Sampler,
@@ -269,21 +401,22 @@ struct Seq {
 }
 
 impl Seq {
-    /// A sequence for `job`; when its sampler settings are invalid, the job is answered
-    /// with the error and dropped.
-    fn new(pool: &Arc<KvPool>, n_ctx: usize, job: Job) -> Option<Seq> {
-        let sampler = match Sampler::new(job.sampler.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = job.events.send(Event::Error {
-                    status: 400,
-                    message: e.to_string(),
-                });
+    /// A sequence for `job` with the cache `runner` makes; when its sampler settings are
+    /// invalid or no cache is left, the job is answered with the error and dropped.
+    fn new(runner: &Runner<'_>, n_ctx: usize, job: Job) -> Option<Seq> {
+        let made = Sampler::new(job.sampler.clone())
+            .map_err(|e| (400, e.to_string()))
+            .and_then(|s| Ok((s, runner.new_kv(n_ctx).map_err(|e| (503, e.to_string()))?)));
+        let (sampler, kv) = match made {
+            Ok(m) => m,
+            Err((status, message)) => {
+                let _ = job.events.send(Event::Error { status, message });
                 return None;
             }
         };
         Some(Seq {
-            kv: KvSeq::new(pool.clone(), n_ctx),
+            kv,
+            n_ctx,
             history: Vec::with_capacity(n_ctx),
             sampler,
             fed: 0,
@@ -317,17 +450,12 @@ impl Seq {
         self.in_flight > 0
     }
 
-    /// This sequence's part of the forward pass.
-    fn step(&mut self) -> SeqStep<'_> {
-        let tokens = if self.fed < self.job.prompt.len() {
+    /// The tokens of this sequence's part of the forward pass.
+    fn tokens(&self) -> &[u32] {
+        if self.fed < self.job.prompt.len() {
             &self.job.prompt[self.fed..self.fed + self.in_flight]
         } else {
             std::slice::from_ref(&self.last)
-        };
-        SeqStep {
-            kv: &mut self.kv,
-            tokens,
-            logits: Logits::Last,
         }
     }
 
@@ -377,7 +505,7 @@ impl Seq {
             self.finish(FinishReason::Stop, true);
             return true;
         }
-        if self.generated.len() >= self.job.max_tokens || self.kv.n_ctx() - self.kv.len() <= 1 {
+        if self.generated.len() >= self.job.max_tokens || self.n_ctx - self.kv.len() <= 1 {
             self.finish(FinishReason::Length, false);
             return true;
         }
@@ -433,9 +561,9 @@ impl RateWindow {
 
 /// The scheduler: admits jobs, steps the active sequences, retires them.
 struct Scheduler<'m> {
-    model: &'m Model,
     tok: &'m Tokenizer,
-    pool: Arc<KvPool>,
+    runner: Runner<'m>,
+    n_vocab: usize,
     n_ctx: usize,
     max_active: usize,
     batching: Batching,
@@ -445,10 +573,9 @@ struct Scheduler<'m> {
 impl Scheduler<'_> {
     /// The scheduler loop. Returns once shutdown was asked for and no sequence is left, or
     /// when every queue sender is gone.
-    fn run(&self, rx: &Receiver<Job>, shared: &Shared) {
+    fn run(&mut self, rx: &Receiver<Job>, shared: &Shared) {
         let m = &shared.metrics;
         let mut active: Vec<Seq> = Vec::new();
-        let mut ws = Workspace::default();
         let mut rate = RateWindow::new(m);
         loop {
             rate.tick(m);
@@ -490,7 +617,11 @@ impl Scheduler<'_> {
                 Batching::OneByOne => 1,
             };
             for g in stepping.chunks_mut(group) {
-                self.forward(g, &mut ws, m);
+                if let Err(e) = self.forward(g, m) {
+                    drop(stepping);
+                    self.fail(e, rx, &mut active, shared);
+                    return;
+                }
             }
             m.engine_steps_total.fetch_add(1, Relaxed);
             active.retain(|s| !s.ended);
@@ -540,7 +671,7 @@ impl Scheduler<'_> {
                 m.cancelled_total.fetch_add(1, Relaxed);
                 continue;
             }
-            match Seq::new(&self.pool, self.n_ctx, job) {
+            match Seq::new(&self.runner, self.n_ctx, job) {
                 Some(s) => active.push(s),
                 None => {
                     m.failed_total.fetch_add(1, Relaxed);
@@ -550,26 +681,78 @@ impl Scheduler<'_> {
     }
 
     /// Runs one forward pass over `group` and advances each sequence. When the pass fails,
-    /// each sequence is retried alone, so only the one at fault ends (with its error).
-    fn forward(&self, group: &mut [&mut Seq], ws: &mut Workspace, m: &Metrics) {
-        let result = {
-            let mut steps: Vec<SeqStep<'_>> = group.iter_mut().map(|s| s.step()).collect();
-            m.forward_passes_total.fetch_add(1, Relaxed);
-            self.model.forward_batch(&mut steps, ws)
+    /// each sequence is retried alone, so only the one at fault ends (with its error). A
+    /// GPU fault is returned: the engine cannot go on.
+    fn forward(&mut self, group: &mut [&mut Seq], m: &Metrics) -> Result<(), ternion::Error> {
+        m.forward_passes_total.fetch_add(1, Relaxed);
+        let vocab = self.n_vocab;
+        let result = match &mut self.runner {
+            Runner::Cpu { model, ws, .. } => {
+                let steps: Result<Vec<SeqStep<'_>>, _> = group
+                    .iter_mut()
+                    .map(|s| {
+                        let tokens = if s.fed < s.job.prompt.len() {
+                            &s.job.prompt[s.fed..s.fed + s.in_flight]
+                        } else {
+                            std::slice::from_ref(&s.last)
+                        };
+                        match &mut s.kv {
+                            SeqKv::Cpu(kv) => Ok(SeqStep {
+                                kv,
+                                tokens,
+                                logits: Logits::Last,
+                            }),
+                            #[cfg(feature = "gpu")]
+                            SeqKv::Gpu(_) => Err(ternion::Error::Request(
+                                "a GPU cache in the CPU engine".into(),
+                            )),
+                        }
+                    })
+                    .collect();
+                steps
+                    .and_then(|mut steps| model.forward_batch(&mut steps, ws))
+                    .map(|()| {
+                        (0..group.len())
+                            .flat_map(|i| ws.logits(model.graph(), i).iter().copied())
+                            .collect::<Vec<f32>>()
+                    })
+            }
+            #[cfg(feature = "gpu")]
+            Runner::Gpu { gpu, lose_after } => {
+                if let Some(n) = lose_after {
+                    if *n == 0 {
+                        gpu.context().device.destroy();
+                    }
+                    *n = n.saturating_sub(1);
+                }
+                let steps: Vec<GpuSeqStep<'_>> = group
+                    .iter()
+                    .map(|s| match &s.kv {
+                        SeqKv::Gpu(seq) => Ok(GpuSeqStep {
+                            seq,
+                            tokens: s.tokens(),
+                        }),
+                        SeqKv::Cpu(_) => {
+                            Err(ternion::Error::Gpu("a CPU cache in the GPU engine".into()))
+                        }
+                    })
+                    .collect::<Result<_, _>>()?;
+                gpu.forward_seqs(&steps)
+            }
         };
         match result {
-            Ok(()) => {
-                for (i, s) in group.iter_mut().enumerate() {
-                    let logits = ws.logits(self.model.graph(), i);
-                    if s.advance(logits, self.tok, m) {
+            Ok(logits) => {
+                for (s, row) in group.iter_mut().zip(logits.chunks(vocab)) {
+                    if s.advance(row, self.tok, m) {
                         m.finished_total.fetch_add(1, Relaxed);
                         s.ended = true;
                     }
                 }
             }
+            Err(e @ ternion::Error::Gpu(_)) => return Err(e),
             Err(_) if group.len() > 1 => {
                 for s in group.iter_mut() {
-                    self.forward(std::slice::from_mut(s), ws, m);
+                    self.forward(std::slice::from_mut(s), m)?;
                 }
             }
             Err(e) => {
@@ -585,12 +768,39 @@ impl Scheduler<'_> {
                 group[0].ended = true;
             }
         }
+        Ok(())
+    }
+
+    /// The engine cannot go on (`e`, a GPU fault): answers every sequence and queued
+    /// request with 503 and the reason, and marks the server unhealthy.
+    fn fail(&self, e: ternion::Error, rx: &Receiver<Job>, active: &mut Vec<Seq>, shared: &Shared) {
+        let reason = format!("the engine stopped: {e}");
+        eprintln!("ternion-server: {reason}");
+        let _ = shared.failed.set(reason.clone());
+        let m = &shared.metrics;
+        m.model_loaded.store(false, Relaxed);
+        for s in active.drain(..) {
+            m.failed_total.fetch_add(1, Relaxed);
+            s.send(Event::Error {
+                status: 503,
+                message: reason.clone(),
+            });
+        }
+        while let Ok(job) = rx.try_recv() {
+            m.queue_length.fetch_sub(1, Relaxed);
+            m.failed_total.fetch_add(1, Relaxed);
+            let _ = job.events.send(Event::Error {
+                status: 503,
+                message: reason.clone(),
+            });
+        }
+        self.publish(0, m);
     }
 
     /// Publishes the active-sequence and KV-page gauges.
     fn publish(&self, active: usize, m: &Metrics) {
         m.active_sequences.store(active as u64, Relaxed);
         m.kv_pages_in_use
-            .store(self.pool.pages_in_use() as u64, Relaxed);
+            .store(self.runner.pages().0 as u64, Relaxed);
     }
 }

@@ -102,6 +102,13 @@ async fn method_not_allowed() -> ApiError {
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     let m = &st.shared.metrics;
+    if let Some(reason) = st.shared.failed.get() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unhealthy", "error": reason})),
+        )
+            .into_response();
+    }
     if st.shared.ready.get().is_some() && m.model_loaded.load(Relaxed) {
         (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
     } else {
@@ -327,6 +334,9 @@ async fn start(
         arrived,
         events: tx,
     };
+    if let Some(reason) = st.shared.failed.get() {
+        return Err(ApiError::unavailable(reason));
+    }
     let m = &st.shared.metrics;
     m.queue_length.fetch_add(1, Relaxed);
     if let Err(e) = ready.jobs.try_send(job) {
@@ -341,7 +351,10 @@ async fn start(
                 )
                 .with_code("queue_full")
             }
-            TrySendError::Disconnected(_) => ApiError::unavailable("the engine has stopped"),
+            TrySendError::Disconnected(_) => match st.shared.failed.get() {
+                Some(reason) => ApiError::unavailable(reason),
+                None => ApiError::unavailable("the engine has stopped"),
+            },
         });
     }
     m.requests_total.fetch_add(1, Relaxed);

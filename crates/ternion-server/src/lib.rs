@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use ternion::tokenizer::TokenizerOptions;
 
-pub use crate::engine::Batching;
+pub use crate::engine::{Batching, Device};
 use crate::engine::{EngineConfig, Shared};
 use crate::http::AppState;
 
@@ -57,6 +57,8 @@ pub struct ServerConfig {
     pub batching: Batching,
     /// Prompt tokens evaluated per engine step over all new sequences.
     pub prefill_per_step: usize,
+    /// CPU or GPU.
+    pub device: Device,
 }
 
 impl ServerConfig {
@@ -75,6 +77,7 @@ impl ServerConfig {
             kv_pages: None,
             batching: Batching::Stacked,
             prefill_per_step: 256,
+            device: Device::Cpu,
         }
     }
 
@@ -143,6 +146,7 @@ pub async fn run(
             kv_pages: cfg.kv_pages,
             batching: cfg.batching,
             prefill_per_step: cfg.prefill_per_step,
+            device: cfg.device,
         },
         shared.clone(),
         loaded_tx,

@@ -135,7 +135,12 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_env(extra, &[])
+    }
+
+    fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(ternion_bin())
+            .envs(env.iter().copied())
             .arg("serve")
             .arg("--model")
             .arg(tiny_model())
@@ -946,4 +951,101 @@ fn survives_a_thousand_malformed_requests_mixed_with_good_ones() {
     wait_for("no active sequences", || {
         s.metric("ternion_active_sequences") == 0.0
     });
+}
+
+/// GPU tests run on lavapipe in CI; TERNION_SKIP_GPU_TESTS=1 skips them where no Vulkan
+/// driver is installed.
+fn skip_gpu() -> bool {
+    let skip = std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1");
+    if skip {
+        eprintln!("skipping GPU server test: TERNION_SKIP_GPU_TESTS=1");
+    }
+    skip
+}
+
+/// `ternion run --backend gpu` greedy ids for `prompt`.
+fn gpu_run_tokens(prompt: &str, n: usize) -> Value {
+    let o = Command::new(ternion_bin())
+        .arg("run")
+        .arg("--model")
+        .arg(tiny_model())
+        .args(["--prompt", prompt, "-n", &n.to_string()])
+        .args(["--temperature", "0", "--json", "--backend", "gpu"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let run: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    run["tokens"].clone()
+}
+
+/// On the GPU, sequences decoded together in one batched step give each the tokens it
+/// gets alone (`ternion run --backend gpu`): four concurrent greedy requests of different
+/// prompts and lengths, joining while others decode.
+#[test]
+fn gpu_server_batches_sequences_and_matches_gpu_run() {
+    if skip_gpu() {
+        return;
+    }
+    let prompts = [
+        "Once upon a time, in a quiet village,",
+        "The quick brown fox",
+        "In 1905 Einstein published four papers that",
+        "Hello",
+    ];
+    let want: Vec<Value> = prompts.iter().map(|p| gpu_run_tokens(p, 20)).collect();
+    let s = Server::start(&["--backend", "gpu", "--max-active", "4"]);
+    let got: Vec<Value> = std::thread::scope(|sc| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || {
+                    let body = json!({
+                        "model": "tiny", "prompt": p, "max_tokens": 20, "temperature": 0,
+                        "return_token_ids": true,
+                    });
+                    let (status, v) = s.post("/v1/completions", &body);
+                    assert_eq!(status, 200, "{v}");
+                    v["choices"][0]["token_ids"].clone()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, want);
+    assert!(s.metric("ternion_forward_passes_total") < (4 * 21) as f64);
+    wait_for("pages freed", || s.metric("ternion_kv_pages_in_use") == 0.0);
+}
+
+/// A GPU that is lost mid-generation (a real `wgpu::Device::destroy`, injected by the test
+/// hook) ends the engine, not the server: the request gets a 503 with the reason,
+/// `/health` reports unhealthy, new requests get 503, and the server keeps answering.
+#[test]
+fn gpu_device_lost_keeps_the_server_up_and_unhealthy() {
+    if skip_gpu() {
+        return;
+    }
+    let s = Server::start_env(
+        &["--backend", "gpu"],
+        &[("TERNION_TEST_GPU_LOST_AFTER", "3")],
+    );
+    let body = json!({"model": "tiny", "prompt": "Hello", "max_tokens": 20});
+    let (status, v) = s.post("/v1/completions", &body);
+    assert_eq!(status, 503, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("engine stopped"),
+        "{v}"
+    );
+    let (status, health) = get(&s.url("/health"));
+    assert_eq!(status, 503);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["status"], "unhealthy", "{health}");
+    let (status, v) = s.post("/v1/completions", &body);
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(get(&s.url("/v1/models")).0, 200, "the server is still up");
+    assert_eq!(s.metric("ternion_model_loaded"), 0.0);
 }
