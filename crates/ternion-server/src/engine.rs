@@ -535,6 +535,35 @@ impl Seq {
     }
 }
 
+/// Samples the next token of every sequence of a pass from its row of `logits`. Sampling
+/// a 128k vocabulary costs about a millisecond a row, so many sequences are sampled on
+/// several threads (the forward pass is done: the cores are free).
+fn advance_all(group: &mut [&mut Seq], logits: &[f32], vocab: usize, tok: &Tokenizer, m: &Metrics) {
+    let one = |s: &mut Seq, row: &[f32]| {
+        if s.advance(row, tok, m) {
+            m.finished_total.fetch_add(1, Relaxed);
+            s.ended = true;
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = group.len().div_ceil(threads.max(1)).max(2);
+    if group.len() <= per {
+        for (s, row) in group.iter_mut().zip(logits.chunks(vocab)) {
+            one(s, row);
+        }
+        return;
+    }
+    std::thread::scope(|sc| {
+        for (seqs, rows) in group.chunks_mut(per).zip(logits.chunks(vocab * per)) {
+            sc.spawn(move || {
+                for (s, row) in seqs.iter_mut().zip(rows.chunks(vocab)) {
+                    one(s, row);
+                }
+            });
+        }
+    });
+}
+
 /// Measures generated tokens per second over windows of about a second.
 struct RateWindow {
     start: Instant,
@@ -741,14 +770,7 @@ impl Scheduler<'_> {
             }
         };
         match result {
-            Ok(logits) => {
-                for (s, row) in group.iter_mut().zip(logits.chunks(vocab)) {
-                    if s.advance(row, self.tok, m) {
-                        m.finished_total.fetch_add(1, Relaxed);
-                        s.ended = true;
-                    }
-                }
-            }
+            Ok(logits) => advance_all(group, &logits, vocab, self.tok, m),
             Err(e @ ternion::Error::Gpu(_)) => return Err(e),
             Err(_) if group.len() > 1 => {
                 for s in group.iter_mut() {

@@ -32,6 +32,18 @@ pub enum Epilogue {
     Add,
 }
 
+/// The token rows an F16 matvec launch multiplies (`f16_matvec.wgsl` entry points).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum F16Rows {
+    /// `main`: one token row per workgroup row (y).
+    Each,
+    /// `last`: only the step's last token row, into output row 0.
+    Last,
+    /// `main4`: four token rows per workgroup (each weight row read once for four tokens);
+    /// the token count comes from the step uniform.
+    Four,
+}
+
 /// The kernels and their small integer specialisations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -69,8 +81,8 @@ pub enum Kernel {
         tpr: u32,
         /// Round the hidden state to F16 first (single-token decode numerics).
         round_x: bool,
-        /// The `last` entry point: only the step's last token row, into output row 0.
-        last: bool,
+        /// Which token rows (entry point).
+        rows: F16Rows,
     },
     /// `rope_kv.wgsl`: NEOX RoPE of q and k, then k and v stored in the F16 KV cache.
     RopeKv,
@@ -221,8 +233,11 @@ impl Kernel {
             Kernel::Ternary { batch: true, .. } => "matmul4",
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
-            Kernel::F16Matvec { last: false, .. } => "main",
-            Kernel::F16Matvec { last: true, .. } => "last",
+            Kernel::F16Matvec { rows, .. } => match rows {
+                F16Rows::Each => "main",
+                F16Rows::Last => "last",
+                F16Rows::Four => "main4",
+            },
             Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",

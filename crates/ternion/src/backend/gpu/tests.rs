@@ -356,7 +356,7 @@ fn ternary_matvec_matches_cpu() {
 fn f16_matvec_matches_cpu_over_shards() {
     let Some(ctx) = ctx() else { return };
     let mut r = rng(5);
-    let (vocab, k, tokens) = (1007usize, 200usize, 2usize);
+    let (vocab, k, tokens) = (1007usize, 200usize, 7usize);
     let w: Vec<f16> = (0..vocab * k)
         .map(|_| f16::from_f32(r.random_range(-1.0..1.0)))
         .collect();
@@ -396,6 +396,14 @@ fn f16_matvec_matches_cpu_over_shards() {
                 run(&ctx, |p| last.record(p, tokens as u32));
                 let lr = out.read::<f32>(&ctx).unwrap();
                 assert_eq!(lr[..vocab], got[(tokens - 1) * vocab..], "last row");
+                if !round_x {
+                    // Four tokens per workgroup: the same rows, bit for bit (a partial group
+                    // of tokens % 4 at the end).
+                    let four =
+                        F16Matvec::rows4(&ctx, v, tpr, &sharded, &xb, &out, &step).unwrap();
+                    run(&ctx, |p| four.record(p, tokens as u32));
+                    assert_eq!(out.read::<f32>(&ctx).unwrap(), got, "rows4 {tpr} {v:?}");
+                }
                 got.truncate(tokens * vocab);
                 for t in 0..tokens {
                     for j in 0..vocab {

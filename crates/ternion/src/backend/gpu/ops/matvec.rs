@@ -3,7 +3,7 @@
 use super::{check_tpr, uniform, Dispatch, QuantAct, StepUniform, WG};
 use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
 use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Epilogue, GluAct, Kernel, PipelineKey, Variant};
+use crate::backend::gpu::pipelines::{Epilogue, F16Rows, GluAct, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// An I2_S weight matrix on the GPU: the codes as stored in the file, and the scale.
@@ -293,7 +293,7 @@ impl Ternary3 {
 /// `out[t][row0 + j] = W_shard[j] · x[t]` over every shard of an F16 matrix (LM head).
 pub struct F16Matvec {
     dispatches: Vec<Dispatch>,
-    last: bool,
+    rows: F16Rows,
     _params: Vec<GpuBuffer>,
 }
 
@@ -309,7 +309,22 @@ impl F16Matvec {
         out: &GpuBuffer,
         round_x: bool,
     ) -> Result<F16Matvec> {
-        Self::build(ctx, variant, tpr, w, x, out, round_x, None)
+        Self::build(ctx, variant, tpr, w, x, out, round_x, None, F16Rows::Each)
+    }
+
+    /// Like [`F16Matvec::new`] (unrounded input) with four token rows per workgroup: each
+    /// weight row is read once per four tokens; the token count is read from `step`. Each
+    /// row's sums are those of [`F16Matvec::new`], bit for bit.
+    pub fn rows4(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        step: &StepUniform,
+    ) -> Result<F16Matvec> {
+        Self::build(ctx, variant, tpr, w, x, out, false, Some(step), F16Rows::Four)
     }
 
     /// Like [`F16Matvec::new`] but multiplies only the last token row of the step (row
@@ -325,7 +340,7 @@ impl F16Matvec {
         round_x: bool,
         step: &StepUniform,
     ) -> Result<F16Matvec> {
-        Self::build(ctx, variant, tpr, w, x, out, round_x, Some(step))
+        Self::build(ctx, variant, tpr, w, x, out, round_x, Some(step), F16Rows::Last)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -338,6 +353,7 @@ impl F16Matvec {
         out: &GpuBuffer,
         round_x: bool,
         step: Option<&StepUniform>,
+        rows: F16Rows,
     ) -> Result<F16Matvec> {
         check_tpr(tpr)?;
         let k = (w.row_bytes / 2) as u32;
@@ -346,9 +362,8 @@ impl F16Matvec {
                 "f16 matvec: row width {k} is not a multiple of 4"
             )));
         }
-        let last = step.is_some();
         let key = PipelineKey {
-            kernel: Kernel::F16Matvec { tpr, round_x, last },
+            kernel: Kernel::F16Matvec { tpr, round_x, rows },
             variant,
         };
         let mut dispatches = Vec::new();
@@ -380,17 +395,22 @@ impl F16Matvec {
         }
         Ok(F16Matvec {
             dispatches,
-            last,
+            rows,
             _params: params,
         })
     }
 
     /// Records every shard's dispatch for `n_tokens` tokens (one row when built with
-    /// [`F16Matvec::last_row`]).
+    /// [`F16Matvec::last_row`]; for [`F16Matvec::rows4`] the step uniform must hold
+    /// `n_tokens`).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
-        let rows = if self.last { 1 } else { n_tokens };
+        let groups = match self.rows {
+            F16Rows::Each => n_tokens,
+            F16Rows::Last => 1,
+            F16Rows::Four => n_tokens.div_ceil(4),
+        };
         for d in &self.dispatches {
-            d.record(pass, rows);
+            d.record(pass, groups);
         }
     }
 
