@@ -168,6 +168,10 @@ pub struct EngineConfig {
     pub device: Device,
 }
 
+/// Candidates per sequence the GPU engine reads back when the samplers allow it.
+#[cfg(feature = "gpu")]
+const GPU_TOP_K: u32 = ternion::backend::gpu::MAX_TOPK;
+
 /// Smallest prompt budget of an iteration (a prompt chunk may not leave one token behind).
 pub const MIN_PREFILL_PER_STEP: usize = 3;
 
@@ -276,6 +280,7 @@ impl<'m> Runner<'m> {
                     max_batch: prefill_per_step.min(PREFILL_CHUNK) + cfg.max_active,
                     max_seqs: cfg.max_active,
                     kv_pages: cfg.kv_pages,
+                    top_k: GPU_TOP_K,
                     ..GpuModelOptions::default()
                 };
                 let gpu = GpuModel::from_model(Arc::new(ctx), model, gopts)
@@ -289,7 +294,10 @@ impl<'m> Runner<'m> {
                 })
             }
             #[cfg(not(feature = "gpu"))]
-            Device::Gpu(_) => Err("this server was built without the GPU backend".into()),
+            Device::Gpu(_) => {
+                let _ = prefill_per_step;
+                Err("this server was built without the GPU backend".into())
+            }
         }
     }
 
@@ -451,6 +459,7 @@ impl Seq {
     }
 
     /// The tokens of this sequence's part of the forward pass.
+    #[cfg(feature = "gpu")]
     fn tokens(&self) -> &[u32] {
         if self.fed < self.job.prompt.len() {
             &self.job.prompt[self.fed..self.fed + self.in_flight]
@@ -473,7 +482,7 @@ impl Seq {
     /// After a successful forward pass with `logits` as its last row: samples the next
     /// token when the prompt is in. Returns `true` when the sequence has ended (its `Done`
     /// event is sent).
-    fn advance(&mut self, logits: &[f32], tok: &Tokenizer, m: &Metrics) -> bool {
+    fn advance(&mut self, row: Row<'_>, tok: &Tokenizer, m: &Metrics) -> bool {
         if self.fed < self.job.prompt.len() {
             self.history
                 .extend_from_slice(&self.job.prompt[self.fed..self.fed + self.in_flight]);
@@ -488,7 +497,10 @@ impl Seq {
                 return false;
             }
         }
-        let id = self.sampler.sample(logits, &self.history);
+        let id = match row {
+            Row::Logits(logits) => self.sampler.sample(logits, &self.history),
+            Row::Top(top) => self.sampler.sample_top(top),
+        };
         if self.generated.is_empty() {
             m.observe_ttft(self.job.arrived.elapsed());
         }
@@ -535,11 +547,39 @@ impl Seq {
     }
 }
 
-/// Samples the next token of every sequence of a pass from its row of `logits`. Sampling
-/// a 128k vocabulary costs about a millisecond a row, so many sequences are sampled on
-/// several threads (the forward pass is done: the cores are free).
-fn advance_all(group: &mut [&mut Seq], logits: &[f32], vocab: usize, tok: &Tokenizer, m: &Metrics) {
-    let one = |s: &mut Seq, row: &[f32]| {
+/// What a forward pass hands each sequence to sample from.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))] // `Top` comes from the GPU
+enum Row<'a> {
+    /// Its whole logits row.
+    Logits(&'a [f32]),
+    /// The best (id, logit) pairs of its row, best first (the GPU top-k).
+    Top(&'a [(u32, f32)]),
+}
+
+/// The rows of one forward pass, one per sequence.
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))] // `Top` comes from the GPU
+enum Rows {
+    /// `n_vocab` logits per sequence, back to back.
+    Logits(Vec<f32>),
+    /// The top-k pairs of each sequence.
+    Top(Vec<Vec<(u32, f32)>>),
+}
+
+impl Rows {
+    fn get(&self, i: usize, vocab: usize) -> Row<'_> {
+        match self {
+            Rows::Logits(l) => Row::Logits(&l[i * vocab..(i + 1) * vocab]),
+            Rows::Top(t) => Row::Top(&t[i]),
+        }
+    }
+}
+
+/// Samples the next token of every sequence of a pass from its row. Sampling a whole
+/// 128k-vocabulary row costs about a millisecond, so many sequences are sampled on several
+/// threads (the forward pass is done: the cores are free).
+fn advance_all(group: &mut [&mut Seq], rows: &Rows, vocab: usize, tok: &Tokenizer, m: &Metrics) {
+    let one = |s: &mut Seq, row: Row<'_>| {
         if s.advance(row, tok, m) {
             m.finished_total.fetch_add(1, Relaxed);
             s.ended = true;
@@ -547,17 +587,17 @@ fn advance_all(group: &mut [&mut Seq], logits: &[f32], vocab: usize, tok: &Token
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = group.len().div_ceil(threads.max(1)).max(2);
-    if group.len() <= per {
-        for (s, row) in group.iter_mut().zip(logits.chunks(vocab)) {
-            one(s, row);
+    if matches!(rows, Rows::Top(_)) || group.len() <= per {
+        for (i, s) in group.iter_mut().enumerate() {
+            one(s, rows.get(i, vocab));
         }
         return;
     }
     std::thread::scope(|sc| {
-        for (seqs, rows) in group.chunks_mut(per).zip(logits.chunks(vocab * per)) {
+        for (c, seqs) in group.chunks_mut(per).enumerate() {
             sc.spawn(move || {
-                for (s, row) in seqs.iter_mut().zip(rows.chunks(vocab)) {
-                    one(s, row);
+                for (j, s) in seqs.iter_mut().enumerate() {
+                    one(s, rows.get(c * per + j, vocab));
                 }
             });
         }
@@ -741,9 +781,11 @@ impl Scheduler<'_> {
                 steps
                     .and_then(|mut steps| model.forward_batch(&mut steps, ws))
                     .map(|()| {
-                        (0..group.len())
-                            .flat_map(|i| ws.logits(model.graph(), i).iter().copied())
-                            .collect::<Vec<f32>>()
+                        Rows::Logits(
+                            (0..group.len())
+                                .flat_map(|i| ws.logits(model.graph(), i).iter().copied())
+                                .collect(),
+                        )
                     })
             }
             #[cfg(feature = "gpu")]
@@ -766,11 +808,18 @@ impl Scheduler<'_> {
                         }
                     })
                     .collect::<Result<_, _>>()?;
-                gpu.forward_seqs(&steps)
+                // The k best of each row are all the samplers need unless one of them has
+                // penalties or looks past the top-k.
+                let k = GPU_TOP_K as usize;
+                if group.iter().all(|s| s.sampler.needs_only_top(k)) {
+                    gpu.forward_seqs_topk(&steps).map(Rows::Top)
+                } else {
+                    gpu.forward_seqs(&steps).map(Rows::Logits)
+                }
             }
         };
         match result {
-            Ok(logits) => advance_all(group, &logits, vocab, self.tok, m),
+            Ok(rows) => advance_all(group, &rows, vocab, self.tok, m),
             Err(e @ ternion::Error::Gpu(_)) => return Err(e),
             Err(_) if group.len() > 1 => {
                 for s in group.iter_mut() {

@@ -143,6 +143,45 @@ impl Sampler {
         &self.cfg
     }
 
+    /// True when [`Sampler::sample_top`] over the `k` best logits of a row draws exactly as
+    /// [`Sampler::sample`] over the whole row: no penalties (they would reorder the
+    /// logits), and greedy or a top-k of at most `k`.
+    pub fn needs_only_top(&self, k: usize) -> bool {
+        !self.cfg.penalties_active()
+            && (self.cfg.temperature <= 0.0 || (1..=k).contains(&self.cfg.top_k))
+    }
+
+    /// Picks the next token id from the best `(id, logit)` pairs of a logits row, best
+    /// first with ties to the lower id (a GPU top-k): the same draw as [`Sampler::sample`]
+    /// over the whole row when [`Sampler::needs_only_top`] holds for `top.len()`. Pairs
+    /// with id `u32::MAX` (missing candidates) are skipped; with none left the id is 0.
+    pub fn sample_top(&mut self, top: &[(u32, f32)]) -> u32 {
+        self.candidates.clear();
+        self.candidates
+            .extend(
+                top.iter()
+                    .filter(|c| c.0 != u32::MAX)
+                    .map(|&(id, logit)| Candidate {
+                        id,
+                        logit: if logit.is_nan() {
+                            f32::NEG_INFINITY
+                        } else {
+                            logit
+                        },
+                    }),
+            );
+        let Some(first) = self.candidates.first() else {
+            return 0;
+        };
+        if self.cfg.temperature <= 0.0 {
+            return first.id;
+        }
+        self.top_k();
+        self.top_p();
+        self.min_p();
+        self.draw()
+    }
+
     /// Picks the next token id from `logits` (one per vocabulary entry). `history` is the
     /// prompt plus the ids generated so far; penalties look at its last `repeat_last_n`
     /// ids. NaN logits are never chosen. Panics if `logits` is empty.
@@ -340,6 +379,38 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.sample(&[1.0, 4.0, 4.0, f32::NAN], &[0]), 1);
+    }
+
+    #[test]
+    fn sampling_the_top_equals_sampling_the_row() {
+        for seed in 0..30 {
+            let l = logits(5000, seed);
+            let mut ranked: Vec<(u32, f32)> =
+                l.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            ranked.truncate(64);
+            for (t, k) in [(0.0, 0), (0.8, 40), (1.3, 64), (0.7, 1)] {
+                let c = SamplerConfig {
+                    seed,
+                    ..cfg(t, k, 0.9, 0.05)
+                };
+                let (mut full, mut top) =
+                    (Sampler::new(c.clone()).unwrap(), Sampler::new(c).unwrap());
+                assert!(top.needs_only_top(64));
+                for _ in 0..5 {
+                    assert_eq!(top.sample_top(&ranked), full.sample(&l, &[]), "t {t} k {k}");
+                }
+            }
+        }
+        let mut no_k = Sampler::new(cfg(0.8, 0, 0.9, 0.0)).unwrap();
+        assert!(!no_k.needs_only_top(64), "top-k off: the whole row matters");
+        assert_eq!(no_k.sample_top(&[(u32::MAX, f32::NEG_INFINITY)]), 0);
+        let pen = Sampler::new(SamplerConfig {
+            repeat_penalty: 1.1,
+            ..cfg(0.0, 40, 1.0, 0.0)
+        })
+        .unwrap();
+        assert!(!pen.needs_only_top(64), "penalties reorder the row");
     }
 
     #[test]

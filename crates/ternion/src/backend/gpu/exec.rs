@@ -99,6 +99,8 @@ enum Out {
     TopK,
     /// The last row of every sequence of a multi-sequence step.
     Picked,
+    /// The top-k of the last row of every sequence of a multi-sequence step.
+    PickedTopK,
     /// Nothing: the step only extends the KV cache (the LM head is not run).
     Cache,
 }
@@ -171,7 +173,8 @@ impl GpuModel {
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         )?;
         let argmax = TopK::new(g, &plan.logits, cfg.n_vocab as u32, 1)?;
-        let topk = TopK::new(g, &plan.logits, cfg.n_vocab as u32, opts.top_k)?;
+        let topk_rows = (opts.max_seqs + 1).min(plan.logits_rows) as u32;
+        let topk = TopK::rows(g, &plan.logits, cfg.n_vocab as u32, opts.top_k, topk_rows)?;
         let profiler = if opts.profile {
             Some(Profiler::new(g, &plan)?)
         } else {
@@ -279,11 +282,15 @@ impl GpuModel {
                 self.opts.max_batch
             )));
         }
-        if out == Out::Picked && parts.len() > self.plan.logits_rows {
+        let picked = matches!(out, Out::Picked | Out::PickedTopK);
+        let max_picked = match out {
+            Out::PickedTopK => self.plan.logits_rows.min(self.opts.max_seqs + 1),
+            _ => self.plan.logits_rows,
+        };
+        if picked && parts.len() > max_picked {
             return Err(Error::Request(format!(
-                "GPU step of {} sequences: at most {} logits rows per step",
+                "GPU step of {} sequences: at most {max_picked} logits rows per step",
                 parts.len(),
-                self.plan.logits_rows
             )));
         }
         let g = &*self.ctx;
@@ -349,7 +356,7 @@ impl GpuModel {
             Out::Logits(w) => Rows::of(n, w),
             Out::Cache => Rows::Skip,
             Out::Argmax | Out::TopK => Rows::of(n, Logits::Last),
-            Out::Picked => {
+            Out::Picked | Out::PickedTopK => {
                 let mut end = 0u32;
                 let picks: Vec<u32> = parts
                     .iter()
@@ -372,6 +379,7 @@ impl GpuModel {
             match out {
                 Out::Argmax => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
+                Out::PickedTopK => self.topk.record_rows(&mut pass, parts.len() as u32),
                 Out::Logits(_) | Out::Cache | Out::Picked => {}
             }
         }
@@ -382,6 +390,10 @@ impl GpuModel {
             }
             Out::TopK => {
                 self.topk.record_download(&mut enc);
+                0
+            }
+            Out::PickedTopK => {
+                self.topk.record_download_rows(&mut enc, parts.len() as u32);
                 0
             }
             Out::Logits(Logits::All) => n,
@@ -495,13 +507,7 @@ impl GpuModel {
     /// alone the decode numerics (as [`GpuModel::forward`]). When the KV pages run out the
     /// error is [`Error::KvPoolExhausted`] and no sequence has changed.
     pub async fn forward_seqs_async(&mut self, steps: &[GpuSeqStep<'_>]) -> Result<Vec<f32>> {
-        if let Some(s) = steps.iter().find(|s| !s.seq.belongs_to(&self.table)) {
-            return Err(Error::Request(format!(
-                "{:?} was opened on another model",
-                s.seq
-            )));
-        }
-        let parts: Vec<(u32, &[u32])> = steps.iter().map(|s| (s.seq.slot(), s.tokens)).collect();
+        let parts = self.parts(steps)?;
         let out = if parts.len() == 1 {
             Out::Logits(Logits::Last)
         } else {
@@ -512,6 +518,44 @@ impl GpuModel {
         self.read_logits(parts.len(), &mut logits).await?;
         self.collect_profile().await?;
         Ok(logits)
+    }
+
+    /// Like [`GpuModel::forward_seqs_async`] but only the [`GpuModelOptions::top_k`] best
+    /// (id, logit) pairs of each sequence's last row come back (best first, ties to the
+    /// lower id): k pairs instead of a vocabulary of floats per sequence.
+    pub async fn forward_seqs_topk_async(
+        &mut self,
+        steps: &[GpuSeqStep<'_>],
+    ) -> Result<Vec<Vec<(u32, f32)>>> {
+        let parts = self.parts(steps)?;
+        let out = if parts.len() == 1 {
+            Out::TopK
+        } else {
+            Out::PickedTopK
+        };
+        self.step(&parts, out)?;
+        let best = self
+            .topk
+            .read_rows_async(&self.ctx, parts.len() as u32)
+            .await?;
+        self.collect_profile().await?;
+        Ok(best)
+    }
+
+    /// Blocking [`GpuModel::forward_seqs_topk_async`].
+    pub fn forward_seqs_topk(&mut self, steps: &[GpuSeqStep<'_>]) -> Result<Vec<Vec<(u32, f32)>>> {
+        pollster::block_on(self.forward_seqs_topk_async(steps))
+    }
+
+    /// The `(slot, tokens)` parts of `steps`, checked to be this model's sequences.
+    fn parts<'a>(&self, steps: &[GpuSeqStep<'a>]) -> Result<Vec<(u32, &'a [u32])>> {
+        if let Some(s) = steps.iter().find(|s| !s.seq.belongs_to(&self.table)) {
+            return Err(Error::Request(format!(
+                "{:?} was opened on another model",
+                s.seq
+            )));
+        }
+        Ok(steps.iter().map(|s| (s.seq.slot(), s.tokens)).collect())
     }
 
     /// Blocking [`GpuModel::forward_seqs_async`].

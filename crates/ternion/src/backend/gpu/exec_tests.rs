@@ -356,3 +356,28 @@ fn kv_pages_run_out_cleanly() {
     gpu.forward_seqs(&[st(&b, &p[..])]).unwrap();
     assert_eq!(b.len(), p.len());
 }
+
+/// The GPU top-k of each sequence's last row equals the best k of its full logits row
+/// (value descending, ties to the lower id).
+#[test]
+fn top_k_of_each_sequence_matches_its_logits() {
+    let Some(f) = fixture() else { return };
+    let mut alone = multi_seq_model(&f, 0, None);
+    let mut gpu = multi_seq_model(&f, 3, None);
+    let seqs: Vec<GpuSeq> = (0..3).map(|_| gpu.new_seq().unwrap()).collect();
+    let steps: Vec<GpuSeqStep<'_>> = seqs.iter().zip(&f.prompts).map(|(s, p)| st(s, p)).collect();
+    let got = gpu.forward_seqs_topk(&steps).unwrap();
+    assert_eq!(got.len(), 3);
+    for (p, best) in f.prompts.iter().zip(&got) {
+        alone.truncate(0);
+        let row = alone.forward(p, Logits::Last).unwrap();
+        let mut want: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        want.truncate(8);
+        assert_eq!(best, &want);
+    }
+}

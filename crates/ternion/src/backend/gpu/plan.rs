@@ -621,9 +621,7 @@ impl Plan {
                                 )?,
                                 all: F16Matvec::rows4(g, variant, TPR, m, &xb, &ob, &step)?,
                                 gather: RowOp::gather(g, &xb, width(x), &picks, &pb, true)?,
-                                picked: F16Matvec::rows4(
-                                    g, variant, TPR, m, &pb, &ob, &pick_step,
-                                )?,
+                                picked: F16Matvec::rows4(g, variant, TPR, m, &pb, &ob, &pick_step)?,
                             })));
                             acts.keep.push(pb);
                         }

@@ -399,8 +399,7 @@ fn f16_matvec_matches_cpu_over_shards() {
                 if !round_x {
                     // Four tokens per workgroup: the same rows, bit for bit (a partial group
                     // of tokens % 4 at the end).
-                    let four =
-                        F16Matvec::rows4(&ctx, v, tpr, &sharded, &xb, &out, &step).unwrap();
+                    let four = F16Matvec::rows4(&ctx, v, tpr, &sharded, &xb, &out, &step).unwrap();
                     run(&ctx, |p| four.record(p, tokens as u32));
                     assert_eq!(out.read::<f32>(&ctx).unwrap(), got, "rows4 {tpr} {v:?}");
                 }

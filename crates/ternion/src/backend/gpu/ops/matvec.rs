@@ -324,7 +324,17 @@ impl F16Matvec {
         out: &GpuBuffer,
         step: &StepUniform,
     ) -> Result<F16Matvec> {
-        Self::build(ctx, variant, tpr, w, x, out, false, Some(step), F16Rows::Four)
+        Self::build(
+            ctx,
+            variant,
+            tpr,
+            w,
+            x,
+            out,
+            false,
+            Some(step),
+            F16Rows::Four,
+        )
     }
 
     /// Like [`F16Matvec::new`] but multiplies only the last token row of the step (row
@@ -340,7 +350,17 @@ impl F16Matvec {
         round_x: bool,
         step: &StepUniform,
     ) -> Result<F16Matvec> {
-        Self::build(ctx, variant, tpr, w, x, out, round_x, Some(step), F16Rows::Last)
+        Self::build(
+            ctx,
+            variant,
+            tpr,
+            w,
+            x,
+            out,
+            round_x,
+            Some(step),
+            F16Rows::Last,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
