@@ -482,6 +482,8 @@ fn chat_streams_two_turns_and_reuses_the_cache() {
         .filter_map(|l| l.split("prompt ").nth(1)?.split(' ').next()?.parse().ok())
         .collect();
     assert_eq!(prompts.len(), 2, "{err}");
+    // End of input prints the totals.
+    assert!(err.contains("chat ended: 2 replies"), "{err}");
     assert!(
         prompts[1] < prompts[0] + 6,
         "second turn re-fed the history: {prompts:?}"
@@ -583,4 +585,124 @@ fn ctrl_c_stops_a_json_run_with_the_partial_result() {
     let n = v["tokens"].as_array().expect("tokens").len();
     assert!((1..32768).contains(&n), "{n} tokens");
     assert!(v["decode_tok_s"].is_number(), "{v}");
+}
+
+/// Lines of a child's stderr, read on a thread so the test can wait for one.
+#[cfg(unix)]
+fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a stderr line containing `needle`; returns every line read until then.
+#[cfg(unix)]
+fn wait_for(lines: &std::sync::mpsc::Receiver<String>, needle: &str) -> String {
+    let mut seen = String::new();
+    loop {
+        let line = lines
+            .recv()
+            .unwrap_or_else(|_| panic!("stderr ended before '{needle}':\n{seen}"));
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(needle) {
+            return seen;
+        }
+    }
+}
+
+/// Reads whatever a non-blocking pipe holds now, then makes it blocking again.
+#[cfg(unix)]
+fn drain_now(pipe: &mut std::process::ChildStdout) -> Vec<u8> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let fd = pipe.as_raw_fd();
+    // SAFETY: fcntl on a file descriptor this process owns, flags only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    assert!(flags >= 0);
+    // SAFETY: as above.
+    assert!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } >= 0);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("reading stdout: {e}"),
+        }
+    }
+    // SAFETY: as above.
+    assert!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } >= 0);
+    got
+}
+
+/// Ctrl-C during `ternion chat`: a reply being generated stops and the chat returns to the
+/// prompt (twice: the second turn runs after the first was cut), and Ctrl-C at the prompt
+/// prints the totals and exits with status 130. Replies are far longer than the test (a
+/// million tokens, 32k context); each signal is sent once the reply's first text is out,
+/// and the next step waits for "interrupted" on stderr (printed after the flag is
+/// cleared), so every signal lands where the test says.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_in_chat_stops_the_reply_and_then_exits_at_the_prompt() {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ternion"))
+        .args([
+            "chat",
+            "--model",
+            tiny_model().to_str().unwrap(),
+            "-n",
+            "1000000",
+            "--ctx",
+            "32768",
+            "--temperature",
+            "0",
+            "-t",
+            "1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the ternion binary starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let err = stderr_lines(&mut child);
+    let mut replies = Vec::new();
+    for turn in ["Hello there", "And again"] {
+        writeln!(stdin, "{turn}").unwrap();
+        let mut first = [0u8; 1];
+        stdout.read_exact(&mut first).expect("a first piece");
+        sigint(&child);
+        let seen = wait_for(&err, "interrupted");
+        let stats = wait_for(&err, "decode ");
+        let decoded: usize = stats
+            .split("decode ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no decode stats in:\n{seen}{stats}"));
+        assert!((1..32768).contains(&decoded), "{decoded} tokens");
+        // Everything of this reply was written before "interrupted".
+        let mut reply = first.to_vec();
+        reply.extend(drain_now(&mut stdout));
+        assert_eq!(reply.last(), Some(&b'\n'), "reply not ended by a newline");
+        replies.push(reply);
+    }
+    sigint(&child);
+    let totals = wait_for(&err, "chat ended");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{totals}");
+    assert!(totals.contains("chat ended: 2 replies"), "{totals}");
+    assert!(replies.iter().all(|r| r.len() > 1), "{replies:?}");
 }
