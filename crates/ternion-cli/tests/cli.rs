@@ -314,6 +314,107 @@ fn offline_default_model_says_how_to_pass_a_file() {
     assert!(err.contains("--model"), "{err}");
 }
 
+/// A stand-in for the Hugging Face Hub on a local port: it answers every GET with `body`
+/// (honouring `Range: bytes=A-` and `bytes=A-B`) and the headers hf-hub reads:
+/// `x-repo-commit`, `x-linked-etag` (`etag`) and `content-range`. Serves until the test
+/// process ends.
+fn fake_hub(body: Vec<u8>, etag: String) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut range = None;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(r) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                    let (a, b) = r.trim().split_once('-').unwrap();
+                    let a: usize = a.parse().unwrap();
+                    let b = b.parse::<usize>().map_or(body.len(), |b| b + 1);
+                    range = Some((a, b.min(body.len())));
+                }
+            }
+            let (a, b) = range.unwrap_or((0, body.len()));
+            let head = format!(
+                "HTTP/1.1 206 Partial Content\r\nx-repo-commit: {commit}\r\n\
+                 x-linked-etag: \"{etag}\"\r\netag: \"{etag}\"\r\n\
+                 content-range: bytes {a}-{last}/{len}\r\ncontent-length: {n}\r\n\
+                 connection: close\r\n\r\n",
+                commit = "0".repeat(40),
+                last = b.saturating_sub(1),
+                len = body.len(),
+                n = b - a,
+            );
+            let _ = conn
+                .write_all(head.as_bytes())
+                .and_then(|_| conn.write_all(&body[a..b]));
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// `ternion run` without `--model` downloads the default file from the Hub endpoint and
+/// checks it against the SHA-256 the Hub reported (`x-linked-etag`): a match runs, a
+/// mismatch fails with a clear message and removes the bad file from the cache.
+#[test]
+fn hub_download_is_checked_against_the_reported_sha256() {
+    let body = std::fs::read(tiny_model()).unwrap();
+    let run_default = |home: &Path, endpoint: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ternion"))
+            .args(["run", "--tokens", "1,2", "-n", "1", "--json"])
+            .env("HF_HOME", home)
+            .env("HF_ENDPOINT", endpoint)
+            .output()
+            .unwrap()
+    };
+    // The right hash, from a different implementation than the CLI's (sha256sum).
+    let good = String::from_utf8(
+        Command::new("sha256sum")
+            .arg(tiny_model())
+            .output()
+            .expect("sha256sum runs")
+            .stdout,
+    )
+    .unwrap()
+    .split_whitespace()
+    .next()
+    .unwrap()
+    .to_owned();
+    let home = tmp_dir().join("hf-home-good");
+    let out = run_default(&home, &fake_hub(body.clone(), good.clone()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("SHA-256 matches the Hub's"), "{err}");
+    assert_eq!(
+        last_json(&String::from_utf8_lossy(&out.stdout))["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // The same hash with its first digit changed: what a tampered file would report.
+    let first = if good.starts_with('0') { '1' } else { '0' };
+    let bad = format!("{first}{}", &good[1..]);
+    let home = tmp_dir().join("hf-home-bad");
+    let out = run_default(&home, &fake_hub(body, bad.clone()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("its SHA-256 is {good}, the Hub reported {bad}")),
+        "{err}"
+    );
+    let blob = home
+        .join("hub/models--microsoft--bitnet-b1.58-2B-4T-gguf/blobs")
+        .join(&bad);
+    assert!(!blob.exists(), "the corrupt download stayed in the cache");
+}
+
 #[test]
 fn bench_json_reports_speeds() {
     let out = ok(&[
@@ -443,6 +544,27 @@ fn sha256_is_checked_before_loading() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SHA-256 is dba18789"));
+    // Malformed digests are refused before the file is read.
+    for bad_hex in ["xyz", &"g".repeat(64), &good[..63]] {
+        let out = ternion(&[
+            "run", "--model", m, "--tokens", "1,2", "-n", "1", "--sha256", bad_hex,
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("must be 64 hexadecimal digits"), "{err}");
+    }
+    // Upper case is the same digest.
+    ok(&[
+        "run",
+        "--model",
+        m,
+        "--tokens",
+        "1,2",
+        "-n",
+        "1",
+        "--sha256",
+        &good.to_ascii_uppercase(),
+    ]);
 }
 
 #[test]
