@@ -1,7 +1,7 @@
 //! What several commands share: model location (local file or the Hugging Face cache),
 //! backend and thread settings, and prompt input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -250,14 +250,29 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
     })
 }
 
-/// Checks a file's SHA-256 against `want` (hex, case-insensitive).
-pub fn verify_sha256(path: &std::path::Path, want: &str) -> Result<()> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
+/// Checks a file's SHA-256 against `want` (64 hex digits, case-insensitive); a malformed
+/// `want` is an error before the file is read.
+pub fn verify_sha256(path: &Path, want: &str) -> Result<()> {
     let want = want.trim().to_ascii_lowercase();
-    if want.len() != 64 || !want.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !is_sha256_hex(&want) {
         bail!("--sha256 must be 64 hexadecimal digits, got '{want}'");
     }
+    let got = file_sha256(path)?;
+    if got != want {
+        bail!("{}: SHA-256 is {got}, expected {want}", path.display());
+    }
+    Ok(())
+}
+
+/// Whether `s` is a SHA-256 digest in lowercase hex.
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The SHA-256 of a file in lowercase hex, read in 1 MiB pieces (never whole).
+pub fn file_sha256(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -270,14 +285,23 @@ pub fn verify_sha256(path: &std::path::Path, want: &str) -> Result<()> {
         }
         h.update(&buf[..n]);
     }
-    let got: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    if got != want {
-        bail!("{}: SHA-256 is {got}, expected {want}", path.display());
-    }
-    Ok(())
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The default model's path: from the Hugging Face cache, or downloaded with a progress bar.
+/// The SHA-256 the Hub reported for a file of the Hugging Face cache. hf-hub stores each
+/// download as `blobs/<etag>` (the snapshot path links to it), taking the etag from the
+/// `x-linked-etag` header, which for files kept in Git LFS (model weights) is the
+/// content's SHA-256. `None` when the blob is not named by a SHA-256 (a small file's etag
+/// is a git SHA-1; without symlinks hf-hub moves the blob to the snapshot path).
+pub fn hub_sha256(path: &Path) -> Option<String> {
+    let blob = std::fs::canonicalize(path).ok()?;
+    let name = blob.file_name()?.to_str()?;
+    is_sha256_hex(name).then(|| name.to_owned())
+}
+
+/// The default model's path: from the Hugging Face cache, or downloaded with a progress
+/// bar and then checked against the SHA-256 the Hub reported (a file that fails the check
+/// is deleted from the cache, so the next run downloads it again).
 fn default_model_path() -> Result<PathBuf> {
     let cache = hf_hub::Cache::from_env();
     if let Some(p) = cache.model(DEFAULT_REPO.into()).get(DEFAULT_FILE) {
@@ -288,7 +312,8 @@ fn default_model_path() -> Result<PathBuf> {
         .with_progress(true)
         .build()
         .context("setting up the Hugging Face client")?;
-    api.model(DEFAULT_REPO.into())
+    let path = api
+        .model(DEFAULT_REPO.into())
         .get(DEFAULT_FILE)
         .map_err(|e| {
             anyhow::anyhow!(
@@ -297,5 +322,27 @@ fn default_model_path() -> Result<PathBuf> {
                  --model PATH/{DEFAULT_FILE}, or make a test model with \
                  `ternion synth --shape 2b-4t --type i2_s --out model.gguf`."
             )
-        })
+        })?;
+    match hub_sha256(&path) {
+        Some(want) => {
+            let got = file_sha256(&path)?;
+            if got != want {
+                let blob = std::fs::canonicalize(&path).ok();
+                for p in [Some(path.clone()), blob].into_iter().flatten() {
+                    // Best effort: the error below is what matters.
+                    let _ = std::fs::remove_file(p);
+                }
+                bail!(
+                    "the download of {DEFAULT_REPO}/{DEFAULT_FILE} is corrupt: its SHA-256 is \
+                     {got}, the Hub reported {want}; the file was deleted, run again to \
+                     download it again"
+                );
+            }
+            eprintln!("SHA-256 matches the Hub's ({want})");
+        }
+        None => {
+            eprintln!("the Hub reported no SHA-256 for {DEFAULT_FILE}; pass --sha256 to check it")
+        }
+    }
+    Ok(path)
 }

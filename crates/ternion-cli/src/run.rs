@@ -186,7 +186,95 @@ pub struct ChatArgs {
     n_predict: usize,
 }
 
-/// Runs `ternion chat`: reads user turns from stdin, streams replies.
+/// What the user did at the prompt.
+enum Input {
+    /// A line of text (without its line ending).
+    Line(String),
+    /// End of input or an empty line.
+    End,
+    /// Ctrl-C.
+    Interrupted,
+}
+
+/// Stdin read line by line on a thread of its own, so that the prompt can also notice
+/// Ctrl-C (a signal does not interrupt a blocking read).
+struct Lines {
+    rx: std::sync::mpsc::Receiver<std::io::Result<String>>,
+}
+
+impl Lines {
+    /// Starts the reader thread; it ends at end of input or on a read error.
+    fn stdin() -> Lines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let stop = line.is_err();
+                if tx.send(line).is_err() || stop {
+                    break;
+                }
+            }
+        });
+        Lines { rx }
+    }
+
+    /// Waits for the next line, end of input, or `interrupted` (checked first and every
+    /// 20 ms).
+    fn next(&self, interrupted: &AtomicBool) -> Result<Input> {
+        use std::sync::mpsc::RecvTimeoutError;
+        loop {
+            if interrupted.load(Ordering::Relaxed) {
+                return Ok(Input::Interrupted);
+            }
+            match self.rx.recv_timeout(std::time::Duration::from_millis(20)) {
+                Ok(line) => {
+                    let line = line?;
+                    let line = line.trim_end_matches('\r');
+                    return Ok(if line.trim().is_empty() {
+                        Input::End
+                    } else {
+                        Input::Line(line.to_owned())
+                    });
+                }
+                Err(RecvTimeoutError::Disconnected) => return Ok(Input::End),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+}
+
+/// Totals over the replies of a chat.
+#[derive(Default)]
+struct ChatTotals {
+    replies: usize,
+    prompt_tokens: usize,
+    generated: usize,
+    decode_time: std::time::Duration,
+}
+
+impl ChatTotals {
+    fn add(&mut self, s: &GenerationStats) {
+        self.replies += 1;
+        self.prompt_tokens += s.prompt_tokens;
+        self.generated += s.generated.len();
+        self.decode_time += s.decode_time;
+    }
+
+    fn print(&self) {
+        eprintln!(
+            "chat ended: {} replies, {} prompt tokens fed, {} tokens generated ({:.1} tok/s)",
+            self.replies,
+            self.prompt_tokens,
+            self.generated,
+            self.generated as f64 / self.decode_time.as_secs_f64().max(1e-9)
+        );
+    }
+}
+
+/// Runs `ternion chat`: reads user turns from stdin, streams replies. Ctrl-C while a
+/// reply is generated stops that reply after the current token (the partial reply stays
+/// in the conversation, as a reply cut by `-n` does) and returns to the prompt; Ctrl-C at
+/// the prompt prints the totals and exits with status 130; end of input or an empty line
+/// prints them and exits normally.
 pub fn chat(a: ChatArgs) -> Result<()> {
     let mut l = common::load(&a.model, true)?;
     let tok = &l.tokenizer;
@@ -207,19 +295,27 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         max_tokens: a.n_predict,
         ignore_eos: false,
     };
+    let interrupted = interrupt_flag()?;
     eprintln!(
-        "Loaded in {:.2} s. Type a message; an empty line or Ctrl-D ends the chat.",
+        "Loaded in {:.2} s. Type a message; an empty line, Ctrl-D or Ctrl-C ends the chat \
+         (Ctrl-C during a reply stops the reply).",
         l.load_time.as_secs_f64()
     );
-    let stdin = std::io::stdin();
+    let lines = Lines::stdin();
+    let mut totals = ChatTotals::default();
     let mut first = true;
     loop {
         eprint!("> ");
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
-            break;
-        }
-        let ids = match conv.add_user(line.trim_end_matches(['\r', '\n']))? {
+        let line = match lines.next(&interrupted)? {
+            Input::Line(line) => line,
+            Input::End => break,
+            Input::Interrupted => {
+                eprintln!();
+                totals.print();
+                std::process::exit(EXIT_INTERRUPTED);
+            }
+        };
+        let ids = match conv.add_user(&line)? {
             TurnText::Append(t) => tok.encode(&t, first && tok.add_bos(), true)?,
             TurnText::Restart(t) => {
                 session.reset();
@@ -238,10 +334,19 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let stats = session.generate(&ids, tok, &mut sampler, &opts, |p| {
             reply.push_str(p);
             write!(out, "{p}").and_then(|_| out.flush()).is_ok()
+                && !interrupted.load(Ordering::Relaxed)
         })?;
+        // Cleared before anything is printed: once "interrupted" shows, a Ctrl-C is one at
+        // the prompt.
+        let was_interrupted = interrupted.swap(false, Ordering::Relaxed);
         writeln!(out)?;
+        if was_interrupted {
+            eprintln!("interrupted");
+        }
         print_stats(l.load_time, &stats);
+        totals.add(&stats);
         conv.add_assistant(&reply);
     }
+    totals.print();
     Ok(())
 }

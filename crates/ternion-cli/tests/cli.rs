@@ -314,6 +314,107 @@ fn offline_default_model_says_how_to_pass_a_file() {
     assert!(err.contains("--model"), "{err}");
 }
 
+/// A stand-in for the Hugging Face Hub on a local port: it answers every GET with `body`
+/// (honouring `Range: bytes=A-` and `bytes=A-B`) and the headers hf-hub reads:
+/// `x-repo-commit`, `x-linked-etag` (`etag`) and `content-range`. Serves until the test
+/// process ends.
+fn fake_hub(body: Vec<u8>, etag: String) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut range = None;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(r) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                    let (a, b) = r.trim().split_once('-').unwrap();
+                    let a: usize = a.parse().unwrap();
+                    let b = b.parse::<usize>().map_or(body.len(), |b| b + 1);
+                    range = Some((a, b.min(body.len())));
+                }
+            }
+            let (a, b) = range.unwrap_or((0, body.len()));
+            let head = format!(
+                "HTTP/1.1 206 Partial Content\r\nx-repo-commit: {commit}\r\n\
+                 x-linked-etag: \"{etag}\"\r\netag: \"{etag}\"\r\n\
+                 content-range: bytes {a}-{last}/{len}\r\ncontent-length: {n}\r\n\
+                 connection: close\r\n\r\n",
+                commit = "0".repeat(40),
+                last = b.saturating_sub(1),
+                len = body.len(),
+                n = b - a,
+            );
+            let _ = conn
+                .write_all(head.as_bytes())
+                .and_then(|_| conn.write_all(&body[a..b]));
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// `ternion run` without `--model` downloads the default file from the Hub endpoint and
+/// checks it against the SHA-256 the Hub reported (`x-linked-etag`): a match runs, a
+/// mismatch fails with a clear message and removes the bad file from the cache.
+#[test]
+fn hub_download_is_checked_against_the_reported_sha256() {
+    let body = std::fs::read(tiny_model()).unwrap();
+    let run_default = |home: &Path, endpoint: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ternion"))
+            .args(["run", "--tokens", "1,2", "-n", "1", "--json"])
+            .env("HF_HOME", home)
+            .env("HF_ENDPOINT", endpoint)
+            .output()
+            .unwrap()
+    };
+    // The right hash, from a different implementation than the CLI's (sha256sum).
+    let good = String::from_utf8(
+        Command::new("sha256sum")
+            .arg(tiny_model())
+            .output()
+            .expect("sha256sum runs")
+            .stdout,
+    )
+    .unwrap()
+    .split_whitespace()
+    .next()
+    .unwrap()
+    .to_owned();
+    let home = tmp_dir().join("hf-home-good");
+    let out = run_default(&home, &fake_hub(body.clone(), good.clone()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("SHA-256 matches the Hub's"), "{err}");
+    assert_eq!(
+        last_json(&String::from_utf8_lossy(&out.stdout))["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // The same hash with its first digit changed: what a tampered file would report.
+    let first = if good.starts_with('0') { '1' } else { '0' };
+    let bad = format!("{first}{}", &good[1..]);
+    let home = tmp_dir().join("hf-home-bad");
+    let out = run_default(&home, &fake_hub(body, bad.clone()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("its SHA-256 is {good}, the Hub reported {bad}")),
+        "{err}"
+    );
+    let blob = home
+        .join("hub/models--microsoft--bitnet-b1.58-2B-4T-gguf/blobs")
+        .join(&bad);
+    assert!(!blob.exists(), "the corrupt download stayed in the cache");
+}
+
 #[test]
 fn bench_json_reports_speeds() {
     let out = ok(&[
@@ -443,6 +544,27 @@ fn sha256_is_checked_before_loading() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SHA-256 is dba18789"));
+    // Malformed digests are refused before the file is read.
+    for bad_hex in ["xyz", &"g".repeat(64), &good[..63]] {
+        let out = ternion(&[
+            "run", "--model", m, "--tokens", "1,2", "-n", "1", "--sha256", bad_hex,
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("must be 64 hexadecimal digits"), "{err}");
+    }
+    // Upper case is the same digest.
+    ok(&[
+        "run",
+        "--model",
+        m,
+        "--tokens",
+        "1,2",
+        "-n",
+        "1",
+        "--sha256",
+        &good.to_ascii_uppercase(),
+    ]);
 }
 
 #[test]
@@ -482,6 +604,8 @@ fn chat_streams_two_turns_and_reuses_the_cache() {
         .filter_map(|l| l.split("prompt ").nth(1)?.split(' ').next()?.parse().ok())
         .collect();
     assert_eq!(prompts.len(), 2, "{err}");
+    // End of input prints the totals.
+    assert!(err.contains("chat ended: 2 replies"), "{err}");
     assert!(
         prompts[1] < prompts[0] + 6,
         "second turn re-fed the history: {prompts:?}"
@@ -583,4 +707,124 @@ fn ctrl_c_stops_a_json_run_with_the_partial_result() {
     let n = v["tokens"].as_array().expect("tokens").len();
     assert!((1..32768).contains(&n), "{n} tokens");
     assert!(v["decode_tok_s"].is_number(), "{v}");
+}
+
+/// Lines of a child's stderr, read on a thread so the test can wait for one.
+#[cfg(unix)]
+fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a stderr line containing `needle`; returns every line read until then.
+#[cfg(unix)]
+fn wait_for(lines: &std::sync::mpsc::Receiver<String>, needle: &str) -> String {
+    let mut seen = String::new();
+    loop {
+        let line = lines
+            .recv()
+            .unwrap_or_else(|_| panic!("stderr ended before '{needle}':\n{seen}"));
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains(needle) {
+            return seen;
+        }
+    }
+}
+
+/// Reads whatever a non-blocking pipe holds now, then makes it blocking again.
+#[cfg(unix)]
+fn drain_now(pipe: &mut std::process::ChildStdout) -> Vec<u8> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let fd = pipe.as_raw_fd();
+    // SAFETY: fcntl on a file descriptor this process owns, flags only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    assert!(flags >= 0);
+    // SAFETY: as above.
+    assert!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } >= 0);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("reading stdout: {e}"),
+        }
+    }
+    // SAFETY: as above.
+    assert!(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } >= 0);
+    got
+}
+
+/// Ctrl-C during `ternion chat`: a reply being generated stops and the chat returns to the
+/// prompt (twice: the second turn runs after the first was cut), and Ctrl-C at the prompt
+/// prints the totals and exits with status 130. Replies are far longer than the test (a
+/// million tokens, 32k context); each signal is sent once the reply's first text is out,
+/// and the next step waits for "interrupted" on stderr (printed after the flag is
+/// cleared), so every signal lands where the test says.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_in_chat_stops_the_reply_and_then_exits_at_the_prompt() {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ternion"))
+        .args([
+            "chat",
+            "--model",
+            tiny_model().to_str().unwrap(),
+            "-n",
+            "1000000",
+            "--ctx",
+            "32768",
+            "--temperature",
+            "0",
+            "-t",
+            "1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the ternion binary starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let err = stderr_lines(&mut child);
+    let mut replies = Vec::new();
+    for turn in ["Hello there", "And again"] {
+        writeln!(stdin, "{turn}").unwrap();
+        let mut first = [0u8; 1];
+        stdout.read_exact(&mut first).expect("a first piece");
+        sigint(&child);
+        let seen = wait_for(&err, "interrupted");
+        let stats = wait_for(&err, "decode ");
+        let decoded: usize = stats
+            .split("decode ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no decode stats in:\n{seen}{stats}"));
+        assert!((1..32768).contains(&decoded), "{decoded} tokens");
+        // Everything of this reply was written before "interrupted".
+        let mut reply = first.to_vec();
+        reply.extend(drain_now(&mut stdout));
+        assert_eq!(reply.last(), Some(&b'\n'), "reply not ended by a newline");
+        replies.push(reply);
+    }
+    sigint(&child);
+    let totals = wait_for(&err, "chat ended");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{totals}");
+    assert!(totals.contains("chat ended: 2 replies"), "{totals}");
+    assert!(replies.iter().all(|r| r.len() > 1), "{replies:?}");
 }

@@ -26,9 +26,10 @@ use crate::{jinja_budget, Error, Result};
 const JINJA_FUEL: u64 = 5_000_000;
 
 /// Stack of the thread a Jinja render runs on (native builds). minijinja drops and prints
-/// nested values recursively, and a hostile template can nest a list as deep as its fuel
-/// allows (`{% set ns.l = [ns.l] %}` in a loop): each level costs a few instructions of
-/// fuel, so the depth stays below ~`JINJA_FUEL / 4` and this stack holds it.
+/// nested values recursively; `jinja_budget` bounds the nesting of every stored value on
+/// every target (the browser's included, which has no threads), and this stack is a second
+/// line of defence for native renders: even a value nested as deep as the fuel allows
+/// (each level costs a few instructions, so below ~`JINJA_FUEL / 4`) fits it.
 #[cfg(not(target_arch = "wasm32"))]
 const RENDER_STACK_BYTES: usize = 1 << 30;
 
@@ -880,26 +881,50 @@ mod tests {
 
     /// Hostile templates that once exhausted memory (formerly
     /// `fuzz/known-issues/chat_template/`): each must end in a template error, quickly.
-    /// A list nested as deep as the fuel allows is dropped and printed without overflowing
-    /// the stack (the render runs on its own large stack).
+    /// Values may nest at most `MAX_VALUE_DEPTH` deep, however they are built and stored
+    /// (lists in a namespace, a chain of namespaces, a namespace holding itself): the
+    /// deepest allowed value is printed and dropped within a 1 MiB stack (a wasm module's
+    /// default), on the calling thread as the browser build renders.
     #[test]
-    fn deeply_nested_values_do_not_overflow_the_stack() {
-        for body in ["{{ ns.l|length }}", "{{ ns.l }}"] {
-            let src = format!(
-                "{{% set ns = namespace(l=[]) %}}{{% for i in range(100000) %}}\
-                 {{% for j in range(100000) %}}{{% set ns.l = [ns.l] %}}{{% endfor %}}\
-                 {{% endfor %}}{body}"
-            );
-            match render_one(&src) {
-                Err(Error::Template(msg)) => assert!(msg.contains("fuel"), "{msg}"),
-                other => panic!("expected running out of fuel, got {other:?}"),
+    fn value_nesting_is_bounded_on_every_target() {
+        use crate::jinja_budget::MAX_VALUE_DEPTH;
+        let wraps = |n: usize, body: &str| {
+            format!(
+                "{{% set ns = namespace(l=[]) %}}{{% for i in range({n}) %}}\
+                 {{% set ns.l = [ns.l] %}}{{% endfor %}}{body}"
+            )
+        };
+        let too_deep = [
+            wraps(MAX_VALUE_DEPTH, "{{ ns.l|length }}"),
+            // Far past the limit: stopped at the limit, long before the fuel runs out.
+            "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}\
+             {% for j in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}{% endfor %}\
+             {{ ns.l }}"
+                .to_string(),
+            format!(
+                "{{% set o = namespace(ns=namespace()) %}}\
+                 {{% for i in range({MAX_VALUE_DEPTH}) %}}\
+                 {{% set o.ns = namespace(p=o.ns) %}}{{% endfor %}}{{{{ o.ns }}}}"
+            ),
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}".to_string(),
+        ];
+        for src in &too_deep {
+            match render_one(src) {
+                Err(Error::Template(msg)) => assert!(msg.contains("nested more than"), "{msg}"),
+                other => panic!("expected a nesting error for {src}, got {other:?}"),
             }
         }
-        // 90,000 levels: more than a default 2 MiB thread stack survives dropping.
-        let src = "{% set ns = namespace(l=[]) %}{% for i in range(300) %}\
-                   {% for j in range(300) %}{% set ns.l = [ns.l] %}{% endfor %}{% endfor %}\
-                   {{ ns.l|length }}";
-        assert_eq!(render_one(src).unwrap(), "1");
+        // The namespace counts one level: its list may nest MAX_VALUE_DEPTH - 1 deep.
+        let deepest = wraps(MAX_VALUE_DEPTH - 2, "{{ ns.l|length }}:{{ ns.l }}");
+        let out = std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(move || render_jinja_here(&deepest, &msgs(&[("user", "hi")]), true, BOS, EOS))
+            .unwrap()
+            .join()
+            .expect("rendered within a 1 MiB stack")
+            .unwrap();
+        let brackets = "[".repeat(MAX_VALUE_DEPTH - 1) + &"]".repeat(MAX_VALUE_DEPTH - 1);
+        assert_eq!(out, format!("1:{brackets}"));
     }
 
     #[test]

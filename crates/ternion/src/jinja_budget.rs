@@ -14,6 +14,14 @@
 //! - every `{{ … }}` emission is charged, and the fuel is lowered so that the template's
 //!   literal text, emitted once per instruction at most, cannot exceed [`RAW_OUTPUT_BYTES`].
 //!
+//! Values can also nest without bound: `{% set ns.l = [ns.l] %}` in a loop wraps a list
+//! once per step, and minijinja drops and prints nested values recursively, so a deep
+//! enough value overflows the stack. Nesting only grows through values kept across
+//! instructions, so every store (`StoreLocal`, `SetAttr`) is preceded by a check that the
+//! stored value nests at most [`MAX_VALUE_DEPTH`] deep (a reference cycle, a namespace
+//! stored into itself, counts as too deep). This holds on every target, the browser's
+//! small wasm stack included.
+//!
 //! Exceeding the budget is an ordinary template error, so a hostile template renders to a
 //! clear [`Error::Template`](crate::Error::Template) in bounded memory and time.
 
@@ -41,6 +49,15 @@ pub(crate) const MAX_WIDTH: usize = 100_000;
 /// Most bytes of literal template text a render may emit.
 pub(crate) const RAW_OUTPUT_BYTES: usize = 256 << 20;
 
+/// Deepest nesting of a value a template may store (lists, maps and namespaces count one
+/// level each). Real chat templates nest a handful of levels (tool schemas a few dozen);
+/// dropping or printing 256 levels needs well under the 1 MiB stack of a wasm module.
+pub(crate) const MAX_VALUE_DEPTH: usize = 256;
+
+/// Container elements the depth checks of one render may visit: bounds their time when a
+/// template stores a large value over and over.
+pub(crate) const DEPTH_CHECK_VISITS: usize = 20_000_000;
+
 /// Bytes charged per element of a sequence a template builds.
 const VALUE_BYTES: usize = std::mem::size_of::<Value>();
 
@@ -48,6 +65,7 @@ const VALUE_BYTES: usize = std::mem::size_of::<Value>();
 #[derive(Debug)]
 pub(crate) struct Budget {
     left: AtomicUsize,
+    visits_left: AtomicUsize,
 }
 
 impl Budget {
@@ -56,6 +74,7 @@ impl Budget {
         let bytes = BASE_BUDGET.saturating_add(input_bytes.saturating_mul(BUDGET_PER_INPUT_BYTE));
         Arc::new(Budget {
             left: AtomicUsize::new(bytes),
+            visits_left: AtomicUsize::new(DEPTH_CHECK_VISITS),
         })
     }
 
@@ -75,6 +94,53 @@ impl Budget {
                     ),
                 )
             })
+    }
+
+    /// Fails unless `value` nests at most [`MAX_VALUE_DEPTH`] deep; the elements visited
+    /// are taken from the render's [`DEPTH_CHECK_VISITS`]. Walks with its own stack, so
+    /// checking a deep value does not recurse.
+    pub(crate) fn check_depth(&self, value: &Value) -> Result<(), Error> {
+        let mut todo = vec![(value.clone(), 0usize)];
+        while let Some((v, depth)) = todo.pop() {
+            let kind = v.kind();
+            if !matches!(kind, ValueKind::Seq | ValueKind::Map) {
+                continue;
+            }
+            if depth >= MAX_VALUE_DEPTH {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "value nested more than {MAX_VALUE_DEPTH} levels deep (or containing \
+                         itself)"
+                    ),
+                ));
+            }
+            let n = v.len().unwrap_or(0);
+            self.visits_left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    left.checked_sub(n)
+                })
+                .map_err(|_| {
+                    Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!(
+                            "template stores too much: its values' nesting checks visited \
+                             {DEPTH_CHECK_VISITS} elements"
+                        ),
+                    )
+                })?;
+            // Objects that cannot be iterated hold nothing a template can reach.
+            let Ok(items) = v.try_iter() else { continue };
+            for item in items {
+                let child = if kind == ValueKind::Map {
+                    v.get_item(&item).unwrap_or_default()
+                } else {
+                    item
+                };
+                todo.push((child, depth + 1));
+            }
+        }
+        Ok(())
     }
 
     /// Bytes still available.
@@ -150,6 +216,11 @@ pub(crate) fn install(env: &mut Environment<'_>, budget: &Arc<Budget>) {
     env.add_function("__ternion_concat", move |x: Value, y: Value| {
         b.charge(text_len(&x).saturating_add(text_len(&y)))?;
         Ok::<_, Error>(Value::from(format!("{x}{y}")))
+    });
+    let b = budget.clone();
+    env.add_function("__ternion_depth", move |x: Value| {
+        b.check_depth(&x)?;
+        Ok::<_, Error>(x)
     });
     let b = budget.clone();
     env.add_function("__ternion_add", move |x: Value, y: Value| {
@@ -285,24 +356,82 @@ pub(crate) fn install(env: &mut Environment<'_>, budget: &Arc<Budget>) {
     });
 }
 
+/// Instructions [`rewrite`] puts before `instr`: a depth check of the value a store keeps
+/// (`StoreLocal` pops it from the top; `SetAttr` finds it under the namespace).
+fn depth_check_before(instr: &Instruction<'_>) -> &'static [Instruction<'static>] {
+    const CHECK: Instruction<'static> = Instruction::CallFunction("__ternion_depth", Some(1));
+    match instr {
+        Instruction::StoreLocal(_) => &[CHECK],
+        Instruction::SetAttr(_) => &[Instruction::Swap, CHECK, Instruction::Swap],
+        _ => &[],
+    }
+}
+
 /// Copies `instrs`, swapping the size-amplifying operators for calls to the checked
-/// functions [`install`] registers (one instruction for one, so jump targets stay valid).
+/// functions [`install`] registers and putting a depth check before every store; jump
+/// targets and macro offsets are moved to the instructions' new places.
 fn rewrite<'s>(instrs: &Instructions<'s>) -> Instructions<'s> {
+    let n = instrs.len() as u32;
+    // New index of each old instruction (and of the end, a valid jump target).
+    let mut at = Vec::with_capacity(n as usize + 1);
+    let mut next = 0u32;
+    for idx in 0..n {
+        at.push(next);
+        let extra = instrs.get(idx).map_or(0, |i| depth_check_before(i).len())
+            + namespace_check_after(instrs, idx).len();
+        next += 1 + extra as u32;
+    }
+    at.push(next);
+    let to = |t: u32| at.get(t as usize).copied().unwrap_or(t);
     let mut out = Instructions::new(instrs.name(), instrs.source());
-    for idx in 0..instrs.len() as u32 {
+    for idx in 0..n {
         let Some(instr) = instrs.get(idx) else { break };
-        let instr = match instr {
+        let line = instrs.get_line(idx).unwrap_or(0) as u16;
+        let span = instrs.get_span(idx);
+        let mut emit = |i: Instruction<'s>| match span {
+            Some(span) => out.add_with_span(i, span),
+            None => out.add_with_line(i, line),
+        };
+        for check in depth_check_before(instr) {
+            emit(check.clone());
+        }
+        emit(match instr {
             Instruction::StringConcat => Instruction::CallFunction("__ternion_concat", Some(2)),
             Instruction::Add => Instruction::CallFunction("__ternion_add", Some(2)),
             Instruction::Mul => Instruction::CallFunction("__ternion_mul", Some(2)),
+            Instruction::Jump(t) => Instruction::Jump(to(*t)),
+            Instruction::JumpIfFalse(t) => Instruction::JumpIfFalse(to(*t)),
+            Instruction::JumpIfFalseOrPop(t) => Instruction::JumpIfFalseOrPop(to(*t)),
+            Instruction::JumpIfTrueOrPop(t) => Instruction::JumpIfTrueOrPop(to(*t)),
+            Instruction::Iterate(t) => Instruction::Iterate(to(*t)),
+            Instruction::BuildMacro(name, t, flags) => {
+                Instruction::BuildMacro(name, to(*t), *flags)
+            }
             other => other.clone(),
-        };
-        match instrs.get_span(idx) {
-            Some(span) => out.add_with_span(instr, span),
-            None => out.add_with_line(instr, instrs.get_line(idx).unwrap_or(0) as u16),
-        };
+        });
+        for check in namespace_check_after(instrs, idx) {
+            emit(check);
+        }
     }
     out
+}
+
+/// Instructions [`rewrite`] puts after instruction `idx` when it assigns to a namespace
+/// named by a variable (`{% set ns.x = … %}` compiles to `Lookup(ns)`, `SetAttr(x)`): a
+/// depth check of the namespace itself, which catches a namespace made to hold itself
+/// (`{% set ns.me = ns %}`), a cycle no check of the stored value can see.
+fn namespace_check_after<'s>(instrs: &Instructions<'s>, idx: u32) -> Vec<Instruction<'s>> {
+    match (
+        idx.checked_sub(1).and_then(|i| instrs.get(i)),
+        instrs.get(idx),
+    ) {
+        (Some(Instruction::Lookup(ns)), Some(Instruction::SetAttr(_))) => vec![
+            Instruction::Lookup(ns),
+            Instruction::CallFunction("__ternion_depth", Some(1)),
+            Instruction::DiscardTop,
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// Longest literal text of `source` before whitespace control (an upper bound of what

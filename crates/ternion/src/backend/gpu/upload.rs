@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::buffers::{GpuBuffer, Sharded};
-use super::context::GpuContext;
+use super::context::{Caps, GpuContext};
 use super::exec::{GpuModel, GpuModelOptions};
 use super::ops::{QFormat, QWeights, TernaryWeights};
 use crate::gguf::GgufFile;
@@ -124,6 +124,54 @@ fn storage(
     }
 }
 
+/// Checks one weight against the adapter's limits before anything is allocated or fetched.
+/// Ternary codes are bound whole, so they must fit one binding and one buffer; F16 and
+/// GGUF-format matrices are split into row shards, so one row must fit. `stored` is the
+/// tensor's size in the file.
+pub(crate) fn check_fits(
+    name: &str,
+    ty: GgmlType,
+    kind: &WeightKind,
+    stored: u64,
+    caps: &Caps,
+) -> Result<()> {
+    let WeightKind::Matrix { k, m, .. } = *kind else {
+        return Ok(());
+    };
+    let limit = caps.max_binding.min(caps.max_buffer);
+    let (what, bytes) = match ty {
+        GgmlType::I2_S => ("its ternary codes", (k * m / 4) as u64),
+        // Uploaded as TQ2_0.
+        GgmlType::TQ1_0 => (
+            "one row",
+            GgmlType::TQ2_0.row_bytes(k as u64).unwrap_or(u64::MAX),
+        ),
+        _ => ("one row", stored / (m.max(1) as u64)),
+    };
+    if bytes > limit {
+        return Err(Error::Gpu(format!(
+            "tensor '{name}' does not fit this GPU: {what} take {bytes} bytes, the adapter \
+             binds at most {limit} ({}: max_storage_buffer_binding_size {}, \
+             max_buffer_size {}); use --backend cpu",
+            caps.name, caps.max_binding, caps.max_buffer
+        )));
+    }
+    Ok(())
+}
+
+/// Names the tensor and the upload's progress in a GPU allocation failure (out of GPU
+/// memory, a buffer the device refuses).
+fn while_uploading(e: Error, name: &str, done: u64, total: u64) -> Error {
+    match e {
+        Error::Gpu(msg) => Error::Gpu(format!(
+            "while uploading '{name}' ({:.1} of {:.1} MB of weights on the GPU): {msg}",
+            done as f64 / 1e6,
+            total as f64 / 1e6
+        )),
+        other => other,
+    }
+}
+
 impl GpuUpload {
     /// Reads the configuration and tensor table of `header` (tensor data is not touched),
     /// checks the tensors and allocates their GPU buffers.
@@ -142,9 +190,22 @@ impl GpuUpload {
         let mut weights = Vec::with_capacity(graph.weights.len());
         let mut pending = Vec::new();
         let f16_rows = f16_row_weights(&graph);
+        for w in &graph.weights {
+            let t = info(&w.name)?;
+            check_fits(&w.name, t.ty, &w.kind, t.size, ctx.caps())?;
+        }
+        let total: u64 = graph
+            .weights
+            .iter()
+            .filter_map(|w| header.tensor(&w.name))
+            .map(|t| t.size)
+            .sum();
+        let mut allocated = 0u64;
         for (i, w) in graph.weights.iter().enumerate() {
             let t = info(&w.name)?;
-            let (weight, n) = storage(&ctx, &w.name, t.ty, &w.kind, f16_rows[i])?;
+            let (weight, n) = storage(&ctx, &w.name, t.ty, &w.kind, f16_rows[i])
+                .map_err(|e| while_uploading(e, &w.name, allocated, total))?;
+            allocated += t.size;
             let shape_ok = match w.kind {
                 WeightKind::Vector { n } => t.n_elements() == n as u64,
                 WeightKind::Matrix { k, m, .. } => t.shape == [k as u64, m as u64],
@@ -223,6 +284,22 @@ impl GpuUpload {
                 bytes.len()
             )));
         }
+        let name = name.clone();
+        let done: u64 = self.pending[..self.next]
+            .iter()
+            .map(|p| p.req.range.end - p.req.range.start)
+            .sum();
+        let total = self.total_bytes();
+        self.store(bytes)
+            .map_err(|e| while_uploading(e, &name, done, total))?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Stores the bytes of the next tensor where it goes (the size was checked).
+    fn store(&mut self, bytes: &[u8]) -> Result<()> {
+        let p = &self.pending[self.next];
+        let name = &p.req.name;
         let g = &*self.ctx;
         match p.target {
             Target::Scale(i) => {
@@ -257,7 +334,6 @@ impl GpuUpload {
                 }
             },
         }
-        self.next += 1;
         Ok(())
     }
 
@@ -295,5 +371,92 @@ impl GpuUpload {
             up.put(bytes)?;
         }
         up.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Adapter limits forced small (no adapter needed).
+    fn caps(max_binding: u64, max_buffer: u64) -> Caps {
+        Caps {
+            f16: false,
+            subgroups: false,
+            subgroup_min_size: 4,
+            timestamps: false,
+            max_binding,
+            max_buffer,
+            name: "test adapter".into(),
+            backend: "none".into(),
+        }
+    }
+
+    fn matrix(k: usize, m: usize) -> WeightKind {
+        WeightKind::Matrix { k, m, scale: None }
+    }
+
+    #[test]
+    fn weights_are_checked_against_the_adapter_limits() {
+        // I2_S codes are bound whole: 256 × 768 / 4 = 49,152 bytes.
+        let ffn = matrix(256, 768);
+        let err = check_fits(
+            "blk.0.ffn_up.weight",
+            GgmlType::I2_S,
+            &ffn,
+            0,
+            &caps(32768, 1 << 30),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("'blk.0.ffn_up.weight'") && err.contains("49152"),
+            "{err}"
+        );
+        assert!(
+            err.contains("at most 32768") && err.contains("--backend cpu"),
+            "{err}"
+        );
+        // The buffer limit counts too.
+        assert!(check_fits("w", GgmlType::I2_S, &ffn, 0, &caps(1 << 30, 40000)).is_err());
+        check_fits("w", GgmlType::I2_S, &ffn, 0, &caps(49152, 49152)).unwrap();
+        // Q8_0 is split into row shards: only one row (8 blocks × 34 bytes) must fit.
+        let stored = 768 * 272;
+        check_fits("w", GgmlType::Q8_0, &ffn, stored, &caps(4096, 4096)).unwrap();
+        let err = check_fits("w", GgmlType::Q8_0, &ffn, stored, &caps(200, 4096))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one row take 272 bytes"), "{err}");
+        // TQ1_0 goes up as TQ2_0 rows (66 bytes per 256 values).
+        assert!(check_fits("w", GgmlType::TQ1_0, &ffn, 0, &caps(65, 65)).is_err());
+        check_fits("w", GgmlType::TQ1_0, &ffn, 0, &caps(66, 66)).unwrap();
+        // Vectors are tiny; nothing to check.
+        check_fits(
+            "n",
+            GgmlType::F32,
+            &WeightKind::Vector { n: 1 << 20 },
+            4 << 20,
+            &caps(4, 4),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn allocation_failures_name_the_tensor_and_the_progress() {
+        let e = while_uploading(
+            Error::Gpu("out of GPU memory creating buffer 'x' of 9 bytes".into()),
+            "output.weight",
+            1_500_000,
+            3_000_000,
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("while uploading 'output.weight' (1.5 of 3.0 MB"),
+            "{msg}"
+        );
+        assert!(msg.contains("out of GPU memory"), "{msg}");
+        // Other errors pass through unchanged.
+        let e = while_uploading(Error::Model("bad".into()), "w", 0, 1);
+        assert!(matches!(e, Error::Model(m) if m == "bad"));
     }
 }
