@@ -257,7 +257,9 @@ fn map_shard(path: &Path, nbytes: u64) -> Result<Shard> {
     let bytes = {
         use std::io::Read;
         let mut v = Vec::with_capacity(len as usize);
-        (&file).read_to_end(&mut v).map_err(|e| Error::io(path, e))?;
+        (&file)
+            .read_to_end(&mut v)
+            .map_err(|e| Error::io(path, e))?;
         v
     };
     Ok(Shard(Some(bytes)))

@@ -172,7 +172,9 @@ impl Phi3Config {
             .filter(|&b| b != 0.0)
             .unwrap_or(10_000.0);
         if !(rope_base.is_finite() && rope_base > 0.0) {
-            return Err(bad(format!("RoPE base {rope_base} is not a positive number")));
+            return Err(bad(format!(
+                "RoPE base {rope_base} is not a positive number"
+            )));
         }
         if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0) {
             return Err(bad(format!(

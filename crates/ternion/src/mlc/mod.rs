@@ -122,7 +122,10 @@ fn plan(cfg: &Phi3Config, cache: &Cache) -> Result<Vec<Planned>> {
     if !cfg.tied {
         linear("lm_head".into(), "output.weight".into(), d, v)?;
     }
-    let mut norms = vec![("transformer.norm.weight".to_string(), "output_norm.weight".to_string())];
+    let mut norms = vec![(
+        "transformer.norm.weight".to_string(),
+        "output_norm.weight".to_string(),
+    )];
     for l in 0..cfg.n_layer {
         norms.push((
             format!("transformer.h.{l}.ln.weight"),

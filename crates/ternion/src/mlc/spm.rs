@@ -66,7 +66,10 @@ impl<'a> Wire<'a> {
     fn varint(&mut self) -> Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
-            let (&byte, rest) = self.b.split_first().ok_or_else(|| err("truncated varint"))?;
+            let (&byte, rest) = self
+                .b
+                .split_first()
+                .ok_or_else(|| err("truncated varint"))?;
             self.b = rest;
             v |= u64::from(byte & 0x7F) << shift;
             if byte & 0x80 == 0 {

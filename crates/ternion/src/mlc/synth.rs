@@ -175,7 +175,10 @@ pub fn write_phi3(spec: &Phi3Spec, mlc_dir: &Path, gguf: &Path) -> Result<()> {
         let (ty, bytes) = w.gguf();
         gguf_tensors.push((name, ty, vec![n_in64, n_out64], bytes));
     }
-    let mut norms = vec![("transformer.norm.weight".to_string(), "output_norm.weight".to_string())];
+    let mut norms = vec![(
+        "transformer.norm.weight".to_string(),
+        "output_norm.weight".to_string(),
+    )];
     for l in 0..cfg.n_layer {
         norms.push((
             format!("transformer.h.{l}.ln.weight"),

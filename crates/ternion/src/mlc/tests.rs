@@ -86,7 +86,9 @@ fn repack_is_bit_exact_on_edge_blocks() {
     ];
     for top in [14u8, 15] {
         let groups = 64;
-        let mut codes: Vec<u8> = (0..groups * 32).map(|_| rng.random_range(0..=top)).collect();
+        let mut codes: Vec<u8> = (0..groups * 32)
+            .map(|_| rng.random_range(0..=top))
+            .collect();
         // Whole groups of the extreme codes, and the extremes at both nibble positions.
         codes[..32].fill(0);
         codes[32..64].fill(top);
@@ -146,7 +148,9 @@ fn loaded_directory_equals_the_gguf_on_cpu() {
     }
     let reference = GgufFile::open(&gguf).unwrap();
     for t in &reference.tensors {
-        let got = file.tensor(&t.name).unwrap_or_else(|| panic!("{} missing", t.name));
+        let got = file
+            .tensor(&t.name)
+            .unwrap_or_else(|| panic!("{} missing", t.name));
         assert_eq!((got.ty, &got.shape), (t.ty, &t.shape), "{}", t.name);
         assert!(
             file.tensor_data(got) == reference.tensor_data(t),
@@ -160,16 +164,31 @@ fn loaded_directory_equals_the_gguf_on_cpu() {
         (cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.n_ff),
         (64, 2, 4, 2, 96)
     );
-    assert_eq!((cfg.n_vocab, cfg.n_rot, cfg.sliding_window), (32064, 16, Some(2047)));
+    assert_eq!(
+        (cfg.n_vocab, cfg.n_rot, cfg.sliding_window),
+        (32064, 16, Some(2047))
+    );
     let (mut sa, mut sb) = (a.cpu_state(32), b.cpu_state(32));
-    let la = a.forward_cpu(&PROMPT, Logits::All, &mut sa).unwrap().to_vec();
-    let lb = b.forward_cpu(&PROMPT, Logits::All, &mut sb).unwrap().to_vec();
+    let la = a
+        .forward_cpu(&PROMPT, Logits::All, &mut sa)
+        .unwrap()
+        .to_vec();
+    let lb = b
+        .forward_cpu(&PROMPT, Logits::All, &mut sb)
+        .unwrap()
+        .to_vec();
     assert_eq!(la.len(), PROMPT.len() * 32064);
     assert!(la.iter().all(|v| v.is_finite()));
     assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
     // A decode step after the prompt too.
-    let da = a.forward_cpu(&[29871], Logits::Last, &mut sa).unwrap().to_vec();
-    let db = b.forward_cpu(&[29871], Logits::Last, &mut sb).unwrap().to_vec();
+    let da = a
+        .forward_cpu(&[29871], Logits::Last, &mut sa)
+        .unwrap()
+        .to_vec();
+    let db = b
+        .forward_cpu(&[29871], Logits::Last, &mut sb)
+        .unwrap()
+        .to_vec();
     assert!(da.iter().zip(&db).all(|(x, y)| x.to_bits() == y.to_bits()));
     std::fs::remove_dir_all(mlc.parent().unwrap()).ok();
 }
@@ -257,7 +276,11 @@ fn tokenizer_reproduces_the_phi3_vocabulary_and_vectors() {
             (&got != want).then(|| format!("{text:?}: want {want:?}, got {got:?}"))
         })
         .collect();
-    println!("phi-3 through MLC: {}/{} vectors pass", cases.len() - failed.len(), cases.len());
+    println!(
+        "phi-3 through MLC: {}/{} vectors pass",
+        cases.len() - failed.len(),
+        cases.len()
+    );
     assert!(failed.is_empty(), "{}", failed.join("\n"));
     std::fs::remove_dir_all(mlc.parent().unwrap()).ok();
 }
@@ -307,11 +330,21 @@ fn hostile_directories_give_typed_errors() {
     });
     assert!(matches!(&e, Error::Mlc(m) if m.contains("shard is")), "{e}");
 
-    let e = broken("json", |d| std::fs::write(d.join(INDEX_FILES[1]), b"{\"records\": [").unwrap());
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("invalid JSON")), "{e}");
+    let e = broken("json", |d| {
+        std::fs::write(d.join(INDEX_FILES[1]), b"{\"records\": [").unwrap()
+    });
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("invalid JSON")),
+        "{e}"
+    );
 
-    let e = broken("config", |d| std::fs::write(d.join(CONFIG_FILE), b"[1, 2]").unwrap());
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("invalid JSON")), "{e}");
+    let e = broken("config", |d| {
+        std::fs::write(d.join(CONFIG_FILE), b"[1, 2]").unwrap()
+    });
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("invalid JSON")),
+        "{e}"
+    );
 
     let e = broken("nbytes", |d| {
         let mut v = index_json(d);
@@ -319,14 +352,20 @@ fn hostile_directories_give_typed_errors() {
         *r = (r.as_u64().unwrap() + 4).into();
         set_index_json(d, &v);
     });
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("does not match shape")), "{e}");
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("does not match shape")),
+        "{e}"
+    );
 
     let e = broken("offset", |d| {
         let mut v = index_json(d);
         v["records"][0]["records"][0]["byteOffset"] = u64::MAX.into();
         set_index_json(d, &v);
     });
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("run past shard")), "{e}");
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("run past shard")),
+        "{e}"
+    );
 
     let e = broken("missing", |d| {
         let mut v = index_json(d);
@@ -348,16 +387,24 @@ fn hostile_directories_give_typed_errors() {
         v["records"][0]["records"][0]["dtype"] = "int4x8".into();
         set_index_json(d, &v);
     });
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("unsupported dtype 'int4x8'")), "{e}");
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("unsupported dtype 'int4x8'")),
+        "{e}"
+    );
 
     let e = broken("path", |d| {
         let mut v = index_json(d);
         v["records"][0]["dataPath"] = "../ref.gguf".into();
         set_index_json(d, &v);
     });
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("not a file name inside")), "{e}");
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("not a file name inside")),
+        "{e}"
+    );
 
-    let e = broken("noshard", |d| std::fs::remove_file(d.join("params_shard_1.bin")).unwrap());
+    let e = broken("noshard", |d| {
+        std::fs::remove_file(d.join("params_shard_1.bin")).unwrap()
+    });
     assert!(matches!(&e, Error::Io { .. }), "{e}");
 
     // The configuration claims a wider FFN than the tensors hold.
@@ -367,7 +414,10 @@ fn hostile_directories_give_typed_errors() {
         v["model_config"]["intermediate_size"] = 128.into();
         std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     });
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("mlp.gate_up_proj")), "{e}");
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("mlp.gate_up_proj")),
+        "{e}"
+    );
 
     let e = broken("quant", |d| {
         let p = d.join(CONFIG_FILE);
@@ -377,8 +427,13 @@ fn hostile_directories_give_typed_errors() {
     });
     assert!(matches!(&e, Error::Mlc(m) if m.contains("q4f16_0")), "{e}");
 
-    let e = broken("spm", |d| std::fs::remove_file(d.join(tokenizer::SPM_FILE)).unwrap());
-    assert!(matches!(&e, Error::Tokenizer(m) if m.contains("tokenizer.model")), "{e}");
+    let e = broken("spm", |d| {
+        std::fs::remove_file(d.join(tokenizer::SPM_FILE)).unwrap()
+    });
+    assert!(
+        matches!(&e, Error::Tokenizer(m) if m.contains("tokenizer.model")),
+        "{e}"
+    );
 
     let e = broken("spmtrunc", |d| {
         let p = d.join(tokenizer::SPM_FILE);
@@ -387,12 +442,31 @@ fn hostile_directories_give_typed_errors() {
         b.extend_from_slice(&[0x0A, 0xFF, 0xFF, 0x03]);
         std::fs::write(&p, &b).unwrap();
     });
-    assert!(matches!(&e, Error::Tokenizer(m) if m.contains("tokenizer.model")), "{e}");
+    assert!(
+        matches!(&e, Error::Tokenizer(m) if m.contains("tokenizer.model")),
+        "{e}"
+    );
 
     let e = broken("added", |d| {
         let p = d.join(tokenizer::HF_FILE);
         let v = serde_json::json!({"added_tokens": [{"id": 1u64 << 40, "content": "x", "special": true}]});
         std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     });
-    assert!(matches!(&e, Error::Tokenizer(m) if m.contains("past the vocab_size")), "{e}");
+    assert!(
+        matches!(&e, Error::Tokenizer(m) if m.contains("past the vocab_size")),
+        "{e}"
+    );
+}
+
+#[test]
+fn float_norm_storages_convert_exactly() {
+    let v = -1.40625f32; // exact in f16, bf16 and f32
+    assert_eq!(float_value(Stored::F16, &f16::from_f32(v).to_le_bytes()), v);
+    assert_eq!(
+        float_value(Stored::Bf16, &half::bf16::from_f32(v).to_le_bytes()),
+        v
+    );
+    assert_eq!(float_value(Stored::F32, &v.to_le_bytes()), v);
+    let tiny = f16::MIN_POSITIVE_SUBNORMAL;
+    assert_eq!(float_value(Stored::F16, &tiny.to_le_bytes()), tiny.to_f32());
 }
