@@ -151,7 +151,7 @@ impl Phi3Config {
         }
         let factor = m.partial_rotary_factor.unwrap_or(1.0);
         let n_rot = (head_dim as f32 * factor) as usize;
-        if !(factor > 0.0 && factor <= 1.0) || n_rot == 0 || n_rot % 2 != 0 {
+        if !(factor > 0.0 && factor <= 1.0) || n_rot == 0 || !n_rot.is_multiple_of(2) {
             return Err(bad(format!(
                 "partial_rotary_factor {factor} gives {n_rot} rotated dimensions of {head_dim}"
             )));

@@ -96,62 +96,76 @@ pub fn load_dir(dir: &Path) -> Result<GgufFile> {
     GgufFile::from_bytes(dir, bytes)
 }
 
-/// The GGUF tensors of `cfg`, each checked against the index.
-fn plan(cfg: &Phi3Config, cache: &Cache) -> Result<Vec<Planned>> {
+/// One MLC parameter and the GGUF tensor it becomes.
+pub(crate) struct Mapped {
+    /// MLC name: a prefix of `.q_weight`/`.q_scale` for a linear, the full name for a norm.
+    pub mlc: String,
+    /// GGUF tensor name.
+    pub gguf: String,
+    /// `(n_in, n_out)` of a linear; `None` for a norm of width `n_embd`.
+    pub linear: Option<(usize, usize)>,
+}
+
+/// Every parameter of a Phi-3 model of `cfg`, MLC name to llama.cpp name.
+pub(crate) fn tensor_map(cfg: &Phi3Config) -> Vec<Mapped> {
     let (d, q, kv, ff, v) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.n_vocab);
     let mut out = Vec::new();
-    let mut linear = |mlc: String, gguf: String, n_in: usize, n_out: usize| -> Result<()> {
-        let ty = quant_type(cache, &mlc, n_in, n_out)?;
-        out.push(Planned {
-            name: gguf,
-            ty,
-            shape: vec![n_in as u64, n_out as u64],
-            source: Source::Quant(mlc),
-        });
-        Ok(())
-    };
-    linear("transformer.embd".into(), "token_embd.weight".into(), d, v)?;
+    let mut add = |mlc: String, gguf: String, linear| out.push(Mapped { mlc, gguf, linear });
+    add(
+        "transformer.embd".into(),
+        "token_embd.weight".into(),
+        Some((d, v)),
+    );
     for l in 0..cfg.n_layer {
         let m = |s: &str| format!("transformer.h.{l}.{s}");
         let g = |s: &str| format!("blk.{l}.{s}.weight");
-        linear(m("mixer.qkv_proj"), g("attn_qkv"), d, q + 2 * kv)?;
-        linear(m("mixer.out_proj"), g("attn_output"), q, d)?;
-        linear(m("mlp.gate_up_proj"), g("ffn_up"), d, 2 * ff)?;
-        linear(m("mlp.down_proj"), g("ffn_down"), ff, d)?;
+        add(m("ln.weight"), g("attn_norm"), None);
+        add(m("mixer.qkv_proj"), g("attn_qkv"), Some((d, q + 2 * kv)));
+        add(m("mixer.out_proj"), g("attn_output"), Some((q, d)));
+        add(m("post_attention_layernorm.weight"), g("ffn_norm"), None);
+        add(m("mlp.gate_up_proj"), g("ffn_up"), Some((d, 2 * ff)));
+        add(m("mlp.down_proj"), g("ffn_down"), Some((ff, d)));
     }
+    add(
+        "transformer.norm.weight".into(),
+        "output_norm.weight".into(),
+        None,
+    );
     if !cfg.tied {
-        linear("lm_head".into(), "output.weight".into(), d, v)?;
+        add("lm_head".into(), "output.weight".into(), Some((d, v)));
     }
-    let mut norms = vec![(
-        "transformer.norm.weight".to_string(),
-        "output_norm.weight".to_string(),
-    )];
-    for l in 0..cfg.n_layer {
-        norms.push((
-            format!("transformer.h.{l}.ln.weight"),
-            format!("blk.{l}.attn_norm.weight"),
-        ));
-        norms.push((
-            format!("transformer.h.{l}.post_attention_layernorm.weight"),
-            format!("blk.{l}.ffn_norm.weight"),
-        ));
-    }
-    for (mlc, gguf) in norms {
-        let t = cache.get(&mlc)?;
-        if t.shape != [d as u64] || t.stored == Stored::U32 {
-            return Err(Error::Mlc(format!(
-                "tensor '{mlc}': expected a float vector of [{d}], found {:?} {:?}",
-                t.stored, t.shape
-            )));
-        }
-        out.push(Planned {
-            name: gguf,
-            ty: GgmlType::F32,
-            shape: vec![d as u64],
-            source: Source::Norm(mlc),
-        });
-    }
-    Ok(out)
+    out
+}
+
+/// The GGUF tensors of `cfg`, each checked against the index.
+fn plan(cfg: &Phi3Config, cache: &Cache) -> Result<Vec<Planned>> {
+    let d = cfg.n_embd;
+    tensor_map(cfg)
+        .into_iter()
+        .map(|m| match m.linear {
+            Some((n_in, n_out)) => Ok(Planned {
+                name: m.gguf,
+                ty: quant_type(cache, &m.mlc, n_in, n_out)?,
+                shape: vec![n_in as u64, n_out as u64],
+                source: Source::Quant(m.mlc),
+            }),
+            None => {
+                let t = cache.get(&m.mlc)?;
+                if t.shape != [d as u64] || t.stored == Stored::U32 {
+                    return Err(Error::Mlc(format!(
+                        "tensor '{}': expected a float vector of [{d}], found {:?} {:?}",
+                        m.mlc, t.stored, t.shape
+                    )));
+                }
+                Ok(Planned {
+                    name: m.gguf,
+                    ty: GgmlType::F32,
+                    shape: vec![d as u64],
+                    source: Source::Norm(m.mlc),
+                })
+            }
+        })
+        .collect()
 }
 
 /// Checks the `q_weight`/`q_scale` pair of an `n_out × n_in` weight; Q4_0 unless a code is

@@ -41,7 +41,8 @@ pub fn has_code_15(q_weight: &[u8]) -> bool {
 /// Groups in a pair of records, when their lengths agree on one.
 pub fn groups(q_weight: &[u8], q_scale: &[u8]) -> Option<usize> {
     let n = q_scale.len() / GROUP_SCALE_BYTES;
-    (q_scale.len() % GROUP_SCALE_BYTES == 0 && q_weight.len() == n * GROUP_CODE_BYTES).then_some(n)
+    (q_scale.len().is_multiple_of(GROUP_SCALE_BYTES) && q_weight.len() == n * GROUP_CODE_BYTES)
+        .then_some(n)
 }
 
 /// Q4_0 blocks of the same values. The lengths must agree ([`groups`]) and no code may

@@ -126,7 +126,11 @@ pub fn write_phi3(spec: &Phi3Spec, mlc_dir: &Path, gguf: &Path) -> Result<()> {
         eos: vocab.get_u32("tokenizer.ggml.eos_token_id")?,
         pad: vocab.get_u32("tokenizer.ggml.padding_token_id")?,
     };
-    if sh.n_embd % GROUP != 0 || sh.n_ff % GROUP != 0 || sh.n_embd % sh.n_head != 0 {
+    if !sh.n_embd.is_multiple_of(GROUP)
+        || !sh.n_ff.is_multiple_of(GROUP)
+        || sh.n_head == 0
+        || !sh.n_embd.is_multiple_of(sh.n_head)
+    {
         return Err(Error::Request(format!(
             "mlc synth: widths {} and {} must be multiples of {GROUP} and of the head count",
             sh.n_embd, sh.n_ff
@@ -136,71 +140,39 @@ pub fn write_phi3(spec: &Phi3Spec, mlc_dir: &Path, gguf: &Path) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(spec.seed);
     let mut entries = Vec::new();
     let mut gguf_tensors: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = Vec::new();
-    let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-    let mut linears = vec![(
-        "transformer.embd".to_string(),
-        "token_embd.weight".to_string(),
-        d,
-        n_vocab,
-    )];
-    for l in 0..cfg.n_layer {
-        let m = |s: &str| format!("transformer.h.{l}.{s}");
-        let g = |s: &str| format!("blk.{l}.{s}.weight");
-        linears.push((m("mixer.qkv_proj"), g("attn_qkv"), d, q + 2 * kv));
-        linears.push((m("mixer.out_proj"), g("attn_output"), q, d));
-        linears.push((m("mlp.gate_up_proj"), g("ffn_up"), d, 2 * ff));
-        linears.push((m("mlp.down_proj"), g("ffn_down"), ff, d));
-    }
-    linears.push(("lm_head".into(), "output.weight".into(), d, n_vocab));
-    for (mlc, name, n_in, n_out) in linears {
-        let w = QWeight::random(
-            &mut rng,
-            n_in,
-            n_out,
-            spec.code_15 && name == "blk.0.ffn_down.weight",
-        );
+    let d = cfg.n_embd;
+    for m in super::tensor_map(&cfg) {
+        let Some((n_in, n_out)) = m.linear else {
+            let vals: Vec<f16> = (0..d)
+                .map(|_| f16::from_f32(rng.random_range(0.5f32..1.5)))
+                .collect();
+            entries.push(Entry {
+                name: m.mlc,
+                shape: vec![d as u64],
+                dtype: "float16",
+                bytes: vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            });
+            let f32s = vals.iter().flat_map(|v| v.to_f32().to_le_bytes()).collect();
+            gguf_tensors.push((m.gguf, GgmlType::F32, vec![d as u64], f32s));
+            continue;
+        };
+        let code_15 = spec.code_15 && m.gguf == "blk.0.ffn_down.weight";
+        let w = QWeight::random(&mut rng, n_in, n_out, code_15);
         let (n_in64, n_out64) = (n_in as u64, n_out as u64);
         entries.push(Entry {
-            name: format!("{mlc}.q_weight"),
+            name: format!("{}.q_weight", m.mlc),
             shape: vec![n_out64, n_in64 / 8],
             dtype: "uint32",
             bytes: w.mlc_q_weight(),
         });
         entries.push(Entry {
-            name: format!("{mlc}.q_scale"),
+            name: format!("{}.q_scale", m.mlc),
             shape: vec![n_out64, n_in64 / GROUP as u64],
             dtype: "float16",
             bytes: w.mlc_q_scale(),
         });
         let (ty, bytes) = w.gguf();
-        gguf_tensors.push((name, ty, vec![n_in64, n_out64], bytes));
-    }
-    let mut norms = vec![(
-        "transformer.norm.weight".to_string(),
-        "output_norm.weight".to_string(),
-    )];
-    for l in 0..cfg.n_layer {
-        norms.push((
-            format!("transformer.h.{l}.ln.weight"),
-            format!("blk.{l}.attn_norm.weight"),
-        ));
-        norms.push((
-            format!("transformer.h.{l}.post_attention_layernorm.weight"),
-            format!("blk.{l}.ffn_norm.weight"),
-        ));
-    }
-    for (mlc, name) in norms {
-        let vals: Vec<f16> = (0..d)
-            .map(|_| f16::from_f32(rng.random_range(0.5f32..1.5)))
-            .collect();
-        entries.push(Entry {
-            name: mlc,
-            shape: vec![d as u64],
-            dtype: "float16",
-            bytes: vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        });
-        let f32s = vals.iter().flat_map(|v| v.to_f32().to_le_bytes()).collect();
-        gguf_tensors.push((name, GgmlType::F32, vec![d as u64], f32s));
+        gguf_tensors.push((m.gguf, ty, vec![n_in64, n_out64], bytes));
     }
 
     std::fs::create_dir_all(mlc_dir).map_err(|e| Error::io(mlc_dir, e))?;

@@ -296,12 +296,15 @@ fn open_detects_directories_and_files() {
     std::fs::remove_dir_all(mlc.parent().unwrap()).ok();
 }
 
-fn index_json(dir: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(dir.join(INDEX_FILES[1])).unwrap()).unwrap()
+/// Rewrites the JSON file `path` through `f`.
+fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(path, serde_json::to_vec(&v).unwrap()).unwrap();
 }
 
-fn set_index_json(dir: &Path, v: &serde_json::Value) {
-    std::fs::write(dir.join(INDEX_FILES[1]), serde_json::to_vec(v).unwrap()).unwrap();
+fn edit_index(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    edit_json(&dir.join(INDEX_FILES[1]), f)
 }
 
 /// The error of loading `dir` after `edit`; the directory is rewritten first.
@@ -347,10 +350,10 @@ fn hostile_directories_give_typed_errors() {
     );
 
     let e = broken("nbytes", |d| {
-        let mut v = index_json(d);
-        let r = &mut v["records"][0]["records"][0]["nbytes"];
-        *r = (r.as_u64().unwrap() + 4).into();
-        set_index_json(d, &v);
+        edit_index(d, |v| {
+            let r = &mut v["records"][0]["records"][0]["nbytes"];
+            *r = (r.as_u64().unwrap() + 4).into();
+        })
     });
     assert!(
         matches!(&e, Error::Mlc(m) if m.contains("does not match shape")),
@@ -358,9 +361,9 @@ fn hostile_directories_give_typed_errors() {
     );
 
     let e = broken("offset", |d| {
-        let mut v = index_json(d);
-        v["records"][0]["records"][0]["byteOffset"] = u64::MAX.into();
-        set_index_json(d, &v);
+        edit_index(d, |v| {
+            v["records"][0]["records"][0]["byteOffset"] = u64::MAX.into()
+        })
     });
     assert!(
         matches!(&e, Error::Mlc(m) if m.contains("run past shard")),
@@ -368,14 +371,14 @@ fn hostile_directories_give_typed_errors() {
     );
 
     let e = broken("missing", |d| {
-        let mut v = index_json(d);
-        for shard in v["records"].as_array_mut().unwrap() {
-            shard["records"]
-                .as_array_mut()
-                .unwrap()
-                .retain(|r| r["name"] != "transformer.h.1.mlp.down_proj.q_scale");
-        }
-        set_index_json(d, &v);
+        edit_index(d, |v| {
+            for shard in v["records"].as_array_mut().unwrap() {
+                shard["records"]
+                    .as_array_mut()
+                    .unwrap()
+                    .retain(|r| r["name"] != "transformer.h.1.mlp.down_proj.q_scale");
+            }
+        })
     });
     assert!(
         matches!(&e, Error::Mlc(m) if m.contains("transformer.h.1.mlp.down_proj.q_scale")),
@@ -383,9 +386,9 @@ fn hostile_directories_give_typed_errors() {
     );
 
     let e = broken("dtype", |d| {
-        let mut v = index_json(d);
-        v["records"][0]["records"][0]["dtype"] = "int4x8".into();
-        set_index_json(d, &v);
+        edit_index(d, |v| {
+            v["records"][0]["records"][0]["dtype"] = "int4x8".into()
+        })
     });
     assert!(
         matches!(&e, Error::Mlc(m) if m.contains("unsupported dtype 'int4x8'")),
@@ -393,9 +396,7 @@ fn hostile_directories_give_typed_errors() {
     );
 
     let e = broken("path", |d| {
-        let mut v = index_json(d);
-        v["records"][0]["dataPath"] = "../ref.gguf".into();
-        set_index_json(d, &v);
+        edit_index(d, |v| v["records"][0]["dataPath"] = "../ref.gguf".into())
     });
     assert!(
         matches!(&e, Error::Mlc(m) if m.contains("not a file name inside")),
@@ -409,10 +410,9 @@ fn hostile_directories_give_typed_errors() {
 
     // The configuration claims a wider FFN than the tensors hold.
     let e = broken("shape", |d| {
-        let p = d.join(CONFIG_FILE);
-        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-        v["model_config"]["intermediate_size"] = 128.into();
-        std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+        edit_json(&d.join(CONFIG_FILE), |v| {
+            v["model_config"]["intermediate_size"] = 128.into()
+        })
     });
     assert!(
         matches!(&e, Error::Mlc(m) if m.contains("mlp.gate_up_proj")),
@@ -420,12 +420,21 @@ fn hostile_directories_give_typed_errors() {
     );
 
     let e = broken("quant", |d| {
-        let p = d.join(CONFIG_FILE);
-        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-        v["quantization"] = "q4f16_0".into();
-        std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+        edit_json(&d.join(CONFIG_FILE), |v| {
+            v["quantization"] = "q4f16_0".into()
+        })
     });
     assert!(matches!(&e, Error::Mlc(m) if m.contains("q4f16_0")), "{e}");
+
+    let e = broken("rope", |d| {
+        edit_json(&d.join(CONFIG_FILE), |v| {
+            v["model_config"]["rope_scaling"] = serde_json::json!({"type": "longrope"})
+        })
+    });
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("rope_scaling")),
+        "{e}"
+    );
 
     let e = broken("spm", |d| {
         std::fs::remove_file(d.join(tokenizer::SPM_FILE)).unwrap()
