@@ -61,12 +61,21 @@ impl Stored {
         }
     }
 
-    fn parse(dtype: &str, format: &str) -> Option<Stored> {
-        Some(match (dtype, format) {
-            ("uint32", "raw") => Stored::U32,
-            ("float16", "raw") => Stored::F16,
-            ("bfloat16", "raw") | ("float32", "f32-to-bf16") => Stored::Bf16,
-            ("float32", "raw") => Stored::F32,
+    /// The storage of a record. The format is the whole dump's, so `f32-to-bf16` appears on
+    /// every record of an MLC directory and changes only float32 ones (as TVM's
+    /// `load_tensor_cache` reads it).
+    pub(crate) fn parse(dtype: &str, format: &str) -> Option<Stored> {
+        let f32_as_bf16 = match format {
+            "raw" => false,
+            "f32-to-bf16" => true,
+            _ => return None,
+        };
+        Some(match dtype {
+            "uint32" => Stored::U32,
+            "float16" => Stored::F16,
+            "bfloat16" => Stored::Bf16,
+            "float32" if f32_as_bf16 => Stored::Bf16,
+            "float32" => Stored::F32,
             _ => return None,
         })
     }

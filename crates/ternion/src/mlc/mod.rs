@@ -9,7 +9,10 @@
 //!   "records": [shard]}`; a shard is `{dataPath, format: "raw-shard", nbytes, records,
 //!   md5sum}`; a record is `{name, shape, dtype, format: "raw" | "f32-to-bf16", nbytes,
 //!   byteOffset}`, its bytes at `byteOffset` in the shard; `f32-to-bf16` stores a float32
-//!   tensor as bfloat16. Data is the host's byte order: little-endian.
+//!   tensor as bfloat16 and leaves other dtypes raw. MLC dumps with `f32-to-bf16`, so its
+//!   uint32 and float16 records carry that format too (a real Phi-3 record quoted in
+//!   mlc-ai/mlc-llm issue "Cannot find parameter in cache: vision_embed_tokens...":
+//!   `"dtype": "uint32", "format": "f32-to-bf16"`). Data is little-endian.
 //! - `q4f16_1` (mlc-llm `python/mlc_llm/quantization/quantization.py`,
 //!   `group_quantization.py`, `utils.py`): group size 32, int4 codes packed 8 per uint32
 //!   (element `k` of a word in bits `4k`), float16 scale = max|w|/7 per group, code =

@@ -224,7 +224,8 @@ fn write_shards(dir: &Path, entries: Vec<Entry>, cap: usize) -> Result<()> {
             "name": e.name,
             "shape": e.shape,
             "dtype": e.dtype,
-            "format": "raw",
+            // What MLC's converter writes on every record (it changes only float32 ones).
+            "format": "f32-to-bf16",
             "nbytes": e.bytes.len(),
             "byteOffset": cur.0.len(),
         }));

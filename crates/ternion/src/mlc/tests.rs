@@ -395,6 +395,16 @@ fn hostile_directories_give_typed_errors() {
         "{e}"
     );
 
+    let e = broken("format", |d| {
+        edit_index(d, |v| {
+            v["records"][0]["records"][0]["format"] = "zstd".into()
+        })
+    });
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.contains("format 'zstd'")),
+        "{e}"
+    );
+
     let e = broken("path", |d| {
         edit_index(d, |v| v["records"][0]["dataPath"] = "../ref.gguf".into())
     });
@@ -478,4 +488,16 @@ fn float_norm_storages_convert_exactly() {
     assert_eq!(float_value(Stored::F32, &v.to_le_bytes()), v);
     let tiny = f16::MIN_POSITIVE_SUBNORMAL;
     assert_eq!(float_value(Stored::F16, &tiny.to_le_bytes()), tiny.to_f32());
+}
+
+#[test]
+fn record_storage_follows_tvm_formats() {
+    let f = "f32-to-bf16";
+    assert_eq!(Stored::parse("uint32", f), Some(Stored::U32));
+    assert_eq!(Stored::parse("float16", f), Some(Stored::F16));
+    assert_eq!(Stored::parse("float32", f), Some(Stored::Bf16));
+    assert_eq!(Stored::parse("float32", "raw"), Some(Stored::F32));
+    assert_eq!(Stored::parse("bfloat16", "raw"), Some(Stored::Bf16));
+    assert_eq!(Stored::parse("int8", "raw"), None);
+    assert_eq!(Stored::parse("float16", "zstd"), None);
 }
