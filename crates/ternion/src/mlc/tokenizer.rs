@@ -8,6 +8,8 @@
 //!    `tokenizer.json` (`added_tokens`) overwrite their ids with score −1000 and type
 //!    CONTROL when `special`, else USER_DEFINED.
 //!
+//! llama.cpp also reads `added_tokens.json` first (as USER_DEFINED); it is not read here,
+//! since the same tokens are listed again, with their `special` flag, by the two files above.
 //! `tokenizer.json` alone cannot be used: it has no piece scores, and SentencePiece's
 //! merge order comes from them. BOS, EOS and padding ids come from `mlc-chat-config.json`;
 //! `add_bos_token`, `add_eos_token` and `chat_template` from `tokenizer_config.json`.
