@@ -123,7 +123,8 @@ impl LmHeadArg {
 /// Model selection and engine settings shared by the generating commands.
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file (default for run/chat: BitNet b1.58 2B-4T from Hugging Face).
+    /// GGUF model file or MLC `q4f16_1` directory (default for run/chat: BitNet b1.58 2B-4T
+    /// from Hugging Face).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     #[command(flatten)]
@@ -226,6 +227,12 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
         (None, false) => bail!("give the model file with --model FILE"),
     };
     if let Some(want) = &args.sha256 {
+        if path.is_dir() {
+            bail!(
+                "--sha256 checks one file; {} is a directory",
+                path.display()
+            );
+        }
         verify_sha256(&path, want)?;
     }
     let t0 = Instant::now();

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ternion::gguf::GgufFile;
 use ternion::model::Config;
 use ternion::tokenizer::Tokenizer;
 
@@ -13,13 +12,13 @@ use crate::common::{self, PreChoice};
 /// Arguments of `ternion inspect`.
 #[derive(Args)]
 pub struct InspectArgs {
-    /// GGUF file.
+    /// GGUF file or MLC `q4f16_1` directory (shown as the GGUF it converts to).
     file: PathBuf,
 }
 
 /// Prints metadata and tensors; a file that does not fully validate is an error.
 pub fn inspect(a: InspectArgs) -> Result<()> {
-    let f = GgufFile::open(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let f = ternion::mlc::open(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     println!(
         "GGUF v{}, {} bytes, {} metadata entries, {} tensors, alignment {}",
         f.version,
@@ -53,7 +52,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
 /// Arguments of `ternion tokenize`.
 #[derive(Args)]
 pub struct TokenizeArgs {
-    /// Model or vocab-only GGUF file.
+    /// Model or vocab-only GGUF file, or MLC directory.
     #[arg(long, short = 'm')]
     model: PathBuf,
     /// Do not add the BOS token.
@@ -71,7 +70,8 @@ pub struct TokenizeArgs {
 
 /// Prints the ids of a text as a JSON list.
 pub fn tokenize(a: TokenizeArgs) -> Result<()> {
-    let f = GgufFile::open(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
+    let f =
+        ternion::mlc::open(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
     let tok = Tokenizer::from_gguf(&f, &common::tokenizer_options(a.pre_tokenizer))?;
     let ids = tok.encode(&a.text, tok.add_bos() && !a.no_bos, a.special)?;
     println!("{}", serde_json::to_string(&ids)?);

@@ -30,6 +30,10 @@ pub enum Error {
         /// Human-readable type name, or "unknown".
         type_name: String,
     },
+    /// An MLC weight directory is malformed: bad JSON, a missing or short shard, a record
+    /// that disagrees with its data or with the model configuration.
+    #[error("MLC directory: {0}")]
+    Mlc(String),
     /// The model's metadata or tensors do not fit the architecture.
     #[error("model: {0}")]
     Model(String),

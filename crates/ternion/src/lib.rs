@@ -3,7 +3,8 @@
 //! The path of a token: [`gguf`] reads the file, [`model`] validates the hyper-parameters
 //! and runs the forward pass on a backend ([`backend`]), [`tokenizer`] turns text into ids
 //! and back, [`sample`] picks the next id, and [`session`] drives prefill and decode;
-//! [`chat`] renders conversations with the model's template.
+//! [`chat`] renders conversations with the model's template. [`mlc`] converts MLC
+//! `q4f16_1` weight directories into GGUF at load.
 
 pub mod backend;
 pub mod chat;
@@ -12,6 +13,7 @@ pub mod gguf;
 mod jinja_budget;
 pub mod kv;
 pub mod limits;
+pub mod mlc;
 pub mod model;
 pub mod quant;
 pub mod sample;

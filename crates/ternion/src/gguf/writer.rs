@@ -89,7 +89,7 @@ impl GgufWriter {
     pub fn write(
         &self,
         path: &Path,
-        mut fill: impl FnMut(usize, &str) -> Result<Vec<u8>>,
+        fill: impl FnMut(usize, &str) -> Result<Vec<u8>>,
     ) -> Result<()> {
         let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
         let mut w = Out {
@@ -97,6 +97,30 @@ impl GgufWriter {
             pos: 0,
             path: path.to_path_buf(),
         };
+        self.header(&mut w)?;
+        self.data(&mut w, fill)?;
+        w.w.flush().map_err(|e| Error::io(path, e))
+    }
+
+    /// [`GgufWriter::write`] into memory: the whole file as bytes (`name` labels errors).
+    pub fn to_bytes(
+        &self,
+        name: &Path,
+        fill: impl FnMut(usize, &str) -> Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let mut w = Out {
+            w: Vec::new(),
+            pos: 0,
+            path: name.to_path_buf(),
+        };
+        self.header(&mut w)?;
+        w.w.reserve_exact(self.data_len as usize);
+        self.data(&mut w, fill)?;
+        Ok(w.w)
+    }
+
+    /// Magic, counts, metadata, tensor table and the padding up to the data.
+    fn header<W: Write>(&self, w: &mut Out<W>) -> Result<()> {
         w.put(&MAGIC)?;
         w.put(&3u32.to_le_bytes())?;
         w.put(&(self.tensors.len() as u64).to_le_bytes())?;
@@ -115,7 +139,15 @@ impl GgufWriter {
             w.put(&t.ty.id().to_le_bytes())?;
             w.put(&t.offset.to_le_bytes())?;
         }
-        w.pad(self.alignment)?;
+        w.pad(self.alignment)
+    }
+
+    /// Each tensor's bytes from `fill`, checked against its declared size, then padded.
+    fn data<W: Write>(
+        &self,
+        w: &mut Out<W>,
+        mut fill: impl FnMut(usize, &str) -> Result<Vec<u8>>,
+    ) -> Result<()> {
         for (i, t) in self.tensors.iter().enumerate() {
             let data = fill(i, &t.name)?;
             if data.len() as u64 != t.size {
@@ -131,7 +163,7 @@ impl GgufWriter {
             w.put(&data)?;
             w.pad(self.alignment)?;
         }
-        w.w.flush().map_err(|e| Error::io(path, e))
+        Ok(())
     }
 
     /// Writes a file whose tensors are all given up front (small test models).
@@ -140,13 +172,13 @@ impl GgufWriter {
     }
 }
 
-struct Out {
-    w: BufWriter<std::fs::File>,
+struct Out<W> {
+    w: W,
     pos: u64,
     path: PathBuf,
 }
 
-impl Out {
+impl<W: Write> Out<W> {
     fn put(&mut self, b: &[u8]) -> Result<()> {
         self.pos += b.len() as u64;
         self.w.write_all(b).map_err(|e| Error::io(&self.path, e))

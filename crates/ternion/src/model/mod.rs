@@ -161,9 +161,10 @@ pub fn load(path: impl AsRef<Path>) -> Result<(Arc<GgufFile>, Model)> {
     load_with(path, &LoadOptions::default())
 }
 
-/// Opens a GGUF file and binds it to its architecture.
+/// Opens a GGUF file (or an MLC directory, converted by [`crate::mlc::open`]) and binds it
+/// to its architecture.
 pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<(Arc<GgufFile>, Model)> {
-    let file = Arc::new(GgufFile::open(path)?);
+    let file = Arc::new(crate::mlc::open(path.as_ref())?);
     crate::limits::check_model_fits(&file)?;
     let model = Model::from_file(file.clone(), opts)?;
     Ok((file, model))

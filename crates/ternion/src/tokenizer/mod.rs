@@ -14,7 +14,7 @@ mod unicode;
 mod vocab;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use stream::StreamDecoder;
 

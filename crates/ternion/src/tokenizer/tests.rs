@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use super::*;
 use crate::gguf::{GgufWriter, Value, ValueType};
 
-fn vocab_dir() -> PathBuf {
+pub(crate) fn vocab_dir() -> PathBuf {
     let dir = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../../shared/vocab"
@@ -28,7 +28,7 @@ fn load(name: &str) -> Tokenizer {
 
 /// llama.cpp's test vectors: inputs end with a `__ggml_vocab_test__` line; one output line
 /// of ids per input.
-fn vectors(name: &str) -> Vec<(String, Vec<u32>)> {
+pub(crate) fn vectors(name: &str) -> Vec<(String, Vec<u32>)> {
     let dir = vocab_dir();
     let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
     let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
