@@ -237,7 +237,7 @@ enum Runner<'m> {
     Cpu {
         model: &'m Model,
         pool: Arc<KvPool>,
-        ws: Workspace,
+        ws: Box<Workspace>,
     },
     #[cfg(feature = "gpu")]
     Gpu {
@@ -264,7 +264,7 @@ impl<'m> Runner<'m> {
                 Ok(Runner::Cpu {
                     model,
                     pool,
-                    ws: Workspace::default(),
+                    ws: Box::default(),
                 })
             }
             #[cfg(feature = "gpu")]
