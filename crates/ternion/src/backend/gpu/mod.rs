@@ -78,16 +78,19 @@ mod plan;
 mod tests;
 #[cfg(test)]
 mod tests_fam;
+#[cfg(test)]
+mod tests_mm;
 mod upload;
 
 pub use bandwidth::measure_read_bandwidth;
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
-pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions};
+pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, PrefillKernel};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
-    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, NormOut,
+    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, MatmulKind,
+    NormOut, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS,
     PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
     RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
     TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,

@@ -225,7 +225,7 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
 }
 
 /// A random ternary I2_S tensor (codes + tail) of `rows × k`.
-fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8> {
+pub(super) fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8> {
     let s = 0.37f32;
     let w: Vec<f32> = (0..rows * k)
         .map(|_| (r.random_range(0..3) - 1) as f32 * s)
@@ -236,7 +236,7 @@ fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8> {
 }
 
 /// Quantized activations for `x` (`t × k`) as the CPU makes them, uploaded.
-fn cpu_act(ctx: &GpuContext, x: &[f32], k: usize) -> (QuantAct, Vec<i8>, Vec<act::PerToken>) {
+pub(super) fn cpu_act(ctx: &GpuContext, x: &[f32], k: usize) -> (QuantAct, Vec<i8>, Vec<act::PerToken>) {
     let t = x.len() / k;
     let mut q = vec![0i8; x.len()];
     let mut per = Vec::new();
