@@ -90,10 +90,10 @@ pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, Prefil
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
     ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, MatIn, MatmulKind,
-    NormOut, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS,
-    PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
-    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
-    TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
+    NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct,
+    QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu,
+    TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK,
+    MM_TILE_TOKENS, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

@@ -289,10 +289,9 @@ impl Kernel {
                 ("TPR", f64::from(tpr)),
                 ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
             ],
-            Kernel::Ternary { tpr, epilogue, .. } => vec![
-                ("TPR", f64::from(tpr)),
-                epilogue.constant(),
-            ],
+            Kernel::Ternary { tpr, epilogue, .. } => {
+                vec![("TPR", f64::from(tpr)), epilogue.constant()]
+            }
             Kernel::F16Matvec { tpr, round_x, .. } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),

@@ -236,7 +236,11 @@ pub(super) fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8>
 }
 
 /// Quantized activations for `x` (`t × k`) as the CPU makes them, uploaded.
-pub(super) fn cpu_act(ctx: &GpuContext, x: &[f32], k: usize) -> (QuantAct, Vec<i8>, Vec<act::PerToken>) {
+pub(super) fn cpu_act(
+    ctx: &GpuContext,
+    x: &[f32],
+    k: usize,
+) -> (QuantAct, Vec<i8>, Vec<act::PerToken>) {
     let t = x.len() / k;
     let mut q = vec![0i8; x.len()];
     let mut per = Vec::new();

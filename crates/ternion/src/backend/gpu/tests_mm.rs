@@ -77,9 +77,16 @@ fn tiled_matmul_equals_batch_kernel_and_cpu() {
                 run(c, |p| batch.record(p, tokens as u32, true));
                 let want = out.read::<f32>(c).unwrap();
                 for (i, (&g, &y)) in want.iter().zip(&cpu).enumerate() {
-                    let g = if epi == Epilogue::Add { g - resid[i] } else { g };
+                    let g = if epi == Epilogue::Add {
+                        g - resid[i]
+                    } else {
+                        g
+                    };
                     let tol = 1e-6 * (y.abs() + resid[i].abs());
-                    assert!((g - y).abs() <= tol, "batch kernel elem {i}: {g} vs cpu {y}");
+                    assert!(
+                        (g - y).abs() <= tol,
+                        "batch kernel elem {i}: {g} vs cpu {y}"
+                    );
                 }
                 for kind in kinds(c) {
                     let mm = TernaryMatmul::new(c, kind, &w, &qa, &out, epi, &step).unwrap();
