@@ -37,7 +37,7 @@ pub enum PrefillKernel {
 }
 
 /// Workgroup memory `ternary_coop.wgsl` declares, in bytes.
-const COOP_WORKGROUP_BYTES: u32 = (9216 + 4608) * 2 + 2048 * 4;
+const COOP_WORKGROUP_BYTES: u32 = (8704 + 4608) * 2 + 2048 * 4;
 
 /// True when the adapter runs `ternary_coop.wgsl`: 16×16×16 f16·f16 + f32 subgroup
 /// matrices, f16, subgroups of exactly 32 lanes and enough workgroup memory.

@@ -9,8 +9,8 @@
 // SHADER_F16 and SUBGROUP, and a subgroup size of 32 (8 subgroups per workgroup).
 //
 // Bindings (group 0):
-//   0 uniform Params { rows, words, w_scale, _ }: output features M, u32 words per weight row
-//                                         (K/16), per-tensor I2_S scale
+//   0 uniform Params { rows, words, w_scale, zero }: output features M, u32 words per weight
+//                                         row (K/16), per-tensor I2_S scale, 0 (see `pinned`)
 //   1 storage read  w:   array<vec4<u32>>  M × K/64 vec4s: the I2_S codes as in the file
 //   2 storage read  act: array<vec4<u32>>  T × K/16 vec4s of packed int8 (rmsnorm.wgsl)
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
@@ -20,9 +20,10 @@
 //
 // A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 64 elements (half
 // an I2_S block: codes at shifts 6−4h and 4−4h of the block's 8 words per row, activation
-// words 16h..16h+15). Each stage unpacks the weights to f16 −1/0/1 (A, row-major
-// [row][k]) and the activations to f16 (B, column-major [token][k]) in workgroup memory,
-// rows padded to 72 halves. Subgroup s multiplies rows 32·(s % 4)..+32 by tokens
+// words 16h..16h+15). Each stage unpacks the weights to f16 −1/0/1 (A, column-major
+// [k][row], rows padded to 136) and the activations to f16 (B, row-major [k][token],
+// padded to 72) in workgroup memory: a store instruction's 32 lanes (consecutive rows or
+// tokens) write 64 consecutive bytes, free of bank conflicts. Subgroup s multiplies rows 32·(s % 4)..+32 by tokens
 // 32·(s / 4)..+32: 2×2 accumulators of 16×16, 4 multiply-adds per 16-wide k step. At the
 // end each accumulator goes through a 16×16 f32 scratch of its subgroup, and the lanes
 // scale and store it. Rows past M read row M−1 and tokens past T read token T−1; neither
@@ -35,9 +36,10 @@ override EPILOGUE: u32 = 0u;
 const TM: u32 = 128u;
 const TN: u32 = 64u;
 const KS: u32 = 64u;
-const LD: u32 = 72u;
+const LDA: u32 = 136u;
+const LDB: u32 = 72u;
 
-struct Params { rows: u32, words: u32, w_scale: f32, pad: u32 }
+struct Params { rows: u32, words: u32, w_scale: f32, zero: u32 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -47,9 +49,36 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
 
-var<workgroup> wa: array<f16, 9216>; // TM × LD
-var<workgroup> xb: array<f16, 4608>; // TN × LD
+var<workgroup> wa: array<f16, 8704>; // KS × LDA, [k][row]
+var<workgroup> xb: array<f16, 4608>; // KS × LDB, [k][token]
 var<workgroup> cs: array<f32, 2048>; // 8 subgroups × 16 × 16
+
+// The codes at bits 2..3 of each byte of `codes` (elements 4j..4j+3 of the stage's first
+// 32) to wa k-rows at..at + 4 and those at bits 0..1 (the next 32) to k-rows at + 32..,
+// as f16 −1 / 0 / 1. `codes` is a block word shifted right by 4 − 4·(stage half).
+fn unpack_codes(codes: u32, at: u32) {
+    let lo = vec4<i32>(bitcast<vec4<i32>>((vec4<u32>(codes >> 2u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(3u)));
+    let hi = vec4<i32>(bitcast<vec4<i32>>((vec4<u32>(codes) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(3u)));
+    let a = vec4<f16>(lo - 1);
+    let b = vec4<f16>(hi - 1);
+    wa[at] = a.x;
+    wa[at + LDA] = a.y;
+    wa[at + 2u * LDA] = a.z;
+    wa[at + 3u * LDA] = a.w;
+    wa[at + 32u * LDA] = b.x;
+    wa[at + 33u * LDA] = b.y;
+    wa[at + 34u * LDA] = b.z;
+    wa[at + 35u * LDA] = b.w;
+}
+
+// The 4 int8 activations of packed word `v` as f16 into xb k-rows at..at + 4.
+fn unpack_act(v: u32, at: u32) {
+    let q = vec4<f16>(unpack4xI8(v));
+    xb[at] = q.x;
+    xb[at + LDB] = q.y;
+    xb[at + 2u * LDB] = q.z;
+    xb[at + 3u * LDB] = q.w;
+}
 
 // Scales and stores accumulator (fr, fc) of subgroup `sg` from its scratch.
 fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
@@ -63,7 +92,7 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
             let y = (cs[sg * 256u + e] / bitcast<f32>(m.x)) * p.w_scale;
             let o = t * p.rows + row;
             if (EPILOGUE == 1u) {
-                out[o] = out[o] + y;
+                out[o] = out[o] + pinned(y, p.zero);
             } else {
                 out[o] = y;
             }
@@ -104,22 +133,19 @@ fn matmul_tiled(
     for (var st = 0u; st < stages; st++) {
         let h = st % 2u;
         workgroupBarrier();
-        for (var j = 0u; j < 4u; j++) {
-            for (var gg = 0u; gg < 2u; gg++) {
-                let codes = wv[j] >> (6u - 4u * h - 2u * gg);
-                let base = lr * LD + 32u * gg + 16u * lh + 4u * j;
-                for (var e = 0u; e < 4u; e++) {
-                    wa[base + e] = f16(i32((codes >> (8u * e)) & 3u) - 1);
-                }
-            }
-        }
-        for (var c = 0u; c < 4u; c++) {
-            let base = lt * LD + 16u * lq + 4u * c;
-            let v = bitcast<i32>(av[c]);
-            for (var e = 0u; e < 4u; e++) {
-                xb[base + e] = f16(extractBits(v, 8u * e, 8u));
-            }
-        }
+        // Explicit components: a dynamically indexed vector variable would live in local
+        // memory.
+        let sh = 4u - 4u * h;
+        let wb = 16u * lh * LDA + lr;
+        unpack_codes(wv.x >> sh, wb);
+        unpack_codes(wv.y >> sh, wb + 4u * LDA);
+        unpack_codes(wv.z >> sh, wb + 8u * LDA);
+        unpack_codes(wv.w >> sh, wb + 12u * LDA);
+        let xo = 16u * lq * LDB + lt;
+        unpack_act(av.x, xo);
+        unpack_act(av.y, xo + 4u * LDB);
+        unpack_act(av.z, xo + 8u * LDB);
+        unpack_act(av.w, xo + 12u * LDB);
         workgroupBarrier();
         if (st + 1u < stages) {
             if (h == 1u) {
@@ -128,10 +154,10 @@ fn matmul_tiled(
             av = act[arow + 4u * (st + 1u) + lq];
         }
         for (var kk = 0u; kk < KS; kk += 16u) {
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&wa[rb * LD + kk], LD);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&wa[(rb + 16u) * LD + kk], LD);
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&xb[tb * LD + kk], LD);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&xb[(tb + 16u) * LD + kk], LD);
+            let a0 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb], LDA);
+            let a1 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb + 16u], LDA);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDB + tb], LDB);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDB + tb + 16u], LDB);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c10 = coopMultiplyAdd(a1, b0, c10);

@@ -3,8 +3,8 @@
 // ternary.wgsl's matmul4 (the integer dot is exact; the scaling is the same f32 expression).
 //
 // Bindings (group 0):
-//   0 uniform Params { rows, words, w_scale, _ }: output features M, u32 words per weight row
-//                                         (K/16), per-tensor I2_S scale
+//   0 uniform Params { rows, words, w_scale, zero }: output features M, u32 words per weight
+//                                         row (K/16), per-tensor I2_S scale, 0 (see `pinned`)
 //   1 storage read  w:   array<u32>        M × K/16 words: the I2_S codes as in the file
 //   2 storage read  act: array<vec4<u32>>  T × K/16 vec4s of packed int8 (rmsnorm.wgsl)
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
@@ -32,7 +32,7 @@ const TN: u32 = 64u;
 const KW: u32 = 32u;
 const M2: u32 = 0x03030303u;
 
-struct Params { rows: u32, words: u32, w_scale: f32, pad: u32 }
+struct Params { rows: u32, words: u32, w_scale: f32, zero: u32 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -67,21 +67,23 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
     var wv1 = w[wrow + lj + 4u];
     var av0 = act[arow + lj];
     var av1 = act[arow + lj + 4u];
-    var acc: array<vec4<i32>, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        acc[i] = vec4<i32>(0);
-    }
+    // acc_i: row 4·tr + i against tokens 4·tt + 0..3 (named, not an array: a dynamically
+    // indexed array would live in local memory).
+    var acc0 = vec4<i32>(0);
+    var acc1 = vec4<i32>(0);
+    var acc2 = vec4<i32>(0);
+    var acc3 = vec4<i32>(0);
     for (var b = 0u; b < blocks; b++) {
         workgroupBarrier();
-        for (var g = 0u; g < 4u; g++) {
-            let sh = 6u - 2u * g;
-            wsh[(8u * g + lj) * 16u + lr / 4u][lr % 4u] = (wv0 >> sh) & M2;
-            wsh[(8u * g + lj + 4u) * 16u + lr / 4u][lr % 4u] = (wv1 >> sh) & M2;
-        }
-        for (var c = 0u; c < 4u; c++) {
-            ash[(4u * lj + c) * 16u + lr / 4u][lr % 4u] = av0[c];
-            ash[(4u * (lj + 4u) + c) * 16u + lr / 4u][lr % 4u] = av1[c];
-        }
+        // Explicit components and shifts: a dynamically indexed vector variable would live
+        // in local memory.
+        let wo = lj * 16u + lr / 4u;
+        let c = lr % 4u;
+        stage_codes(wv0, wo, c);
+        stage_codes(wv1, wo + 64u, c);
+        let ao = lj * 64u + lr / 4u;
+        stage_act(av0, ao, c);
+        stage_act(av1, ao + 256u, c);
         workgroupBarrier();
         if (b + 1u < blocks) {
             let wn = wrow + (b + 1u) * 8u + lj;
@@ -94,36 +96,68 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
         for (var k = 0u; k < KW; k++) {
             let wq = wsh[k * 16u + tr];
             let aq = ash[k * 16u + tt];
-            for (var i = 0u; i < 4u; i++) {
-                acc[i] += vec4<i32>(
-                    dot4I8Packed(wq[i], aq.x),
-                    dot4I8Packed(wq[i], aq.y),
-                    dot4I8Packed(wq[i], aq.z),
-                    dot4I8Packed(wq[i], aq.w),
-                );
-            }
+            acc0 += dot4(wq.x, aq);
+            acc1 += dot4(wq.y, aq);
+            acc2 += dot4(wq.z, aq);
+            acc3 += dot4(wq.w, aq);
         }
     }
 
+    // Per-token scale and Σq of this thread's 4 tokens (past the end: the last token's).
+    let tb = t0 + 4u * tt;
+    let m0 = tok_scale[min(tb, last)];
+    let m1 = tok_scale[min(tb + 1u, last)];
+    let m2 = tok_scale[min(tb + 2u, last)];
+    let m3 = tok_scale[min(tb + 3u, last)];
+    let sq = bitcast<vec4<i32>>(vec4<u32>(m0.y, m1.y, m2.y, m3.y));
+    let s = bitcast<vec4<f32>>(vec4<u32>(m0.x, m1.x, m2.x, m3.x));
+    let r = row0 + 4u * tr;
+    store_row(r, (vec4<f32>(acc0 - sq) / s) * p.w_scale, tb, last);
+    store_row(r + 1u, (vec4<f32>(acc1 - sq) / s) * p.w_scale, tb, last);
+    store_row(r + 2u, (vec4<f32>(acc2 - sq) / s) * p.w_scale, tb, last);
+    store_row(r + 3u, (vec4<f32>(acc3 - sq) / s) * p.w_scale, tb, last);
+}
+
+// Stores (or adds) y[j] = row `row` of token tb + j, for the rows and tokens that exist.
+fn store_row(row: u32, y: vec4<f32>, tb: u32, last: u32) {
+    if (row >= p.rows) {
+        return;
+    }
     for (var j = 0u; j < 4u; j++) {
-        let t = t0 + 4u * tt + j;
-        if (t > last) {
-            break;
-        }
-        let m = tok_scale[t];
-        let s = bitcast<f32>(m.x);
-        let sq = bitcast<i32>(m.y);
-        for (var i = 0u; i < 4u; i++) {
-            let row = row0 + 4u * tr + i;
-            if (row < p.rows) {
-                let y = (f32(acc[i][j] - sq) / s) * p.w_scale;
-                let o = t * p.rows + row;
-                if (EPILOGUE == 1u) {
-                    out[o] = out[o] + y;
-                } else {
-                    out[o] = y;
-                }
+        if (tb + j <= last) {
+            let o = (tb + j) * p.rows + row;
+            if (EPILOGUE == 1u) {
+                out[o] = out[o] + pinned(y[j], p.zero);
+            } else {
+                out[o] = y[j];
             }
         }
     }
+}
+
+// The four 2-bit planes (shifts 6, 4, 2, 0) of code word j of a row, into k-words j,
+// j + 8, j + 16, j + 24: wsh[at + 128·g][c].
+fn stage_codes(wv: u32, at: u32, c: u32) {
+    wsh[at][c] = (wv >> 6u) & M2;
+    wsh[at + 128u][c] = (wv >> 4u) & M2;
+    wsh[at + 256u][c] = (wv >> 2u) & M2;
+    wsh[at + 384u][c] = wv & M2;
+}
+
+// 4 consecutive k-words of a token's activations: ash[at + 16·i][c].
+fn stage_act(av: vec4<u32>, at: u32, c: u32) {
+    ash[at][c] = av.x;
+    ash[at + 16u][c] = av.y;
+    ash[at + 32u][c] = av.z;
+    ash[at + 48u][c] = av.w;
+}
+
+// The 4 dot products of code word `wv` with the 4 tokens' activation words in `aq`.
+fn dot4(wv: u32, aq: vec4<u32>) -> vec4<i32> {
+    return vec4<i32>(
+        dot4I8Packed(wv, aq.x),
+        dot4I8Packed(wv, aq.y),
+        dot4I8Packed(wv, aq.z),
+        dot4I8Packed(wv, aq.w),
+    );
 }
