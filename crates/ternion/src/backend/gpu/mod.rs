@@ -17,6 +17,8 @@
 //!   657 MB F16 embedding / LM head against lavapipe's 128 MiB limit). Kernels over a
 //!   sharded matrix launch one dispatch per shard.
 //! - `ops/`: one struct per kernel, a file per kernel family ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
+//!   [`TernaryMatmul`] (tiled prompt batches: `dot4I8Packed`, or f16 cooperative matrices
+//!   where the adapter has them, [`PrefillKernel`]) and [`TernaryLinear`] (picks one per step),
 //!   [`F16Matvec`], [`RopeKv`] (NEOX or NORM RoPE, optional `rope_freqs`, + KV-cache store
 //!   into a [`GpuKv`]), [`Attention`] (flash-decoding for one token, a workgroup per
 //!   (head, token) for a batch), [`Glu`], [`TopK`]; for the other families and formats

@@ -8,9 +8,8 @@
 
 use rand::Rng;
 
-use super::tests::{cpu_act, ctx_with, rng, run, ternary_tensor};
+use super::tests::{cpu_act, cpu_ternary, ctx_with, rng, run, ternary_tensor};
 use super::*;
-use crate::quant::i2s;
 
 /// The tiled kinds the adapter of `ctx` runs (printed: the cooperative-matrix kernel only
 /// runs where the adapter lists 16×16×16 f16 matrices, not on lavapipe).
@@ -54,20 +53,13 @@ fn tiled_matmul_equals_batch_kernel_and_cpu() {
     for &(rows, k, tokens) in &cases {
         for (c, kinds) in [&ctx, &plain].into_iter().zip(&tested) {
             let data = ternary_tensor(&mut r, rows, k);
-            let scale = i2s::tensor_scale(&data, rows * k);
             let w = TernaryWeights::upload(c, "w", &data, k, rows).unwrap();
             let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
             let (qa, q, per) = cpu_act(c, &x, k);
             let resid: Vec<f32> = (0..tokens * rows)
                 .map(|_| r.random_range(-5.0..5.0))
                 .collect();
-            let cpu: Vec<f32> = (0..tokens * rows)
-                .map(|i| {
-                    let (t, j) = (i / rows, i % rows);
-                    let d = i2s::dot(&data[j * k / 4..][..k / 4], &q[t * k..][..k]);
-                    (d as f32 / per[t].scale) * scale
-                })
-                .collect();
+            let cpu = cpu_ternary(&data, &q, &per, rows, k);
             let step = StepUniform::new(c).unwrap();
             step.write(c, tokens as u32, 0);
             let out = GpuBuffer::zeroed(c, "y", (tokens * rows * 4) as u64).unwrap();

@@ -23,11 +23,12 @@
 // words 16h..16h+15). Each stage unpacks the weights to f16 −1/0/1 (A, column-major
 // [k][row], rows padded to 136) and the activations to f16 (B, row-major [k][token],
 // padded to 72) in workgroup memory: a store instruction's 32 lanes (consecutive rows or
-// tokens) write 64 consecutive bytes, free of bank conflicts. Subgroup s multiplies rows 32·(s % 4)..+32 by tokens
-// 32·(s / 4)..+32: 2×2 accumulators of 16×16, 4 multiply-adds per 16-wide k step. At the
-// end each accumulator goes through a 16×16 f32 scratch of its subgroup, and the lanes
-// scale and store it. Rows past M read row M−1 and tokens past T read token T−1; neither
-// is written. Layout of the codes: see ternary.wgsl's header.
+// tokens) write 64 consecutive bytes, free of bank conflicts. Subgroup s multiplies rows
+// 32·(s % 4)..+32 by tokens 32·(s / 4)..+32: 2×2 accumulators of 16×16, 4 multiply-adds
+// per 16-wide k step. At the end each accumulator goes through a 16×16 f32 scratch of its
+// subgroup, and the lanes scale and store it. (64-row tiles, twice the workgroups,
+// measured slower at 512 tokens: BENCHMARKS.md.) Rows past M read row M−1 and tokens past
+// T read token T−1; neither is written. Layout of the codes: see ternary.wgsl's header.
 
 enable f16;
 enable wgpu_cooperative_matrix;
