@@ -50,7 +50,7 @@ pub enum GpuPrefill {
     Batch4,
     /// 64 × 64 tiles, dot4I8Packed (any adapter).
     Tiled,
-    /// 128 × 64 tiles on f16 cooperative matrices (tensor cores).
+    /// 128 × 64 (128 × 128 above 64 tokens) tiles on f16 cooperative matrices.
     Coop,
 }
 

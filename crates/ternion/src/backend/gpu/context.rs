@@ -31,13 +31,13 @@ pub enum PrefillKernel {
     Batch4,
     /// `ternary_mm.wgsl`: 64 rows × 64 tokens per workgroup, `dot4I8Packed` (any adapter).
     Tiled,
-    /// `ternary_coop.wgsl`: 128 rows × 64 tokens per workgroup on 16×16×16 f16 cooperative
-    /// matrices (tensor cores).
+    /// `ternary_coop.wgsl`: 128 rows × 64 tokens per workgroup (× 128 tokens for steps of
+    /// more than 64) on 16×16×16 f16 cooperative matrices (tensor cores).
     Coop,
 }
 
 /// Workgroup memory `ternary_coop.wgsl` declares, in bytes.
-const COOP_WORKGROUP_BYTES: u32 = (8704 + 4608) * 2 + 2048 * 4;
+const COOP_WORKGROUP_BYTES: u32 = (8704 + 8704) * 2 + 2048 * 4;
 
 /// True when the adapter runs `ternary_coop.wgsl`: 16×16×16 f16·f16 + f32 subgroup
 /// matrices, f16, subgroups of exactly 32 lanes and enough workgroup memory.

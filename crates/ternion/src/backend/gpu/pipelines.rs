@@ -64,6 +64,8 @@ pub enum Kernel {
         kind: MatmulKind,
         /// Store or add.
         epilogue: Epilogue,
+        /// The coop kernel's 128-token entry point (`matmul_wide`).
+        wide: bool,
     },
     /// `ternary.wgsl` `matvec_glu`: gate and up I2_S matvecs and `act(g)·u`, fused (decode).
     TernaryGlu {
@@ -244,7 +246,8 @@ impl Kernel {
             Kernel::RmsNorm { quant: false } => "rmsnorm",
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
-            Kernel::TernaryMatmul { .. } => "matmul_tiled",
+            Kernel::TernaryMatmul { wide: false, .. } => "matmul_tiled",
+            Kernel::TernaryMatmul { wide: true, .. } => "matmul_wide",
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
             Kernel::F16Matvec { last: false, .. } => "main",

@@ -49,6 +49,8 @@ fn tiled_matmul_equals_batch_kernel_and_cpu() {
         (130, 2560, 5),
         (64, 256, 64),
         (257, 640, 130),
+        // Enough rows for the coop kernel's 128-token tiles (ops/matmul.rs WIDE_MIN_ROWS).
+        (1100, 256, 130),
     ];
     for &(rows, k, tokens) in &cases {
         for (c, kinds) in [&ctx, &plain].into_iter().zip(&tested) {

@@ -16,7 +16,9 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
 //   5 uniform Step { n_tokens, .. }
-// Dispatch: (ceil(M / 128), ceil(T / 64), 1), 256 threads per workgroup.
+// Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 64), 1); matmul_wide (the host's choice
+// for steps of more than 64 tokens and M ≥ 1024) (ceil(M / 128), ceil(T / 128), 1); 256
+// threads per workgroup.
 //
 // A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 64 elements (half
 // an I2_S block: codes at shifts 6−4h and 4−4h of the block's 8 words per row, activation
@@ -39,6 +41,8 @@ const TN: u32 = 64u;
 const KS: u32 = 64u;
 const LDA: u32 = 136u;
 const LDB: u32 = 72u;
+const TNW: u32 = 128u;
+const LDBW: u32 = 136u;
 
 struct Params { rows: u32, words: u32, w_scale: f32, zero: u32 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
@@ -51,7 +55,7 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(5) var<uniform> step: Step;
 
 var<workgroup> wa: array<f16, 8704>; // KS × LDA, [k][row]
-var<workgroup> xb: array<f16, 4608>; // KS × LDB, [k][token]
+var<workgroup> xb: array<f16, 8704>; // KS × LDB (matmul_wide: KS × LDBW), [k][token]
 var<workgroup> cs: array<f32, 2048>; // 8 subgroups × 16 × 16
 
 // The codes at bits 2..3 of each byte of `codes` (elements 4j..4j+3 of the stage's first
@@ -72,13 +76,44 @@ fn unpack_codes(codes: u32, at: u32) {
     wa[at + 35u * LDA] = b.w;
 }
 
-// The 4 int8 activations of packed word `v` as f16 into xb k-rows at..at + 4.
-fn unpack_act(v: u32, at: u32) {
+// The 4 int8 activations of packed word `v` as f16 into xb k-rows at..at + 4 (`ld` halves
+// per k-row).
+fn unpack_act(v: u32, at: u32, ld: u32) {
     let q = vec4<f16>(unpack4xI8(v));
     xb[at] = q.x;
-    xb[at + LDB] = q.y;
-    xb[at + 2u * LDB] = q.z;
-    xb[at + 3u * LDB] = q.w;
+    xb[at + ld] = q.y;
+    xb[at + 2u * ld] = q.z;
+    xb[at + 3u * ld] = q.w;
+}
+
+// One accumulator through the subgroup's scratch: store, then scale and write rows
+// r0..r0+16 × tokens tk0..tk0+16. Every subgroup calls it together (barriers inside).
+fn drain(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, r0: u32, tk0: u32) {
+    coopStore(c, &cs[sg * 256u], 16u);
+    workgroupBarrier();
+    finish(sg, lane, r0, tk0);
+    workgroupBarrier();
+}
+
+// Stage `st`'s weight codes of this thread (row column `lr`, block words 4·lh..4·lh+3 in
+// `wv`) into wa.
+fn stage_codes(wv: vec4<u32>, st: u32, lr: u32, lh: u32) {
+    // Explicit components: a dynamically indexed vector variable would live in local memory.
+    let sh = 4u - 4u * (st % 2u);
+    let wb = 16u * lh * LDA + lr;
+    unpack_codes(wv.x >> sh, wb);
+    unpack_codes(wv.y >> sh, wb + 4u * LDA);
+    unpack_codes(wv.z >> sh, wb + 8u * LDA);
+    unpack_codes(wv.w >> sh, wb + 12u * LDA);
+}
+
+// Activation vec4 `q` of a stage (k 16·q..16·q+15) of token column `lt` into xb.
+fn stage_act(av: vec4<u32>, q: u32, lt: u32, ld: u32) {
+    let xo = 16u * q * ld + lt;
+    unpack_act(av.x, xo, ld);
+    unpack_act(av.y, xo + 4u * ld, ld);
+    unpack_act(av.z, xo + 8u * ld, ld);
+    unpack_act(av.w, xo + 12u * ld, ld);
 }
 
 // Scales and stores accumulator (fr, fc) of subgroup `sg` from its scratch.
@@ -134,19 +169,8 @@ fn matmul_tiled(
     for (var st = 0u; st < stages; st++) {
         let h = st % 2u;
         workgroupBarrier();
-        // Explicit components: a dynamically indexed vector variable would live in local
-        // memory.
-        let sh = 4u - 4u * h;
-        let wb = 16u * lh * LDA + lr;
-        unpack_codes(wv.x >> sh, wb);
-        unpack_codes(wv.y >> sh, wb + 4u * LDA);
-        unpack_codes(wv.z >> sh, wb + 8u * LDA);
-        unpack_codes(wv.w >> sh, wb + 12u * LDA);
-        let xo = 16u * lq * LDB + lt;
-        unpack_act(av.x, xo);
-        unpack_act(av.y, xo + 4u * LDB);
-        unpack_act(av.z, xo + 8u * LDB);
-        unpack_act(av.w, xo + 12u * LDB);
+        stage_codes(wv, st, lr, lh);
+        stage_act(av, lq, lt, LDB);
         workgroupBarrier();
         if (st + 1u < stages) {
             if (h == 1u) {
@@ -169,19 +193,88 @@ fn matmul_tiled(
     // Accumulator layout in the scratch: column-major, element (row m, token n) at n·16 + m.
     let r0 = row0 + rb;
     let tk0 = t0 + tb;
-    coopStore(c00, &cs[sg * 256u], 16u);
-    workgroupBarrier();
-    finish(sg, lane, r0, tk0);
-    workgroupBarrier();
-    coopStore(c01, &cs[sg * 256u], 16u);
-    workgroupBarrier();
-    finish(sg, lane, r0, tk0 + 16u);
-    workgroupBarrier();
-    coopStore(c10, &cs[sg * 256u], 16u);
-    workgroupBarrier();
-    finish(sg, lane, r0 + 16u, tk0);
-    workgroupBarrier();
-    coopStore(c11, &cs[sg * 256u], 16u);
-    workgroupBarrier();
-    finish(sg, lane, r0 + 16u, tk0 + 16u);
+    drain(c00, sg, lane, r0, tk0);
+    drain(c01, sg, lane, r0, tk0 + 16u);
+    drain(c10, sg, lane, r0 + 16u, tk0);
+    drain(c11, sg, lane, r0 + 16u, tk0 + 16u);
+}
+
+// matmul_tiled for steps of more than 64 tokens: 128 rows × 128 tokens per workgroup,
+// subgroup s on rows 32·(s % 4)..+32 × tokens 64·(s / 4)..+64 (2 × 4 accumulators, 8
+// multiply-adds per 6 fragment loads), half the workgroup-memory traffic per product of
+// the 64-token tile. Dispatch: (ceil(M / 128), ceil(T / 128), 1).
+@compute @workgroup_size(256)
+fn matmul_wide(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let row0 = wg.x * TM;
+    let t0 = wg.y * TNW;
+    let last = step.n_tokens - 1u;
+
+    // Staging roles: weight row `lr`, words 4·lh..4·lh+3 of each block; token `lt`,
+    // activation vec4s 2·lh and 2·lh + 1 of each stage.
+    let lr = li % TM;
+    let lh = li / TM;
+    let lt = li % TNW;
+    let wrow = min(row0 + lr, p.rows - 1u) * (p.words / 4u);
+    let arow = min(t0 + lt, last) * p.words;
+
+    let rb = 32u * (sg % 4u);
+    let tb = 64u * (sg / 4u);
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+
+    let stages = p.words / 4u;
+    var wv = w[wrow + lh];
+    var av0 = act[arow + 2u * lh];
+    var av1 = act[arow + 2u * lh + 1u];
+    for (var st = 0u; st < stages; st++) {
+        workgroupBarrier();
+        stage_codes(wv, st, lr, lh);
+        stage_act(av0, 2u * lh, lt, LDBW);
+        stage_act(av1, 2u * lh + 1u, lt, LDBW);
+        workgroupBarrier();
+        if (st + 1u < stages) {
+            if (st % 2u == 1u) {
+                wv = w[wrow + (st + 1u) + lh];
+            }
+            av0 = act[arow + 4u * (st + 1u) + 2u * lh];
+            av1 = act[arow + 4u * (st + 1u) + 2u * lh + 1u];
+        }
+        for (var kk = 0u; kk < KS; kk += 16u) {
+            let a0 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb], LDA);
+            let a1 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb + 16u], LDA);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb], LDBW);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb + 16u], LDBW);
+            let b2 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb + 32u], LDBW);
+            let b3 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb + 48u], LDBW);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
+        }
+    }
+
+    let r0 = row0 + rb;
+    drain(c00, sg, lane, r0, t0 + tb);
+    drain(c01, sg, lane, r0, t0 + tb + 16u);
+    drain(c02, sg, lane, r0, t0 + tb + 32u);
+    drain(c03, sg, lane, r0, t0 + tb + 48u);
+    drain(c10, sg, lane, r0 + 16u, t0 + tb);
+    drain(c11, sg, lane, r0 + 16u, t0 + tb + 16u);
+    drain(c12, sg, lane, r0 + 16u, t0 + tb + 32u);
+    drain(c13, sg, lane, r0 + 16u, t0 + tb + 48u);
 }

@@ -9,8 +9,14 @@ use crate::backend::gpu::context::{GpuContext, PrefillKernel};
 use crate::backend::gpu::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
-/// Tokens per workgroup tile (both kernels).
+/// Tokens per workgroup tile (both kernels; the coop kernel's wide entry point takes twice
+/// as many).
 pub const MM_TILE_TOKENS: u32 = 64;
+
+/// Fewest rows for which the coop kernel uses its 128-token tiles: below, 128-token tiles
+/// leave too few workgroups (on the H200, the 640-row k and v projections of a 512-token
+/// step ran slower with them, the 2,560-row ones faster).
+const WIDE_MIN_ROWS: usize = 1024;
 
 /// Which tiled kernel a [`TernaryMatmul`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,9 +39,12 @@ impl MatmulKind {
 }
 
 /// `out (= or +=) W · dequant(act)` for every token of a step, `n_tokens` read from the
-/// step uniform; one workgroup per [`MatmulKind::tile_rows`] rows × 64 tokens.
+/// step uniform; one workgroup per [`MatmulKind::tile_rows`] rows × 64 tokens (the coop
+/// kernel: × 128 tokens when the step has more than 64 and `W` at least 1,024 rows).
 pub struct TernaryMatmul {
     dispatch: Dispatch,
+    /// `ternary_coop.wgsl` `matmul_wide`, for steps of more than 64 tokens.
+    wide: Option<Dispatch>,
     _params: GpuBuffer,
 }
 
@@ -62,37 +71,54 @@ impl TernaryMatmul {
             "ternary_mm.params",
             &[w.rows as u32, (w.k / 16) as u32, w.scale.to_bits(), 0],
         )?;
-        let key = PipelineKey {
-            kernel: Kernel::TernaryMatmul { kind, epilogue },
+        let key = |wide| PipelineKey {
+            kernel: Kernel::TernaryMatmul {
+                kind,
+                epilogue,
+                wide,
+            },
             variant: Variant {
                 f16: kind == MatmulKind::Coop,
                 subgroups: kind == MatmulKind::Coop,
             },
         };
-        let dispatch = Dispatch::new(
-            ctx,
-            key,
-            "ternary_mm",
-            &[
-                (0, params.binding()),
-                (1, w.codes.binding()),
-                (2, act.q.binding()),
-                (3, act.meta.binding()),
-                (4, out.binding()),
-                (5, step.buf.binding()),
-            ],
-            (w.rows as u32).div_ceil(kind.tile_rows()),
-        )?;
+        let bindings = [
+            (0, params.binding()),
+            (1, w.codes.binding()),
+            (2, act.q.binding()),
+            (3, act.meta.binding()),
+            (4, out.binding()),
+            (5, step.buf.binding()),
+        ];
+        let groups = (w.rows as u32).div_ceil(kind.tile_rows());
+        let dispatch = Dispatch::new(ctx, key(false), "ternary_mm", &bindings, groups)?;
+        let wide = match kind {
+            MatmulKind::Coop if w.rows >= WIDE_MIN_ROWS => Some(Dispatch::new(
+                ctx,
+                key(true),
+                "ternary_mm_wide",
+                &bindings,
+                groups,
+            )?),
+            _ => None,
+        };
         Ok(TernaryMatmul {
             dispatch,
+            wide,
             _params: params,
         })
     }
 
     /// Records the product for `n_tokens` tokens (the value in the step uniform).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
-        self.dispatch
-            .record(pass, n_tokens.div_ceil(MM_TILE_TOKENS));
+        match &self.wide {
+            Some(w) if n_tokens > MM_TILE_TOKENS => {
+                w.record(pass, n_tokens.div_ceil(2 * MM_TILE_TOKENS))
+            }
+            _ => self
+                .dispatch
+                .record(pass, n_tokens.div_ceil(MM_TILE_TOKENS)),
+        }
     }
 }
 
