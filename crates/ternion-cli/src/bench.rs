@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// the breakdown (adds a little time per launch to the figures above it).
     #[arg(long)]
     profile: bool,
+    /// GPU: tokens per prefill step (the prompt runs in steps of at most this many; as
+    /// llama-bench's default n_ubatch).
+    #[arg(long, default_value_t = 512)]
+    ubatch: usize,
     /// Sequences run together (CPU): their prompts are prefilled in one pass, then every
     /// decode step is one batched pass over all of them; tok/s are totals over the batch.
     #[arg(long, default_value_t = 1)]
@@ -210,9 +214,17 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
         }
     }
     g.truncate(0);
+    g.reset_profile();
     let t = Instant::now();
     let mut next = argmax(&g.forward(prompt, Logits::Last)?);
     let prefill_s = t.elapsed().as_secs_f64();
+    if let Some(p) = g.profile() {
+        print_profile(
+            &format!("prefill profile (GPU timestamps, {} tokens)", prompt.len()),
+            &p,
+            1,
+        );
+    }
     g.reset_profile();
     let t = Instant::now();
     for _ in 0..n_gen {
@@ -225,16 +237,13 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     })
 }
 
-/// Prints the per-kernel decode breakdown, largest first.
-fn print_profile(p: &[KernelTime], n_gen: usize) {
+/// Prints a per-kernel breakdown over `n_gen` steps, largest first.
+fn print_profile(title: &str, p: &[KernelTime], n_gen: usize) {
     let per_tok = |ns: f64| ns / 1e3 / n_gen.max(1) as f64;
     let total: f64 = p.iter().map(|k| k.total_ns).sum();
     let mut rows: Vec<&KernelTime> = p.iter().collect();
     rows.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
-    println!(
-        "decode profile (GPU timestamps, per token): {:.0} µs in kernels",
-        per_tok(total)
-    );
+    println!("{title}: {:.0} µs in kernels", per_tok(total));
     for k in rows {
         println!(
             "  {:<10} {:>5} launches {:>9.1} µs  {:>5.1}%",
@@ -278,6 +287,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 
     let gopts = GpuModelOptions {
         n_ctx,
+        max_batch: a.ubatch.max(1),
         profile: a.profile,
         ..GpuModelOptions::default()
     };
@@ -334,7 +344,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
     if let Some(p) = &profile {
-        print_profile(p, a.n_gen);
+        print_profile("decode profile (GPU timestamps, per token)", p, a.n_gen);
     }
     if a.json {
         let v = json!({

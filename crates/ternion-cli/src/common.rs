@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
+use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions, PrefillKernel};
 use ternion::gguf::GgufFile;
 use ternion::model::{self, LmHead, LoadOptions, Model};
 use ternion::session::{GpuEngine, Session};
@@ -38,6 +38,20 @@ pub struct BackendArgs {
     /// GPU adapter index (see the adapters listed by `--backend gpu` errors or logs).
     #[arg(long)]
     pub device: Option<usize>,
+    /// GPU kernel for the ternary linears of prompt batches (default: the best available).
+    #[arg(long, value_enum)]
+    pub gpu_prefill: Option<GpuPrefill>,
+}
+
+/// `--gpu-prefill` choices (see `ternion::backend::gpu::PrefillKernel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpuPrefill {
+    /// 4 tokens per workgroup (the weights read per 4 tokens).
+    Batch4,
+    /// 64 × 64 tiles, dot4I8Packed (any adapter).
+    Tiled,
+    /// 128 × 64 (128 × 128 above 64 tokens) tiles on f16 cooperative matrices.
+    Coop,
 }
 
 impl BackendArgs {
@@ -58,6 +72,11 @@ impl BackendArgs {
         }
         let opts = GpuOptions {
             device_index: self.device,
+            prefill: self.gpu_prefill.map(|p| match p {
+                GpuPrefill::Batch4 => PrefillKernel::Batch4,
+                GpuPrefill::Tiled => PrefillKernel::Tiled,
+                GpuPrefill::Coop => PrefillKernel::Coop,
+            }),
             ..GpuOptions::default()
         };
         let ctx = match GpuContext::new(&opts) {
@@ -70,8 +89,8 @@ impl BackendArgs {
         };
         let caps = ctx.caps();
         eprintln!(
-            "GPU: {} ({}), f16 {}, subgroups {}",
-            caps.name, caps.backend, caps.f16, caps.subgroups
+            "GPU: {} ({}), f16 {}, subgroups {}, prefill {:?}",
+            caps.name, caps.backend, caps.f16, caps.subgroups, caps.prefill
         );
         Ok(Some(GpuModel::from_model(ctx, model, gopts)?))
     }

@@ -19,6 +19,41 @@ pub struct GpuOptions {
     pub disable_f16: bool,
     /// Do not enable SUBGROUP even when the adapter has it.
     pub disable_subgroups: bool,
+    /// The kernel for the ternary linears of prompt batches; `None` picks the best the
+    /// adapter runs ([`PrefillKernel::Coop`], else [`PrefillKernel::Tiled`]).
+    pub prefill: Option<PrefillKernel>,
+}
+
+/// The kernel that runs the I2_S linears of a prompt batch (more than one token).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PrefillKernel {
+    /// `ternary.wgsl` `matmul4`: 4 tokens per workgroup, the weights read per 4 tokens.
+    Batch4,
+    /// `ternary_mm.wgsl`: 64 rows × 64 tokens per workgroup, `dot4I8Packed` (any adapter).
+    Tiled,
+    /// `ternary_coop.wgsl`: 128 rows × 64 tokens per workgroup (× 128 tokens for steps of
+    /// more than 64) on 16×16×16 f16 cooperative matrices (tensor cores).
+    Coop,
+}
+
+/// Workgroup memory `ternary_coop.wgsl` declares, in bytes.
+const COOP_WORKGROUP_BYTES: u32 = (8704 + 8704) * 2 + 2048 * 4;
+
+/// True when the adapter runs `ternary_coop.wgsl`: 16×16×16 f16·f16 + f32 subgroup
+/// matrices, f16, subgroups of exactly 32 lanes and enough workgroup memory.
+fn coop_usable(adapter: &wgpu::Adapter, features: wgpu::Features) -> bool {
+    let info = adapter.get_info();
+    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    features.contains(need)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.limits().max_compute_workgroup_storage_size >= COOP_WORKGROUP_BYTES
+        && adapter.cooperative_matrix_properties().iter().any(|c| {
+            use wgpu::CooperativeScalarType as S;
+            (c.m_size, c.n_size, c.k_size, c.ab_type, c.cr_type) == (16, 16, 16, S::F16, S::F32)
+        })
 }
 
 impl Default for GpuOptions {
@@ -28,6 +63,7 @@ impl Default for GpuOptions {
             backends: wgpu::Backends::PRIMARY,
             disable_f16: false,
             disable_subgroups: false,
+            prefill: None,
         }
     }
 }
@@ -41,6 +77,8 @@ pub struct Caps {
     pub subgroups: bool,
     /// Smallest subgroup size the adapter may use (lavapipe: 8, NVIDIA: 32).
     pub subgroup_min_size: u32,
+    /// The kernel for the ternary linears of prompt batches.
+    pub prefill: PrefillKernel,
     /// TIMESTAMP_QUERY is enabled.
     pub timestamps: bool,
     /// Largest storage-buffer binding in bytes (lavapipe: 128 MiB).
@@ -182,13 +220,40 @@ impl GpuContext {
             want |= wgpu::Features::SUBGROUP;
         }
         want |= wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        let features = have & want;
+        let mut features = have & want;
+        let coop = matches!(opts.prefill, None | Some(PrefillKernel::Coop))
+            && coop_usable(
+                &adapter,
+                features | (have & wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            );
+        let prefill = match opts.prefill {
+            Some(PrefillKernel::Coop) if !coop => {
+                return Err(Error::Gpu(format!(
+                    "{}: no 16×16×16 f16 cooperative matrices with 32-lane subgroups \
+                     (the coop prefill kernel needs them)",
+                    info.name
+                )))
+            }
+            Some(k) => k,
+            None if coop => PrefillKernel::Coop,
+            None => PrefillKernel::Tiled,
+        };
+        if prefill == PrefillKernel::Coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let limits = adapter.limits();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("ternion"),
                 required_features: features,
                 required_limits: limits.clone(),
+                // SAFETY: the one experimental feature requested is cooperative matrices,
+                // used only by `ternary_coop.wgsl` on adapters that list its configuration.
+                experimental_features: if prefill == PrefillKernel::Coop {
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 ..Default::default()
             })
             .await
@@ -214,6 +279,7 @@ impl GpuContext {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             subgroup_min_size: info.subgroup_min_size,
+            prefill,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             max_binding: limits.max_storage_buffer_binding_size,
             max_buffer: limits.max_buffer_size,

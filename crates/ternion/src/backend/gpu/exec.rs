@@ -60,7 +60,7 @@ impl Default for GpuModelOptions {
             n_ctx: 4096,
             max_seqs: 0,
             kv_pages: None,
-            max_batch: 64,
+            max_batch: 256,
             top_k: 40,
             profile: false,
         }

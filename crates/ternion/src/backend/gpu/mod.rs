@@ -17,6 +17,8 @@
 //!   657 MB F16 embedding / LM head against lavapipe's 128 MiB limit). Kernels over a
 //!   sharded matrix launch one dispatch per shard.
 //! - `ops/`: one struct per kernel, a file per kernel family ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
+//!   [`TernaryMatmul`] (tiled prompt batches: `dot4I8Packed`, or f16 cooperative matrices
+//!   where the adapter has them, [`PrefillKernel`]) and [`TernaryLinear`] (picks one per step),
 //!   [`F16Matvec`], [`RopeKv`] (NEOX or NORM RoPE, optional `rope_freqs`, + KV-cache store
 //!   into a [`GpuKv`]), [`Attention`] (flash-decoding for one token, a workgroup per
 //!   (head, token) for a batch), [`Glu`], [`TopK`]; for the other families and formats
@@ -79,19 +81,22 @@ mod seqs;
 mod tests;
 #[cfg(test)]
 mod tests_fam;
+#[cfg(test)]
+mod tests_mm;
 mod upload;
 
 pub use bandwidth::measure_read_bandwidth;
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
-pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions};
+pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, PrefillKernel};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
-    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormOut,
-    PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct,
-    RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
-    TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, SELECT_CHUNK, WG,
+    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn,
+    MatmulKind, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct,
+    QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu,
+    TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK,
+    MM_TILE_TOKENS, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::context::GpuContext;
-use super::ops::{ActQuant, QFormat, RowOpKind};
+use super::ops::{ActQuant, MatmulKind, QFormat, RowOpKind};
 use crate::{Error, Result};
 
 /// Feature-dependent variant of a kernel.
@@ -30,6 +30,13 @@ pub enum Epilogue {
     Store,
     /// `out += y` (residual add for the o- and down-projections).
     Add,
+}
+
+impl Epilogue {
+    /// The kernels' `EPILOGUE` override: 0 stores, 1 adds.
+    fn constant(self) -> (&'static str, f64) {
+        ("EPILOGUE", if self == Epilogue::Add { 1.0 } else { 0.0 })
+    }
 }
 
 /// The token rows an F16 matvec launch multiplies (`f16_matvec.wgsl` entry points).
@@ -62,6 +69,15 @@ pub enum Kernel {
         epilogue: Epilogue,
         /// The 4-tokens-per-workgroup prefill entry point.
         batch: bool,
+    },
+    /// `ternary_mm.wgsl` / `ternary_coop.wgsl`: the tiled I2_S × int8 prompt-batch product.
+    TernaryMatmul {
+        /// Portable or cooperative-matrix kernel.
+        kind: MatmulKind,
+        /// Store or add.
+        epilogue: Epilogue,
+        /// The coop kernel's 128-token entry point (`matmul_wide`).
+        wide: bool,
     },
     /// `ternary.wgsl` `matvec_glu`: gate and up I2_S matvecs and `act(g)·u`, fused (decode).
     TernaryGlu {
@@ -174,6 +190,8 @@ enum Source {
     Embed,
     RmsNorm,
     Ternary,
+    TernaryMm,
+    TernaryCoop,
     F16Matvec,
     RopeKv,
     Attention,
@@ -191,6 +209,11 @@ impl Source {
             Source::Embed => ("embed.wgsl", include_str!("kernels/embed.wgsl")),
             Source::RmsNorm => ("rmsnorm.wgsl", include_str!("kernels/rmsnorm.wgsl")),
             Source::Ternary => ("ternary.wgsl", include_str!("kernels/ternary.wgsl")),
+            Source::TernaryMm => ("ternary_mm.wgsl", include_str!("kernels/ternary_mm.wgsl")),
+            Source::TernaryCoop => (
+                "ternary_coop.wgsl",
+                include_str!("kernels/ternary_coop.wgsl"),
+            ),
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
@@ -212,6 +235,10 @@ impl Kernel {
             Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } | Kernel::Ternary3 { .. } => {
                 Source::Ternary
             }
+            Kernel::TernaryMatmul { kind, .. } => match kind {
+                MatmulKind::Portable => Source::TernaryMm,
+                MatmulKind::Coop => Source::TernaryCoop,
+            },
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
@@ -231,6 +258,8 @@ impl Kernel {
             Kernel::RmsNorm { quant: false } => "rmsnorm",
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
+            Kernel::TernaryMatmul { wide: false, .. } => "matmul_tiled",
+            Kernel::TernaryMatmul { wide: true, .. } => "matmul_wide",
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
             Kernel::F16Matvec { rows, .. } => match rows {
@@ -273,17 +302,14 @@ impl Kernel {
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
+            Kernel::TernaryMatmul { epilogue, .. } => vec![epilogue.constant()],
             Kernel::TernaryGlu { tpr, act } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
             ],
-            Kernel::Ternary { tpr, epilogue, .. } => vec![
-                ("TPR", f64::from(tpr)),
-                (
-                    "EPILOGUE",
-                    if epilogue == Epilogue::Add { 1.0 } else { 0.0 },
-                ),
-            ],
+            Kernel::Ternary { tpr, epilogue, .. } => {
+                vec![("TPR", f64::from(tpr)), epilogue.constant()]
+            }
             Kernel::F16Matvec { tpr, round_x, .. } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
@@ -298,10 +324,7 @@ impl Kernel {
             } => vec![
                 ("FMT", f64::from(fmt.kernel_id())),
                 ("TPR", f64::from(tpr)),
-                (
-                    "EPILOGUE",
-                    if epilogue == Epilogue::Add { 1.0 } else { 0.0 },
-                ),
+                epilogue.constant(),
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],

@@ -20,7 +20,7 @@ use super::context::GpuContext;
 use super::ops::{
     ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormOut, PosTable,
     QAct, QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
-    RowOp, StepUniform, Ternary3, TernaryGlu, TernaryMatvec,
+    RowOp, StepUniform, Ternary3, TernaryGlu, TernaryLinear,
 };
 use super::pipelines::{Epilogue, GluAct as KernelGlu};
 use super::upload::GpuWeight;
@@ -61,13 +61,13 @@ impl Rows {
 enum Launch {
     Embed(Embed),
     Norm(RmsNorm),
-    Ternary(TernaryMatvec),
+    Ternary(TernaryLinear),
     /// Gate and up I2_S matvecs and the GLU: fused for one token, three launches (the
-    /// 4-token batch kernels and `glu.wgsl`) for a batch.
+    /// prefill kernels and `glu.wgsl`) for a batch.
     TernaryGlu(Box<FusedGlu>),
     /// Three I2_S matvecs sharing their input (q, k, v): one launch for one token, the
-    /// three batch kernels for a batch.
-    Ternary3(Box<(Ternary3, [TernaryMatvec; 3])>),
+    /// three prefill kernels for a batch.
+    Ternary3(Box<(Ternary3, [TernaryLinear; 3])>),
     RopeKv(RopeKv),
     Attention(Attention),
     Glu(Glu),
@@ -89,8 +89,8 @@ enum Launch {
 /// The parts of [`Launch::TernaryGlu`].
 struct FusedGlu {
     fused: TernaryGlu,
-    gate: TernaryMatvec,
-    up: TernaryMatvec,
+    gate: TernaryLinear,
+    up: TernaryLinear,
     glu: Glu,
 }
 
@@ -140,13 +140,13 @@ impl Launch {
         match self {
             Launch::Embed(e) => e.record(pass, n),
             Launch::Norm(o) => o.record(pass, n),
-            Launch::Ternary(o) => o.record(pass, n, n > 1),
+            Launch::Ternary(o) => o.record(pass, n),
             Launch::Ternary3(b) => {
                 if n == 1 {
                     b.0.record(pass, 1);
                 } else {
                     for mv in &b.1 {
-                        mv.record(pass, n, true);
+                        mv.record(pass, n);
                     }
                 }
             }
@@ -160,8 +160,8 @@ impl Launch {
                 if n == 1 {
                     fused.record(pass, 1);
                 } else {
-                    gate.record(pass, n, true);
-                    up.record(pass, n, true);
+                    gate.record(pass, n);
+                    up.record(pass, n);
                     glu.record(pass, n);
                 }
             }
@@ -527,16 +527,7 @@ impl Plan {
                                 )));
                             };
                             let mv = |w, out: &GpuBuffer| {
-                                TernaryMatvec::new(
-                                    g,
-                                    variant,
-                                    TPR,
-                                    w,
-                                    &q,
-                                    out,
-                                    epilogue,
-                                    Some(&step),
-                                )
+                                TernaryLinear::new(g, variant, TPR, w, &q, out, epilogue, &step)
                             };
                             // gate = W_g·x; up = W_u·x; gate = act(gate)·up → one launch.
                             let glu = match (graph.ops.get(i + 1), graph.ops.get(i + 2)) {

@@ -226,7 +226,7 @@ fn rmsnorm_quant_matches_cpu_quantizer() {
 }
 
 /// A random ternary I2_S tensor (codes + tail) of `rows × k`.
-fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8> {
+pub(super) fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8> {
     let s = 0.37f32;
     let w: Vec<f32> = (0..rows * k)
         .map(|_| (r.random_range(0..3) - 1) as f32 * s)
@@ -237,7 +237,11 @@ fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8> {
 }
 
 /// Quantized activations for `x` (`t × k`) as the CPU makes them, uploaded.
-fn cpu_act(ctx: &GpuContext, x: &[f32], k: usize) -> (QuantAct, Vec<i8>, Vec<act::PerToken>) {
+pub(super) fn cpu_act(
+    ctx: &GpuContext,
+    x: &[f32],
+    k: usize,
+) -> (QuantAct, Vec<i8>, Vec<act::PerToken>) {
     let t = x.len() / k;
     let mut q = vec![0i8; x.len()];
     let mut per = Vec::new();
@@ -251,6 +255,25 @@ fn cpu_act(ctx: &GpuContext, x: &[f32], k: usize) -> (QuantAct, Vec<i8>, Vec<act
     qa.q.write(ctx, 0, bytemuck::cast_slice(&q));
     qa.meta.write(ctx, 0, bytemuck::cast_slice(&meta));
     (qa, q, per)
+}
+
+/// The CPU reference of an I2_S product: `rows` outputs per token of the I2_S tensor
+/// `data` (rows × `k`) against the int8 activations `q` with per-token scales `per`.
+pub(super) fn cpu_ternary(
+    data: &[u8],
+    q: &[i8],
+    per: &[act::PerToken],
+    rows: usize,
+    k: usize,
+) -> Vec<f32> {
+    let scale = i2s::tensor_scale(data, rows * k);
+    (0..per.len() * rows)
+        .map(|i| {
+            let (t, j) = (i / rows, i % rows);
+            let d = i2s::dot(&data[j * k / 4..][..k / 4], &q[t * k..][..k]);
+            (d as f32 / per[t].scale) * scale
+        })
+        .collect()
 }
 
 /// The fused q/k/v launch stores exactly what three separate matvecs store.
@@ -302,20 +325,13 @@ fn ternary_matvec_matches_cpu() {
     let mut r = rng(4);
     for &(rows, k, tokens) in &[(37usize, 384usize, 1usize), (641, 2560, 5), (70, 6912, 3)] {
         let data = ternary_tensor(&mut r, rows, k);
-        let scale = i2s::tensor_scale(&data, rows * k);
         let w = TernaryWeights::upload(&ctx, "w", &data, k, rows).unwrap();
         let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
         let (qa, q, per) = cpu_act(&ctx, &x, k);
         let resid: Vec<f32> = (0..tokens * rows)
             .map(|_| r.random_range(-5.0..5.0))
             .collect();
-        let want: Vec<f32> = (0..tokens * rows)
-            .map(|i| {
-                let (t, j) = (i / rows, i % rows);
-                let d = i2s::dot(&data[j * k / 4..][..k / 4], &q[t * k..][..k]);
-                (d as f32 / per[t].scale) * scale
-            })
-            .collect();
+        let want = cpu_ternary(&data, &q, &per, rows, k);
         let step = StepUniform::new(&ctx).unwrap();
         step.write(&ctx, tokens as u32, 0);
         let out = GpuBuffer::zeroed(&ctx, "y", (tokens * rows * 4) as u64).unwrap();

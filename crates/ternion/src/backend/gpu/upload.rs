@@ -377,6 +377,7 @@ impl GpuUpload {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::gpu::PrefillKernel;
 
     /// Adapter limits forced small (no adapter needed).
     fn caps(max_binding: u64, max_buffer: u64) -> Caps {
@@ -384,6 +385,7 @@ mod tests {
             f16: false,
             subgroups: false,
             subgroup_min_size: 4,
+            prefill: PrefillKernel::Tiled,
             timestamps: false,
             max_binding,
             max_buffer,

@@ -71,3 +71,11 @@ fn div_rn(a: f32, b: f32) -> f32 {
     }
     return bitcast<f32>(sign | (u32(e) << 23u) | (q & 0x7fffffu));
 }
+
+// y with its rounding pinned: `zero` is a uniform the host sets to 0, so the compiler cannot
+// fuse the product that made y into a following add (Vulkan allows fma contraction; the
+// CPU reference rounds the product and the sum separately). Keeps residual-add epilogues
+// bit-identical across kernels.
+fn pinned(y: f32, zero: u32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(y) ^ zero);
+}

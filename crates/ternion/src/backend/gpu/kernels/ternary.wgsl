@@ -3,7 +3,8 @@
 //
 // Bindings (group 0):
 //   0 uniform Params { rows, words, w_scale, up_scale }: output features M, u32 words per
-//                     weight row (K/16), per-tensor I2_S scale (and the up matrix's, matvec_glu)
+//                     weight row (K/16), per-tensor I2_S scale (and the up matrix's, matvec_glu;
+//                     0 for matvec and matmul4, whose residual add pins y with it)
 //   1 storage read  w:    array<u32>        M × K/16 words: the I2_S codes exactly as in the
 //                                          file (no repacking; the 32-byte tail is not bound)
 //   2 storage read  act:  array<u32>        T × K/4 words of packed int8 (rmsnorm.wgsl)
@@ -126,7 +127,8 @@ fn finish(t: u32, row: u32, d: i32) {
     let y = scaled(t, d, p.w_scale);
     let o = t * p.rows + row;
     if (EPILOGUE == 1u) {
-        out[o] = out[o] + y;
+        // p.up_scale is 0 for matvec and matmul4 (common.wgsl `pinned`).
+        out[o] = out[o] + pinned(y, bitcast<u32>(p.up_scale));
     } else {
         out[o] = y;
     }

@@ -5,6 +5,7 @@
 mod attention;
 mod embed;
 mod glu;
+mod matmul;
 mod matvec;
 mod norm;
 mod qmatvec;
@@ -14,6 +15,7 @@ mod select;
 pub use attention::{Attention, AttnDims, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use embed::Embed;
 pub use glu::Glu;
+pub use matmul::{MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS};
 pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};
 pub use norm::{NormOut, QuantAct, RmsNorm};
 pub use qmatvec::{

@@ -1,0 +1,132 @@
+//! The tiled prompt-batch ternary kernels (`ternary_mm.wgsl`, and `ternary_coop.wgsl` where
+//! the adapter has cooperative matrices) against the 4-token batch kernel and the CPU
+//! reference, on random inputs whose rows and tokens are not multiples of the tiles.
+//!
+//! Tolerances: bit-exact against the batch kernel (the same exact integer dot, the same f32
+//! scaling expression), Store and Add epilogues; against the CPU, as tests.rs `ternary`
+//! (1e-6 relative: the adapter's f32 division).
+
+use rand::Rng;
+
+use super::tests::{cpu_act, cpu_ternary, ctx_with, rng, run, ternary_tensor};
+use super::*;
+
+/// The tiled kinds the adapter of `ctx` runs (printed: the cooperative-matrix kernel only
+/// runs where the adapter lists 16×16×16 f16 matrices, not on lavapipe).
+fn kinds(ctx: &GpuContext) -> Vec<MatmulKind> {
+    let mut k = vec![MatmulKind::Portable];
+    if ctx.caps().prefill == PrefillKernel::Coop {
+        k.push(MatmulKind::Coop);
+    }
+    eprintln!(
+        "{} (prefill {:?}): testing {k:?}",
+        ctx.caps().name,
+        ctx.caps().prefill
+    );
+    k
+}
+
+#[test]
+fn tiled_matmul_equals_batch_kernel_and_cpu() {
+    // A context without f16 and subgroups too: the portable kernel needs neither.
+    let plain = GpuOptions {
+        disable_f16: true,
+        disable_subgroups: true,
+        prefill: Some(PrefillKernel::Tiled),
+        ..GpuOptions::default()
+    };
+    let Some(ctx) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    let Some(plain) = ctx_with(&plain) else {
+        return;
+    };
+    let tested = [kinds(&ctx), kinds(&plain)];
+    let mut r = rng(303);
+    let cases = [
+        (37usize, 128usize, 2usize),
+        (200, 384, 67),
+        (130, 2560, 5),
+        (64, 256, 64),
+        (257, 640, 130),
+        // Enough rows for the coop kernel's 128-token tiles (ops/matmul.rs WIDE_MIN_ROWS).
+        (1100, 256, 130),
+    ];
+    for &(rows, k, tokens) in &cases {
+        for (c, kinds) in [&ctx, &plain].into_iter().zip(&tested) {
+            let data = ternary_tensor(&mut r, rows, k);
+            let w = TernaryWeights::upload(c, "w", &data, k, rows).unwrap();
+            let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
+            let (qa, q, per) = cpu_act(c, &x, k);
+            let resid: Vec<f32> = (0..tokens * rows)
+                .map(|_| r.random_range(-5.0..5.0))
+                .collect();
+            let cpu = cpu_ternary(&data, &q, &per, rows, k);
+            let step = StepUniform::new(c).unwrap();
+            step.write(c, tokens as u32, 0);
+            let out = GpuBuffer::zeroed(c, "y", (tokens * rows * 4) as u64).unwrap();
+            for epi in [Epilogue::Store, Epilogue::Add] {
+                let batch =
+                    TernaryMatvec::new(c, c.variant(32), 32, &w, &qa, &out, epi, Some(&step))
+                        .unwrap();
+                out.write(c, 0, bytemuck::cast_slice(&resid));
+                run(c, |p| batch.record(p, tokens as u32, true));
+                let want = out.read::<f32>(c).unwrap();
+                for (i, (&g, &y)) in want.iter().zip(&cpu).enumerate() {
+                    let g = if epi == Epilogue::Add {
+                        g - resid[i]
+                    } else {
+                        g
+                    };
+                    let tol = 1e-6 * (y.abs() + resid[i].abs());
+                    assert!(
+                        (g - y).abs() <= tol,
+                        "batch kernel elem {i}: {g} vs cpu {y}"
+                    );
+                }
+                for &kind in kinds {
+                    let mm = TernaryMatmul::new(c, kind, &w, &qa, &out, epi, &step).unwrap();
+                    out.write(c, 0, bytemuck::cast_slice(&resid));
+                    run(c, |p| mm.record(p, tokens as u32));
+                    let got = out.read::<f32>(c).unwrap();
+                    let diff = got
+                        .iter()
+                        .zip(&want)
+                        .position(|(a, b)| a.to_bits() != b.to_bits());
+                    if let Some(i) = diff {
+                        panic!(
+                            "{kind:?} {epi:?} {rows}x{k} t{tokens} elem {i} (token {}, row \
+                             {}): {} vs batch kernel {}",
+                            i / rows,
+                            i % rows,
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tiled_matmul_rejects_mismatched_widths() {
+    let Some(ctx) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    let mut r = rng(5);
+    let w = TernaryWeights::upload(&ctx, "w", &ternary_tensor(&mut r, 8, 256), 256, 8).unwrap();
+    let qa = QuantAct::new(&ctx, 384, 4).unwrap();
+    let out = GpuBuffer::zeroed(&ctx, "y", 4 * 8 * 4).unwrap();
+    let step = StepUniform::new(&ctx).unwrap();
+    let e = TernaryMatmul::new(
+        &ctx,
+        MatmulKind::Portable,
+        &w,
+        &qa,
+        &out,
+        Epilogue::Store,
+        &step,
+    );
+    assert!(e.is_err(), "width mismatch accepted");
+}
