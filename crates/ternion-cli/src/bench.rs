@@ -8,7 +8,9 @@ use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use ternion::backend::cpu::{SeqStep, Workspace};
-use ternion::backend::gpu::{measure_read_bandwidth, GpuModel, GpuModelOptions, KernelTime};
+use ternion::backend::gpu::{
+    measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq, GpuSeqStep, KernelTime,
+};
 use ternion::kv::KvSeq;
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
@@ -237,6 +239,55 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     })
 }
 
+/// Prefill and decode seconds of `prompts.len()` sequences on the GPU: each prompt is
+/// prefilled alone, then each decode step is one multi-sequence pass ending in a per-row
+/// GPU argmax. Warm-up first, as [`time_gpu`].
+fn time_gpu_batched(g: &mut GpuModel, prompts: &[Vec<u32>], n_gen: usize) -> Result<Timings> {
+    let seqs: Vec<GpuSeq> = prompts
+        .iter()
+        .map(|_| g.new_seq())
+        .collect::<ternion::Result<_>>()?;
+    let run = |g: &mut GpuModel, steps: usize, profile: bool| -> Result<(f64, f64)> {
+        for s in &seqs {
+            s.truncate(0);
+        }
+        let t = Instant::now();
+        let mut next = Vec::with_capacity(seqs.len());
+        for (s, p) in seqs.iter().zip(prompts) {
+            let best = g.forward_seqs_topk(&[GpuSeqStep { seq: s, tokens: p }])?;
+            next.push(best[0][0].0);
+        }
+        let prefill_s = t.elapsed().as_secs_f64();
+        if profile {
+            g.reset_profile();
+        }
+        let t = Instant::now();
+        for _ in 0..steps {
+            let steps: Vec<GpuSeqStep<'_>> = seqs
+                .iter()
+                .zip(&next)
+                .map(|(seq, t)| GpuSeqStep {
+                    seq,
+                    tokens: std::slice::from_ref(t),
+                })
+                .collect();
+            let best = g.forward_seqs_topk(&steps)?;
+            next = best.iter().map(|b| b[0].0).collect();
+        }
+        Ok((prefill_s, t.elapsed().as_secs_f64()))
+    };
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < 1.5 {
+        run(g, n_gen.min(16), false)?;
+    }
+    let (prefill_s, decode_s) = run(g, n_gen, true)?;
+    Ok(Timings {
+        prefill_s,
+        decode_s,
+        decode_cpu_s: None,
+    })
+}
+
 /// Prints a per-kernel breakdown over `n_gen` steps, largest first.
 fn print_profile(title: &str, p: &[KernelTime], n_gen: usize) {
     let per_tok = |ns: f64| ns / 1e3 / n_gen.max(1) as f64;
@@ -287,7 +338,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
 
     let gopts = GpuModelOptions {
         n_ctx,
-        max_batch: a.ubatch.max(1),
+        max_batch: a.ubatch.max(a.batch),
+        max_seqs: if a.batch > 1 { a.batch } else { 0 },
+        top_k: 1,
         profile: a.profile,
         ..GpuModelOptions::default()
     };
@@ -295,15 +348,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.profile && gpu.is_none() {
         bail!("--profile times GPU kernels: use it with --backend gpu");
     }
-    if gpu.is_some() && a.batch > 1 {
-        bail!("--batch runs on the CPU backend in this build");
-    }
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
     let Timings {
         prefill_s,
         decode_s,
         decode_cpu_s,
     } = match &mut gpu {
+        Some(g) if a.batch > 1 => time_gpu_batched(g, &prompts, a.n_gen)?,
         Some(g) => time_gpu(g, prompt, a.n_gen)?,
         None if a.batch > 1 => time_cpu_batched(&model, &prompts, a.n_gen, n_ctx)?,
         None => time_cpu(&model, prompt, a.n_gen, n_ctx)?,
@@ -344,7 +395,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
     if let Some(p) = &profile {
-        print_profile("decode profile (GPU timestamps, per token)", p, a.n_gen);
+        let title = if a.batch > 1 {
+            format!(
+                "decode profile (GPU timestamps, per step of {} sequences)",
+                a.batch
+            )
+        } else {
+            "decode profile (GPU timestamps, per token)".to_string()
+        };
+        print_profile(&title, p, a.n_gen);
     }
     if a.json {
         let v = json!({

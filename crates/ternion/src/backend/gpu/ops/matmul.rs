@@ -122,8 +122,15 @@ impl TernaryMatmul {
     }
 }
 
-/// An I2_S linear for steps of any size: the matvec for one token, and for a batch the
-/// kernel [`Caps::prefill`](crate::backend::gpu::Caps::prefill) names.
+/// Largest step that runs the 4-token batch matvec rather than the tiled kernels: on an
+/// H100, 32 sequences decoded together ran 1,825 tok/s with it against 1,559 (cooperative
+/// matrix) and 1,238 (portable tiles), while 64-token prompt steps ran 2,919 tok/s with the
+/// cooperative-matrix kernel against 2,490 (BENCHMARKS.md).
+pub const BATCH4_MAX_TOKENS: u32 = 32;
+
+/// An I2_S linear for steps of any size: the matvec for one token, the 4-token batch
+/// kernel up to [`BATCH4_MAX_TOKENS`], and beyond that the kernel
+/// [`Caps::prefill`](crate::backend::gpu::Caps::prefill) names.
 pub struct TernaryLinear {
     single: TernaryMatvec,
     tiled: Option<TernaryMatmul>,
@@ -148,8 +155,7 @@ impl TernaryLinear {
             PrefillKernel::Tiled => Some(MatmulKind::Portable),
             PrefillKernel::Coop => Some(MatmulKind::Coop),
         };
-        let batch4 = kind.is_none().then_some(step);
-        let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, batch4)?;
+        let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, Some(step))?;
         let tiled = kind
             .map(|k| TernaryMatmul::new(ctx, k, w, act, out, epilogue, step))
             .transpose()?;
@@ -159,7 +165,7 @@ impl TernaryLinear {
     /// Records the product for `n_tokens` tokens (the step uniform holds `n_tokens`).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         match &self.tiled {
-            Some(t) if n_tokens > 1 => t.record(pass, n_tokens),
+            Some(t) if n_tokens > BATCH4_MAX_TOKENS => t.record(pass, n_tokens),
             _ => self.single.record(pass, n_tokens, n_tokens > 1),
         }
     }
