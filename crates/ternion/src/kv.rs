@@ -7,11 +7,12 @@
 //! dropped. The pool's capacity in pages bounds the memory of every cache together; a
 //! sequence that needs a page when none is left gets [`Error::KvPoolExhausted`].
 //!
-//! Page layout (F16 bit patterns), the same for every page and meant to be mirrored by a
-//! device backend as one buffer of `capacity` pages indexed by [`KvSeq::page_ids`]: for
-//! layer `l`, keys then values, each `page_size × kv_dim` values, so position slot `s` of
-//! layer `l`'s keys starts at `((2·l) · page_size + s) · kv_dim` and its values at
-//! `((2·l + 1) · page_size + s) · kv_dim`.
+//! Page layout (F16 bit patterns), the same for every page: for layer `l`, keys then
+//! values, each `page_size × kv_dim` values, so position slot `s` of layer `l`'s keys starts
+//! at `((2·l) · page_size + s) · kv_dim` and its values at `((2·l + 1) · page_size + s) ·
+//! kv_dim`. The GPU backend pages its caches the same way (same page size, a page table per
+//! sequence: `backend/gpu/seqs.rs`) but keeps one buffer per layer, since a device binding
+//! is limited in size.
 //!
 //! Pages are zero-filled allocations, so the OS commits their memory only as positions are
 //! written; freed pages stay in the pool and are reused before any new one is made.
