@@ -338,6 +338,10 @@ impl Acts<'_> {
     }
 }
 
+/// Fewest logits rows a plan holds (when the batch allows): all-rows requests run in
+/// steps of at most this many tokens.
+const LOGITS_ROWS: usize = 64;
+
 /// Sizes of the paged KV caches.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KvSizes {
@@ -429,7 +433,9 @@ impl Plan {
             rope_base: geo.rope_base,
         };
         let row_bytes = (n_vocab * 4) as u64;
-        let logits_rows = (max_batch as u64)
+        // Logits rows: enough for one per sequence and for all-rows requests in chunks of
+        // LOGITS_ROWS (a vocabulary row is 513 KB for Llama-3: not one per batch token).
+        let logits_rows = (max_batch.min(kv.slots.max(LOGITS_ROWS)) as u64)
             .min(g.caps().max_binding / row_bytes)
             .max(1) as usize;
         let step = StepUniform::new(g)?;
