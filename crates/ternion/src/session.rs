@@ -93,6 +93,13 @@ pub trait Engine {
     fn n_ctx(&self) -> usize;
     /// Forgets every position after the first `len`.
     fn truncate(&mut self, len: usize);
+    /// Runs one token after the cached positions and draws the next one with `sampler`
+    /// (`history`: every token evaluated, `id` included, for penalties). This default
+    /// samples the whole logits row; an engine may read back less when the sampler allows.
+    fn decode_sample(&mut self, id: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        let logits = self.forward(&[id], Logits::Last)?;
+        Ok(sampler.sample(logits, history))
+    }
 }
 
 /// The CPU engine: a model and one sequence's state.
@@ -251,6 +258,17 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 
+    /// Evaluates one token (nothing may be pending) and draws the next with `sampler`.
+    fn decode_sample(&mut self, id: u32, sampler: &mut Sampler) -> Result<u32> {
+        self.check_room(1)?;
+        self.tokens.push(id);
+        let drawn = self.engine.decode_sample(id, sampler, &self.tokens);
+        if drawn.is_err() {
+            self.tokens.pop();
+        }
+        drawn
+    }
+
     /// Evaluates one token and returns its logits.
     pub fn decode(&mut self, id: u32) -> Result<&[f32]> {
         self.prefill(&[id])
@@ -281,11 +299,16 @@ impl<'m> Session<'m> {
         };
         let mut stream = StreamDecoder::default();
         let t1 = Instant::now();
+        // The token drawn by the last decode step (the prompt's is drawn from its logits).
+        let mut drawn = None;
         loop {
             if stats.generated.len() >= opts.max_tokens {
                 break;
             }
-            let id = sampler.sample(self.last_logits(), &self.tokens);
+            let id = match drawn.take() {
+                Some(id) => id,
+                None => sampler.sample(self.last_logits(), &self.tokens),
+            };
             if tok.is_eog(id) && !opts.ignore_eos {
                 stats.finish = FinishReason::Stop;
                 break;
@@ -301,7 +324,7 @@ impl<'m> Session<'m> {
                 self.pending.push(id);
                 break;
             }
-            self.decode(id)?;
+            drawn = Some(self.decode_sample(id, sampler)?);
             stats.decode_steps += 1;
         }
         let rest = stream.finish();
@@ -361,5 +384,18 @@ impl Engine for GpuEngine<'_> {
 
     fn truncate(&mut self, len: usize) {
         self.model.truncate(len);
+    }
+
+    /// Reads back only the GPU top-k when the sampler draws from it exactly as from the
+    /// whole row ([`Sampler::needs_only_top`]): k pairs instead of a vocabulary of floats.
+    fn decode_sample(&mut self, id: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        if !sampler.needs_only_top(self.model.top_k()) {
+            let logits = self.forward(&[id], Logits::Last)?;
+            return Ok(sampler.sample(logits, history));
+        }
+        let top = self.model.topk_step(id)?;
+        // The row is not on the host: the next prompt refreshes the logits.
+        self.logits.clear();
+        Ok(sampler.sample_top(&top))
     }
 }

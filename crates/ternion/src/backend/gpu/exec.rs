@@ -233,6 +233,11 @@ impl GpuModel {
         (t.pages_in_use(), t.capacity())
     }
 
+    /// Pairs [`GpuModel::topk_step`] returns.
+    pub fn top_k(&self) -> usize {
+        self.opts.top_k as usize
+    }
+
     /// Most tokens one step runs.
     pub fn max_batch(&self) -> usize {
         self.opts.max_batch

@@ -381,3 +381,68 @@ fn top_k_of_each_sequence_matches_its_logits() {
         assert_eq!(best, &want);
     }
 }
+
+/// The GPU engine with the trait's default `decode_sample` (whole logits row read back).
+struct FullRows<'a>(crate::session::GpuEngine<'a>);
+
+impl crate::session::Engine for FullRows<'_> {
+    fn n_vocab(&self) -> usize {
+        self.0.n_vocab()
+    }
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> crate::Result<&[f32]> {
+        self.0.forward(tokens, which)
+    }
+    fn logits(&self) -> &[f32] {
+        self.0.logits()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn n_ctx(&self) -> usize {
+        self.0.n_ctx()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len)
+    }
+}
+
+/// Generation on the GPU reads back only the top-k when the sampler allows, and draws the
+/// same tokens as from whole rows (greedy and sampled, the same seeds).
+#[test]
+fn generation_from_the_gpu_top_k_equals_whole_rows() {
+    use crate::sample::{Sampler, SamplerConfig};
+    use crate::session::{Engine, GenerateOptions, GpuEngine, Session};
+    let Some(f) = fixture() else { return };
+    let path = golden_dir().join("bitnet-b158-tiny-pub.gguf");
+    let file = crate::gguf::GgufFile::open(&path).unwrap();
+    let tok = crate::tokenizer::Tokenizer::from_gguf(&file, &Default::default()).unwrap();
+    let (mut a, mut b) = (gpu_model(&f, 64), gpu_model(&f, 64));
+    let opts = GenerateOptions {
+        max_tokens: 24,
+        ignore_eos: true,
+    };
+    for (temperature, seed) in [(0.0, 0), (0.8, 3), (1.2, 11)] {
+        let cfg = SamplerConfig {
+            temperature,
+            top_k: a.top_k(),
+            seed,
+            ..SamplerConfig::default()
+        };
+        let engines: [Box<dyn Engine + '_>; 2] = [
+            Box::new(GpuEngine::new(&mut a)),
+            Box::new(FullRows(GpuEngine::new(&mut b))),
+        ];
+        let ids: Vec<Vec<u32>> = engines
+            .into_iter()
+            .map(|e| {
+                let mut s = Session::with_engine(e);
+                let mut sampler = Sampler::new(cfg.clone()).unwrap();
+                s.generate(&f.prompts[0], &tok, &mut sampler, &opts, |_| true)
+                    .unwrap()
+                    .generated
+            })
+            .collect();
+        assert_eq!(ids[0].len(), 24);
+        assert_eq!(ids[0], ids[1], "temperature {temperature}");
+    }
+}
