@@ -35,6 +35,7 @@ use ternion::backend::gpu::{
 };
 use ternion::chat::ChatTemplate;
 use ternion::kv::{KvPool, KvSeq};
+use ternion::model::graph::Graph;
 use ternion::model::{Logits, Model};
 use ternion::sample::{Sampler, SamplerConfig};
 use ternion::session::{FinishReason, PREFILL_CHUNK};
@@ -458,14 +459,14 @@ impl Seq {
         self.in_flight > 0
     }
 
-    /// The tokens of this sequence's part of the forward pass.
-    #[cfg(feature = "gpu")]
-    fn tokens(&self) -> &[u32] {
-        if self.fed < self.job.prompt.len() {
+    /// This sequence's cache and the tokens of its part of the forward pass.
+    fn step_parts(&mut self) -> (&mut SeqKv, &[u32]) {
+        let tokens = if self.fed < self.job.prompt.len() {
             &self.job.prompt[self.fed..self.fed + self.in_flight]
         } else {
             std::slice::from_ref(&self.last)
-        }
+        };
+        (&mut self.kv, tokens)
     }
 
     fn send(&self, ev: Event) {
@@ -558,17 +559,20 @@ enum Row<'a> {
 }
 
 /// The rows of one forward pass, one per sequence.
-#[cfg_attr(not(feature = "gpu"), allow(dead_code))] // `Top` comes from the GPU
-enum Rows {
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))] // `Logits` and `Top` come from the GPU
+enum Rows<'a> {
+    /// The CPU workspace's rows, where the graph puts them (not copied).
+    Cpu(&'a Workspace, &'a Graph),
     /// `n_vocab` logits per sequence, back to back.
     Logits(Vec<f32>),
     /// The top-k pairs of each sequence.
     Top(Vec<Vec<(u32, f32)>>),
 }
 
-impl Rows {
+impl Rows<'_> {
     fn get(&self, i: usize, vocab: usize) -> Row<'_> {
         match self {
+            Rows::Cpu(ws, graph) => Row::Logits(ws.logits(graph, i)),
             Rows::Logits(l) => Row::Logits(&l[i * vocab..(i + 1) * vocab]),
             Rows::Top(t) => Row::Top(&t[i]),
         }
@@ -578,7 +582,13 @@ impl Rows {
 /// Samples the next token of every sequence of a pass from its row. Sampling a whole
 /// 128k-vocabulary row costs about a millisecond, so many sequences are sampled on several
 /// threads (the forward pass is done: the cores are free).
-fn advance_all(group: &mut [&mut Seq], rows: &Rows, vocab: usize, tok: &Tokenizer, m: &Metrics) {
+fn advance_all(
+    group: &mut [&mut Seq],
+    rows: &Rows<'_>,
+    vocab: usize,
+    tok: &Tokenizer,
+    m: &Metrics,
+) {
     let one = |s: &mut Seq, row: Row<'_>| {
         if s.advance(row, tok, m) {
             m.finished_total.fetch_add(1, Relaxed);
@@ -759,34 +769,22 @@ impl Scheduler<'_> {
             Runner::Cpu { model, ws, .. } => {
                 let steps: Result<Vec<SeqStep<'_>>, _> = group
                     .iter_mut()
-                    .map(|s| {
-                        let tokens = if s.fed < s.job.prompt.len() {
-                            &s.job.prompt[s.fed..s.fed + s.in_flight]
-                        } else {
-                            std::slice::from_ref(&s.last)
-                        };
-                        match &mut s.kv {
-                            SeqKv::Cpu(kv) => Ok(SeqStep {
-                                kv,
-                                tokens,
-                                logits: Logits::Last,
-                            }),
-                            #[cfg(feature = "gpu")]
-                            SeqKv::Gpu(_) => Err(ternion::Error::Request(
-                                "a GPU cache in the CPU engine".into(),
-                            )),
-                        }
+                    .map(|s| match s.step_parts() {
+                        (SeqKv::Cpu(kv), tokens) => Ok(SeqStep {
+                            kv,
+                            tokens,
+                            logits: Logits::Last,
+                        }),
+                        #[cfg(feature = "gpu")]
+                        (SeqKv::Gpu(_), _) => Err(ternion::Error::Request(
+                            "a GPU cache in the CPU engine".into(),
+                        )),
                     })
                     .collect();
+                let model: &Model = model;
                 steps
                     .and_then(|mut steps| model.forward_batch(&mut steps, ws))
-                    .map(|()| {
-                        Rows::Logits(
-                            (0..group.len())
-                                .flat_map(|i| ws.logits(model.graph(), i).iter().copied())
-                                .collect(),
-                        )
-                    })
+                    .map(|()| Rows::Cpu(ws, model.graph()))
             }
             #[cfg(feature = "gpu")]
             Runner::Gpu { gpu, lose_after } => {
@@ -796,22 +794,20 @@ impl Scheduler<'_> {
                     }
                     *n = n.saturating_sub(1);
                 }
+                // The k best of each row are all the samplers need unless one of them has
+                // penalties or looks past the top-k.
+                let k = GPU_TOP_K as usize;
+                let top = group.iter().all(|s| s.sampler.needs_only_top(k));
                 let steps: Vec<GpuSeqStep<'_>> = group
-                    .iter()
-                    .map(|s| match &s.kv {
-                        SeqKv::Gpu(seq) => Ok(GpuSeqStep {
-                            seq,
-                            tokens: s.tokens(),
-                        }),
-                        SeqKv::Cpu(_) => {
+                    .iter_mut()
+                    .map(|s| match s.step_parts() {
+                        (SeqKv::Gpu(seq), tokens) => Ok(GpuSeqStep { seq, tokens }),
+                        (SeqKv::Cpu(_), _) => {
                             Err(ternion::Error::Gpu("a CPU cache in the GPU engine".into()))
                         }
                     })
                     .collect::<Result<_, _>>()?;
-                // The k best of each row are all the samplers need unless one of them has
-                // penalties or looks past the top-k.
-                let k = GPU_TOP_K as usize;
-                if group.iter().all(|s| s.sampler.needs_only_top(k)) {
+                if top {
                     gpu.forward_seqs_topk(&steps).map(Rows::Top)
                 } else {
                     gpu.forward_seqs(&steps).map(Rows::Logits)

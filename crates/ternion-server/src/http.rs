@@ -334,9 +334,6 @@ async fn start(
         arrived,
         events: tx,
     };
-    if let Some(reason) = st.shared.failed.get() {
-        return Err(ApiError::unavailable(reason));
-    }
     let m = &st.shared.metrics;
     m.queue_length.fetch_add(1, Relaxed);
     if let Err(e) = ready.jobs.try_send(job) {
@@ -351,10 +348,7 @@ async fn start(
                 )
                 .with_code("queue_full")
             }
-            TrySendError::Disconnected(_) => match st.shared.failed.get() {
-                Some(reason) => ApiError::unavailable(reason),
-                None => ApiError::unavailable("the engine has stopped"),
-            },
+            TrySendError::Disconnected(_) => engine_gone(&st.shared),
         });
     }
     m.requests_total.fetch_add(1, Relaxed);
@@ -376,9 +370,9 @@ async fn start(
         prompt_ids: ids,
     };
     if settings.stream {
-        Ok(stream_response(meta, rx))
+        Ok(stream_response(meta, rx, st.shared.clone()))
     } else {
-        whole_response(meta, rx).await
+        whole_response(meta, rx, &st.shared).await
     }
 }
 
@@ -445,10 +439,11 @@ fn sse_json(v: &Value) -> SseEvent {
 
 /// Streams the answer as server-sent events. When the client goes away the stream and with
 /// it the receiver are dropped, and the engine cancels the sequence.
-fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>) -> Response {
+fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, shared: Arc<Shared>) -> Response {
     struct St {
         meta: Meta,
         rx: UnboundedReceiver<Event>,
+        shared: Arc<Shared>,
         queue: VecDeque<SseEvent>,
         done: bool,
     }
@@ -463,6 +458,7 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>) -> Response {
     let st = St {
         meta,
         rx,
+        shared,
         queue,
         done: false,
     };
@@ -510,7 +506,7 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>) -> Response {
                     st.done = true;
                 }
                 None => {
-                    let e = error_for(500, "the engine stopped".into());
+                    let e = engine_gone(&st.shared);
                     st.queue.push_back(sse_json(&e.body()));
                     st.done = true;
                 }
@@ -520,6 +516,17 @@ fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>) -> Response {
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// The answer for a request the engine cannot take or dropped without a word (it has
+/// stopped): 503, with the reason when the engine failed (a GPU fault).
+fn engine_gone(shared: &Shared) -> ApiError {
+    ApiError::unavailable(
+        shared
+            .failed
+            .get()
+            .map_or("the engine has stopped", String::as_str),
+    )
 }
 
 fn error_for(status: u16, message: String) -> ApiError {
@@ -541,6 +548,7 @@ fn error_for(status: u16, message: String) -> ApiError {
 async fn whole_response(
     meta: Meta,
     mut rx: UnboundedReceiver<Event>,
+    shared: &Shared,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     let done = loop {
@@ -548,7 +556,7 @@ async fn whole_response(
             Some(Event::Token { text: t, .. } | Event::Text(t)) => text.push_str(&t),
             Some(Event::Done(d)) => break d,
             Some(Event::Error { status, message }) => return Err(error_for(status, message)),
-            None => return Err(error_for(500, "the engine stopped".into())),
+            None => return Err(engine_gone(shared)),
         }
     };
     let finish = done.finish.as_str();

@@ -339,8 +339,7 @@ impl GpuModel {
                 self.toks
                     .extend((len..len + tokens.len()).map(|p| [p as u32, slot | flag]));
             }
-            let grow: Vec<(u32, usize)> = parts.iter().map(|p| (p.0, p.1.len())).collect();
-            table.reserve(&grow)?;
+            table.reserve(parts)?;
             let idx = &self.plan.index;
             for &(slot, _) in parts {
                 if let Some(pages) = table.take_dirty(slot) {
@@ -362,18 +361,18 @@ impl GpuModel {
             Out::Cache => Rows::Skip,
             Out::Argmax | Out::TopK => Rows::of(n, Logits::Last),
             Out::Picked | Out::PickedTopK => {
+                // Each sequence's last row; the one token of a sequence keeps the decode
+                // numerics in the head too. (`ids` is written: its scratch is free again.)
                 let mut end = 0u32;
-                let picks: Vec<u32> = parts
-                    .iter()
-                    .map(|p| {
-                        end += p.1.len() as u32;
-                        let flag = if p.1.len() == 1 { DECODE_ROW } else { 0 };
-                        (end - 1) | flag
-                    })
-                    .collect();
-                self.plan.picks.write(g, 0, bytemuck::cast_slice(&picks));
-                self.plan.pick_step.write(g, picks.len() as u32, 0);
-                Rows::Picked(picks.len() as u32)
+                self.ids.clear();
+                self.ids.extend(parts.iter().map(|p| {
+                    end += p.1.len() as u32;
+                    let flag = if p.1.len() == 1 { DECODE_ROW } else { 0 };
+                    (end - 1) | flag
+                }));
+                self.plan.picks.write(g, 0, bytemuck::cast_slice(&self.ids));
+                self.plan.pick_step.write(g, parts.len() as u32, 0);
+                Rows::Picked(parts.len() as u32)
             }
         };
         let mut enc = g.encoder();

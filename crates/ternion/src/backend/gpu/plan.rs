@@ -720,14 +720,26 @@ impl Plan {
                         _ => return Err(unsupported(op)),
                     }
                 }
-                Op::Rope { q, k } => {
-                    let Some(&Op::KvStore { layer, k: k2, v }) = graph.ops.get(i + 1) else {
-                        return Err(unsupported(op));
+                Op::Rope { .. } | Op::KvStore { .. } => {
+                    // RoPE then the KV store → one rope_kv launch; a KV store alone (GPT-2)
+                    // is the same kernel with n_rot = 0, which binds the layer's queries and
+                    // leaves them as they are.
+                    let (q, layer, k, v, d, freqs) = match (op, graph.ops.get(i + 1)) {
+                        (&Op::Rope { q, k }, Some(&Op::KvStore { layer, k: k2, v })) if k2 == k => {
+                            i += 1;
+                            let freqs = geo.rope_freqs.map(vector).transpose()?;
+                            (q, layer, k, v, dims, freqs)
+                        }
+                        (&Op::KvStore { layer, k, v }, _) => {
+                            let q = graph.ops[i..].iter().find_map(|o| match *o {
+                                Op::Attention { layer: l, q, .. } if l == layer => Some(q),
+                                _ => None,
+                            });
+                            let q = q.ok_or_else(|| unsupported(op))?;
+                            (q, layer, k, v, AttnDims { n_rot: 0, ..dims }, None)
+                        }
+                        _ => return Err(unsupported(op)),
                     };
-                    if k2 != k {
-                        return Err(unsupported(op));
-                    }
-                    let freqs = geo.rope_freqs.map(vector).transpose()?;
                     let rope = RopeOpts {
                         mode: geo.rope_mode,
                         freqs: freqs.as_ref(),
@@ -735,35 +747,7 @@ impl Plan {
                     let (qb, kb, vb) = (acts.f32(q)?, acts.f32(k)?, acts.f32(v)?);
                     launches.push(Launch::RopeKv(RopeKv::with_rope(
                         g,
-                        dims,
-                        rope,
-                        &step,
-                        &qb,
-                        &kb,
-                        &vb,
-                        (&kv[layer], &index),
-                    )?));
-                    i += 1;
-                }
-                Op::KvStore { layer, k, v } => {
-                    // No rotation (GPT-2): the rope kernel with n_rot = 0 only stores.
-                    let store = AttnDims { n_rot: 0, ..dims };
-                    let rope = RopeOpts {
-                        mode: geo.rope_mode,
-                        freqs: None,
-                    };
-                    // The kernel binds the layer's queries too (left as they are).
-                    let q = graph.ops[i..].iter().find_map(|o| match *o {
-                        Op::Attention { layer: l, q, .. } if l == layer => Some(q),
-                        _ => None,
-                    });
-                    let Some(q) = q else {
-                        return Err(unsupported(op));
-                    };
-                    let (qb, kb, vb) = (acts.f32(q)?, acts.f32(k)?, acts.f32(v)?);
-                    launches.push(Launch::RopeKv(RopeKv::with_rope(
-                        g,
-                        store,
+                        d,
                         rope,
                         &step,
                         &qb,

@@ -68,21 +68,21 @@ impl KvTable {
         self.slots[slot as usize].len
     }
 
-    /// Pages `n` new positions of each `(slot, n)` need beyond those their slots own.
-    fn pages_needed(&self, grow: &[(u32, usize)]) -> usize {
+    /// Pages the tokens of each `(slot, tokens)` need beyond those their slots own.
+    fn pages_needed(&self, grow: &[(u32, &[u32])]) -> usize {
         grow.iter()
-            .map(|&(s, n)| {
+            .map(|&(s, tokens)| {
                 let slot = &self.slots[s as usize];
-                (slot.len + n)
+                (slot.len + tokens.len())
                     .div_ceil(PAGE_POSITIONS)
                     .saturating_sub(slot.pages.len())
             })
             .sum()
     }
 
-    /// Makes room for `n` more positions in each `(slot, n)`: every page or none (a typed
-    /// error when the pool is short).
-    pub(crate) fn reserve(&mut self, grow: &[(u32, usize)]) -> Result<()> {
+    /// Makes room for the tokens of each `(slot, tokens)` (a step's parts): every page or
+    /// none (a typed error when the pool is short).
+    pub(crate) fn reserve(&mut self, grow: &[(u32, &[u32])]) -> Result<()> {
         let need = self.pages_needed(grow);
         if need > self.free_pages.len() {
             return Err(Error::KvPoolExhausted {
@@ -91,8 +91,8 @@ impl KvTable {
                 capacity: self.capacity,
             });
         }
-        for &(s, n) in grow {
-            let want = (self.slots[s as usize].len + n).div_ceil(PAGE_POSITIONS);
+        for &(s, tokens) in grow {
+            let want = (self.slots[s as usize].len + tokens.len()).div_ceil(PAGE_POSITIONS);
             while self.slots[s as usize].pages.len() < want {
                 let Some(p) = self.free_pages.pop() else {
                     break;
@@ -219,13 +219,17 @@ mod tests {
         let a = KvTable::open(&t).unwrap();
         let b = KvTable::open(&t).unwrap();
         assert!(KvTable::open(&t).is_err(), "two slots only");
-        lock(&t).reserve(&[(a.slot(), 40), (b.slot(), 1)]).unwrap();
+        let tokens = [0u32; 128];
+        let n = |len: usize| &tokens[..len];
+        lock(&t)
+            .reserve(&[(a.slot(), n(40)), (b.slot(), n(1))])
+            .unwrap();
         assert_eq!(lock(&t).pages_in_use(), 3);
         // All or nothing: 3 more pages for `a` and 1 for `b` exceed the 2 left.
         lock(&t).advance(a.slot(), 40);
         lock(&t).advance(b.slot(), 1);
         let err = lock(&t)
-            .reserve(&[(a.slot(), 88), (b.slot(), 40)])
+            .reserve(&[(a.slot(), n(88)), (b.slot(), n(40))])
             .unwrap_err();
         assert!(matches!(
             err,

@@ -55,6 +55,8 @@ pub struct KvIndex {
     pub n_ctx: usize,
     /// Sequence slots.
     pub slots: usize,
+    /// Most tokens of one step.
+    pub max_batch: usize,
 }
 
 impl KvIndex {
@@ -68,6 +70,7 @@ impl KvIndex {
             pps,
             n_ctx,
             slots,
+            max_batch: max_batch.max(1),
         })
     }
 }
@@ -277,11 +280,10 @@ impl Attention {
         )?;
         let scores = GpuBuffer::zeroed(ctx, "attention.scores", (dims.n_head * n_ctx * 4) as u64)?;
         // One row of chunk stats per token of the largest step (decode rows of a batch).
-        let max_batch = index.toks.size / 8;
         let stats = GpuBuffer::zeroed(
             ctx,
             "attention.stats",
-            max_batch * u64::from(max_chunks) * dims.n_head as u64 * 8,
+            (index.max_batch * dims.n_head * 8) as u64 * u64::from(max_chunks),
         )?;
         let partial = GpuBuffer::zeroed(
             ctx,
