@@ -9,7 +9,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use ternion::backend::cpu::{SeqStep, Workspace};
 use ternion::backend::gpu::{
-    measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq, GpuSeqStep, KernelTime,
+    measure_dispatch_latency, measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq,
+    GpuSeqStep, KernelTime,
 };
 use ternion::kv::KvSeq;
 use ternion::model::{self, Logits, Model};
@@ -383,14 +384,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bytes as f64 / 1e6,
         rss.map_or("?".into(), |r| format!("{:.0} MB", r as f64 / 1e6)),
     );
-    let read_bw = match &gpu {
-        Some(g) => Some(measure_read_bandwidth(g.context())?),
-        None => None,
+    let (read_bw, launch_us) = match &gpu {
+        Some(g) => (
+            Some(measure_read_bandwidth(g.context())?),
+            Some(measure_dispatch_latency(g.context())?),
+        ),
+        None => (None, None),
     };
-    if let Some(bw) = read_bw {
+    if let (Some(bw), Some(us)) = (read_bw, launch_us) {
         println!(
-            "measured read bandwidth {bw:.0} GB/s: decode reaches {:.1}% of it",
-            100.0 * gb_s / bw
+            "measured read bandwidth {bw:.0} GB/s: decode reaches {:.1}% of it; one dependent launch {us:.2} µs ({} per token: {:.2} ms)",
+            100.0 * gb_s / bw,
+            dispatches.unwrap_or(0),
+            us * dispatches.unwrap_or(0) as f64 / 1e3,
         );
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
@@ -424,6 +430,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "weight_bytes_per_token": bytes,
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,
+            "dependent_launch_us": launch_us,
             "profile": profile.as_ref().map(|p| p.iter().map(|k| json!({
                 "kernel": k.label,
                 "launches_per_token": k.count as f64 / a.n_gen.max(1) as f64,

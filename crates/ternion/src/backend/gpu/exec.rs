@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::TopK;
-use super::plan::{KvSizes, Plan, Rows};
+use super::plan::{KvSizes, Numerics, Plan, PlanOpts, Rows};
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
 use crate::kv::PAGE_POSITIONS;
@@ -52,6 +52,8 @@ pub struct GpuModelOptions {
     /// Write a timestamp after every launch and keep per-kernel totals
     /// ([`GpuModel::profile`]); needs timestamp queries inside passes.
     pub profile: bool,
+    /// Fast kernels (the default) or the CPU reference's arithmetic bit for bit.
+    pub numerics: Numerics,
 }
 
 impl Default for GpuModelOptions {
@@ -63,6 +65,7 @@ impl Default for GpuModelOptions {
             max_batch: 256,
             top_k: 40,
             profile: false,
+            numerics: Numerics::Fast,
         }
     }
 }
@@ -159,10 +162,13 @@ impl GpuModel {
             g,
             graph,
             weights,
-            opts.max_batch,
-            opts.n_ctx,
-            cfg.n_vocab,
-            kv,
+            &PlanOpts {
+                max_batch: opts.max_batch,
+                n_ctx: opts.n_ctx,
+                n_vocab: cfg.n_vocab,
+                kv,
+                numerics: opts.numerics,
+            },
         )?;
         let table = KvTable::new(slots, pages, opts.n_ctx);
         let main = KvTable::open(&table)?;
@@ -355,7 +361,8 @@ impl GpuModel {
             .toks
             .write(g, 0, bytemuck::cast_slice(&self.toks));
         self.plan.step.write(g, nt, self.toks[0][0]);
-        let n_kv = self.toks[0][0] + 1;
+        // The longest context of the step's tokens (the last token of some sequence).
+        let n_kv = self.toks.iter().map(|t| t[0] + 1).max().unwrap_or(1);
         let rows = match out {
             Out::Logits(w) => Rows::of(n, w),
             Out::Cache => Rows::Skip,

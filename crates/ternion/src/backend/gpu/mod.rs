@@ -85,7 +85,7 @@ mod tests_fam;
 mod tests_mm;
 mod upload;
 
-pub use bandwidth::measure_read_bandwidth;
+pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
@@ -101,5 +101,6 @@ pub use ops::{
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
 };
+pub use plan::Numerics;
 pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};
