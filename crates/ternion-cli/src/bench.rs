@@ -211,10 +211,7 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     while warm.elapsed().as_secs_f64() < 1.5 {
         g.truncate(0);
         g.forward(prompt, Logits::Last)?;
-        let mut next = 0;
-        for _ in 0..n_gen.min(16) {
-            next = g.argmax_step(next)?;
-        }
+        g.greedy(0, n_gen.min(16), |_| true)?;
     }
     g.truncate(0);
     g.reset_profile();
@@ -230,8 +227,13 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     }
     g.reset_profile();
     let t = Instant::now();
-    for _ in 0..n_gen {
-        next = g.argmax_step(next)?;
+    if g.profile().is_some() {
+        // Timestamps are collected per step: one step at a time.
+        for _ in 0..n_gen {
+            next = g.argmax_step(next)?;
+        }
+    } else {
+        g.greedy(next, n_gen, |_| true)?;
     }
     Ok(Timings {
         prefill_s,

@@ -264,6 +264,39 @@ fn greedy_ids_match_cpu(numerics: Numerics, near_tie: f32) {
     );
 }
 
+/// Chained greedy decoding (the argmax fed back on the GPU, ids read back in batches)
+/// gives the ids of one `argmax_step` at a time, stops where `keep` says, and leaves the
+/// cache where those steps would: the next step agrees too.
+#[test]
+fn greedy_chain_matches_argmax_steps() {
+    let Some(f) = fixture() else { return };
+    let mut gpu = gpu_model(&f, 64);
+    let p = &f.prompts[1];
+    let first = argmax(&gpu.forward(p, Logits::Last).unwrap());
+    let mut want = vec![];
+    let mut t = first;
+    for _ in 0..20 {
+        t = gpu.argmax_step(t).unwrap();
+        want.push(t);
+    }
+    gpu.truncate(p.len());
+    let got = gpu.greedy(first, 20, |_| true).unwrap();
+    assert_eq!(got, want);
+    // Stop after the 11th id (inside the second batch of 8): 11 ids, then the cache holds
+    // the prompt, `first` and the 10 ids before the stop.
+    gpu.truncate(p.len());
+    let mut n = 0;
+    let got = gpu
+        .greedy(first, 20, |_| {
+            n += 1;
+            n < 11
+        })
+        .unwrap();
+    assert_eq!(got, want[..11]);
+    assert_eq!(gpu.pos(), p.len() + 11);
+    assert_eq!(gpu.argmax_step(got[10]).unwrap(), want[11]);
+}
+
 #[test]
 fn decode_steps_create_nothing() {
     let Some(f) = fixture() else { return };

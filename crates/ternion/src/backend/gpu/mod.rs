@@ -73,6 +73,7 @@ mod context;
 mod exec;
 #[cfg(test)]
 mod exec_tests;
+mod greedy;
 mod ops;
 mod pipelines;
 mod plan;

@@ -574,7 +574,20 @@ impl Plan {
                     }
                     let n = width(x);
                     let quant = only_ternary_readers(graph, &weights, i, out);
-                    if quant && fast && NormIn::fits(n) {
+                    if quant
+                        && fast
+                        && NormIn::fits(n)
+                        && std::env::var("TERNION_EXP_NOPRO").is_ok()
+                    {
+                        let q = acts.quant(out)?;
+                        let norm = NormIn {
+                            x: xb,
+                            w: wb,
+                            k: n,
+                            eps,
+                        };
+                        launches.push(Launch::NormQuant(NormQuant::new(g, &norm, &q)?));
+                    } else if quant && fast && NormIn::fits(n) {
                         let q = acts.quant(out)?;
                         let norm = NormIn {
                             x: xb,

@@ -49,11 +49,18 @@ impl NormIn {
     }
 }
 
+fn exp_tpr() -> u32 {
+    std::env::var("TERNION_EXP_TPR")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TPR)
+}
+
 fn key(entry: DecodeEntry, epilogue: Epilogue, act: GluAct, variant: Variant) -> PipelineKey {
     PipelineKey {
         kernel: Kernel::TernaryDecode {
             entry,
-            tpr: TPR,
+            tpr: exp_tpr(),
             epilogue,
             act,
         },
@@ -235,7 +242,7 @@ impl NormMatvec {
             key(entry, epilogue, act, variant),
             "ternary_decode",
             &bindings,
-            (rows as u32).div_ceil(WG / TPR),
+            (rows as u32).div_ceil(WG / exp_tpr()),
         )?;
         keep.extend([params, nparams]);
         Ok(NormMatvec {
