@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::greedy::CHAIN;
-use super::ops::TopK;
+use super::ops::{KvIndex, TopK};
 use super::plan::{KvSizes, Numerics, Plan, PlanOpts, Rows};
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
@@ -140,6 +140,8 @@ pub struct GpuModel {
     ids: Vec<u32>,
     /// The two staging buffers of chained greedy steps (greedy.rs), `CHAIN` ids each.
     pub(super) chain: [GpuBuffer; 2],
+    /// Scratch for the query blocks of a step (`KvIndex::write_blocks`).
+    blocks: Vec<[u32; 2]>,
 }
 
 impl GpuModel {
@@ -221,6 +223,7 @@ impl GpuModel {
             table,
             main,
             chain,
+            blocks: Vec::with_capacity(KvIndex::max_blocks(opts.max_batch, slots) + 1),
             toks: Vec::with_capacity(opts.max_batch),
             ids: Vec::with_capacity(opts.max_batch),
         })
@@ -392,6 +395,10 @@ impl GpuModel {
             .toks
             .write(g, 0, bytemuck::cast_slice(&self.toks));
         self.plan.step.write(g, nt, self.toks[0][0]);
+        if n > 1 {
+            let lens = parts.iter().map(|p| p.1.len());
+            self.plan.index.write_blocks(g, lens, &mut self.blocks);
+        }
         // The longest context of the step's tokens (the last token of some sequence).
         let n_kv = self.toks.iter().map(|t| t[0] + 1).max().unwrap_or(1);
         let rows = match out {

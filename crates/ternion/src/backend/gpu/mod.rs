@@ -93,11 +93,11 @@ pub use context::list_adapters;
 pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, PrefillKernel};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
-    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn,
-    MatmulKind, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct,
-    QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu,
-    TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK,
-    MM_TILE_TOKENS, SELECT_CHUNK, WG,
+    ActQuant, Attention, AttnDims, AttnOpts, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex,
+    MatIn, MatmulKind, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights,
+    QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3,
+    TernaryGlu, TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK,
+    MAX_TOPK, MM_TILE_TOKENS, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

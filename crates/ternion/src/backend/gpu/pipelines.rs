@@ -123,7 +123,11 @@ pub enum Kernel {
         round_p: bool,
         /// The "fast" numerics policy: `prefill` leaves decode rows to [`Kernel::AttentionFast`].
         fast: bool,
+        /// `prefill` leaves every other row to [`Kernel::AttentionTiled`].
+        tiled: bool,
     },
+    /// `attention_tiled.wgsl`: a prompt step's attention as tiled flash attention.
+    AttentionTiled,
     /// `attention_fast.wgsl`: decode rows, split over KV pages (`split`) then merged.
     AttentionFast {
         /// The merge entry point.
@@ -229,6 +233,7 @@ enum Source {
     RopeKv,
     Attention,
     AttentionFast,
+    AttentionTiled,
     Glu,
     Select,
     ReadProbe,
@@ -255,6 +260,10 @@ impl Source {
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
+            Source::AttentionTiled => (
+                "attention_tiled.wgsl",
+                include_str!("kernels/attention_tiled.wgsl"),
+            ),
             Source::AttentionFast => (
                 "attention_fast.wgsl",
                 include_str!("kernels/attention_fast.wgsl"),
@@ -286,6 +295,7 @@ impl Kernel {
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
             Kernel::AttentionFast { .. } => Source::AttentionFast,
+            Kernel::AttentionTiled => Source::AttentionTiled,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
@@ -317,7 +327,9 @@ impl Kernel {
                 F16Rows::Last => "last",
                 F16Rows::Four => "main4",
             },
-            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
+            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe | Kernel::AttentionTiled => {
+                "main"
+            }
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
                 AttnStage::ProbsPv => "probs_pv",
@@ -343,9 +355,13 @@ impl Kernel {
                 stage,
                 round_p,
                 fast,
+                tiled,
             } => match stage {
                 AttnStage::ProbsPv => vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })],
-                AttnStage::Prefill => vec![("FAST", if fast { 1.0 } else { 0.0 })],
+                AttnStage::Prefill => vec![
+                    ("FAST", if fast { 1.0 } else { 0.0 }),
+                    ("TILED", if tiled { 1.0 } else { 0.0 }),
+                ],
                 AttnStage::Scores | AttnStage::Merge => vec![],
             },
             Kernel::Glu { act } => vec![(
@@ -396,9 +412,10 @@ impl Kernel {
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
-            Kernel::QuantAct { .. } | Kernel::RowOp { .. } | Kernel::AttentionFast { .. } => {
-                vec![]
-            }
+            Kernel::QuantAct { .. }
+            | Kernel::RowOp { .. }
+            | Kernel::AttentionFast { .. }
+            | Kernel::AttentionTiled => vec![],
         }
     }
 }

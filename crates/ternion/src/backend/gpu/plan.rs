@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::{
-    ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormIn,
+    ActQuant, Attention, AttnDims, AttnOpts, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormIn,
     NormMatvec, NormMatvecKind, NormOut, NormQuant, PosTable, QAct, QEmbed, QMatvec, QMatvecOpts,
     QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, StepUniform, Ternary3,
     TernaryGlu, TernaryLinear,
@@ -896,8 +896,10 @@ impl Plan {
                         &qb,
                         (&kv[layer], &index),
                         &ob,
-                        true,
-                        fast,
+                        AttnOpts {
+                            round_p: true,
+                            fast: fast.then_some(&step),
+                        },
                     )?));
                 }
                 Op::Glu { act, gate, up } => {

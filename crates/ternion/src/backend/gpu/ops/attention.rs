@@ -57,9 +57,47 @@ pub struct KvIndex {
     pub slots: usize,
     /// Most tokens of one step.
     pub max_batch: usize,
+    /// The step's query blocks for `attention_tiled.wgsl`: word pair 0 = (count, 0), then
+    /// (first token, tokens) of each block of at most [`ATTN_TILE_QUERIES`] tokens of one
+    /// sequence (decode rows excluded). Written by the step.
+    pub blocks: GpuBuffer,
 }
 
 impl KvIndex {
+    /// Most query blocks of a step of `max_batch` tokens over `slots` sequences.
+    pub fn max_blocks(max_batch: usize, slots: usize) -> usize {
+        max_batch.div_ceil(ATTN_TILE_QUERIES as usize) + slots
+    }
+
+    /// The query blocks of a step whose sequences hold `lens` consecutive tokens each, in
+    /// order (`out` is cleared; pair 0 is the count): blocks of [`ATTN_TILE_QUERIES`] from
+    /// the start of each sequence's tokens; a sequence's single token beside others is a
+    /// decode row and gets none.
+    pub fn write_blocks(
+        &self,
+        ctx: &GpuContext,
+        lens: impl ExactSizeIterator<Item = usize>,
+        out: &mut Vec<[u32; 2]>,
+    ) {
+        out.clear();
+        out.push([0, 0]);
+        let several = lens.len() > 1;
+        let mut t0 = 0;
+        for len in lens {
+            if !(several && len == 1) {
+                let bq = ATTN_TILE_QUERIES as usize;
+                out.extend(
+                    (0..len)
+                        .step_by(bq)
+                        .map(|b| [(t0 + b) as u32, bq.min(len - b) as u32]),
+                );
+            }
+            t0 += len;
+        }
+        out[0][0] = (out.len() - 1) as u32;
+        self.blocks.write(ctx, 0, bytemuck::cast_slice(out));
+    }
+
     /// Zeroed buffers for steps of up to `max_batch` tokens over `slots` sequences of up to
     /// `n_ctx` positions.
     pub fn new(ctx: &GpuContext, max_batch: usize, slots: usize, n_ctx: usize) -> Result<KvIndex> {
@@ -71,6 +109,11 @@ impl KvIndex {
             n_ctx,
             slots,
             max_batch: max_batch.max(1),
+            blocks: GpuBuffer::zeroed(
+                ctx,
+                "kv.blocks",
+                (Self::max_blocks(max_batch, slots) + 1) as u64 * 8,
+            )?,
         })
     }
 }
@@ -233,7 +276,20 @@ impl RopeKv {
 
 /// Keys per chunk of the decode split (`attention.wgsl` CHUNK).
 pub const ATTN_CHUNK: u32 = 256;
-/// Most keys of the one-launch decode (`attention.wgsl` FAST_KEYS).
+/// Queries per workgroup of the tiled prompt kernel (`attention_tiled.wgsl` BQ).
+pub const ATTN_TILE_QUERIES: u32 = 16;
+
+/// How [`Attention`] computes: the reference's decode rounding, and the "fast" numerics
+/// (with the step uniform its tiled prompt kernel reads).
+#[derive(Clone, Copy)]
+pub struct AttnOpts<'a> {
+    /// Round a single token's probabilities to F16 (the exact numerics).
+    pub round_p: bool,
+    /// The fast kernels, when given the step uniform.
+    pub fast: Option<&'a StepUniform>,
+}
+
+/// Most keys of the split decode (`attention_fast.wgsl` FAST_KEYS).
 pub const ATTN_FAST_KEYS: u32 = 2048;
 
 /// Causal GQA attention over a [`GpuKv`] (`attention.wgsl`): flash-decoding in three
@@ -246,6 +302,10 @@ pub struct Attention {
     prefill: Dispatch,
     /// The decode rows' split-K kernels of the "fast" numerics.
     split: Option<Box<FastSplit>>,
+    /// The tiled prompt kernel of the "fast" numerics.
+    tiled: Option<Dispatch>,
+    /// Sequence slots (bound on the blocks a step adds for partial ones).
+    slots: u32,
     n_head: u32,
     n_ctx: u32,
     _keep: Vec<GpuBuffer>,
@@ -258,20 +318,24 @@ impl Attention {
     /// widths that are a multiple of 8, at most 32 query heads of at most 2,048 values per
     /// kv head), every decode row whose context fits [`ATTN_FAST_KEYS`] keys — a single
     /// token, or the one token of a sequence in a multi-sequence step — runs split over the
-    /// KV pages and merged (`attention_fast.wgsl`).
+    /// KV pages and merged (`attention_fast.wgsl`); and a prompt step of one sequence
+    /// (head width 64 or 128) runs as tiled flash attention (`attention_tiled.wgsl`).
     pub fn new(
         ctx: &GpuContext,
         dims: AttnDims,
         q: &GpuBuffer,
         (kv, index): (&GpuKv, &KvIndex),
         out: &GpuBuffer,
-        round_p: bool,
-        fast: bool,
+        opts: AttnOpts<'_>,
     ) -> Result<Attention> {
         dims.check()?;
+        let round_p = opts.round_p;
         let group = dims.n_head / dims.n_head_kv;
-        let fast =
-            fast && dims.head_dim.is_multiple_of(8) && group <= 32 && group * dims.head_dim <= 2048;
+        let fast = opts.fast.is_some()
+            && dims.head_dim.is_multiple_of(8)
+            && group <= 32
+            && group * dims.head_dim <= 2048;
+        let tiled_ok = fast && matches!(dims.head_dim, 64 | 128);
         let n_ctx = index.n_ctx;
         let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
         let hq = dims.n_head * dims.head_dim;
@@ -307,6 +371,7 @@ impl Attention {
                 stage,
                 round_p: round_p && stage == AttnStage::ProbsPv,
                 fast,
+                tiled: tiled_ok,
             },
             variant: Variant::default(),
         };
@@ -434,12 +499,36 @@ impl Attention {
         } else {
             None
         };
+        let tiled = match opts.fast {
+            Some(_) if tiled_ok => Some(Dispatch::new(
+                ctx,
+                PipelineKey {
+                    kernel: Kernel::AttentionTiled,
+                    variant: Variant::default(),
+                },
+                "attention_tiled",
+                &[
+                    (0, params.binding()),
+                    (1, index.blocks.binding()),
+                    (2, q.binding()),
+                    (3, kv.k.binding()),
+                    (4, kv.v.binding()),
+                    (5, out.binding()),
+                    (9, index.toks.binding()),
+                    (10, index.pages.binding()),
+                ],
+                0,
+            )?),
+            _ => None,
+        };
         Ok(Attention {
             scores: scores_d,
             probs_pv,
             merge,
             prefill,
             split,
+            tiled,
+            slots: index.slots as u32,
             n_head: dims.n_head as u32,
             n_ctx: n_ctx as u32,
             _keep: vec![params, scores, stats, partial],
@@ -470,7 +559,19 @@ impl Attention {
                 self.merge.record(pass, 1);
             }
             _ => {
-                self.prefill.record(pass, n_tokens);
+                match &self.tiled {
+                    Some(d) => {
+                        // Blocks of each sequence's tokens; beside them, `prefill` only for
+                        // decode rows too long for the split.
+                        let blocks = n_tokens.div_ceil(ATTN_TILE_QUERIES)
+                            + if decode_rows { self.slots } else { 0 };
+                        d.record_grid(pass, [blocks, self.n_head, 1]);
+                        if decode_rows && n_kv > ATTN_FAST_KEYS {
+                            self.prefill.record(pass, n_tokens);
+                        }
+                    }
+                    None => self.prefill.record(pass, n_tokens),
+                }
                 if let (true, Some(f)) = (decode_rows, &self.split) {
                     f.record(pass, n_tokens, n_kv.min(ATTN_FAST_KEYS), self.n_head);
                 }

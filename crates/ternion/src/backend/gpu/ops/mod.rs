@@ -13,7 +13,7 @@ mod qmatvec;
 mod rowops;
 mod select;
 
-pub use attention::{Attention, AttnDims, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
+pub use attention::{Attention, AttnDims, AttnOpts, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub use embed::Embed;
 pub use glu::Glu;
