@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod chat;
 pub mod error;
+pub mod generate;
 pub mod gguf;
 mod jinja_budget;
 pub mod kv;
