@@ -175,6 +175,8 @@ pub struct Engine {
     fed: Vec<u32>,
     /// The last sampled token of a generation that stopped before feeding it.
     pending: Option<u32>,
+    /// Stop strings of [`Engine::generate`].
+    stops: Vec<String>,
 }
 
 impl Engine {
@@ -185,6 +187,7 @@ impl Engine {
             backend,
             fed: Vec::new(),
             pending: None,
+            stops: Vec::new(),
         }
     }
 
@@ -208,6 +211,12 @@ impl Engine {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let bos = self.fed.is_empty() && self.pending.is_none() && self.tokenizer.add_bos();
         self.tokenizer.encode(text, bos, true)
+    }
+
+    /// Stop strings for the following generations: one ends before the first of them,
+    /// which is not emitted (none by default).
+    pub fn set_stops(&mut self, stops: Vec<String>) {
+        self.stops = stops;
     }
 
     /// Forgets the sequence.
@@ -249,7 +258,7 @@ impl Engine {
         let rules = StepperOptions {
             max_tokens,
             ignore_eos,
-            stop: Vec::new(),
+            stop: self.stops.clone(),
             n_ctx,
             max_chunk: self.backend.max_chunk(),
         };

@@ -147,6 +147,8 @@ pub struct Session<'m> {
     pending: Vec<u32>,
     /// Reused buffer for pending + new ids.
     batch: Vec<u32>,
+    /// Stop strings of [`Session::generate`].
+    stops: Vec<String>,
 }
 
 impl<'m> Session<'m> {
@@ -163,6 +165,7 @@ impl<'m> Session<'m> {
             tokens: Vec::with_capacity(n_ctx),
             pending: Vec::new(),
             batch: Vec::new(),
+            stops: Vec::new(),
         }
     }
 
@@ -179,6 +182,12 @@ impl<'m> Session<'m> {
     /// Positions still free (pending tokens count as used).
     pub fn room(&self) -> usize {
         self.engine.n_ctx() - self.engine.len() - self.pending.len()
+    }
+
+    /// Stop strings for the following generations: one ends before the first of them,
+    /// which is not emitted (none by default).
+    pub fn set_stops(&mut self, stops: Vec<String>) {
+        self.stops = stops;
     }
 
     /// Forgets everything.
@@ -272,7 +281,7 @@ impl<'m> Session<'m> {
         let rules = StepperOptions {
             max_tokens: opts.max_tokens,
             ignore_eos: opts.ignore_eos,
-            stop: Vec::new(),
+            stop: self.stops.clone(),
             n_ctx: self.engine.n_ctx(),
             max_chunk: self.engine.max_chunk(),
         };

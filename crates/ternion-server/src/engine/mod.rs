@@ -1,24 +1,25 @@
 //! The engine: one dedicated thread owns the model and steps every active sequence.
 //!
 //! Requests arrive through a bounded queue ([`Job`]s on a `sync_channel`). Between two
-//! iterations the engine admits queued jobs while fewer than `max_active` sequences run;
-//! each admitted job gets a KV cache ([`KvSeq`]) whose pages come from one [`KvPool`]
-//! shared by all sequences. One iteration gives every active sequence a step (the token
-//! it sampled last, or the next chunk of its prompt while the iteration's prompt budget
-//! ([`EngineConfig::prefill_per_step`] tokens) lasts) and runs all steps as ONE batched
-//! forward pass
-//! ([`Model::forward_batch`]: each weight read once for every sequence), then samples the
-//! next token of every sequence whose prompt is in. With [`Batching::OneByOne`] the same
-//! steps run one sequence per pass (the scheduler before batching, kept for comparison).
+//! iterations the scheduler (`sched`) admits queued jobs while fewer than `max_active`
+//! sequences run; each admitted job becomes a sequence (`seq`): the library's
+//! [`Stepper`](ternion::generate::Stepper), which decides prompt chunks, sampling, stop
+//! strings and the end, over a KV cache of the backend
+//! ([`BatchBackend`](ternion::generate::BatchBackend): the CPU's pages from one shared
+//! pool, or a GPU's paged device caches). One iteration gives every active sequence a
+//! step (the token it sampled last, or the next chunk of its prompt while the iteration's
+//! prompt budget ([`EngineConfig::prefill_per_step`] tokens) lasts) and runs all steps as
+//! ONE batched forward pass (each weight read once for every sequence), then hands each
+//! sequence its row. With [`Batching::OneByOne`] the same steps run one sequence per pass
+//! (the scheduler before batching, kept for comparison).
 //!
 //! A sequence whose client went away (its event receiver was dropped) is removed before
 //! the next iteration; dropping it returns its KV pages to the pool at once.
 //!
-//! On a GPU ([`Device::Gpu`]) the sequences are [`GpuSeq`]s of one [`GpuModel`] (paged KV
-//! caches on the device) and an iteration is one [`GpuModel::forward_seqs`] step. A GPU
-//! failure (device lost, out of memory) is fatal to the engine but not to the server: every
-//! sequence and queued request gets a 503 with the reason, `/health` reports the engine
-//! unhealthy, and the HTTP side keeps answering.
+//! On a GPU ([`Device::Gpu`]) the rows come back as the top-k candidates of each sequence
+//! when every sampler allows it. A GPU failure (device lost, out of memory) is fatal to
+//! the engine but not to the server: every sequence and queued request gets a 503 with the
+//! reason, `/health` reports the engine unhealthy, and the HTTP side keeps answering.
 
 #[cfg(feature = "gpu")]
 mod backend;

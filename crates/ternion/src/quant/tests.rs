@@ -6,16 +6,13 @@ use std::path::PathBuf;
 use super::*;
 use crate::gguf::GgufFile;
 
+#[path = "../../tests/support/shared.rs"]
+mod shared;
+
 /// The shared data folder; panics with a clear message when it is missing.
 fn shared_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    assert!(
-        dir.join("golden/dequant_samples.json").is_file(),
-        "golden data missing: expected {}/golden/dequant_samples.json (the shared folder \
-         next to the repository)",
-        dir.display()
-    );
-    dir
+    shared::shared_path("golden/dequant_samples.json");
+    shared::shared_path("")
 }
 
 #[test]
