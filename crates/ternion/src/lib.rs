@@ -22,4 +22,9 @@ pub mod session;
 pub mod synth;
 pub mod tokenizer;
 
+/// The shared test data beside the repository, for the unit tests.
+#[cfg(test)]
+#[path = "../tests/support/shared.rs"]
+mod test_shared;
+
 pub use error::{Error, Result};

@@ -6,13 +6,10 @@ use std::path::PathBuf;
 use super::*;
 use crate::gguf::GgufFile;
 
-#[path = "../../tests/support/shared.rs"]
-mod shared;
-
 /// The shared data folder; panics with a clear message when it is missing.
 fn shared_dir() -> PathBuf {
-    shared::shared_path("golden/dequant_samples.json");
-    shared::shared_path("")
+    crate::test_shared::shared_path("golden/dequant_samples.json");
+    crate::test_shared::shared_path("")
 }
 
 #[test]

@@ -3,12 +3,9 @@ use std::path::PathBuf;
 use super::*;
 use crate::gguf::{GgufWriter, Value, ValueType};
 
-#[path = "../../tests/support/shared.rs"]
-mod shared;
-
 /// The test vocabularies (`../shared/vocab`); panics with a clear message when missing.
 pub(crate) fn vocab_dir() -> PathBuf {
-    shared::shared_path("vocab")
+    crate::test_shared::shared_path("vocab")
 }
 
 fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {

@@ -18,13 +18,10 @@ use super::*;
 use crate::model::{self, Logits, Model};
 use crate::Error;
 
-#[path = "../../../tests/support/shared.rs"]
-mod shared;
-
 fn golden_dir() -> PathBuf {
     std::env::var_os("TERNION_GOLDEN_BITNET")
         .map(PathBuf::from)
-        .unwrap_or_else(|| shared::shared_path("golden-bitnet"))
+        .unwrap_or_else(|| crate::test_shared::shared_path("golden-bitnet"))
 }
 
 struct Fixture {
