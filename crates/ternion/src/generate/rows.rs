@@ -28,6 +28,17 @@ pub enum Row<'a> {
     Argmax(u32),
 }
 
+impl Row<'_> {
+    /// The best token of the row (the lowest id among equal logits).
+    pub fn best(&self) -> u32 {
+        match *self {
+            Row::Logits(logits) => crate::sample::argmax(logits),
+            Row::Top(top) => top.first().map_or(0, |t| t.0),
+            Row::Argmax(id) => id,
+        }
+    }
+}
+
 /// The rows of one batched forward step, one per sequence in step order.
 pub enum Rows<'a> {
     /// The CPU workspace's rows, where the graph put them (not copied).
