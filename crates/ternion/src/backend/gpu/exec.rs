@@ -21,8 +21,9 @@ use std::sync::Arc;
 
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
+use super::greedy::CHAIN;
 use super::ops::TopK;
-use super::plan::{KvSizes, Plan, Rows};
+use super::plan::{KvSizes, Numerics, Plan, PlanOpts, Rows};
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
 use crate::generate::{check_step, StepLimits};
@@ -53,6 +54,8 @@ pub struct GpuModelOptions {
     /// Write a timestamp after every launch and keep per-kernel totals
     /// ([`GpuModel::profile`]); needs timestamp queries inside passes.
     pub profile: bool,
+    /// Fast kernels (the default) or the CPU reference's arithmetic bit for bit.
+    pub numerics: Numerics,
 }
 
 impl Default for GpuModelOptions {
@@ -64,6 +67,7 @@ impl Default for GpuModelOptions {
             max_batch: 256,
             top_k: 40,
             profile: false,
+            numerics: Numerics::Fast,
         }
     }
 }
@@ -91,7 +95,7 @@ struct Profiler {
 
 /// What a step hands back.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Out {
+pub(super) enum Out {
     /// Logits rows: all tokens', or the last token's only.
     Logits(Logits),
     /// Argmax of the (single) logits row.
@@ -104,6 +108,17 @@ enum Out {
     PickedTopK,
     /// Nothing: the step only extends the KV cache (the LM head is not run).
     Cache,
+    /// Greedy chaining (greedy.rs): the argmax id goes to the next step's token buffer
+    /// and to word `at` of chain staging buffer `buf`; with `from_gpu` this step's token
+    /// is the one the previous step left there (the host writes none).
+    Chained {
+        /// Staging buffer (0 or 1).
+        buf: usize,
+        /// Word in it.
+        at: u64,
+        /// The token comes from the previous step.
+        from_gpu: bool,
+    },
 }
 
 /// A model resident on the GPU with its KV cache.
@@ -124,6 +139,8 @@ pub struct GpuModel {
     toks: Vec<[u32; 2]>,
     /// Scratch for the step's token ids.
     ids: Vec<u32>,
+    /// The two staging buffers of chained greedy steps (greedy.rs), `CHAIN` ids each.
+    pub(super) chain: [GpuBuffer; 2],
 }
 
 impl GpuModel {
@@ -160,10 +177,13 @@ impl GpuModel {
             g,
             graph,
             weights,
-            opts.max_batch,
-            opts.n_ctx,
-            cfg.n_vocab,
-            kv,
+            &PlanOpts {
+                max_batch: opts.max_batch,
+                n_ctx: opts.n_ctx,
+                n_vocab: cfg.n_vocab,
+                kv,
+                numerics: opts.numerics,
+            },
         )?;
         let table = KvTable::new(slots, pages, opts.n_ctx);
         let main = KvTable::open(&table)?;
@@ -181,6 +201,15 @@ impl GpuModel {
         } else {
             None
         };
+        let chain_buf = || {
+            GpuBuffer::with_usage(
+                g,
+                "greedy.chain",
+                CHAIN as u64 * 4,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )
+        };
+        let chain = [chain_buf()?, chain_buf()?];
         Ok(GpuModel {
             ctx,
             cfg,
@@ -192,6 +221,7 @@ impl GpuModel {
             profiler,
             table,
             main,
+            chain,
             toks: Vec::with_capacity(opts.max_batch),
             ids: Vec::with_capacity(opts.max_batch),
         })
@@ -221,6 +251,11 @@ impl GpuModel {
     /// a new sequence).
     pub fn truncate(&mut self, len: usize) {
         self.main.truncate(len);
+    }
+
+    /// The KV slot of the model's own sequence.
+    pub(super) fn main_slot(&self) -> u32 {
+        self.main.slot()
     }
 
     /// Opens another sequence (one of [`GpuModelOptions::max_seqs`]).
@@ -280,7 +315,7 @@ impl GpuModel {
     /// Records and submits one step: the tokens of each `(slot, tokens)` part at the
     /// positions after those its sequence caches (≤ max_batch tokens in all), with the
     /// result selected by `out` copied to staging; advances the sequences.
-    fn step(&mut self, parts: &[(u32, &[u32])], out: Out) -> Result<()> {
+    pub(super) fn step(&mut self, parts: &[(u32, &[u32])], out: Out) -> Result<()> {
         let n: usize = parts.iter().map(|p| p.1.len()).sum();
         if n == 0 || n > self.opts.max_batch || parts.iter().any(|p| p.1.is_empty()) {
             return Err(Error::Request(format!(
@@ -337,17 +372,20 @@ impl GpuModel {
             }
         }
         let nt = n as u32;
-        self.plan.ids.write(g, 0, bytemuck::cast_slice(&self.ids));
+        if !matches!(out, Out::Chained { from_gpu: true, .. }) {
+            self.plan.ids.write(g, 0, bytemuck::cast_slice(&self.ids));
+        }
         self.plan
             .index
             .toks
             .write(g, 0, bytemuck::cast_slice(&self.toks));
         self.plan.step.write(g, nt, self.toks[0][0]);
-        let n_kv = self.toks[0][0] + 1;
+        // The longest context of the step's tokens (the last token of some sequence).
+        let n_kv = self.toks.iter().map(|t| t[0] + 1).max().unwrap_or(1);
         let rows = match out {
             Out::Logits(w) => Rows::of(n, w),
             Out::Cache => Rows::Skip,
-            Out::Argmax | Out::TopK => Rows::of(n, Logits::Last),
+            Out::Argmax | Out::TopK | Out::Chained { .. } => Rows::of(n, Logits::Last),
             Out::Picked | Out::PickedTopK => {
                 // Each sequence's last row; the one token of a sequence keeps the decode
                 // numerics in the head too. (`ids` is written: its scratch is free again.)
@@ -369,7 +407,7 @@ impl GpuModel {
             let queries = self.profiler.as_ref().map(|p| &p.queries);
             self.plan.record(&mut pass, nt, n_kv, rows, queries);
             match out {
-                Out::Argmax => self.argmax.record(&mut pass),
+                Out::Argmax | Out::Chained { .. } => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
                 Out::PickedTopK => self.topk.record_rows(&mut pass, parts.len() as u32),
                 Out::Logits(_) | Out::Cache | Out::Picked => {}
@@ -378,6 +416,12 @@ impl GpuModel {
         let logit_rows = match out {
             Out::Argmax => {
                 self.argmax.record_download(&mut enc);
+                0
+            }
+            Out::Chained { buf, at, .. } => {
+                let id = &self.argmax.ids.buf;
+                enc.copy_buffer_to_buffer(id, 0, &self.plan.ids.buf, 0, 4);
+                enc.copy_buffer_to_buffer(id, 0, &self.chain[buf].buf, at * 4, 4);
                 0
             }
             Out::TopK => {

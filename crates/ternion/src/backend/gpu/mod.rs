@@ -73,6 +73,7 @@ mod context;
 mod exec;
 #[cfg(test)]
 mod exec_tests;
+mod greedy;
 mod ops;
 mod pipelines;
 mod plan;
@@ -85,7 +86,7 @@ mod tests_fam;
 mod tests_mm;
 mod upload;
 
-pub use bandwidth::measure_read_bandwidth;
+pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
@@ -101,5 +102,6 @@ pub use ops::{
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
 };
+pub use plan::Numerics;
 pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};

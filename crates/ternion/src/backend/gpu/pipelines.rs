@@ -86,6 +86,18 @@ pub enum Kernel {
         /// The gate activation.
         act: GluAct,
     },
+    /// `ternary_decode.wgsl`: the fast single-token path (norm + int8 quantization in the
+    /// matvec's prologue), and its standalone norm for steps of several tokens.
+    TernaryDecode {
+        /// Which entry point.
+        entry: DecodeEntry,
+        /// Threads per weight row (power of two, 1..=256).
+        tpr: u32,
+        /// Store or add (`matvec_n`).
+        epilogue: Epilogue,
+        /// The gate activation (`glu_n`).
+        act: GluAct,
+    },
     /// `ternary.wgsl` `matvec3`: three I2_S matvecs sharing their input (q, k, v), one launch.
     Ternary3 {
         /// Threads per weight row (power of two, 1..=256).
@@ -109,6 +121,13 @@ pub enum Kernel {
         /// Round the probabilities to F16 before P·V (single-token decode numerics; only
         /// [`AttnStage::ProbsPv`] reads it).
         round_p: bool,
+        /// The "fast" numerics policy: `prefill` leaves decode rows to [`Kernel::AttentionFast`].
+        fast: bool,
+    },
+    /// `attention_fast.wgsl`: decode rows, split over KV pages (`split`) then merged.
+    AttentionFast {
+        /// The merge entry point.
+        merge: bool,
     },
     /// `glu.wgsl`: `gate = act(gate) · up`.
     Glu {
@@ -154,6 +173,19 @@ pub enum Kernel {
     },
 }
 
+/// The entry points of `ternary_decode.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeEntry {
+    /// `norm_quant`: norm + int8 quantization of each token row, written out.
+    NormQuant,
+    /// `matvec_n`: one matrix.
+    Matvec,
+    /// `glu_n`: gate and up matrices and `act(g)·u`.
+    Glu,
+    /// `matvec3_n`: three matrices (q, k, v).
+    Matvec3,
+}
+
 /// The entry points of `attention.wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttnStage {
@@ -190,11 +222,13 @@ enum Source {
     Embed,
     RmsNorm,
     Ternary,
+    TernaryDecode,
     TernaryMm,
     TernaryCoop,
     F16Matvec,
     RopeKv,
     Attention,
+    AttentionFast,
     Glu,
     Select,
     ReadProbe,
@@ -209,6 +243,10 @@ impl Source {
             Source::Embed => ("embed.wgsl", include_str!("kernels/embed.wgsl")),
             Source::RmsNorm => ("rmsnorm.wgsl", include_str!("kernels/rmsnorm.wgsl")),
             Source::Ternary => ("ternary.wgsl", include_str!("kernels/ternary.wgsl")),
+            Source::TernaryDecode => (
+                "ternary_decode.wgsl",
+                include_str!("kernels/ternary_decode.wgsl"),
+            ),
             Source::TernaryMm => ("ternary_mm.wgsl", include_str!("kernels/ternary_mm.wgsl")),
             Source::TernaryCoop => (
                 "ternary_coop.wgsl",
@@ -217,6 +255,10 @@ impl Source {
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
+            Source::AttentionFast => (
+                "attention_fast.wgsl",
+                include_str!("kernels/attention_fast.wgsl"),
+            ),
             Source::Glu => ("glu.wgsl", include_str!("kernels/glu.wgsl")),
             Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
             Source::ReadProbe => ("read_bw.wgsl", include_str!("kernels/read_bw.wgsl")),
@@ -235,6 +277,7 @@ impl Kernel {
             Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } | Kernel::Ternary3 { .. } => {
                 Source::Ternary
             }
+            Kernel::TernaryDecode { .. } => Source::TernaryDecode,
             Kernel::TernaryMatmul { kind, .. } => match kind {
                 MatmulKind::Portable => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
@@ -242,6 +285,7 @@ impl Kernel {
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
+            Kernel::AttentionFast { .. } => Source::AttentionFast,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
@@ -262,6 +306,12 @@ impl Kernel {
             Kernel::TernaryMatmul { wide: true, .. } => "matmul_wide",
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
+            Kernel::TernaryDecode { entry, .. } => match entry {
+                DecodeEntry::NormQuant => "norm_quant",
+                DecodeEntry::Matvec => "matvec_n",
+                DecodeEntry::Glu => "glu_n",
+                DecodeEntry::Matvec3 => "matvec3_n",
+            },
             Kernel::F16Matvec { rows, .. } => match rows {
                 F16Rows::Each => "main",
                 F16Rows::Last => "last",
@@ -274,6 +324,8 @@ impl Kernel {
                 AttnStage::Merge => "merge",
                 AttnStage::Prefill => "prefill",
             },
+            Kernel::AttentionFast { merge: false } => "split",
+            Kernel::AttentionFast { merge: true } => "merge",
             Kernel::Select { partial: true, .. } => "partial",
             Kernel::Select { partial: false, .. } => "merge",
             Kernel::QMatvec { batch: false, .. } => "matvec",
@@ -287,13 +339,15 @@ impl Kernel {
     fn constants(self) -> Vec<(&'static str, f64)> {
         match self {
             Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv | Kernel::ReadProbe => vec![],
-            Kernel::Attention { stage, round_p } => {
-                if stage == AttnStage::ProbsPv {
-                    vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })]
-                } else {
-                    vec![]
-                }
-            }
+            Kernel::Attention {
+                stage,
+                round_p,
+                fast,
+            } => match stage {
+                AttnStage::ProbsPv => vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })],
+                AttnStage::Prefill => vec![("FAST", if fast { 1.0 } else { 0.0 })],
+                AttnStage::Scores | AttnStage::Merge => vec![],
+            },
             Kernel::Glu { act } => vec![(
                 "ACT",
                 match act {
@@ -302,6 +356,20 @@ impl Kernel {
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
+            Kernel::TernaryDecode {
+                entry,
+                tpr,
+                epilogue,
+                act,
+            } => match entry {
+                DecodeEntry::NormQuant => vec![],
+                DecodeEntry::Matvec => vec![("TPR", f64::from(tpr)), epilogue.constant()],
+                DecodeEntry::Glu => vec![
+                    ("TPR", f64::from(tpr)),
+                    ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
+                ],
+                DecodeEntry::Matvec3 => vec![("TPR", f64::from(tpr))],
+            },
             Kernel::TernaryMatmul { epilogue, .. } => vec![epilogue.constant()],
             Kernel::TernaryGlu { tpr, act } => vec![
                 ("TPR", f64::from(tpr)),
@@ -328,7 +396,9 @@ impl Kernel {
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
-            Kernel::QuantAct { .. } | Kernel::RowOp { .. } => vec![],
+            Kernel::QuantAct { .. } | Kernel::RowOp { .. } | Kernel::AttentionFast { .. } => {
+                vec![]
+            }
         }
     }
 }

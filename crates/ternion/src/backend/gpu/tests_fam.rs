@@ -532,7 +532,7 @@ fn attention_head_dims_64_96_and_gqa() {
             (dims(8, 2, 96, 96, 1e4), 520, 1),
             (dims(8, 2, 96, 96, 1e4), 250, 9),
         ] {
-            worst = worst.max(attention_case(&ctx, &mut r, d, pos0, n));
+            worst = worst.max(attention_case(&ctx, &mut r, d, (pos0, n), false));
         }
     }
     eprintln!("attention (head_dim 64/96, GQA 1/4): worst |gpu − cpu| / max|v| = {worst:e}");

@@ -3,6 +3,7 @@
 //! compute passes with `record`, which creates nothing. One file per kernel family.
 
 mod attention;
+mod decode;
 mod embed;
 mod glu;
 mod matmul;
@@ -13,6 +14,7 @@ mod rowops;
 mod select;
 
 pub use attention::{Attention, AttnDims, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
+pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub use embed::Embed;
 pub use glu::Glu;
 pub use matmul::{MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS};
@@ -59,9 +61,14 @@ impl Dispatch {
     }
 
     pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups_y: u32) {
+        self.record_grid(pass, [self.groups_x, groups_y, 1]);
+    }
+
+    /// Records the launch over a grid of `groups` workgroups (x, y, z).
+    pub(crate) fn record_grid(&self, pass: &mut wgpu::ComputePass<'_>, groups: [u32; 3]) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.groups_x, groups_y, 1);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
 }
 
