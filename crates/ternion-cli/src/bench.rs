@@ -7,11 +7,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use ternion::backend::cpu::{SeqStep, Workspace};
 use ternion::backend::gpu::{
     measure_dispatch_latency, measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq,
     GpuSeqStep, KernelTime,
 };
+use ternion::generate::{BatchBackend, BatchStep, CpuBatch};
 use ternion::kv::KvSeq;
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
@@ -164,26 +164,21 @@ fn time_cpu_batched(
     n_ctx: usize,
 ) -> Result<Timings> {
     Session::new(model, 8).prefill(&prompts[0][..prompts[0].len().min(4)])?;
-    let pool = model.kv_pool(n_ctx, prompts.len());
+    let mut backend = CpuBatch::new(model, model.kv_pool(n_ctx, prompts.len()));
     let mut kvs: Vec<KvSeq> = prompts
         .iter()
-        .map(|_| KvSeq::new(pool.clone(), n_ctx))
-        .collect();
-    let mut ws = Workspace::default();
+        .map(|_| backend.new_seq(n_ctx))
+        .collect::<ternion::Result<_>>()?;
     let mut next = vec![0u32; prompts.len()];
     let mut pass = |inputs: &[&[u32]], next: &mut [u32]| -> Result<()> {
-        let mut steps: Vec<SeqStep<'_>> = kvs
+        let mut steps: Vec<BatchStep<'_, KvSeq>> = kvs
             .iter_mut()
             .zip(inputs)
-            .map(|(kv, &tokens)| SeqStep {
-                kv,
-                tokens,
-                logits: Logits::Last,
-            })
+            .map(|(seq, &tokens)| BatchStep { seq, tokens })
             .collect();
-        model.forward_batch(&mut steps, &mut ws)?;
+        let rows = backend.forward(&mut steps, false)?;
         for (i, n) in next.iter_mut().enumerate() {
-            *n = argmax(ws.logits(model.graph(), i));
+            *n = rows.get(i).best();
         }
         Ok(())
     };

@@ -8,14 +8,8 @@ use crate::gguf::GgufFile;
 
 /// The shared data folder; panics with a clear message when it is missing.
 fn shared_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    assert!(
-        dir.join("golden/dequant_samples.json").is_file(),
-        "golden data missing: expected {}/golden/dequant_samples.json (the shared folder \
-         next to the repository)",
-        dir.display()
-    );
-    dir
+    crate::test_shared::shared_path("golden/dequant_samples.json");
+    crate::test_shared::shared_path("")
 }
 
 #[test]

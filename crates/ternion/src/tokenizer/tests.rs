@@ -3,17 +3,9 @@ use std::path::PathBuf;
 use super::*;
 use crate::gguf::{GgufWriter, Value, ValueType};
 
+/// The test vocabularies (`../shared/vocab`); panics with a clear message when missing.
 pub(crate) fn vocab_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/vocab"
-    ));
-    assert!(
-        dir.is_dir(),
-        "test vocabularies missing: expected {} (the shared folder next to the worktree)",
-        dir.display()
-    );
-    dir
+    crate::test_shared::shared_path("vocab")
 }
 
 fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {

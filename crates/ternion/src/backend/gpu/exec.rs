@@ -26,6 +26,7 @@ use super::ops::{KvIndex, TopK};
 use super::plan::{KvSizes, Numerics, Plan, PlanOpts, Rows};
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
+use crate::generate::{check_step, StepLimits};
 use crate::kv::PAGE_POSITIONS;
 use crate::model::graph::Graph;
 use crate::model::{Config, Logits, Model};
@@ -348,25 +349,12 @@ impl GpuModel {
                     )));
                 }
                 let len = table.len(slot);
-                if len + tokens.len() > self.opts.n_ctx {
-                    return Err(Error::Request(format!(
-                        "context full: {len} positions used + {} new > context size {}",
-                        tokens.len(),
-                        self.opts.n_ctx
-                    )));
-                }
-                if let Some(max) = self.plan.max_pos.filter(|&m| len + tokens.len() > m) {
-                    return Err(Error::Request(format!(
-                        "position {} is past the model's {max} learned positions",
-                        len + tokens.len() - 1
-                    )));
-                }
-                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-                    return Err(Error::Request(format!(
-                        "token id {bad} is outside the vocabulary (size {})",
-                        self.cfg.n_vocab
-                    )));
-                }
+                let limits = StepLimits {
+                    n_vocab: Some(self.cfg.n_vocab),
+                    n_ctx: self.opts.n_ctx,
+                    max_pos: self.plan.max_pos,
+                };
+                check_step(len, tokens, &limits)?;
                 self.ids.extend_from_slice(tokens);
                 // The one token of a sequence beside others keeps the decode numerics.
                 let flag = if parts.len() > 1 && tokens.len() == 1 {

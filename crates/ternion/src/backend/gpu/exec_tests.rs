@@ -1,5 +1,5 @@
 //! The whole model on the GPU against the CPU forward pass, on the tiny golden BitNet
-//! b1.58 model (`/work/shared/golden-bitnet`, or `$TERNION_GOLDEN_BITNET`).
+//! b1.58 model (`../shared/golden-bitnet`, or `$TERNION_GOLDEN_BITNET`).
 //!
 //! Measured on lavapipe (see the assertions for the bounds):
 //! - prompt logits (one batch per prompt, every row): max |GPU − CPU| ≤ 1e-6 (bound 1e-3)
@@ -21,7 +21,7 @@ use crate::Error;
 fn golden_dir() -> PathBuf {
     std::env::var_os("TERNION_GOLDEN_BITNET")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/golden-bitnet"))
+        .unwrap_or_else(|| crate::test_shared::shared_path("golden-bitnet"))
 }
 
 struct Fixture {
@@ -33,10 +33,11 @@ struct Fixture {
 fn fixture() -> Option<Fixture> {
     let dir = golden_dir();
     let path = dir.join("bitnet-b158-tiny-pub.gguf");
-    if !path.exists() {
-        eprintln!("skipping: {} not found", path.display());
-        return None;
-    }
+    assert!(
+        path.exists(),
+        "the golden model is missing: {}",
+        path.display()
+    );
     let ctx = match GpuContext::new(&GpuOptions::default()) {
         Ok(c) => Arc::new(c),
         Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
@@ -484,7 +485,7 @@ fn top_k_of_each_sequence_matches_its_logits() {
     }
 }
 
-/// The GPU engine with the trait's default `decode_sample` (whole logits row read back).
+/// The GPU engine with the trait's default `decode_row` (whole logits row read back).
 struct FullRows<'a>(crate::session::GpuEngine<'a>);
 
 impl crate::session::Engine for FullRows<'_> {
