@@ -6,6 +6,8 @@
 //! occurs in files; like bitnet.cpp's kernel (which computes Σ code·q − Σ q) it is read as
 //! +2. The tensor ends with a 32-byte tail whose first 4 bytes hold the f32 scale.
 
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 /// Bytes after the packed codes: the f32 scale, then 28 ignored bytes (written as zeros).
 pub const TAIL_BYTES: usize = 32;
 /// Elements per block.
@@ -141,6 +143,23 @@ pub fn dot(row: &[u8], q: &[i8]) -> i32 {
         }
     }
     acc.iter().sum()
+}
+
+/// The I2_S format for the registry ([`super::format`]).
+/// (Dequantized rows are codes − 1: the per-tensor scale is applied by the caller; the
+/// GPU has its own ternary kernels for I2_S.)
+pub struct I2S;
+
+impl BlockFormat for I2S {
+    const TYPE: GgmlType = GgmlType::I2_S;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::PerToken(dot);
+    const QUANTIZE: Option<Quantizer> = None;
+    const WGSL: Option<&'static str> = None;
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, 1.0, dst)
+    }
 }
 
 #[cfg(test)]

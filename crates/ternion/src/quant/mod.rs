@@ -132,6 +132,7 @@ impl std::fmt::Display for GgmlType {
 
 pub mod act;
 pub mod float;
+pub mod format;
 pub mod i2s;
 pub mod q4_0;
 pub mod q4_k;
@@ -143,6 +144,8 @@ pub mod tq2_0;
 #[cfg(test)]
 mod tests;
 
+pub use format::{ActFormat, BlockFormat, Format, RefDot};
+
 use crate::{Error, Result};
 
 /// Whether `ty` stores ternary weights {−1, 0, +1}·scale (I2_S, TQ1_0, TQ2_0).
@@ -150,16 +153,49 @@ pub fn is_ternary(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::I2_S | GgmlType::TQ1_0 | GgmlType::TQ2_0)
 }
 
-/// A format's row dequantizer: packed bytes in, f32 elements out.
-type RowDequantizer = fn(&[u8], &mut [f32]);
+/// The registry: the [`Format`] of every type this build multiplies and dequantizes, or
+/// `None`. One arm per type and no wildcard, so a type added to [`GgmlType`] must be
+/// placed here; the CPU linear layer and the GPU format tables are derived from it.
+pub fn format(ty: GgmlType) -> Option<&'static Format> {
+    match ty {
+        GgmlType::F32 => Some(const { &Format::of::<float::F32>() }),
+        GgmlType::F16 => Some(const { &Format::of::<float::F16>() }),
+        GgmlType::BF16 => Some(const { &Format::of::<float::BF16>() }),
+        GgmlType::Q4_0 => Some(const { &Format::of::<q4_0::Q4_0>() }),
+        GgmlType::Q4_1 => None,
+        GgmlType::Q5_0 => None,
+        GgmlType::Q5_1 => None,
+        GgmlType::Q8_0 => Some(const { &Format::of::<q8_0::Q8_0>() }),
+        GgmlType::Q8_1 => None,
+        GgmlType::Q2_K => None,
+        GgmlType::Q3_K => None,
+        GgmlType::Q4_K => Some(const { &Format::of::<q4_k::Q4K>() }),
+        GgmlType::Q5_K => None,
+        GgmlType::Q6_K => Some(const { &Format::of::<q6_k::Q6K>() }),
+        GgmlType::Q8_K => None,
+        GgmlType::I8 => None,
+        GgmlType::I16 => None,
+        GgmlType::I32 => None,
+        GgmlType::I64 => None,
+        GgmlType::F64 => None,
+        GgmlType::TQ1_0 => Some(const { &Format::of::<tq1_0::TQ1_0>() }),
+        GgmlType::TQ2_0 => Some(const { &Format::of::<tq2_0::TQ2_0>() }),
+        GgmlType::I2_S => Some(const { &Format::of::<i2s::I2S>() }),
+    }
+}
+
+/// Every type the registry holds, in [`GgmlType`] table order.
+pub fn supported() -> impl Iterator<Item = &'static Format> {
+    TABLE.iter().filter_map(|r| format(r.0))
+}
 
 /// Dequantizes row `row` (of `n_per_row` elements) of a whole tensor's bytes `tensor` into
 /// `dst`. For I2_S, `tensor` must be the complete tensor, tail included: the scale is read
 /// from it.
 ///
-/// Supported: F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K, TQ1_0, TQ2_0, I2_S. Other types give
-/// [`Error::UnsupportedType`]; a row length that is not whole blocks, a `dst` of the wrong
-/// length or a row past the end of the data give [`Error::Model`].
+/// Types outside the registry ([`format`]) give [`Error::UnsupportedType`]; a row length
+/// that is not whole blocks, a `dst` of the wrong length or a row past the end of the data
+/// give [`Error::Model`].
 pub fn dequantize_row(
     ty: GgmlType,
     tensor_name: &str,
@@ -168,25 +204,11 @@ pub fn dequantize_row(
     row: usize,
     dst: &mut [f32],
 ) -> Result<()> {
-    let convert: Option<RowDequantizer> = match ty {
-        GgmlType::F32 => Some(float::dequantize_row_f32),
-        GgmlType::F16 => Some(float::dequantize_row_f16),
-        GgmlType::BF16 => Some(float::dequantize_row_bf16),
-        GgmlType::Q4_0 => Some(q4_0::dequantize_row),
-        GgmlType::Q8_0 => Some(q8_0::dequantize_row),
-        GgmlType::Q4_K => Some(q4_k::dequantize_row),
-        GgmlType::Q6_K => Some(q6_k::dequantize_row),
-        GgmlType::TQ1_0 => Some(tq1_0::dequantize_row),
-        GgmlType::TQ2_0 => Some(tq2_0::dequantize_row),
-        GgmlType::I2_S => None,
-        _ => {
-            return Err(Error::UnsupportedType {
-                tensor: tensor_name.to_string(),
-                type_id: ty.id(),
-                type_name: ty.name().to_string(),
-            })
-        }
-    };
+    let fmt = format(ty).ok_or_else(|| Error::UnsupportedType {
+        tensor: tensor_name.to_string(),
+        type_id: ty.id(),
+        type_name: ty.name().to_string(),
+    })?;
     let bad = |what: String| Error::Model(format!("tensor '{tensor_name}' ({ty}): {what}"));
     if dst.len() != n_per_row {
         return Err(bad(format!(
@@ -227,9 +249,10 @@ pub fn dequantize_row(
             )))
         }
     };
-    match convert {
-        Some(f) => f(src, dst),
-        None => i2s::dequantize_row(src, i2s::tensor_scale(tensor, data_bytes * 4), dst),
+    if ty == GgmlType::I2_S {
+        i2s::dequantize_row(src, i2s::tensor_scale(tensor, data_bytes * 4), dst);
+    } else {
+        (fmt.dequantize)(src, dst);
     }
     Ok(())
 }

@@ -1,0 +1,62 @@
+// formats/block.wgsl — qmatvec.wgsl include shared by the block formats (int8 activations
+// from quant_act.wgsl), followed by the format's own include, which defines
+//   decode(ro, u) -> Unit               unit u (elements 32u .. 32u+31) of the row at ro
+//   unit_dot(w, a0, db, u) -> f32       its product with one token (a0: the token's
+//                                       activation word of element 32u; db: the token's
+//                                       first scale word)
+//   unit_value(w, e, q) -> f32          element e of the unit, q its int8 lane as f32
+// in the CPU reference's expressions.
+
+const M4: u32 = 0x0f0f0f0fu;
+const M2: u32 = 0x03030303u;
+const ONES: u32 = 0x01010101u;
+
+// One decoded 32-element unit: int8 lanes `q` (element 4i+b in byte b of word i) and its
+// scales, whose meaning each format's header gives.
+struct Unit {
+    q: array<u32, 8>,
+    d: f32,
+    dmin: f32,
+    s0: i32,
+    s1: i32,
+}
+
+// Bytes of v (each ≤ 0x7f) minus c (≤ 0x80), as int8 lanes, without borrows between bytes.
+fn sub_bytes(v: u32, c: u32) -> u32 {
+    return ((v | 0x80808080u) - c * ONES) ^ 0x80808080u;
+}
+
+// Σ_i dot4I8Packed(wq[i], act[a0 + i]) over words i0 .. i0+n.
+fn idot(wq: array<u32, 8>, a0: u32, i0: u32, n: u32) -> i32 {
+    var s = 0;
+    for (var i = i0; i < i0 + n; i++) {
+        s += dot4I8Packed(wq[i], act[a0 + i]);
+    }
+    return s;
+}
+
+// A Unit with unit scales and no offset, for decoders to fill.
+fn unit_new() -> Unit {
+    var r: Unit;
+    r.s0 = 1;
+    r.s1 = 1;
+    r.dmin = 0.0;
+    return r;
+}
+
+fn unit(ro: u32, u: u32, a: vec4<u32>, db: vec4<u32>, nt: u32) -> vec4<f32> {
+    let w = decode(ro, u);
+    var y = vec4<f32>(0.0);
+    for (var j = 0u; j < nt; j++) {
+        y[j] = unit_dot(w, a[j] + 8u * u, db[j], u);
+    }
+    return y;
+}
+
+fn gather_unit(ro: u32, u: u32, t: u32) {
+    let w = decode(ro, u);
+    for (var e = 0u; e < 32u; e++) {
+        let q = f32(bitcast<i32>((w.q[e / 4u] >> (8u * (e % 4u))) << 24u) >> 24u);
+        out[t * p.out_stride + 32u * u + e] = unit_value(w, e, q);
+    }
+}
