@@ -135,6 +135,7 @@ pub mod float;
 pub mod format;
 pub mod i2s;
 pub mod q4_0;
+pub mod q4_1;
 pub mod q4_k;
 pub mod q6_k;
 pub mod q8_0;
@@ -162,7 +163,7 @@ pub fn format(ty: GgmlType) -> Option<&'static Format> {
         GgmlType::F16 => Some(const { &Format::of::<float::F16>() }),
         GgmlType::BF16 => Some(const { &Format::of::<float::BF16>() }),
         GgmlType::Q4_0 => Some(const { &Format::of::<q4_0::Q4_0>() }),
-        GgmlType::Q4_1 => None,
+        GgmlType::Q4_1 => Some(const { &Format::of::<q4_1::Q4_1>() }),
         GgmlType::Q5_0 => None,
         GgmlType::Q5_1 => None,
         GgmlType::Q8_0 => Some(const { &Format::of::<q8_0::Q8_0>() }),
