@@ -138,6 +138,7 @@ pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
 pub mod q5_0;
+pub mod q5_1;
 pub mod q6_k;
 pub mod q8_0;
 pub mod tq1_0;
@@ -166,7 +167,7 @@ pub fn format(ty: GgmlType) -> Option<&'static Format> {
         GgmlType::Q4_0 => Some(const { &Format::of::<q4_0::Q4_0>() }),
         GgmlType::Q4_1 => Some(const { &Format::of::<q4_1::Q4_1>() }),
         GgmlType::Q5_0 => Some(const { &Format::of::<q5_0::Q5_0>() }),
-        GgmlType::Q5_1 => None,
+        GgmlType::Q5_1 => Some(const { &Format::of::<q5_1::Q5_1>() }),
         GgmlType::Q8_0 => Some(const { &Format::of::<q8_0::Q8_0>() }),
         GgmlType::Q8_1 => None,
         GgmlType::Q2_K => None,

@@ -26,6 +26,11 @@ fn sub_bytes(v: u32, c: u32) -> u32 {
     return ((v | 0x80808080u) - c * ONES) ^ 0x80808080u;
 }
 
+// Bits 0..3 of h moved to bit 4 of bytes 0..3 (the fifth bits of Q5_0/Q5_1 codes).
+fn spread4(h: u32) -> u32 {
+    return ((h & 1u) | ((h & 2u) << 7u) | ((h & 4u) << 14u) | ((h & 8u) << 21u)) << 4u;
+}
+
 // Σ_i dot4I8Packed(wq[i], act[a0 + i]) over words i0 .. i0+n.
 fn idot(wq: array<u32, 8>, a0: u32, i0: u32, n: u32) -> i32 {
     var s = 0;

@@ -4,11 +4,6 @@
 // y = f32(Σ (q − 16)·a)·(d·d_a) per block (ggml's vec_dot_q5_0_q8_0: (d·d_a)·Σ, the same
 // product).
 
-// Bits 0..3 of h moved to bit 4 of bytes 0..3.
-fn spread4(h: u32) -> u32 {
-    return ((h & 1u) | ((h & 2u) << 7u) | ((h & 4u) << 14u) | ((h & 8u) << 21u)) << 4u;
-}
-
 fn decode(ro: u32, u: u32) -> Unit {
     var r = unit_new();
     let bo = ro + 22u * u;
