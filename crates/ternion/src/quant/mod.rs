@@ -31,9 +31,13 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
+    IQ4_NL,
+    IQ4_XS,
     TQ1_0,
     TQ2_0,
     I2_S,
+    Q1_0,
+    Q2_0,
 }
 
 /// (type, ggml id, name, elements per block, bytes per block).
@@ -57,10 +61,14 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
     (GgmlType::I32, 26, "I32", 1, 4),
     (GgmlType::I64, 27, "I64", 1, 8),
     (GgmlType::F64, 28, "F64", 1, 8),
+    (GgmlType::IQ4_NL, 20, "IQ4_NL", 32, 18),
+    (GgmlType::IQ4_XS, 23, "IQ4_XS", 256, 136),
     (GgmlType::BF16, 30, "BF16", 1, 2),
     (GgmlType::TQ1_0, 34, "TQ1_0", 256, 54),
     (GgmlType::TQ2_0, 35, "TQ2_0", 256, 66),
     (GgmlType::I2_S, 36, "I2_S", 128, 32),
+    (GgmlType::Q1_0, 41, "Q1_0", 128, 18),
+    (GgmlType::Q2_0, 42, "Q2_0", 64, 18),
 ];
 
 impl GgmlType {
@@ -134,6 +142,7 @@ pub mod act;
 pub mod float;
 pub mod format;
 pub mod i2s;
+pub mod iq4_nl;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -184,6 +193,10 @@ pub fn format(ty: GgmlType) -> Option<&'static Format> {
         GgmlType::TQ1_0 => Some(const { &Format::of::<tq1_0::TQ1_0>() }),
         GgmlType::TQ2_0 => Some(const { &Format::of::<tq2_0::TQ2_0>() }),
         GgmlType::I2_S => Some(const { &Format::of::<i2s::I2S>() }),
+        GgmlType::IQ4_NL => Some(const { &Format::of::<iq4_nl::IQ4NL>() }),
+        GgmlType::IQ4_XS => None,
+        GgmlType::Q1_0 => None,
+        GgmlType::Q2_0 => None,
     }
 }
 
