@@ -143,6 +143,8 @@ pub mod float;
 pub mod format;
 pub mod i2s;
 pub mod iq4_nl;
+pub mod q1_0;
+pub mod q2_0;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -195,8 +197,8 @@ pub fn format(ty: GgmlType) -> Option<&'static Format> {
         GgmlType::I2_S => Some(const { &Format::of::<i2s::I2S>() }),
         GgmlType::IQ4_NL => Some(const { &Format::of::<iq4_nl::IQ4NL>() }),
         GgmlType::IQ4_XS => None,
-        GgmlType::Q1_0 => None,
-        GgmlType::Q2_0 => None,
+        GgmlType::Q1_0 => Some(const { &Format::of::<q1_0::Q1_0>() }),
+        GgmlType::Q2_0 => Some(const { &Format::of::<q2_0::Q2_0>() }),
     }
 }
 
