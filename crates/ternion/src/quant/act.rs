@@ -31,7 +31,7 @@ pub struct PerToken {
     pub sum: i32,
 }
 
-/// BitNet's per-token int8 quantizer (BITNET.md §4): m = max|x_i| in f64 floored at 1e-5,
+/// BitNet's per-token int8 quantizer (docs/FORMATS.md, activation formats): m = max|x_i| in f64 floored at 1e-5,
 /// s = (127/m) as f32, q_i = clamp(round_half_even(x_i·s), −128, 127) with an f32 product.
 ///
 /// # Panics

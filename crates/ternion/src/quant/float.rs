@@ -1,6 +1,7 @@
 //! Float rows: F32, F16 and BF16, little-endian, one element per 4 or 2 bytes.
 //!
 //! Conversions to F16/BF16 round to nearest, ties to even (ggml's F16C and BF16 rounding).
+//! Sources: docs/FORMATS.md.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};

@@ -1,7 +1,8 @@
 //! Tensor storage formats: the ggml type table and one module per block format.
 //!
-//! Every format module holds its layout constants, `dequantize_row`, `quantize_row` and a
-//! scalar reference dot product. Sizes here are the *true* byte sizes; BitNet's I2_S lies in
+//! Every format module holds its layout constants, `dequantize_row`, `quantize_row` (where
+//! ggml's is simple), a scalar reference dot product and its [`BlockFormat`] impl; [`format`]
+//! is the registry. Layouts, pairings and their upstream sources: docs/FORMATS.md. Sizes here are the *true* byte sizes; BitNet's I2_S lies in
 //! ggml's generic table (it claims one byte per element) and is special-cased.
 
 /// ggml tensor types that can appear in a GGUF tensor table, with their on-disk ids.

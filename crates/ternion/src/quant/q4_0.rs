@@ -1,6 +1,7 @@
 //! Q4_0: ggml's 4-bit format, 32-element blocks of 18 bytes: F16 `d`, then 16 bytes `qs`.
 //! Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble; the value is
 //! (nibble − 8)·d.
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
 use super::format::{BlockFormat, Quantizer, RefDot};

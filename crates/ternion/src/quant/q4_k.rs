@@ -3,6 +3,7 @@
 //! `qs[128]`. Each 64-element chunk c uses bytes qs[32c..32c+32]: its first 32 elements are
 //! the low nibbles, the next 32 the high nibbles, with sub-block scales 2c and 2c + 1.
 //! Element value = d·scale·nibble − dmin·min.
+//! Sources: docs/FORMATS.md.
 
 use super::float::f16_at;
 use super::format::{BlockFormat, Quantizer, RefDot};

@@ -4,6 +4,7 @@
 //! within it, for l < 32, elements l, l+32, l+64, l+96 take the low nibbles of ql[l] and
 //! ql[l+32], then their high nibbles, with bits 0-1, 2-3, 4-5, 6-7 of qh[l] on top.
 //! Element value = d·scale·(q − 32), the scale indexed by element / 16.
+//! Sources: docs/FORMATS.md.
 
 use super::float::f16_at;
 use super::format::{BlockFormat, Quantizer, RefDot};

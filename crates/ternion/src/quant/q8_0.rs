@@ -1,5 +1,6 @@
 //! Q8_0: ggml's 8-bit format, 32-element blocks of 34 bytes: F16 `d`, then 32 i8 `qs`.
 //! The value of element j is qs[j]·d.
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
 use super::format::{BlockFormat, Quantizer, RefDot};

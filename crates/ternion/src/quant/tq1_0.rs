@@ -7,6 +7,8 @@
 //! - `qs[0..32]`: element 32n + m is trit n of `qs[m]` (n = 0..5);
 //! - `qs[32..48]`: element 160 + 16n + m is trit n of `qs[32 + m]` (n = 0..5);
 //! - `qh[0..4]`: element 240 + 4n + j is trit n of `qh[j]` (n = 0..4).
+//!
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
 use super::format::{BlockFormat, Quantizer, RefDot};

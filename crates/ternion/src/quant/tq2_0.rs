@@ -3,6 +3,7 @@
 //! In each 128-element half h (bytes 32h..32h+32), byte 32h+m holds element 128h + m + 32n
 //! at bits 2n (n = 0..3, low bits first). The value is (code − 1)·d. Code 3 never comes out
 //! of the quantizer; it reads as +2, as in ggml's dequantizer and dot product.
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
 use super::format::{BlockFormat, Quantizer, RefDot};
