@@ -151,6 +151,7 @@ pub mod q4_1;
 pub mod q4_k;
 pub mod q5_0;
 pub mod q5_1;
+pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 pub mod tq1_0;
@@ -185,7 +186,7 @@ pub fn format(ty: GgmlType) -> Option<&'static Format> {
         GgmlType::Q2_K => None,
         GgmlType::Q3_K => None,
         GgmlType::Q4_K => Some(const { &Format::of::<q4_k::Q4K>() }),
-        GgmlType::Q5_K => None,
+        GgmlType::Q5_K => Some(const { &Format::of::<q5_k::Q5K>() }),
         GgmlType::Q6_K => Some(const { &Format::of::<q6_k::Q6K>() }),
         GgmlType::Q8_K => None,
         GgmlType::I8 => None,

@@ -40,6 +40,27 @@ fn idot(wq: array<u32, 8>, a0: u32, i0: u32, n: u32) -> i32 {
     return s;
 }
 
+// The 6-bit (scale, min) of sub-block j of a Q4_K/Q5_K super-block whose 12 scale bytes
+// start at byte so: j < 4: low 6 bits of bytes j and j + 4; j ≥ 4: the nibbles of byte
+// j + 4 with the top two bits of bytes j − 4 and j as high bits.
+fn scale_min_k4(so: u32, j: u32) -> vec2<i32> {
+    if (j < 4u) {
+        return vec2<i32>(i32(ld8(so + j) & 63u), i32(ld8(so + 4u + j) & 63u));
+    }
+    let hi = ld8(so + 4u + j);
+    return vec2<i32>(i32((hi & 0xfu) | ((ld8(so + j - 4u) >> 6u) << 4u)), i32((hi >> 4u) | ((ld8(so + j) >> 6u) << 4u)));
+}
+
+// Q4_K/Q5_K unit product: (d_a·d)·f32(scale·Σ q·a) − (d_a·dmin)·f32(min·Σ a), with the
+// scale in w.s0 and the min in w.s1.
+fn unit_dot_scale_min(w: Unit, a0: u32, da: f32) -> f32 {
+    var sq = 0;
+    for (var i = 0u; i < 8u; i++) {
+        sq += dot4I8Packed(ONES, act[a0 + i]);
+    }
+    return (da * w.d) * f32(w.s0 * idot(w.q, a0, 0u, 8u)) - (da * w.dmin) * f32(w.s1 * sq);
+}
+
 // A Unit with unit scales and no offset, for decoders to fill.
 fn unit_new() -> Unit {
     var r: Unit;

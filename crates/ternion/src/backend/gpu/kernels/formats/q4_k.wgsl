@@ -10,14 +10,9 @@ fn decode(ro: u32, u: u32) -> Unit {
     let bo = ro + 144u * (u / 8u);
     r.d = f16_at(bo);
     r.dmin = f16_at(bo + 2u);
-    if (sb < 4u) {
-        r.s0 = i32(ld8(bo + 4u + sb) & 63u);
-        r.s1 = i32(ld8(bo + 8u + sb) & 63u);
-    } else {
-        let hi = ld8(bo + 8u + sb);
-        r.s0 = i32((hi & 0xfu) | ((ld8(bo + sb) >> 6u) << 4u));
-        r.s1 = i32((hi >> 4u) | ((ld8(bo + 4u + sb) >> 6u) << 4u));
-    }
+    let sm = scale_min_k4(bo + 4u, sb);
+    r.s0 = sm.x;
+    r.s1 = sm.y;
     let sh = 4u * (sb & 1u);
     for (var i = 0u; i < 8u; i++) {
         r.q[i] = (ld(bo + 16u + 32u * (sb / 2u) + 4u * i) >> sh) & M4;
@@ -26,12 +21,7 @@ fn decode(ro: u32, u: u32) -> Unit {
 }
 
 fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
-    var sq = 0;
-    for (var i = 0u; i < 8u; i++) {
-        sq += dot4I8Packed(ONES, act[a0 + i]);
-    }
-    let da = act_d[db + u / 8u];
-    return (da * w.d) * f32(w.s0 * idot(w.q, a0, 0u, 8u)) - (da * w.dmin) * f32(w.s1 * sq);
+    return unit_dot_scale_min(w, a0, act_d[db + u / 8u]);
 }
 
 fn unit_value(w: Unit, e: u32, q: f32) -> f32 {
