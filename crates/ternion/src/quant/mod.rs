@@ -144,6 +144,7 @@ pub mod float;
 pub mod format;
 pub mod i2s;
 pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod q1_0;
 pub mod q2_0;
 pub mod q4_0;
@@ -198,7 +199,7 @@ pub fn format(ty: GgmlType) -> Option<&'static Format> {
         GgmlType::TQ2_0 => Some(const { &Format::of::<tq2_0::TQ2_0>() }),
         GgmlType::I2_S => Some(const { &Format::of::<i2s::I2S>() }),
         GgmlType::IQ4_NL => Some(const { &Format::of::<iq4_nl::IQ4NL>() }),
-        GgmlType::IQ4_XS => None,
+        GgmlType::IQ4_XS => Some(const { &Format::of::<iq4_xs::IQ4XS>() }),
         GgmlType::Q1_0 => Some(const { &Format::of::<q1_0::Q1_0>() }),
         GgmlType::Q2_0 => Some(const { &Format::of::<q2_0::Q2_0>() }),
     }

@@ -160,7 +160,7 @@ fn weight_bytes(r: &mut impl Rng, fmt: QFormat, rows: usize, k: usize) -> (GgmlT
     let scales: &[usize] = match ty {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
-        GgmlType::IQ4_NL | GgmlType::Q2_0 => &[0],
+        GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::IQ4_XS => &[0],
         other => panic!("{other}: no quantizer and no random-block recipe in this test"),
     };
     r.fill(&mut out[..]);

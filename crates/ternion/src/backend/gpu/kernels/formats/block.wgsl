@@ -61,6 +61,17 @@ fn unit_dot_scale_min(w: Unit, a0: u32, da: f32) -> f32 {
     return (da * w.d) * f32(w.s0 * idot(w.q, a0, 0u, 8u)) - (da * w.dmin) * f32(w.s1 * sq);
 }
 
+// ggml's kvalues_iq4nl (IQ4_NL, IQ4_XS) as int8 bytes.
+var<private> KV: array<u32, 16> = array<u32, 16>(
+    0x81u, 0x98u, 0xadu, 0xbfu, 0xcfu, 0xddu, 0xeau, 0xf6u,
+    0x01u, 0x0du, 0x19u, 0x26u, 0x35u, 0x45u, 0x59u, 0x71u
+);
+
+// The grid bytes of the 4 codes in bytes of c (each ≤ 15).
+fn kv4(c: u32) -> u32 {
+    return KV[c & 0xfu] | (KV[(c >> 8u) & 0xfu] << 8u) | (KV[(c >> 16u) & 0xfu] << 16u) | (KV[c >> 24u] << 24u);
+}
+
 // A Unit with unit scales and no offset, for decoders to fill.
 fn unit_new() -> Unit {
     var r: Unit;

@@ -4,17 +4,6 @@
 // y = f32(Σ KV[n]·a)·(d·d_a) per block (ggml's vec_dot_iq4_nl_q8_0: (d_a·d)·Σ, the same
 // product).
 
-// kvalues_iq4nl as int8 bytes.
-var<private> KV: array<u32, 16> = array<u32, 16>(
-    0x81u, 0x98u, 0xadu, 0xbfu, 0xcfu, 0xddu, 0xeau, 0xf6u,
-    0x01u, 0x0du, 0x19u, 0x26u, 0x35u, 0x45u, 0x59u, 0x71u
-);
-
-// The grid bytes of the 4 codes in bytes of c (each ≤ 15).
-fn kv4(c: u32) -> u32 {
-    return KV[c & 0xfu] | (KV[(c >> 8u) & 0xfu] << 8u) | (KV[(c >> 16u) & 0xfu] << 16u) | (KV[c >> 24u] << 24u);
-}
-
 fn decode(ro: u32, u: u32) -> Unit {
     var r = unit_new();
     let bo = ro + 18u * u;
