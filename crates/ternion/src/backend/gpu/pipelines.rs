@@ -237,7 +237,7 @@ enum Source {
     Glu,
     Select,
     ReadProbe,
-    QMatvec,
+    QMatvec(QFormat),
     QuantAct,
     RowOps,
 }
@@ -271,7 +271,7 @@ impl Source {
             Source::Glu => ("glu.wgsl", include_str!("kernels/glu.wgsl")),
             Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
             Source::ReadProbe => ("read_bw.wgsl", include_str!("kernels/read_bw.wgsl")),
-            Source::QMatvec => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
+            Source::QMatvec(_) => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
             Source::QuantAct => ("quant_act.wgsl", include_str!("kernels/quant_act.wgsl")),
             Source::RowOps => ("rowops.wgsl", include_str!("kernels/rowops.wgsl")),
         }
@@ -299,7 +299,7 @@ impl Kernel {
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
-            Kernel::QMatvec { .. } | Kernel::QGather { .. } => Source::QMatvec,
+            Kernel::QMatvec { fmt, .. } | Kernel::QGather { fmt } => Source::QMatvec(fmt),
             Kernel::QuantAct { .. } => Source::QuantAct,
             Kernel::RowOp { .. } => Source::RowOps,
         }
@@ -502,6 +502,11 @@ impl GpuContext {
                         defines.push("SUBGROUPS");
                     }
                     let mut code = preprocess(file, text, &defines)?;
+                    if let Source::QMatvec(fmt) = src {
+                        for part in fmt.includes() {
+                            code.push_str(part);
+                        }
+                    }
                     code.push_str(include_str!("kernels/common.wgsl"));
                     let m = self
                         .device

@@ -76,6 +76,15 @@ pub(crate) fn uniform(ctx: &GpuContext, label: &str, words: &[u32]) -> Result<Gp
     GpuBuffer::from_bytes(ctx, label, bytemuck::cast_slice(words), UNIFORM)
 }
 
+/// A uniform buffer holding one `#[repr(C)]` parameter struct.
+pub(crate) fn uniform_pod<T: bytemuck::Pod>(
+    ctx: &GpuContext,
+    label: &str,
+    params: &T,
+) -> Result<GpuBuffer> {
+    GpuBuffer::from_bytes(ctx, label, bytemuck::bytes_of(params), UNIFORM)
+}
+
 pub(crate) fn check_tpr(tpr: u32) -> Result<()> {
     if tpr.is_power_of_two() && tpr <= WG {
         Ok(())
