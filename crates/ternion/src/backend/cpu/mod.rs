@@ -1,6 +1,7 @@
 //! The CPU backend: kernels for each op of the forward pass, run on a worker pool started
 //! once (see [`pool`]).
 
+mod acts;
 mod attention;
 mod exec;
 mod linear;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::context::GpuContext;
-use super::ops::{ActQuant, MatmulKind, QFormat, RowOpKind};
+use super::ops::{ActQuant, ElemKind, MatmulKind, QFormat, RowOpKind};
 use crate::{Error, Result};
 
 /// Feature-dependent variant of a kernel.
@@ -152,6 +152,11 @@ pub enum Kernel {
         /// Which entry point.
         op: RowOpKind,
     },
+    /// `elementwise.wgsl`: per-head RMSNorm, scale, residual add.
+    Elementwise {
+        /// Which entry point.
+        op: ElemKind,
+    },
 }
 
 /// The entry points of `attention.wgsl`.
@@ -174,6 +179,8 @@ pub enum GluAct {
     ReluSqr,
     /// `g·sigmoid(g)` (1bitLLM BitNet).
     Silu,
+    /// GELU, tanh form (Gemma 3's GEGLU).
+    GeluTanh,
 }
 
 /// A compiled pipeline's identity.
@@ -201,6 +208,7 @@ enum Source {
     QMatvec,
     QuantAct,
     RowOps,
+    Elementwise,
 }
 
 impl Source {
@@ -223,6 +231,7 @@ impl Source {
             Source::QMatvec => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
             Source::QuantAct => ("quant_act.wgsl", include_str!("kernels/quant_act.wgsl")),
             Source::RowOps => ("rowops.wgsl", include_str!("kernels/rowops.wgsl")),
+            Source::Elementwise => ("elementwise.wgsl", include_str!("kernels/elementwise.wgsl")),
         }
     }
 }
@@ -248,6 +257,7 @@ impl Kernel {
             Kernel::QMatvec { .. } | Kernel::QGather { .. } => Source::QMatvec,
             Kernel::QuantAct { .. } => Source::QuantAct,
             Kernel::RowOp { .. } => Source::RowOps,
+            Kernel::Elementwise { .. } => Source::Elementwise,
         }
     }
 
@@ -281,6 +291,7 @@ impl Kernel {
             Kernel::QGather { .. } => "gather",
             Kernel::QuantAct { kind } => kind.entry_point(),
             Kernel::RowOp { op } => op.entry_point(),
+            Kernel::Elementwise { op } => op.entry_point(),
         }
     }
 
@@ -299,6 +310,7 @@ impl Kernel {
                 match act {
                     GluAct::ReluSqr => 0.0,
                     GluAct::Silu => 1.0,
+                    GluAct::GeluTanh => 2.0,
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
@@ -328,7 +340,7 @@ impl Kernel {
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
-            Kernel::QuantAct { .. } | Kernel::RowOp { .. } => vec![],
+            Kernel::QuantAct { .. } | Kernel::RowOp { .. } | Kernel::Elementwise { .. } => vec![],
         }
     }
 }

@@ -17,12 +17,13 @@ use std::collections::HashMap;
 
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
+use super::ops::{kernel_glu, window_fits, Elementwise};
 use super::ops::{
     ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormOut, PosTable,
     QAct, QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
     RowOp, StepUniform, Ternary3, TernaryGlu, TernaryLinear,
 };
-use super::pipelines::{Epilogue, GluAct as KernelGlu};
+use super::pipelines::Epilogue;
 use super::upload::GpuWeight;
 use crate::model::graph::{ActId, GluAct, Graph, Op, UnaryAct, WeightId};
 use crate::model::Logits;
@@ -81,6 +82,8 @@ enum Launch {
     QEmbed(QEmbed),
     /// LayerNorm, bias, GELU, position embedding, slice.
     Row(RowOp),
+    /// Per-head RMSNorm, scale, residual add.
+    Elem(Elementwise),
     /// A GGUF-format matvec over selected rows: decode and last-row modes copy the step's
     /// last row out first (`select`), then quantize it when the format asks.
     QHead(Box<QHead>),
@@ -133,6 +136,7 @@ impl Launch {
             Launch::QLinear(_) => "qmatvec",
             Launch::QEmbed(_) => "embed",
             Launch::Row(_) => "rowop",
+            Launch::Elem(_) => "elementwise",
         }
     }
 
@@ -182,6 +186,7 @@ impl Launch {
             Launch::QLinear(o) => o.record(pass, n, n > 1),
             Launch::QEmbed(o) => o.record(pass, n),
             Launch::Row(o) => o.record(pass, n),
+            Launch::Elem(o) => o.record(pass, n),
             Launch::QHead(h) => {
                 let QHead {
                     select,
@@ -396,12 +401,15 @@ fn op_io(op: &Op) -> (Vec<ActId>, Vec<ActId>) {
             let reads = if add { vec![x, out] } else { vec![x] };
             (reads, vec![out])
         }
-        Op::Rope { q, k } => (vec![q, k], vec![q, k]),
+        Op::Rope { q, k, .. } => (vec![q, k], vec![q, k]),
         Op::KvStore { k, v, .. } => (vec![k, v], vec![]),
         Op::Attention { q, out, .. } => (vec![q], vec![out]),
         Op::Glu { gate, up, .. } => (vec![gate, up], vec![gate]),
         Op::AddBias { x, .. } | Op::Act { x, .. } | Op::AddPosEmbed { x, .. } => (vec![x], vec![x]),
         Op::Slice { x, out, .. } | Op::SelectRows { x, out } => (vec![x], vec![out]),
+        Op::HeadRmsNorm { x, out, .. } => (vec![x], vec![out]),
+        Op::Scale { x, .. } | Op::SoftCap { x, .. } => (vec![x], vec![x]),
+        Op::Add { x, y } => (vec![x, y], vec![x]),
     }
 }
 
@@ -545,7 +553,12 @@ impl Plan {
                                         add: false,
                                     }),
                                     Some(&Op::Glu { act, gate, up: up2 }),
-                                ) if !add && xu == x && gate == out && up2 == up => {
+                                ) if !add
+                                    && xu == x
+                                    && gate == out
+                                    && up2 == up
+                                    && act != GluAct::GeluTanh =>
+                                {
                                     match &weights[wu.0] {
                                         GpuWeight::Ternary(uw) => Some((uw, up, act)),
                                         _ => None,
@@ -592,10 +605,7 @@ impl Plan {
                                 launches.push(Launch::Ternary3(Box::new((fused, each))));
                                 i += 2;
                             } else if let Some((uw, up, act)) = glu {
-                                let act = match act {
-                                    GluAct::Relu2 => KernelGlu::ReluSqr,
-                                    GluAct::Silu => KernelGlu::Silu,
-                                };
+                                let act = kernel_glu(act);
                                 let ub = acts.f32(up)?;
                                 launches.push(Launch::TernaryGlu(Box::new(FusedGlu {
                                     fused: TernaryGlu::new(g, variant, TPR, tw, uw, &q, &ob, act)?,
@@ -725,10 +735,23 @@ impl Plan {
                     // is the same kernel with n_rot = 0, which binds the layer's queries and
                     // leaves them as they are.
                     let (q, layer, k, v, d, freqs) = match (op, graph.ops.get(i + 1)) {
-                        (&Op::Rope { q, k }, Some(&Op::KvStore { layer, k: k2, v })) if k2 == k => {
+                        (&Op::Rope { q, k, .. }, Some(&Op::KvStore { layer, k: k2, v }))
+                            if k2 == k =>
+                        {
                             i += 1;
                             let freqs = geo.rope_freqs.map(vector).transpose()?;
-                            (q, layer, k, v, dims, freqs)
+                            let base = geo.rope_base_of(layer);
+                            (
+                                q,
+                                layer,
+                                k,
+                                v,
+                                AttnDims {
+                                    rope_base: base,
+                                    ..dims
+                                },
+                                freqs,
+                            )
                         }
                         (&Op::KvStore { layer, k, v }, _) => {
                             let q = graph.ops[i..].iter().find_map(|o| match *o {
@@ -757,6 +780,7 @@ impl Plan {
                     )?));
                 }
                 Op::Attention { layer, q, out } => {
+                    window_fits(geo, layer, n_ctx)?;
                     let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
                     launches.push(Launch::Attention(Attention::new(
                         g,
@@ -768,10 +792,7 @@ impl Plan {
                     )?));
                 }
                 Op::Glu { act, gate, up } => {
-                    let act = match act {
-                        GluAct::Relu2 => KernelGlu::ReluSqr,
-                        GluAct::Silu => KernelGlu::Silu,
-                    };
+                    let act = kernel_glu(act);
                     let (gb, ub) = (acts.f32(gate)?, acts.f32(up)?);
                     launches.push(Launch::Glu(Glu::new(g, act, &gb, &ub, width(gate))?));
                 }
@@ -819,6 +840,22 @@ impl Plan {
                         &ob,
                     )?));
                 }
+                Op::HeadRmsNorm { x, w, out } => {
+                    let (xb, wb, ob) = (acts.f32(x)?, vector(w)?, acts.f32(out)?);
+                    let (n, hd) = (width(x), geo.head_dim);
+                    let eps = graph.rms_eps;
+                    let e = Elementwise::head_rms_norm(g, &xb, &wb, n, hd, eps, &ob)?;
+                    launches.push(Launch::Elem(e));
+                }
+                Op::Scale { x, s } => {
+                    let xb = acts.f32(x)?;
+                    launches.push(Launch::Elem(Elementwise::scale(g, &xb, width(x), s)?));
+                }
+                Op::Add { x, y } => {
+                    let (xb, yb) = (acts.f32(x)?, acts.f32(y)?);
+                    launches.push(Launch::Elem(Elementwise::add(g, &xb, &yb, width(x))?));
+                }
+                Op::SoftCap { .. } => return Err(unsupported(op)),
                 Op::SelectRows { x, out } => {
                     let src = acts.resolve(x);
                     acts.alias.insert(out, src);

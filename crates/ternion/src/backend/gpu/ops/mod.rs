@@ -3,6 +3,7 @@
 //! compute passes with `record`, which creates nothing. One file per kernel family.
 
 mod attention;
+mod elementwise;
 mod embed;
 mod glu;
 mod matmul;
@@ -13,6 +14,8 @@ mod rowops;
 mod select;
 
 pub use attention::{Attention, AttnDims, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
+pub(crate) use elementwise::{kernel_glu, window_fits};
+pub use elementwise::{ElemKind, Elementwise};
 pub use embed::Embed;
 pub use glu::Glu;
 pub use matmul::{MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS};
