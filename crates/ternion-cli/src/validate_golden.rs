@@ -118,12 +118,29 @@ struct Summary {
     failures: usize,
 }
 
-/// Runs every case of a multi-family golden manifest.
-pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs) -> Result<()> {
-    let cases = m["cases"].as_array().context("manifest: cases")?;
+/// Runs every case of a multi-family golden manifest (only those of models whose file
+/// name contains one of `only`, when it is not empty).
+pub fn validate(
+    m: &Value,
+    dir: &Path,
+    opts: &LoadOptions,
+    backend: &BackendArgs,
+    only: &[String],
+) -> Result<()> {
+    let all = m["cases"].as_array().context("manifest: cases")?;
+    let wanted = |c: &&Value| {
+        only.is_empty()
+            || c["model"]
+                .as_str()
+                .is_some_and(|f| only.iter().any(|o| f.contains(o.as_str())))
+    };
+    let cases: Vec<&Value> = all.iter().filter(wanted).collect();
+    if cases.is_empty() {
+        bail!("no case of the manifest matches --only {}", only.join(","));
+    }
     let mut by_model: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
     let mut order = Vec::new();
-    for c in cases {
+    for &c in &cases {
         let f = c["model"].as_str().context("case: model")?.to_string();
         if !by_model.contains_key(&f) {
             order.push(f.clone());

@@ -828,3 +828,56 @@ fn ctrl_c_in_chat_stops_the_reply_and_then_exits_at_the_prompt() {
     assert!(totals.contains("chat ended: 2 replies"), "{totals}");
     assert!(replies.iter().all(|r| r.len() > 1), "{replies:?}");
 }
+
+/// The golden2 cases whose block formats this build has: qwen2, qwen3 and gemma3 in F16
+/// (Q4_0 embeddings), and llama with TQ1_0/TQ2_0 weights.
+const GOLDEN2_CASES: [(&str, &str, &str); 2] = [
+    ("golden2/manifest.json", "qwen2-d64-f16", "all 5 cases pass"),
+    (
+        "golden2-extra/manifest.json",
+        "qwen3-d64-f16,gemma3-d64-f16,llama-spm-t256-tq1_0,llama-spm-t256-tq2_0",
+        "all 20 cases pass",
+    ),
+];
+
+fn validate_golden2(backend: &str) {
+    for (manifest, only, pass) in GOLDEN2_CASES {
+        let m = shared().join(manifest);
+        let out = ok(&[
+            "validate",
+            m.to_str().unwrap(),
+            "--only",
+            only,
+            "--backend",
+            backend,
+            "-t",
+            "2",
+        ]);
+        assert!(out.contains(pass), "{manifest} on {backend}:\n{out}");
+        for model in only.split(',') {
+            assert!(out.contains(model), "{model} missing from:\n{out}");
+        }
+    }
+}
+
+#[test]
+fn validate_golden2_new_architectures() {
+    validate_golden2("cpu");
+}
+
+#[test]
+fn validate_golden2_new_architectures_on_gpu() {
+    if !gpu_tests_on() {
+        return;
+    }
+    validate_golden2("gpu");
+}
+
+#[test]
+fn validate_only_that_matches_nothing_is_an_error() {
+    let m = shared().join("golden2/manifest.json");
+    let out = ternion(&["validate", m.to_str().unwrap(), "--only", "no-such-model"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no case of the manifest matches"), "{err}");
+}

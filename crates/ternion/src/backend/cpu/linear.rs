@@ -69,7 +69,10 @@ impl Linear {
                 return Err(Error::UnsupportedType {
                     tensor: name.into(),
                     type_id: ty.id(),
-                    type_name: format!("{ty} (no matmul kernel for it yet)"),
+                    type_name: format!(
+                        "{ty} (no matmul kernel for it yet; this build's matmul formats: \
+                         F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, I2_S, TQ1_0, TQ2_0)"
+                    ),
                 })
             }
         }
