@@ -152,6 +152,8 @@ pub enum Kernel {
         /// Which entry point.
         op: RowOpKind,
     },
+    /// `window_attention.wgsl`: sliding-window attention.
+    WindowAttention,
     /// `elementwise.wgsl`: per-head RMSNorm, scale, residual add.
     Elementwise {
         /// Which entry point.
@@ -209,6 +211,7 @@ enum Source {
     QuantAct,
     RowOps,
     Elementwise,
+    WindowAttention,
 }
 
 impl Source {
@@ -232,6 +235,10 @@ impl Source {
             Source::QuantAct => ("quant_act.wgsl", include_str!("kernels/quant_act.wgsl")),
             Source::RowOps => ("rowops.wgsl", include_str!("kernels/rowops.wgsl")),
             Source::Elementwise => ("elementwise.wgsl", include_str!("kernels/elementwise.wgsl")),
+            Source::WindowAttention => (
+                "window_attention.wgsl",
+                include_str!("kernels/window_attention.wgsl"),
+            ),
         }
     }
 }
@@ -258,6 +265,7 @@ impl Kernel {
             Kernel::QuantAct { .. } => Source::QuantAct,
             Kernel::RowOp { .. } => Source::RowOps,
             Kernel::Elementwise { .. } => Source::Elementwise,
+            Kernel::WindowAttention => Source::WindowAttention,
         }
     }
 
@@ -277,7 +285,9 @@ impl Kernel {
                 F16Rows::Last => "last",
                 F16Rows::Four => "main4",
             },
-            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe => "main",
+            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe | Kernel::WindowAttention => {
+                "main"
+            }
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
                 AttnStage::ProbsPv => "probs_pv",
@@ -340,7 +350,10 @@ impl Kernel {
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
-            Kernel::QuantAct { .. } | Kernel::RowOp { .. } | Kernel::Elementwise { .. } => vec![],
+            Kernel::QuantAct { .. }
+            | Kernel::RowOp { .. }
+            | Kernel::Elementwise { .. }
+            | Kernel::WindowAttention => vec![],
         }
     }
 }

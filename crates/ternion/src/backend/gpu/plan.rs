@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
-use super::ops::{kernel_glu, window_fits, Elementwise};
+use super::ops::{kernel_glu, Elementwise, WindowAttention};
 use super::ops::{
     ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormOut, PosTable,
     QAct, QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
@@ -84,6 +84,8 @@ enum Launch {
     Row(RowOp),
     /// Per-head RMSNorm, scale, residual add.
     Elem(Elementwise),
+    /// Attention of a sliding-window layer.
+    WindowAttention(WindowAttention),
     /// A GGUF-format matvec over selected rows: decode and last-row modes copy the step's
     /// last row out first (`select`), then quantize it when the format asks.
     QHead(Box<QHead>),
@@ -137,6 +139,7 @@ impl Launch {
             Launch::QEmbed(_) => "embed",
             Launch::Row(_) => "rowop",
             Launch::Elem(_) => "elementwise",
+            Launch::WindowAttention(_) => "window_attention",
         }
     }
 
@@ -187,6 +190,7 @@ impl Launch {
             Launch::QEmbed(o) => o.record(pass, n),
             Launch::Row(o) => o.record(pass, n),
             Launch::Elem(o) => o.record(pass, n),
+            Launch::WindowAttention(o) => o.record(pass, n),
             Launch::QHead(h) => {
                 let QHead {
                     select,
@@ -779,8 +783,14 @@ impl Plan {
                         (&kv[layer], &index),
                     )?));
                 }
+                Op::Attention { layer, q, out } if geo.window_of(layer).is_some() => {
+                    let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
+                    let w = geo.window_of(layer).unwrap_or(n_ctx);
+                    let cache = (&kv[layer], &index);
+                    let a = WindowAttention::new(g, dims, w, &step, &qb, cache, &ob)?;
+                    launches.push(Launch::WindowAttention(a));
+                }
                 Op::Attention { layer, q, out } => {
-                    window_fits(geo, layer, n_ctx)?;
                     let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
                     launches.push(Launch::Attention(Attention::new(
                         g,

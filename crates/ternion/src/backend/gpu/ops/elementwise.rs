@@ -5,7 +5,7 @@ use super::{uniform, Dispatch, WG};
 use crate::backend::gpu::buffers::GpuBuffer;
 use crate::backend::gpu::context::GpuContext;
 use crate::backend::gpu::pipelines::{GluAct as KernelGlu, Kernel, PipelineKey, Variant};
-use crate::model::graph::{AttnGeometry, GluAct};
+use crate::model::graph::GluAct;
 use crate::{Error, Result};
 
 /// The entry points of `elementwise.wgsl`.
@@ -116,17 +116,5 @@ pub(crate) fn kernel_glu(act: GluAct) -> KernelGlu {
         GluAct::Relu2 => KernelGlu::ReluSqr,
         GluAct::Silu => KernelGlu::Silu,
         GluAct::GeluTanh => KernelGlu::GeluTanh,
-    }
-}
-
-/// Sliding-window attention runs here only while the context fits in the window (where
-/// the window hides nothing); the attention kernels have no window.
-pub(crate) fn window_fits(geo: &AttnGeometry, layer: usize, n_ctx: usize) -> Result<()> {
-    match geo.window_of(layer) {
-        Some(w) if n_ctx > w => Err(Error::Gpu(format!(
-            "layer {layer}: sliding-window attention (window {w}) on the GPU needs a \
-             context of at most {w} positions, not {n_ctx} (use --backend cpu)"
-        ))),
-        _ => Ok(()),
     }
 }

@@ -12,9 +12,10 @@ mod norm;
 mod qmatvec;
 mod rowops;
 mod select;
+mod window_attention;
 
 pub use attention::{Attention, AttnDims, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
-pub(crate) use elementwise::{kernel_glu, window_fits};
+pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};
 pub use embed::Embed;
 pub use glu::Glu;
@@ -26,6 +27,7 @@ pub use qmatvec::{
 };
 pub use rowops::{PosTable, RowOp, RowOpKind};
 pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
+pub use window_attention::WindowAttention;
 
 use super::buffers::{GpuBuffer, UNIFORM};
 use super::context::GpuContext;
