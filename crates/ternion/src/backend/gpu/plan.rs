@@ -537,12 +537,14 @@ impl Plan {
                     let ob = acts.f32(out)?;
                     match (&weights[w.0], quant_weight(&weights, w)) {
                         (GpuWeight::Ternary(tw), _) => {
-                            let Some(q) = acts.quant.get(&acts.resolve(x)).cloned() else {
-                                return Err(Error::Gpu(format!(
-                                    "GPU plan: the input of ternary '{}' is not an RMSNorm \
-                                     output",
-                                    graph.weights[w.0].name
-                                )));
+                            let q = match acts.quant.get(&acts.resolve(x)).cloned() {
+                                Some(q) => q,
+                                // No RMSNorm quantized it (llama + I2_S): quantize here.
+                                None => {
+                                    let (xb, q) = (acts.f32(x)?, acts.quant(x)?);
+                                    launches.push(Launch::Elem(Elementwise::quant_i8(g, &xb, &q)?));
+                                    q
+                                }
                             };
                             let mv = |w, out: &GpuBuffer| {
                                 TernaryLinear::new(g, variant, TPR, w, &q, out, epilogue, &step)

@@ -668,7 +668,7 @@ impl PagedSeq {
     }
 }
 
-fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
+pub(super) fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
     (0..n)
         .map(|_| f16::from_f32(r.random_range(-2.0..2.0)))
         .collect()

@@ -1,7 +1,8 @@
 //! Per-head and element-wise ops of the Qwen3 / Gemma 3 graphs (`elementwise.wgsl`):
-//! per-head RMSNorm, scale, residual add.
+//! per-head RMSNorm, scale, residual add; and the int8 quantization of an I2_S matmul's
+//! input that no RMSNorm feeds.
 
-use super::{uniform, Dispatch, WG};
+use super::{uniform, Dispatch, QuantAct, WG};
 use crate::backend::gpu::buffers::GpuBuffer;
 use crate::backend::gpu::context::GpuContext;
 use crate::backend::gpu::pipelines::{GluAct as KernelGlu, Kernel, PipelineKey, Variant};
@@ -17,6 +18,8 @@ pub enum ElemKind {
     Scale,
     /// `x += y`.
     Add,
+    /// Per-token int8 absmax quantization.
+    QuantI8,
 }
 
 impl ElemKind {
@@ -25,6 +28,7 @@ impl ElemKind {
             ElemKind::HeadRmsNorm => "head_rmsnorm",
             ElemKind::Scale => "scale",
             ElemKind::Add => "add",
+            ElemKind::QuantI8 => "quant_i8",
         }
     }
 }
@@ -101,6 +105,23 @@ impl Elementwise {
             [n as u32, 0, 0, 0],
             (n as u32).div_ceil(WG),
             &[(1, x.binding()), (2, y.binding())],
+        )
+    }
+
+    /// `q` = rows of `x` quantized to int8 per token, as the ternary matvecs read them.
+    pub fn quant_i8(ctx: &GpuContext, x: &GpuBuffer, q: &QuantAct) -> Result<Elementwise> {
+        if !q.k.is_multiple_of(4) {
+            return Err(Error::Gpu(format!(
+                "quant_i8: row width {} is not a multiple of 4",
+                q.k
+            )));
+        }
+        Self::build(
+            ctx,
+            ElemKind::QuantI8,
+            [q.k as u32, 0, 0, 0],
+            1,
+            &[(1, x.binding()), (4, q.q.binding()), (5, q.meta.binding())],
         )
     }
 
