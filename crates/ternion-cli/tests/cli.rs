@@ -881,3 +881,65 @@ fn validate_only_that_matches_nothing_is_an_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no case of the manifest matches"), "{err}");
 }
+
+/// The float values of a `ternion logits` .npy file.
+fn npy_values(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    bytes[10 + hlen..]
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// A Falcon3-1.58-style model (`llama` + I2_S, no sub-norms) and a TriLM-style one
+/// (`llama` + TQ2_0): the GPU's logits equal the CPU's within activation-rounding noise,
+/// and I2_S agrees with TQ2_0 on the same ternary weights.
+#[test]
+fn llama_with_ternary_weights_on_cpu_and_gpu() {
+    let dir = tmp_dir();
+    let mut rows = Vec::new();
+    for ty in ["i2_s", "tq2_0"] {
+        let model = dir.join(format!("llama-{ty}.gguf"));
+        let m = model.to_str().unwrap();
+        ok(&["synth", "--arch", "llama", "--type", ty, "--out", m]);
+        let backends: &[&str] = if gpu_tests_on() {
+            &["cpu", "gpu"]
+        } else {
+            &["cpu"]
+        };
+        let mut got = Vec::new();
+        for b in backends {
+            let out = dir.join(format!("llama-{ty}-{b}.npy"));
+            let o = out.to_str().unwrap();
+            let prompt = "Ternary weights in a llama block.";
+            ok(&[
+                "logits",
+                "--model",
+                m,
+                "--prompt",
+                prompt,
+                "--out",
+                o,
+                "--backend",
+                b,
+            ]);
+            got.push(npy_values(&out));
+        }
+        for g in &got[1..] {
+            let d = g
+                .iter()
+                .zip(&got[0])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(d < 0.1, "{ty}: gpu vs cpu max |diff| {d}");
+        }
+        rows.push(got.swap_remove(0));
+    }
+    let d = rows[0]
+        .iter()
+        .zip(&rows[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(d < 0.5, "i2_s vs tq2_0 max |diff| {d}");
+}

@@ -537,10 +537,16 @@ impl Plan {
                     let ob = acts.f32(out)?;
                     match (&weights[w.0], quant_weight(&weights, w)) {
                         (GpuWeight::Ternary(tw), _) => {
+                            // The int8 copy an RMSNorm wrote, when the last writer of x
+                            // is one; otherwise (llama + I2_S) quantize x here.
+                            let normed = graph.ops[..i]
+                                .iter()
+                                .rev()
+                                .find(|o| op_io(o).1.contains(&x))
+                                .is_some_and(|o| matches!(o, Op::RmsNorm { .. }));
                             let q = match acts.quant.get(&acts.resolve(x)).cloned() {
-                                Some(q) => q,
-                                // No RMSNorm quantized it (llama + I2_S): quantize here.
-                                None => {
+                                Some(q) if normed => q,
+                                _ => {
                                     let (xb, q) = (acts.f32(x)?, acts.quant(x)?);
                                     launches.push(Launch::Elem(Elementwise::quant_i8(g, &xb, &q)?));
                                     q

@@ -41,7 +41,10 @@ fn elementwise_ops_match_cpu() {
     let mut want = vec![0f32; t * n];
     rms_norm(&x, &w, 1e-6, &mut want);
     for (i, (&g, &c)) in got.iter().zip(&want).enumerate() {
-        assert!((g - c).abs() <= 2e-6 * c.abs() + 1e-7, "{i}: gpu {g} cpu {c}");
+        assert!(
+            (g - c).abs() <= 2e-6 * c.abs() + 1e-7,
+            "{i}: gpu {g} cpu {c}"
+        );
     }
 
     let scale = Elementwise::scale(&ctx, &xb, n, 8.0).unwrap();
