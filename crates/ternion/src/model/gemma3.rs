@@ -78,13 +78,7 @@ pub fn graph(cfg: &Config) -> Graph {
         b.op(Op::Add { x, y: h });
 
         b.rms_norm(x, ffn_norm, h);
-        b.linear(w_gate, h, gate, false);
-        b.linear(w_up, h, up, false);
-        b.op(Op::Glu {
-            act: GluAct::GeluTanh,
-            gate,
-            up,
-        });
+        b.gated(GluAct::GeluTanh, (w_gate, w_up), h, gate, up);
         b.linear(w_down, gate, o, false);
         b.rms_norm(o, post_ffw, h);
         b.op(Op::Add { x, y: h });

@@ -364,6 +364,20 @@ impl Builder {
         self.op(Op::RmsNorm { x, w, out });
     }
 
+    /// The gated FFN's first half: `gate = act(W_gate·h) · (W_up·h)`.
+    pub fn gated(
+        &mut self,
+        act: GluAct,
+        (w_gate, w_up): (WeightId, WeightId),
+        h: ActId,
+        gate: ActId,
+        up: ActId,
+    ) {
+        self.linear(w_gate, h, gate, false);
+        self.linear(w_up, h, up, false);
+        self.op(Op::Glu { act, gate, up });
+    }
+
     /// `out = rmsnorm(x) · w` over each head of `x` (`w` has one head's width).
     pub fn head_rms_norm(&mut self, x: ActId, w: WeightId, out: ActId) {
         self.op(Op::HeadRmsNorm { x, w, out });

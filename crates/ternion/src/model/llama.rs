@@ -99,13 +99,7 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
         b.linear(wo, att, x, true);
 
         b.rms_norm(x, ffn_norm, h);
-        b.linear(w_gate, h, gate, false);
-        b.linear(w_up, h, up, false);
-        b.op(Op::Glu {
-            act: GluAct::Silu,
-            gate,
-            up,
-        });
+        b.gated(GluAct::Silu, (w_gate, w_up), h, gate, up);
         b.linear(w_down, gate, x, true);
     }
     let head = lm_head_weight(&mut b, cfg, embd);

@@ -3,17 +3,19 @@ use std::path::PathBuf;
 use super::*;
 use crate::gguf::{GgufWriter, Value, ValueType};
 
-pub(crate) fn vocab_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/vocab"
-    ));
+/// `../shared/{sub}` beside the repository; panics when it is missing.
+pub(crate) fn shared_dir(sub: &str) -> PathBuf {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared")).join(sub);
     assert!(
         dir.is_dir(),
-        "test vocabularies missing: expected {} (the shared folder next to the worktree)",
+        "test data missing: expected {} (the shared folder next to the worktree)",
         dir.display()
     );
     dir
+}
+
+pub(crate) fn vocab_dir() -> PathBuf {
+    shared_dir("vocab")
 }
 
 fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {

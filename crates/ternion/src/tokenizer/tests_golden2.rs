@@ -2,22 +2,8 @@
 //! ids for 46 texts, without and with special-token parsing, read with the tokenizer of the
 //! golden2 model that carries each vocabulary.
 
-use std::path::PathBuf;
-
+use super::tests::shared_dir;
 use super::*;
-
-fn golden2_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden2"
-    ));
-    assert!(
-        dir.is_dir(),
-        "golden2 set missing: expected {} (the shared folder next to the worktree)",
-        dir.display()
-    );
-    dir
-}
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
@@ -29,7 +15,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// Checks every vector of `tokenizer/{name}.json` with the tokenizer of `models/{model}`.
 fn check(name: &str, model: &str) {
-    let dir = golden2_dir();
+    let dir = shared_dir("golden2");
     let path = dir.join("models").join(model);
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default())

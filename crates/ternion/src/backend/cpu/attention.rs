@@ -43,10 +43,13 @@ pub trait KvRows: Sync {
 }
 
 /// A cache laid out contiguously: row `p` at `p · kv_dim`.
-struct Contiguous<'a> {
-    k: &'a [f16],
-    v: &'a [f16],
-    kv_dim: usize,
+pub struct Contiguous<'a> {
+    /// Keys, `kv_dim` per position.
+    pub k: &'a [f16],
+    /// Values, same layout.
+    pub v: &'a [f16],
+    /// Halves per position.
+    pub kv_dim: usize,
 }
 
 impl KvRows for Contiguous<'_> {

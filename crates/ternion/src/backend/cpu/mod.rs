@@ -12,7 +12,7 @@ pub mod simd;
 mod unary;
 
 pub use attention::{
-    attention, attention_rows, scratch_per_thread, AttnShape, Heads, KvRows, QueryRow,
+    attention, attention_rows, scratch_per_thread, AttnShape, Contiguous, Heads, KvRows, QueryRow,
 };
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
 pub use linear::{Linear, QuantInput};

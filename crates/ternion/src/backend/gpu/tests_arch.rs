@@ -6,14 +6,13 @@
 //! - window attention: |Δ| ≤ 1e-4·max|v|, as full attention (decode rounds probabilities
 //!   to F16 on both sides).
 
-use half::f16;
 use rand::Rng;
 
 use super::ops::{AttnDims, Elementwise, WindowAttention};
 use super::tests::{ctx_with, dims, random_kv, rng, run, PagedSeq};
 use super::*;
 use crate::backend::cpu::{attention_rows, pool, rms_norm, scratch_per_thread};
-use crate::backend::cpu::{Heads, KvRows, QueryRow};
+use crate::backend::cpu::{Contiguous, Heads, QueryRow};
 
 fn ctx() -> Option<GpuContext> {
     ctx_with(&GpuOptions::default())
@@ -61,22 +60,6 @@ fn elementwise_ops_match_cpu() {
     assert!(Elementwise::head_rms_norm(&ctx, &xb, &wb, n + 1, hd, 1e-6, &ob).is_err());
 }
 
-/// A contiguous cache for the CPU reference.
-struct Rows<'a> {
-    k: &'a [f16],
-    v: &'a [f16],
-    kv_dim: usize,
-}
-
-impl KvRows for Rows<'_> {
-    fn key(&self, p: usize) -> &[f16] {
-        &self.k[p * self.kv_dim..][..self.kv_dim]
-    }
-    fn value(&self, p: usize) -> &[f16] {
-        &self.v[p * self.kv_dim..][..self.kv_dim]
-    }
-}
-
 /// `n` tokens after `pos0` cached positions, window `window`, against the CPU.
 fn window_case(ctx: &GpuContext, d: AttnDims, window: usize, pos0: usize, n: usize) {
     let mut r = rng(22 + pos0 as u64);
@@ -109,7 +92,7 @@ fn window_case(ctx: &GpuContext, d: AttnDims, window: usize, pos0: usize, n: usi
         head_dim: d.head_dim,
         window: Some(window),
     };
-    let cache = Rows {
+    let cache = Contiguous {
         k: &kc,
         v: &vc,
         kv_dim: kvd,
