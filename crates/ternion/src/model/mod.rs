@@ -11,6 +11,8 @@ pub mod llama;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+#[cfg(test)]
+mod tests;
 
 use std::path::Path;
 use std::sync::Arc;
