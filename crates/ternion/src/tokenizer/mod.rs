@@ -181,6 +181,29 @@ pub struct Tokenizer {
     eog: Vec<bool>,
 }
 
+/// Per-token strip attributes llama.cpp (src/llama-vocab.cpp) sets by model name: in Phi-3
+/// files every special token except `<unk>`, `<s>` and `<|endoftext|>` drops the white space
+/// after itself (so `<|user|>\n` tokenizes as `<|user|>` alone), and so does `</s>`.
+fn set_strip_attrs(vocab: &mut Vocab, model_name: &str) {
+    let name = model_name.to_lowercase();
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return;
+    }
+    for (r, a) in vocab.rstrip.iter_mut().zip(&vocab.attrs) {
+        *r = a.is_special();
+    }
+    for (text, on) in [
+        ("</s>", true),
+        ("<unk>", false),
+        ("<s>", false),
+        ("<|endoftext|>", false),
+    ] {
+        if let Some(id) = vocab.id(text) {
+            vocab.rstrip[id as usize] = on;
+        }
+    }
+}
+
 /// Token texts llama.cpp takes as EOT when `tokenizer.ggml.eot_token_id` is absent, in the
 /// order tried here.
 const EOT_TEXTS: &[&str] = &[
@@ -304,6 +327,7 @@ impl Tokenizer {
         for id in forced {
             vocab.attrs[id as usize] = Attr::Control;
         }
+        set_strip_attrs(&mut vocab, file.get_str("general.name")?.unwrap_or(""));
         for id in [eos, eot, eom].into_iter().flatten() {
             eog[id as usize] = true;
         }
