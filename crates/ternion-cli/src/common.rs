@@ -115,25 +115,10 @@ impl BackendArgs {
     }
 }
 
-/// Pre-tokenizer choice when the file does not name one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PreChoice {
-    /// Llama-3's pre-tokenizer (what Hugging Face uses for BitNet 2B-4T).
-    Llama3,
-    /// llama.cpp's fallback regex (what bitnet.cpp uses when `tokenizer.ggml.pre` is absent).
-    Default,
-    /// GPT-2's pre-tokenizer.
-    Gpt2,
-}
-
-impl From<PreChoice> for PreTokenizer {
-    fn from(p: PreChoice) -> PreTokenizer {
-        match p {
-            PreChoice::Llama3 => PreTokenizer::Llama3,
-            PreChoice::Default => PreTokenizer::Default,
-            PreChoice::Gpt2 => PreTokenizer::Gpt2,
-        }
-    }
+/// Parses `--pre-tokenizer`: any `tokenizer.ggml.pre` name llama.cpp maps to a regex this
+/// build has (`llama3`, `qwen2`, `smollm`, `falcon_e`, `gpt2`, `default`, ...).
+pub fn parse_pre(name: &str) -> std::result::Result<PreTokenizer, String> {
+    PreTokenizer::parse(name).map_err(|e| e.to_string())
 }
 
 /// LM head storage choice.
@@ -173,10 +158,11 @@ pub struct ModelArgs {
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(long, short = 'c')]
     pub ctx: Option<usize>,
-    /// Pre-tokenizer to use when the file has no `tokenizer.ggml.pre` (BitNet's files):
-    /// llama3 matches Hugging Face, default matches bitnet.cpp.
-    #[arg(long, value_enum, default_value = "llama3")]
-    pub pre_tokenizer: PreChoice,
+    /// Pre-tokenizer, by its `tokenizer.ggml.pre` name, used whatever the file says.
+    /// Without it: the file's own, or llama3 (Hugging Face's for BitNet 2B-4T) when the file
+    /// names none; `default` matches bitnet.cpp there.
+    #[arg(long, value_parser = parse_pre)]
+    pub pre_tokenizer: Option<PreTokenizer>,
     /// LM head storage: as stored (exact) or requantized to Q8_0 (faster, approximate).
     #[arg(long, value_enum, default_value = "stored")]
     pub lm_head: LmHeadArg,
@@ -247,11 +233,12 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize> {
     Ok(n)
 }
 
-/// Tokenizer options for a file: BitNet files lack `tokenizer.ggml.pre`; use the choice.
-pub fn tokenizer_options(pre: PreChoice) -> TokenizerOptions {
+/// Tokenizer options for `--pre-tokenizer`: the choice overrides the file's; without one the
+/// file's own is used, and Llama-3's when the file names none (BitNet's files).
+pub fn tokenizer_options(pre: Option<PreTokenizer>) -> TokenizerOptions {
     TokenizerOptions {
-        pre: None,
-        pre_when_absent: pre.into(),
+        pre,
+        pre_when_absent: pre.unwrap_or(PreTokenizer::Llama3),
     }
 }
 

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use ternion::model::Config;
-use ternion::tokenizer::Tokenizer;
+use ternion::tokenizer::{PreTokenizer, Tokenizer};
 
-use crate::common::{self, PreChoice};
+use crate::common;
 
 /// Arguments of `ternion inspect`.
 #[derive(Args)]
@@ -61,9 +61,10 @@ pub struct TokenizeArgs {
     /// Parse special-token text.
     #[arg(long)]
     special: bool,
-    /// Pre-tokenizer when the file names none.
-    #[arg(long, value_enum, default_value = "llama3")]
-    pre_tokenizer: PreChoice,
+    /// Pre-tokenizer, by its `tokenizer.ggml.pre` name, used whatever the file says
+    /// (without it: the file's own, llama3 when it names none).
+    #[arg(long, value_parser = common::parse_pre)]
+    pre_tokenizer: Option<PreTokenizer>,
     /// Text to tokenize.
     text: String,
 }

@@ -10,7 +10,7 @@ use ternion::synth::{self, Shape, Spec, Vocab};
 /// Arguments of `ternion synth`.
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Architecture: bitnet-b1.58, bitnet-25, bitnet, or gpt2 (dense weights).
+    /// Architecture: bitnet-b1.58, bitnet-25, bitnet, llama (ternary weights, Falcon3-1.58 / TriLM style), or gpt2 (dense weights).
     #[arg(long, default_value = "bitnet-b1.58")]
     arch: String,
     /// Shape: 2b-4t (BitNet b1.58 2B-4T), small, tiny, or gpt2-124m.

@@ -45,6 +45,10 @@ pub struct ValidateArgs {
     /// LM head storage (q8_0 is an approximation: expect larger logit differences).
     #[arg(long, value_enum, default_value = "stored")]
     lm_head: LmHeadArg,
+    /// Run only the cases of models whose file name contains one of these (comma
+    /// separated; multi-family manifests).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 /// Comparison of two logit matrices.
@@ -109,7 +113,8 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
         validate_bitnet(&m, dir, &a.lm_head.load_options(), &a.backend)
     } else if m.get("models").is_some() && m.get("cases").is_some() {
-        crate::validate_golden::validate(&m, dir, &a.lm_head.load_options(), &a.backend)
+        let opts = a.lm_head.load_options();
+        crate::validate_golden::validate(&m, dir, &opts, &a.backend, &a.only)
     } else {
         bail!(
             "{}: unrecognised manifest schema (expected 'model_file' and 'prompts', or \

@@ -6,8 +6,11 @@
 //! Run A quantizes activations (Q8_0, Q8_K, F16) with chaotic rounding, and used an F32 KV
 //! cache where ours is F16, so the checks are the loose ones the set's README suggests:
 //! 1. tokens: ours equal the golden `tokens`;
-//! 2. prompt logits (one batch) against A's top-20 at every position: max |diff| < 2.0 and
-//!    top-1 agreement ≥ 65 % of positions; where B exists, max |diff| < 2.0 against it too;
+//! 2. prompt logits (one batch) against A's top-20 at every position: max |diff| below the
+//!    case's tolerance and top-1 agreement ≥ 65 % of positions; where B exists, max |diff|
+//!    < 2.0 against it too. The tolerance is 2 × the case's `top20_max_abs_diff_A_vs_B`
+//!    (llama.cpp's own A-vs-B difference, golden2 and later) when the case has that field,
+//!    else the first set's flat 2.0; the greedy top-5 use the same tolerance;
 //! 3. full-vocab rows (A or B, as stored): RMS < 0.15 (cosine reported);
 //! 4. greedy: the golden tokens teacher-forced, our top-1 must equal the golden id at
 //!    every step whose golden margin (top-1 − top-2) exceeds [`GREEDY_MARGIN`]; the
@@ -25,8 +28,10 @@ use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use crate::common::{self, BackendArgs};
 use crate::validate::{ids, read_f32};
 
-/// Largest |ours − golden| over the top-20 ids (A or B).
+/// Largest |ours − golden| over the top-20 ids (A or B) for cases without their own figure.
 const TOP20_MAX_ABS: f32 = 2.0;
+/// A case's tolerance is this many times its `top20_max_abs_diff_A_vs_B`.
+const A_VS_B_FACTOR: f32 = 2.0;
 /// Largest RMS difference over a stored full-vocab row.
 const ROW_RMS: f64 = 0.15;
 /// Smallest share of prompt positions whose top-1 equals A's.
@@ -113,12 +118,29 @@ struct Summary {
     failures: usize,
 }
 
-/// Runs every case of a multi-family golden manifest.
-pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs) -> Result<()> {
-    let cases = m["cases"].as_array().context("manifest: cases")?;
+/// Runs every case of a multi-family golden manifest (only those of models whose file
+/// name contains one of `only`, when it is not empty).
+pub fn validate(
+    m: &Value,
+    dir: &Path,
+    opts: &LoadOptions,
+    backend: &BackendArgs,
+    only: &[String],
+) -> Result<()> {
+    let all = m["cases"].as_array().context("manifest: cases")?;
+    let wanted = |c: &&Value| {
+        only.is_empty()
+            || c["model"]
+                .as_str()
+                .is_some_and(|f| only.iter().any(|o| f.contains(o.as_str())))
+    };
+    let cases: Vec<&Value> = all.iter().filter(wanted).collect();
+    if cases.is_empty() {
+        bail!("no case of the manifest matches --only {}", only.join(","));
+    }
     let mut by_model: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
     let mut order = Vec::new();
-    for c in cases {
+    for &c in &cases {
         let f = c["model"].as_str().context("case: model")?.to_string();
         if !by_model.contains_key(&f) {
             order.push(f.clone());
@@ -157,6 +179,11 @@ pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs
             };
             let tokens = ids(&case["tokens"], "tokens")?;
             let n = tokens.len();
+            let tol = match c["top20_max_abs_diff_A_vs_B"].as_f64() {
+                Some(f) if f.is_finite() && f > 0.0 => A_VS_B_FACTOR * f as f32,
+                Some(f) => bail!("{pid}: top20_max_abs_diff_A_vs_B {f} is not positive"),
+                None => TOP20_MAX_ABS,
+            };
 
             // 1. Tokenization.
             if let Some(text) = c["prompt_text"].as_str() {
@@ -179,13 +206,14 @@ pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs
             let agree = (0..n)
                 .filter(|&r| argmax(&ours[r * n_vocab..][..n_vocab]) == a.ids[r][0])
                 .count();
-            if max_a >= TOP20_MAX_ABS {
-                fails.push(format!("A top-20 max|diff| {max_a:.3} ≥ {TOP20_MAX_ABS}"));
+            if max_a >= tol {
+                fails.push(format!("A top-20 max|diff| {max_a:.4} ≥ {tol:.4}"));
             }
             if (agree as f64) < TOP1_MIN * n as f64 {
                 fails.push(format!("top-1 agreement {agree}/{n} < {TOP1_MIN}"));
             }
-            let mut line = format!("  {pid}: A top-20 max|d| {max_a:.4}  top-1 {agree}/{n}");
+            let mut line =
+                format!("  {pid}: A top-20 max|d| {max_a:.4} (tol {tol:.3})  top-1 {agree}/{n}");
             sum.max_a = sum.max_a.max(max_a);
             sum.top1.0 += agree;
             sum.top1.1 += n;
@@ -276,10 +304,8 @@ pub fn validate(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs
                     "greedy top-1 differs at steps {bad:?} (golden margin > {GREEDY_MARGIN})"
                 ));
             }
-            if max5 >= TOP20_MAX_ABS {
-                fails.push(format!(
-                    "greedy top-5 max|diff| {max5:.3} ≥ {TOP20_MAX_ABS}"
-                ));
+            if max5 >= tol {
+                fails.push(format!("greedy top-5 max|diff| {max5:.4} ≥ {tol:.4}"));
             }
             println!("{line}");
             for f in &fails {

@@ -826,3 +826,118 @@ fn ctrl_c_in_chat_stops_the_reply_and_then_exits_at_the_prompt() {
     assert!(totals.contains("chat ended: 2 replies"), "{totals}");
     assert!(replies.iter().all(|r| r.len() > 1), "{replies:?}");
 }
+
+/// The golden2 cases whose block formats this build has: qwen2, qwen3 and gemma3 in F16
+/// (Q4_0 embeddings), and llama with TQ1_0/TQ2_0 weights.
+const GOLDEN2_CASES: [(&str, &str, &str); 2] = [
+    ("golden2/manifest.json", "qwen2-d64-f16", "all 5 cases pass"),
+    (
+        "golden2-extra/manifest.json",
+        "qwen3-d64-f16,gemma3-d64-f16,llama-spm-t256-tq1_0,llama-spm-t256-tq2_0",
+        "all 20 cases pass",
+    ),
+];
+
+fn validate_golden2(backend: &str) {
+    for (manifest, only, pass) in GOLDEN2_CASES {
+        let m = shared().join(manifest);
+        let out = ok(&[
+            "validate",
+            m.to_str().unwrap(),
+            "--only",
+            only,
+            "--backend",
+            backend,
+            "-t",
+            "2",
+        ]);
+        assert!(out.contains(pass), "{manifest} on {backend}:\n{out}");
+        for model in only.split(',') {
+            assert!(out.contains(model), "{model} missing from:\n{out}");
+        }
+    }
+}
+
+#[test]
+fn validate_golden2_new_architectures() {
+    validate_golden2("cpu");
+}
+
+#[test]
+fn validate_golden2_new_architectures_on_gpu() {
+    if !gpu_tests_on() {
+        return;
+    }
+    validate_golden2("gpu");
+}
+
+#[test]
+fn validate_only_that_matches_nothing_is_an_error() {
+    let m = shared().join("golden2/manifest.json");
+    let out = ternion(&["validate", m.to_str().unwrap(), "--only", "no-such-model"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no case of the manifest matches"), "{err}");
+}
+
+/// The float values of a `ternion logits` .npy file.
+fn npy_values(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    bytes[10 + hlen..]
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// A Falcon3-1.58-style model (`llama` + I2_S, no sub-norms) and a TriLM-style one
+/// (`llama` + TQ2_0): the GPU's logits equal the CPU's within activation-rounding noise,
+/// and I2_S agrees with TQ2_0 on the same ternary weights.
+#[test]
+fn llama_with_ternary_weights_on_cpu_and_gpu() {
+    let dir = tmp_dir();
+    let mut rows = Vec::new();
+    for ty in ["i2_s", "tq2_0"] {
+        let model = dir.join(format!("llama-{ty}.gguf"));
+        let m = model.to_str().unwrap();
+        ok(&["synth", "--arch", "llama", "--type", ty, "--out", m]);
+        let backends: &[&str] = if gpu_tests_on() {
+            &["cpu", "gpu"]
+        } else {
+            &["cpu"]
+        };
+        let mut got = Vec::new();
+        for b in backends {
+            let out = dir.join(format!("llama-{ty}-{b}.npy"));
+            let o = out.to_str().unwrap();
+            let prompt = "Ternary weights in a llama block.";
+            ok(&[
+                "logits",
+                "--model",
+                m,
+                "--prompt",
+                prompt,
+                "--out",
+                o,
+                "--backend",
+                b,
+            ]);
+            got.push(npy_values(&out));
+        }
+        for g in &got[1..] {
+            let d = g
+                .iter()
+                .zip(&got[0])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(d < 0.1, "{ty}: gpu vs cpu max |diff| {d}");
+        }
+        rows.push(got.swap_remove(0));
+    }
+    let d = rows[0]
+        .iter()
+        .zip(&rows[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(d < 0.5, "i2_s vs tq2_0 max |diff| {d}");
+}

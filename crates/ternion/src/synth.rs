@@ -94,15 +94,15 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
         )));
     }
     use crate::model::Arch;
-    if !matches!(
-        Arch::from_name(spec.arch),
-        Some(Arch::BitNet | Arch::BitNetB158)
-    ) {
+    let arch = Arch::from_name(spec.arch);
+    if !matches!(arch, Some(Arch::BitNet | Arch::BitNetB158 | Arch::Llama)) {
         return Err(Error::Request(format!(
-            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet, gpt2)",
+            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet, llama, gpt2)",
             spec.arch
         )));
     }
+    // Falcon3-1.58 / TriLM style: the llama block (no sub-norms) with ternary weights.
+    let sub_norms = arch != Some(Arch::Llama);
     let sh = &spec.shape;
     let block = spec.weight_type.block_elems();
     if !sh.n_embd.is_multiple_of(block) || !sh.n_ff.is_multiple_of(block) {
@@ -160,12 +160,16 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
         w.declare(&n("attn_k"), wt, &[d, kv])?;
         w.declare(&n("attn_v"), wt, &[d, kv])?;
         w.declare(&n("attn_output"), wt, &[d, d])?;
-        w.declare(&n("attn_sub_norm"), GgmlType::F32, &[d])?;
+        if sub_norms {
+            w.declare(&n("attn_sub_norm"), GgmlType::F32, &[d])?;
+        }
         w.declare(&n("ffn_norm"), GgmlType::F32, &[d])?;
         w.declare(&n("ffn_gate"), wt, &[d, ff])?;
         w.declare(&n("ffn_up"), wt, &[d, ff])?;
         w.declare(&n("ffn_down"), wt, &[ff, d])?;
-        w.declare(&n("ffn_sub_norm"), GgmlType::F32, &[ff])?;
+        if sub_norms {
+            w.declare(&n("ffn_sub_norm"), GgmlType::F32, &[ff])?;
+        }
     }
 
     let mut rng = StdRng::seed_from_u64(spec.seed);

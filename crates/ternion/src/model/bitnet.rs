@@ -75,9 +75,7 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
         b.linear(wo, h, x, true);
 
         b.rms_norm(x, ffn_norm, h);
-        b.linear(w_gate, h, gate, false);
-        b.linear(w_up, h, up, false);
-        b.op(Op::Glu { act: glu, gate, up });
+        b.gated(glu, (w_gate, w_up), h, gate, up);
         b.rms_norm(gate, ffn_sub_norm, hf);
         b.linear(w_down, hf, x, true);
     }

@@ -17,6 +17,7 @@ pub(crate) fn geometry(
         rope_base: cfg.rope_base,
         rope_mode,
         rope_freqs,
+        sliding: None,
     }
 }
 

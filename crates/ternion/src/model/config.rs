@@ -17,7 +17,27 @@ pub enum Arch {
     Phi3,
     /// GPT-2 (`gpt2`): LayerNorm with bias, learned positions, fused QKV, GELU FFN.
     Gpt2,
+    /// Qwen2 (`qwen2`): LLaMA block with q/k/v biases and NEOX RoPE.
+    Qwen2,
+    /// Qwen3 (`qwen3`): LLaMA block with per-head q/k RMSNorm and NEOX RoPE.
+    Qwen3,
+    /// Gemma 3 (`gemma3`): scaled embeddings, q/k norms, post-norms, GEGLU, sliding-window
+    /// layers.
+    Gemma3,
 }
+
+/// Every `general.architecture` string this build runs.
+pub const ARCH_NAMES: &[&str] = &[
+    "bitnet-b1.58",
+    "bitnet-25",
+    "bitnet",
+    "llama",
+    "phi3",
+    "gpt2",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+];
 
 impl Arch {
     /// The architecture for a `general.architecture` string.
@@ -28,6 +48,9 @@ impl Arch {
             "llama" => Some(Arch::Llama),
             "phi3" => Some(Arch::Phi3),
             "gpt2" => Some(Arch::Gpt2),
+            "qwen2" => Some(Arch::Qwen2),
+            "qwen3" => Some(Arch::Qwen3),
+            "gemma3" => Some(Arch::Gemma3),
             _ => None,
         }
     }
@@ -69,9 +92,17 @@ pub struct Config {
     pub has_output: bool,
     /// Whether the file has RoPE frequency factors (`rope_freqs.weight`, Llama-3.1 style).
     pub has_rope_freqs: bool,
-    /// Phi-3's `attention.sliding_window`, when given (accepted; contexts here never exceed
-    /// it, and attention is causal over the whole cache).
+    /// `attention.sliding_window`, when given. Phi-3: accepted (contexts here never
+    /// exceed it, and attention is causal over the whole cache); Gemma 3: the window of its
+    /// local layers.
     pub sliding_window: Option<usize>,
+    /// Gemma 3: layer i is local when `i % pattern < pattern − 1`
+    /// (`attention.sliding_window_pattern`, default 6).
+    pub swa_pattern: usize,
+    /// Gemma 3: RoPE base of the local layers (`rope.freq_base_swa`, default 10000).
+    pub rope_base_swa: f32,
+    /// `final_logit_softcapping`, when the file has it: logits = cap · tanh(logits / cap).
+    pub logit_softcap: Option<f32>,
 }
 
 /// Largest value accepted for any single dimension: guards against absurd metadata
@@ -87,7 +118,8 @@ impl Config {
             .to_string();
         let arch = Arch::from_name(&arch_name).ok_or_else(|| {
             Error::Model(format!(
-                "unknown architecture '{arch_name}' (this build runs: bitnet-b1.58, bitnet-25, bitnet, llama, phi3, gpt2)"
+                "unknown architecture '{arch_name}' (this build runs: {})",
+                ARCH_NAMES.join(", ")
             ))
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -110,7 +142,11 @@ impl Config {
         };
         let n_ff = dim("feed_forward_length")?;
         let n_ctx_train = dim("context_length")?;
-        let head_dim = n_embd / n_head;
+        // Qwen3 and Gemma 3 give the head width (n_head·head_dim may differ from n_embd).
+        let head_dim = match file.get_u32(&key("attention.key_length"))? {
+            Some(_) => dim("attention.key_length")?,
+            None => n_embd / n_head,
+        };
         let n_rot = match file.get_u32(&key("rope.dimension_count"))? {
             Some(_) => dim("rope.dimension_count")?,
             None => head_dim,
@@ -132,6 +168,20 @@ impl Config {
             }
             None => None,
         };
+        let swa_pattern = match file.get_u32(&key("attention.sliding_window_pattern"))? {
+            Some(_) => dim("attention.sliding_window_pattern")?,
+            None => 6,
+        };
+        let rope_base_swa = file
+            .get_f32(&key("rope.freq_base_swa"))?
+            .unwrap_or(10_000.0);
+        let logit_softcap = file.get_f32(&key("final_logit_softcapping"))?;
+        if arch == Arch::Gemma3 && sliding_window.is_none() {
+            return Err(Error::Model(format!(
+                "metadata '{}' is missing (required for gemma3)",
+                key("attention.sliding_window")
+            )));
+        }
         let has_output = file.tensor("output.weight").is_some();
         let has_rope_freqs = file.tensor("rope_freqs.weight").is_some();
         let embd = file
@@ -163,6 +213,9 @@ impl Config {
             has_output,
             has_rope_freqs,
             sliding_window,
+            swa_pattern,
+            rope_base_swa,
+            logit_softcap,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -170,10 +223,12 @@ impl Config {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Model(m));
-        if !self.n_embd.is_multiple_of(self.n_head) {
+        if self.head_dim * self.n_head != self.n_embd
+            && !matches!(self.arch, Arch::Qwen3 | Arch::Gemma3)
+        {
             return bad(format!(
-                "embedding_length {} is not a multiple of head_count {}",
-                self.n_embd, self.n_head
+                "head_count {} × head size {} must equal embedding_length {} for {}",
+                self.n_head, self.head_dim, self.n_embd, self.arch_name
             ));
         }
         if !self.n_head.is_multiple_of(self.n_head_kv) {
@@ -210,6 +265,15 @@ impl Config {
                 "attention.layer_norm_epsilon {} must be positive",
                 self.ln_eps
             ));
+        }
+        if !(self.rope_base_swa.is_finite() && self.rope_base_swa > 0.0) {
+            return bad(format!(
+                "rope.freq_base_swa {} must be positive",
+                self.rope_base_swa
+            ));
+        }
+        if let Some(c) = self.logit_softcap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return bad(format!("final_logit_softcapping {c} must be positive"));
         }
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
             return bad(format!(

@@ -64,6 +64,9 @@ pub enum GluAct {
     Relu2,
     /// `g / (1 + e^−g) · u` (SwiGLU; 1bitLLM BitNet).
     Silu,
+    /// `gelu_tanh(g) · u` (GEGLU; Gemma 3). The CPU reads GELU from ggml's F16 table, as
+    /// [`UnaryAct::GeluTanh`] does.
+    GeluTanh,
 }
 
 /// Element-wise activations of [`Op::Act`].
@@ -119,6 +122,8 @@ pub enum Op {
     /// [`AttnGeometry::rope_mode`], the frequencies `pos·base^(−2i/n_rot)`, each divided by
     /// factor i of [`AttnGeometry::rope_freqs`] when present (Llama-3 `rope_freqs`).
     Rope {
+        /// Layer index (its RoPE base: [`AttnGeometry::rope_base_of`]).
+        layer: usize,
         /// Query rows (n_head heads).
         q: ActId,
         /// Key rows (n_head_kv heads).
@@ -133,7 +138,8 @@ pub enum Op {
         /// Values.
         v: ActId,
     },
-    /// Causal attention of `q` over the cache of `layer` (which already holds this step).
+    /// Causal attention of `q` over the cache of `layer` (which already holds this step),
+    /// limited to the layer's window when [`AttnGeometry::window_of`] gives one.
     Attention {
         /// Layer index.
         layer: usize,
@@ -199,6 +205,37 @@ pub enum Op {
         /// Destination (its width is the slice's width).
         out: ActId,
     },
+    /// `out = rmsnorm(x) · w` over each head of `x` separately: `w` has one head's width
+    /// and `x`'s width is a multiple of it (Qwen3 and Gemma 3 q/k norms).
+    HeadRmsNorm {
+        /// Input.
+        x: ActId,
+        /// Norm weight of one head (vector).
+        w: WeightId,
+        /// Destination (may not be `x`).
+        out: ActId,
+    },
+    /// `x = x · s` element-wise, in place (Gemma 3's embedding × √n_embd).
+    Scale {
+        /// Rows updated in place.
+        x: ActId,
+        /// The factor.
+        s: f32,
+    },
+    /// `x += y` element-wise (a residual add of a normed branch; same widths).
+    Add {
+        /// Rows updated in place.
+        x: ActId,
+        /// Added rows.
+        y: ActId,
+    },
+    /// `x = cap · tanh(x / cap)` element-wise, in place (logit soft-capping).
+    SoftCap {
+        /// Rows updated in place.
+        x: ActId,
+        /// The cap.
+        cap: f32,
+    },
     /// `out` = the rows of `x` whose logits were asked for.
     SelectRows {
         /// Input (one row per token).
@@ -225,6 +262,38 @@ pub struct AttnGeometry {
     pub rope_mode: RopeMode,
     /// Optional per-pair frequency divisors (a vector of n_rot/2 values: `rope_freqs.weight`).
     pub rope_freqs: Option<WeightId>,
+    /// Sliding-window layers, when the architecture has them (Gemma 3).
+    pub sliding: Option<SlidingWindow>,
+}
+
+/// Layers whose attention sees only the last `window` positions (the query's included),
+/// with a RoPE base of their own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a query sees, itself included.
+    pub window: usize,
+    /// RoPE base of the local layers.
+    pub rope_base: f32,
+    /// Whether layer i is local.
+    pub local: Vec<bool>,
+}
+
+impl AttnGeometry {
+    fn local(&self, layer: usize) -> Option<&SlidingWindow> {
+        self.sliding
+            .as_ref()
+            .filter(|s| s.local.get(layer).copied().unwrap_or(false))
+    }
+
+    /// The RoPE base of `layer`.
+    pub fn rope_base_of(&self, layer: usize) -> f32 {
+        self.local(layer).map_or(self.rope_base, |s| s.rope_base)
+    }
+
+    /// The attention window of `layer` (`None`: the whole cache).
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        self.local(layer).map(|s| s.window)
+    }
 }
 
 /// The forward pass of one architecture.
@@ -295,6 +364,25 @@ impl Builder {
         self.op(Op::RmsNorm { x, w, out });
     }
 
+    /// The gated FFN's first half: `gate = act(W_gate·h) · (W_up·h)`.
+    pub fn gated(
+        &mut self,
+        act: GluAct,
+        (w_gate, w_up): (WeightId, WeightId),
+        h: ActId,
+        gate: ActId,
+        up: ActId,
+    ) {
+        self.linear(w_gate, h, gate, false);
+        self.linear(w_up, h, up, false);
+        self.op(Op::Glu { act, gate, up });
+    }
+
+    /// `out = rmsnorm(x) · w` over each head of `x` (`w` has one head's width).
+    pub fn head_rms_norm(&mut self, x: ActId, w: WeightId, out: ActId) {
+        self.op(Op::HeadRmsNorm { x, w, out });
+    }
+
     /// Causal attention of layer `layer` without position rotation: store the step's `k`,
     /// `v` in the cache, then `out = attention(q, cache)`.
     pub fn cached_attention(&mut self, layer: usize, q: ActId, k: ActId, v: ActId, out: ActId) {
@@ -304,7 +392,7 @@ impl Builder {
 
     /// RoPE on `q` and `k`, then [`Builder::cached_attention`].
     pub fn rope_attention(&mut self, layer: usize, q: ActId, k: ActId, v: ActId, out: ActId) {
-        self.op(Op::Rope { q, k });
+        self.op(Op::Rope { layer, q, k });
         self.cached_attention(layer, q, k, v, out);
     }
 

@@ -15,8 +15,30 @@ use super::blocks::{geometry, lm_head_weight, rms_head};
 use super::config::Config;
 use super::graph::{Builder, GluAct, Graph, Op, RopeMode};
 
+/// What a LLaMA-style family changes in the block.
+pub(crate) struct Variant {
+    /// RoPE pairing.
+    pub rope_mode: RopeMode,
+    /// `attn_q/k/v.bias` added after the projections (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of q and k (`attn_q_norm`/`attn_k_norm`) before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
 /// The LLaMA forward pass for `cfg`.
 pub fn graph(cfg: &Config) -> Graph {
+    graph_variant(
+        cfg,
+        &Variant {
+            rope_mode: RopeMode::Norm,
+            qkv_bias: false,
+            qk_norm: false,
+        },
+    )
+}
+
+/// The LLaMA-style forward pass for `cfg` with the changes of `var`.
+pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
     let (d, kv, ff, hq) = (
         cfg.n_embd,
         cfg.kv_dim(),
@@ -34,6 +56,11 @@ pub fn graph(cfg: &Config) -> Graph {
     let k = b.act("k", kv);
     let v = b.act("v", kv);
     let att = b.act("attn", hq);
+    let (qn, kn) = if var.qk_norm {
+        (b.act("q_norm", hq), b.act("k_norm", kv))
+    } else {
+        (q, k)
+    };
     let gate = b.act("gate", ff);
     let up = b.act("up", ff);
     b.op(Op::Embed {
@@ -56,23 +83,29 @@ pub fn graph(cfg: &Config) -> Graph {
         b.linear(wq, h, q, false);
         b.linear(wk, h, k, false);
         b.linear(wv, h, v, false);
-        b.rope_attention(l, q, k, v, att);
+        if var.qkv_bias {
+            for (a, s, n) in [(q, "attn_q", hq), (k, "attn_k", kv), (v, "attn_v", kv)] {
+                let bias = b.vector(format!("blk.{l}.{s}.bias"), n);
+                b.op(Op::AddBias { x: a, b: bias });
+            }
+        }
+        if var.qk_norm {
+            let q_norm = b.vector(n("attn_q_norm"), cfg.head_dim);
+            let k_norm = b.vector(n("attn_k_norm"), cfg.head_dim);
+            b.head_rms_norm(q, q_norm, qn);
+            b.head_rms_norm(k, k_norm, kn);
+        }
+        b.rope_attention(l, qn, kn, v, att);
         b.linear(wo, att, x, true);
 
         b.rms_norm(x, ffn_norm, h);
-        b.linear(w_gate, h, gate, false);
-        b.linear(w_up, h, up, false);
-        b.op(Op::Glu {
-            act: GluAct::Silu,
-            gate,
-            up,
-        });
+        b.gated(GluAct::Silu, (w_gate, w_up), h, gate, up);
         b.linear(w_down, gate, x, true);
     }
     let head = lm_head_weight(&mut b, cfg, embd);
     let logits = rms_head(&mut b, cfg, x, head);
     b.finish(
-        geometry(cfg, RopeMode::Norm, rope_freqs),
+        geometry(cfg, var.rope_mode, rope_freqs),
         cfg.rms_eps,
         cfg.n_layer,
         logits,

@@ -4,10 +4,15 @@
 pub mod bitnet;
 mod blocks;
 pub mod config;
+pub mod gemma3;
 pub mod gpt2;
 pub mod graph;
 pub mod llama;
 pub mod phi3;
+pub mod qwen2;
+pub mod qwen3;
+#[cfg(test)]
+mod tests;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -153,6 +158,9 @@ pub fn graph_for(cfg: &Config, file: &GgufFile) -> Graph {
         Arch::Llama => llama::graph(cfg),
         Arch::Phi3 => phi3::graph(cfg, file),
         Arch::Gpt2 => gpt2::graph(cfg),
+        Arch::Qwen2 => qwen2::graph(cfg),
+        Arch::Qwen3 => qwen3::graph(cfg),
+        Arch::Gemma3 => gemma3::graph(cfg),
     }
 }
 

@@ -15,6 +15,8 @@ mod vocab;
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_golden2;
 
 pub use stream::StreamDecoder;
 
@@ -31,28 +33,103 @@ use vocab::{Attr, Vocab};
 pub enum PreTokenizer {
     /// Llama-3's regex (`tokenizer.ggml.pre = "llama-bpe"`), with ignore_merges.
     Llama3,
+    /// Qwen2's regex (`"qwen2"`): Llama-3's with single digits.
+    Qwen2,
     /// GPT-2's regex (`"gpt-2"`).
     Gpt2,
+    /// Single digits, then GPT-2's regex (`"smollm"`, `"starcoder"` and their kin).
+    SmolLm,
     /// llama.cpp's fallback when `tokenizer.ggml.pre` is absent (or `"default"`): punctuation
     /// runs, then the GPT-2 regex, then digit runs, then triples of ASCII digits.
     Default,
 }
 
 impl PreTokenizer {
-    /// The pre-tokenizer llama.cpp uses for a `tokenizer.ggml.pre` name, and whether it takes
-    /// a word that is itself a token whole (ignore_merges). `None` for names not known here.
-    fn from_name(name: &str) -> Option<(PreTokenizer, bool)> {
+    /// The pre-tokenizer llama.cpp (src/llama-vocab.cpp) uses for a `tokenizer.ggml.pre`
+    /// name, and whether it takes a word that is itself a token whole (ignore_merges).
+    /// `None` for names not known here ([`PRE_TOKENIZER_NAMES`] lists those that are).
+    pub fn from_name(name: &str) -> Option<(PreTokenizer, bool)> {
         Some(match name {
             "default" => (PreTokenizer::Default, false),
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => {
-                (PreTokenizer::Llama3, true)
-            }
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon_e" | "falcon-h1"
+            | "pixtral" | "midm-2.0" | "lfm2" => (PreTokenizer::Llama3, true),
             // Same regex as Llama-3, without ignore_merges.
-            "smaug-bpe" | "dbrx" => (PreTokenizer::Llama3, false),
+            "smaug-bpe" | "dbrx" | "chatglm-bpe" | "glm4" => (PreTokenizer::Llama3, false),
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" | "stablelm2" | "hunyuan" => {
+                (PreTokenizer::Qwen2, false)
+            }
             "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de"
-            | "gigachat" => (PreTokenizer::Gpt2, false),
+            | "gigachat" | "a.x-4.0" | "mellum" | "exaone4" | "mpt" | "olmo" | "jais"
+            | "trillion" | "granite-docling" => (PreTokenizer::Gpt2, false),
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
+            | "minerva-7b" => (PreTokenizer::SmolLm, false),
             _ => return None,
         })
+    }
+}
+
+/// Every `tokenizer.ggml.pre` name [`PreTokenizer::from_name`] knows.
+pub const PRE_TOKENIZER_NAMES: &[&str] = &[
+    "default",
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon_e",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "smaug-bpe",
+    "dbrx",
+    "chatglm-bpe",
+    "glm4",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "kormo",
+    "megrez",
+    "stablelm2",
+    "hunyuan",
+    "gpt-2",
+    "phi-2",
+    "jina-es",
+    "jina-de",
+    "jina-v2-es",
+    "jina-v2-de",
+    "gigachat",
+    "a.x-4.0",
+    "mellum",
+    "exaone4",
+    "mpt",
+    "olmo",
+    "jais",
+    "trillion",
+    "granite-docling",
+    "smollm",
+    "starcoder",
+    "refact",
+    "command-r",
+    "codeshell",
+    "exaone",
+    "minerva-7b",
+];
+
+impl PreTokenizer {
+    /// The pre-tokenizer for a name given by a user: a `tokenizer.ggml.pre` name (see
+    /// [`PreTokenizer::from_name`]) or one of this enum's own names (`llama3`, `qwen2`,
+    /// `gpt2`, `smollm`, `default`).
+    pub fn parse(name: &str) -> Result<PreTokenizer> {
+        match name {
+            "gpt2" => Ok(PreTokenizer::Gpt2),
+            _ => PreTokenizer::from_name(name)
+                .map(|(p, _)| p)
+                .ok_or_else(|| {
+                    Error::Tokenizer(format!(
+                        "unknown pre-tokenizer '{name}' (known: {})",
+                        PRE_TOKENIZER_NAMES.join(", ")
+                    ))
+                }),
+        }
     }
 }
 
@@ -102,6 +179,29 @@ pub struct Tokenizer {
     eot: Option<u32>,
     add_bos: bool,
     eog: Vec<bool>,
+}
+
+/// Per-token strip attributes llama.cpp (src/llama-vocab.cpp) sets by model name: in Phi-3
+/// files every special token except `<unk>`, `<s>` and `<|endoftext|>` drops the white space
+/// after itself (so `<|user|>\n` tokenizes as `<|user|>` alone), and so does `</s>`.
+fn set_strip_attrs(vocab: &mut Vocab, model_name: &str) {
+    let name = model_name.to_lowercase();
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return;
+    }
+    for (r, a) in vocab.rstrip.iter_mut().zip(&vocab.attrs) {
+        *r = a.is_special();
+    }
+    for (text, on) in [
+        ("</s>", true),
+        ("<unk>", false),
+        ("<s>", false),
+        ("<|endoftext|>", false),
+    ] {
+        if let Some(id) = vocab.id(text) {
+            vocab.rstrip[id as usize] = on;
+        }
+    }
 }
 
 /// Token texts llama.cpp takes as EOT when `tokenizer.ggml.eot_token_id` is absent, in the
@@ -162,7 +262,11 @@ impl Tokenizer {
                 let (pre, ignore_merges) = match (opts.pre, file.get_str("tokenizer.ggml.pre")?) {
                     (Some(p), _) => (p, p == PreTokenizer::Llama3),
                     (None, Some(name)) => PreTokenizer::from_name(name).ok_or_else(|| {
-                        Error::Tokenizer(format!("unknown tokenizer.ggml.pre '{name}'"))
+                        Error::Tokenizer(format!(
+                            "unknown tokenizer.ggml.pre '{name}' (this build knows: {}; \
+                             --pre-tokenizer NAME overrides it)",
+                            PRE_TOKENIZER_NAMES.join(", ")
+                        ))
                     })?,
                     (None, None) => (
                         opts.pre_when_absent,
@@ -223,6 +327,7 @@ impl Tokenizer {
         for id in forced {
             vocab.attrs[id as usize] = Attr::Control;
         }
+        set_strip_attrs(&mut vocab, file.get_str("general.name")?.unwrap_or(""));
         for id in [eos, eot, eom].into_iter().flatten() {
             eog[id as usize] = true;
         }

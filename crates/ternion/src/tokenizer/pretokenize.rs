@@ -18,7 +18,9 @@ pub(crate) fn split(pre: PreTokenizer, text: &str) -> Vec<&str> {
     let mut lens = vec![cpts.len()];
     let stages: &[Stage] = match pre {
         PreTokenizer::Llama3 => &[split_llama3],
+        PreTokenizer::Qwen2 => &[split_qwen2],
         PreTokenizer::Gpt2 => &[split_gpt2],
+        PreTokenizer::SmolLm => &[split_digits, split_gpt2],
         PreTokenizer::Default => &[
             split_default_punct,
             split_gpt2,
@@ -149,6 +151,16 @@ fn split_gpt2(c: &[char], out: &mut Vec<usize>) {
 /// Llama-3: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
 fn split_llama3(c: &[char], out: &mut Vec<usize>) {
+    split_llama3_like(c, out, 3);
+}
+
+/// Qwen2: the Llama-3 regex with `\p{N}` (one digit per word) for `\p{N}{1,3}`.
+fn split_qwen2(c: &[char], out: &mut Vec<usize>) {
+    split_llama3_like(c, out, 1);
+}
+
+/// The Llama-3 regex with digit runs of at most `max_digits`.
+fn split_llama3_like(c: &[char], out: &mut Vec<usize>, max_digits: usize) {
     let mut p = Piece { c, start: 0, out };
     let mut pos = 0;
     while pos < c.len() {
@@ -170,12 +182,12 @@ fn split_llama3(c: &[char], out: &mut Vec<usize>) {
             p.emit(pos);
             continue;
         }
-        // \p{N}{1,3}
+        // \p{N}{1,max_digits}
         if cls == Class::Number {
             let mut ini = pos;
             while p.is(pos, Class::Number) {
                 pos += 1;
-                if pos - ini >= 3 {
+                if pos - ini >= max_digits {
                     p.emit(pos);
                     ini = pos;
                 }
@@ -235,6 +247,18 @@ fn split_default_punct(c: &[char], out: &mut Vec<usize>) {
     split_runs(c, out, |ch| {
         !ch.is_whitespace() && (is_punctuation(ch) || "$+<=>^~|".contains(ch))
     });
+}
+
+/// `\p{N}`: every digit a piece of its own (the first stage of SmolLM / StarCoder).
+fn split_digits(c: &[char], out: &mut Vec<usize>) {
+    let mut p = Piece { c, start: 0, out };
+    for (i, &ch) in c.iter().enumerate() {
+        if class(ch) == Class::Number {
+            p.emit(i);
+            p.emit(i + 1);
+        }
+    }
+    p.emit(c.len());
 }
 
 /// Default stage 3, `\p{N}+`.

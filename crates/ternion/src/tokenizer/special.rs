@@ -4,7 +4,8 @@
 //! Special tokens are taken longest text first; for each, every raw-text fragment is split at
 //! all its non-overlapping occurrences (left to right). Control and unknown tokens are only
 //! matched when `parse_special` is set; user-defined tokens are always matched (llama.cpp
-//! does the same).
+//! does the same). A token with the RSTRIP attribute also drops the white space (C
+//! `isspace`) that follows it.
 
 use super::vocab::{Attr, Vocab};
 
@@ -59,11 +60,21 @@ pub(crate) fn partition<'a>(
             };
             let mut rest = 0;
             for (at, _) in t.match_indices(needle) {
+                // A match inside white space an RSTRIP token dropped is not seen again.
+                if at < rest {
+                    continue;
+                }
                 if at > rest {
                     next.push(Fragment::Text(&t[rest..at]));
                 }
                 next.push(Fragment::Token(id));
                 rest = at + needle.len();
+                if vocab.rstrip[id as usize] {
+                    let bytes = t.as_bytes();
+                    while rest < bytes.len() && matches!(bytes[rest], b' ' | b'\t'..=b'\r') {
+                        rest += 1;
+                    }
+                }
             }
             if rest < t.len() {
                 next.push(Fragment::Text(&t[rest..]));

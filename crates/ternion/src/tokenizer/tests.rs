@@ -8,6 +8,11 @@ pub(crate) fn vocab_dir() -> PathBuf {
     crate::test_shared::shared_path("vocab")
 }
 
+/// `../shared/{sub}`; panics with a clear message when missing.
+pub(crate) fn shared_dir(sub: &str) -> PathBuf {
+    crate::test_shared::shared_path(sub)
+}
+
 fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {
     let path = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -425,4 +430,22 @@ fn absent_pre_uses_the_option() {
     let tok = tiny_gguf_with(build, &opts).unwrap();
     assert_eq!(tok.pre_tokenizer(), Some(PreTokenizer::Llama3));
     assert!(tok.add_bos());
+}
+
+#[test]
+fn phi3_special_tokens_drop_the_white_space_after_them() {
+    let tok = load("phi-3");
+    let enc = |t: &str| tok.encode(t, false, true).unwrap();
+    // As llama.cpp: `<|user|>` and `<|end|>` carry RSTRIP in Phi-3 files.
+    assert_eq!(
+        enc("<|user|>\nHi there<|end|>\n<|assistant|>\n"),
+        enc("<|user|>Hi there<|end|><|assistant|>")
+    );
+    assert_eq!(enc("<|end|> \t\n x"), enc("<|end|>x"));
+    // `<|endoftext|>` keeps what follows; white space before a token is kept.
+    assert_ne!(enc("<|endoftext|>\nHi"), enc("<|endoftext|>Hi"));
+    assert_ne!(enc("Hi \n<|end|>"), enc("Hi<|end|>"));
+    // Without special parsing the marker is text and nothing is dropped.
+    let plain = |t: &str| tok.encode(t, false, false).unwrap();
+    assert_ne!(plain("<|user|>\nHi"), plain("<|user|>Hi"));
 }

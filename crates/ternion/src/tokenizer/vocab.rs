@@ -41,6 +41,9 @@ pub(crate) struct Vocab {
     pub(crate) texts: Vec<String>,
     pub(crate) scores: Vec<f32>,
     pub(crate) attrs: Vec<Attr>,
+    /// Whether matching the special token also drops the white space right after it
+    /// (llama.cpp's `LLAMA_TOKEN_ATTR_RSTRIP`).
+    pub(crate) rstrip: Vec<bool>,
     ids: HashMap<String, u32>,
 }
 
@@ -96,6 +99,7 @@ impl Vocab {
         Ok(Vocab {
             texts,
             scores,
+            rstrip: vec![false; attrs.len()],
             attrs,
             ids,
         })

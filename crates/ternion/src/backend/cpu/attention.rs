@@ -43,10 +43,13 @@ pub trait KvRows: Sync {
 }
 
 /// A cache laid out contiguously: row `p` at `p · kv_dim`.
-struct Contiguous<'a> {
-    k: &'a [f16],
-    v: &'a [f16],
-    kv_dim: usize,
+pub struct Contiguous<'a> {
+    /// Keys, `kv_dim` per position.
+    pub k: &'a [f16],
+    /// Values, same layout.
+    pub v: &'a [f16],
+    /// Halves per position.
+    pub kv_dim: usize,
 }
 
 impl KvRows for Contiguous<'_> {
@@ -97,6 +100,8 @@ pub struct Heads {
     pub n_head_kv: usize,
     /// Width of a head.
     pub head_dim: usize,
+    /// Positions a query sees, itself included (`None`: every cached one).
+    pub window: Option<usize>,
 }
 
 /// `q` holds one row of `n_head · head_dim` per new token; `k`/`v` hold the cached rows for
@@ -114,6 +119,7 @@ pub fn attention(
         n_head: s.n_head,
         n_head_kv: s.n_head_kv,
         head_dim: s.head_dim,
+        window: None,
     };
     let rows: Vec<QueryRow> = (0..q.len() / (s.n_head * s.head_dim))
         .map(|t| QueryRow {
@@ -131,7 +137,8 @@ pub fn attention(
 }
 
 /// Batched causal attention: query row `r` of `q` (described by `rows[r]`) attends over
-/// positions `0..=rows[r].pos` of cache `cache(rows[r].seq)`. Each (row, head) pair is one
+/// positions `0..=rows[r].pos` of cache `cache(rows[r].seq)` (the last `window` of them
+/// when [`Heads::window`] is set). Each (row, head) pair is one
 /// task of the global pool, with the numerics of [`attention`]. `capacity` bounds every
 /// row's position + 1; `scratch` holds [`scratch_per_thread`]`(capacity, head_dim)` floats
 /// for each thread.
@@ -167,13 +174,14 @@ pub fn attention_rows<C: KvRows>(
             let (row, h) = (rows[i / s.n_head], i % s.n_head);
             let cache = cache(row.seq);
             let n_keys = row.pos + 1;
+            let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
             let kvh = h / group;
             for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
                 *d = f16::from_f32(x).to_f32();
             }
-            let scores = &mut scores[..n_keys];
+            let scores = &mut scores[..n_keys - first];
             let mut max = f32::NEG_INFINITY;
-            for (p, sc) in scores.iter_mut().enumerate() {
+            for (p, sc) in (first..).zip(scores.iter_mut()) {
                 let kr = &cache.key(p)[kvh * hd..][..hd];
                 *sc = simd::f16_dot_halves(level, kr, qh) * scale;
                 max = max.max(*sc);
@@ -191,7 +199,7 @@ pub fn attention_rows<C: KvRows>(
                 }
             }
             o.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
+            for (p, &w) in (first..).zip(scores.iter()) {
                 simd::f16_axpy(level, o, w, &cache.value(p)[kvh * hd..][..hd]);
             }
         }

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use super::acts::Acts;
 use super::{
     add_rows, attention_rows, gelu_ggml, layer_norm, pool, rms_norm, rope, scratch_per_thread,
     Heads, Linear, QuantInput, QueryRow,
@@ -16,7 +17,7 @@ use super::{
 use crate::generate::{check_step, StepLimits};
 use crate::gguf::GgufFile;
 use crate::kv::{KvGeometry, KvPool, KvSeq, PAGE_POSITIONS};
-use crate::model::graph::{ActId, GluAct, Graph, Op, UnaryAct, WeightKind};
+use crate::model::graph::{GluAct, Graph, Op, UnaryAct, WeightKind};
 use crate::model::{LmHead, LoadOptions, Logits};
 use crate::quant;
 use crate::{Error, Result};
@@ -388,7 +389,7 @@ impl CpuModel {
                     }
                     acts.bufs[x.0] = xs;
                 }
-                Op::Rope { q, k } => {
+                Op::Rope { layer, q, k } => {
                     let freqs = match g.rope_freqs {
                         Some(f) => Some(self.vector(f.0)?),
                         None => None,
@@ -403,7 +404,7 @@ impl CpuModel {
                                 rows[start].pos,
                                 g.head_dim,
                                 g.n_rot,
-                                g.rope_base,
+                                g.rope_base_of(layer),
                                 g.rope_mode,
                                 freqs,
                             );
@@ -468,6 +469,7 @@ impl CpuModel {
                         n_head: g.n_head,
                         n_head_kv: g.n_head_kv,
                         head_dim: g.head_dim,
+                        window: g.window_of(layer),
                     };
                     let need =
                         scratch_per_thread(capacity, g.head_dim) * pool::global().n_threads();
@@ -499,8 +501,40 @@ impl CpuModel {
                         GluAct::Silu => gs.iter_mut().zip(&ups).for_each(|(g, &u)| {
                             *g = (*g / (1.0 + (-*g).exp())) * u;
                         }),
+                        GluAct::GeluTanh => gs
+                            .iter_mut()
+                            .zip(&ups)
+                            .for_each(|(g, &u)| *g = gelu_ggml(*g) * u),
                     }
                     acts.bufs[up.0] = ups;
+                }
+                Op::HeadRmsNorm { x, w, out } => {
+                    let wv = self.vector(w.0)?;
+                    let (r, width) = (acts.rows[x.0], graph.acts[x.0].width);
+                    let xs = std::mem::take(&mut acts.bufs[x.0]);
+                    rms_norm(
+                        &xs[..r * width],
+                        wv,
+                        graph.rms_eps,
+                        acts.write(out, r, width),
+                    );
+                    acts.bufs[x.0] = xs;
+                }
+                Op::Scale { x, s } => {
+                    let len = acts.rows[x.0] * graph.acts[x.0].width;
+                    acts.modify(x, len).iter_mut().for_each(|v| *v *= s);
+                }
+                Op::Add { x, y } => {
+                    let len = acts.rows[x.0] * graph.acts[x.0].width;
+                    let ys = std::mem::take(&mut acts.bufs[y.0]);
+                    let xs = acts.modify(x, len);
+                    xs.iter_mut().zip(&ys).for_each(|(a, &b)| *a += b);
+                    acts.bufs[y.0] = ys;
+                }
+                Op::SoftCap { x, cap } => {
+                    let len = acts.rows[x.0] * graph.acts[x.0].width;
+                    let xs = acts.modify(x, len);
+                    xs.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
                 }
                 Op::SelectRows { x, out } => {
                     let w = graph.acts[x.0].width;
@@ -517,41 +551,5 @@ impl CpuModel {
             s.kv.advance(s.tokens.len());
         }
         Ok(())
-    }
-}
-
-/// The activation buffers of a step.
-#[derive(Default)]
-struct Acts {
-    bufs: Vec<Vec<f32>>,
-    rows: Vec<usize>,
-    /// Bumped on every write of an activation, so cached quantized inputs know they are stale.
-    version: Vec<u64>,
-}
-
-impl Acts {
-    /// Makes room for `n` activations (once per graph).
-    fn ensure(&mut self, n: usize) {
-        if self.bufs.len() != n {
-            self.bufs = vec![Vec::new(); n];
-            self.rows = vec![0; n];
-            self.version = vec![0; n];
-        }
-    }
-
-    /// The buffer of `a`, resized to `rows × width` and marked as rewritten.
-    fn write(&mut self, a: ActId, rows: usize, width: usize) -> &mut [f32] {
-        self.rows[a.0] = rows;
-        self.modify(a, rows * width)
-    }
-
-    /// The first `len` values of `a`'s buffer for an in-place update.
-    fn modify(&mut self, a: ActId, len: usize) -> &mut [f32] {
-        self.version[a.0] += 1;
-        let buf = &mut self.bufs[a.0];
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
-        &mut buf[..len]
     }
 }

@@ -1,6 +1,7 @@
 //! The CPU backend: kernels for each op of the forward pass, run on a worker pool started
 //! once (see [`pool`]).
 
+mod acts;
 mod attention;
 mod exec;
 mod linear;
@@ -11,7 +12,7 @@ pub mod simd;
 mod unary;
 
 pub use attention::{
-    attention, attention_rows, scratch_per_thread, AttnShape, Heads, KvRows, QueryRow,
+    attention, attention_rows, scratch_per_thread, AttnShape, Contiguous, Heads, KvRows, QueryRow,
 };
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
 pub use linear::{Linear, QuantInput};

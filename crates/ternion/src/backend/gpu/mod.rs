@@ -81,6 +81,8 @@ mod seqs;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_arch;
+#[cfg(test)]
 mod tests_fam;
 #[cfg(test)]
 mod tests_mm;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::context::GpuContext;
-use super::ops::{ActQuant, MatmulKind, QFormat, RowOpKind};
+use super::ops::{ActQuant, ElemKind, MatmulKind, QFormat, RowOpKind};
 use crate::{Error, Result};
 
 /// Feature-dependent variant of a kernel.
@@ -175,6 +175,13 @@ pub enum Kernel {
         /// Which entry point.
         op: RowOpKind,
     },
+    /// `window_attention.wgsl`: sliding-window attention.
+    WindowAttention,
+    /// `elementwise.wgsl`: per-head RMSNorm, scale, residual add.
+    Elementwise {
+        /// Which entry point.
+        op: ElemKind,
+    },
 }
 
 /// The entry points of `ternary_decode.wgsl`.
@@ -210,6 +217,8 @@ pub enum GluAct {
     ReluSqr,
     /// `g·sigmoid(g)` (1bitLLM BitNet).
     Silu,
+    /// GELU, tanh form (Gemma 3's GEGLU).
+    GeluTanh,
 }
 
 /// A compiled pipeline's identity.
@@ -240,6 +249,8 @@ enum Source {
     QMatvec(QFormat),
     QuantAct,
     RowOps,
+    Elementwise,
+    WindowAttention,
 }
 
 impl Source {
@@ -274,6 +285,11 @@ impl Source {
             Source::QMatvec(_) => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
             Source::QuantAct => ("quant_act.wgsl", include_str!("kernels/quant_act.wgsl")),
             Source::RowOps => ("rowops.wgsl", include_str!("kernels/rowops.wgsl")),
+            Source::Elementwise => ("elementwise.wgsl", include_str!("kernels/elementwise.wgsl")),
+            Source::WindowAttention => (
+                "window_attention.wgsl",
+                include_str!("kernels/window_attention.wgsl"),
+            ),
         }
     }
 }
@@ -302,6 +318,8 @@ impl Kernel {
             Kernel::QMatvec { fmt, .. } | Kernel::QGather { fmt } => Source::QMatvec(fmt),
             Kernel::QuantAct { .. } => Source::QuantAct,
             Kernel::RowOp { .. } => Source::RowOps,
+            Kernel::Elementwise { .. } => Source::Elementwise,
+            Kernel::WindowAttention => Source::WindowAttention,
         }
     }
 
@@ -327,7 +345,11 @@ impl Kernel {
                 F16Rows::Last => "last",
                 F16Rows::Four => "main4",
             },
-            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe | Kernel::AttentionTiled => {
+            Kernel::RopeKv
+            | Kernel::Glu { .. }
+            | Kernel::ReadProbe
+            | Kernel::AttentionTiled
+            | Kernel::WindowAttention => {
                 "main"
             }
             Kernel::Attention { stage, .. } => match stage {
@@ -345,6 +367,7 @@ impl Kernel {
             Kernel::QGather { .. } => "gather",
             Kernel::QuantAct { kind } => kind.entry_point(),
             Kernel::RowOp { op } => op.entry_point(),
+            Kernel::Elementwise { op } => op.entry_point(),
         }
     }
 
@@ -369,6 +392,7 @@ impl Kernel {
                 match act {
                     GluAct::ReluSqr => 0.0,
                     GluAct::Silu => 1.0,
+                    GluAct::GeluTanh => 2.0,
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
@@ -415,7 +439,9 @@ impl Kernel {
             Kernel::QuantAct { .. }
             | Kernel::RowOp { .. }
             | Kernel::AttentionFast { .. }
-            | Kernel::AttentionTiled => vec![],
+            | Kernel::AttentionTiled
+            | Kernel::Elementwise { .. }
+            | Kernel::WindowAttention => vec![],
         }
     }
 }

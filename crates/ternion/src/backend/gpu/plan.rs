@@ -17,13 +17,14 @@ use std::collections::HashMap;
 
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
+use super::ops::{kernel_glu, Elementwise, WindowAttention};
 use super::ops::{
     ActQuant, Attention, AttnDims, AttnOpts, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormIn,
     NormMatvec, NormMatvecKind, NormOut, NormQuant, PosTable, QAct, QEmbed, QMatvec, QMatvecOpts,
     QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, StepUniform, Ternary3,
     TernaryGlu, TernaryLinear,
 };
-use super::pipelines::{Epilogue, GluAct as KernelGlu};
+use super::pipelines::Epilogue;
 use super::upload::GpuWeight;
 use crate::model::graph::{ActId, GluAct, Graph, Op, UnaryAct, WeightId};
 use crate::model::Logits;
@@ -82,6 +83,10 @@ enum Launch {
     QEmbed(QEmbed),
     /// LayerNorm, bias, GELU, position embedding, slice.
     Row(RowOp),
+    /// Per-head RMSNorm, scale, residual add.
+    Elem(Elementwise),
+    /// Attention of a sliding-window layer.
+    WindowAttention(WindowAttention),
     /// A GGUF-format matvec over selected rows: decode and last-row modes copy the step's
     /// last row out first (`select`), then quantize it when the format asks.
     QHead(Box<QHead>),
@@ -156,6 +161,8 @@ impl Launch {
             Launch::QLinear(_) => "qmatvec",
             Launch::QEmbed(_) => "embed",
             Launch::Row(_) => "rowop",
+            Launch::Elem(_) => "elementwise",
+            Launch::WindowAttention(_) => "window_attention",
         }
     }
 
@@ -218,6 +225,8 @@ impl Launch {
             Launch::QLinear(o) => o.record(pass, n, n > 1),
             Launch::QEmbed(o) => o.record(pass, n),
             Launch::Row(o) => o.record(pass, n),
+            Launch::Elem(o) => o.record(pass, n),
+            Launch::WindowAttention(o) => o.record(pass, n),
             Launch::QHead(h) => {
                 let QHead {
                     select,
@@ -467,12 +476,15 @@ fn op_io(op: &Op) -> (Vec<ActId>, Vec<ActId>) {
             let reads = if add { vec![x, out] } else { vec![x] };
             (reads, vec![out])
         }
-        Op::Rope { q, k } => (vec![q, k], vec![q, k]),
+        Op::Rope { q, k, .. } => (vec![q, k], vec![q, k]),
         Op::KvStore { k, v, .. } => (vec![k, v], vec![]),
         Op::Attention { q, out, .. } => (vec![q], vec![out]),
         Op::Glu { gate, up, .. } => (vec![gate, up], vec![gate]),
         Op::AddBias { x, .. } | Op::Act { x, .. } | Op::AddPosEmbed { x, .. } => (vec![x], vec![x]),
         Op::Slice { x, out, .. } | Op::SelectRows { x, out } => (vec![x], vec![out]),
+        Op::HeadRmsNorm { x, out, .. } => (vec![x], vec![out]),
+        Op::Scale { x, .. } | Op::SoftCap { x, .. } => (vec![x], vec![x]),
+        Op::Add { x, y } => (vec![x, y], vec![x]),
     }
 }
 
@@ -629,12 +641,20 @@ impl Plan {
                     let ob = acts.f32(out)?;
                     match (&weights[w.0], quant_weight(&weights, w)) {
                         (GpuWeight::Ternary(tw), _) => {
-                            let Some(q) = acts.quant.get(&acts.resolve(x)).cloned() else {
-                                return Err(Error::Gpu(format!(
-                                    "GPU plan: the input of ternary '{}' is not an RMSNorm \
-                                     output",
-                                    graph.weights[w.0].name
-                                )));
+                            // The int8 copy an RMSNorm wrote, when the last writer of x
+                            // is one; otherwise (llama + I2_S) quantize x here.
+                            let normed = graph.ops[..i]
+                                .iter()
+                                .rev()
+                                .find(|o| op_io(o).1.contains(&x))
+                                .is_some_and(|o| matches!(o, Op::RmsNorm { .. }));
+                            let q = match acts.quant.get(&acts.resolve(x)).cloned() {
+                                Some(q) if normed => q,
+                                _ => {
+                                    let (xb, q) = (acts.f32(x)?, acts.quant(x)?);
+                                    launches.push(Launch::Elem(Elementwise::quant_i8(g, &xb, &q)?));
+                                    q
+                                }
                             };
                             let mv = |w, out: &GpuBuffer| {
                                 TernaryLinear::new(g, variant, TPR, w, &q, out, epilogue, &step)
@@ -658,7 +678,12 @@ impl Plan {
                                         add: false,
                                     }),
                                     Some(&Op::Glu { act, gate, up: up2 }),
-                                ) if !add && xu == x && gate == out && up2 == up => {
+                                ) if !add
+                                    && xu == x
+                                    && gate == out
+                                    && up2 == up
+                                    && act != GluAct::GeluTanh =>
+                                {
                                     match &weights[wu.0] {
                                         GpuWeight::Ternary(uw) => Some((uw, up, act)),
                                         _ => None,
@@ -712,10 +737,7 @@ impl Plan {
                                 ));
                                 i += 2;
                             } else if let Some((uw, up, act)) = glu {
-                                let act = match act {
-                                    GluAct::Relu2 => KernelGlu::ReluSqr,
-                                    GluAct::Silu => KernelGlu::Silu,
-                                };
+                                let act = kernel_glu(act);
                                 let ub = acts.f32(up)?;
                                 let one = single(NormMatvecKind::Glu {
                                     gate: tw,
@@ -857,10 +879,23 @@ impl Plan {
                     // is the same kernel with n_rot = 0, which binds the layer's queries and
                     // leaves them as they are.
                     let (q, layer, k, v, d, freqs) = match (op, graph.ops.get(i + 1)) {
-                        (&Op::Rope { q, k }, Some(&Op::KvStore { layer, k: k2, v })) if k2 == k => {
+                        (&Op::Rope { q, k, .. }, Some(&Op::KvStore { layer, k: k2, v }))
+                            if k2 == k =>
+                        {
                             i += 1;
                             let freqs = geo.rope_freqs.map(vector).transpose()?;
-                            (q, layer, k, v, dims, freqs)
+                            let base = geo.rope_base_of(layer);
+                            (
+                                q,
+                                layer,
+                                k,
+                                v,
+                                AttnDims {
+                                    rope_base: base,
+                                    ..dims
+                                },
+                                freqs,
+                            )
                         }
                         (&Op::KvStore { layer, k, v }, _) => {
                             let q = graph.ops[i..].iter().find_map(|o| match *o {
@@ -888,6 +923,13 @@ impl Plan {
                         (&kv[layer], &index),
                     )?));
                 }
+                Op::Attention { layer, q, out } if geo.window_of(layer).is_some() => {
+                    let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
+                    let w = geo.window_of(layer).unwrap_or(n_ctx);
+                    let cache = (&kv[layer], &index);
+                    let a = WindowAttention::new(g, dims, w, &step, &qb, cache, &ob)?;
+                    launches.push(Launch::WindowAttention(a));
+                }
                 Op::Attention { layer, q, out } => {
                     let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
                     launches.push(Launch::Attention(Attention::new(
@@ -903,10 +945,7 @@ impl Plan {
                     )?));
                 }
                 Op::Glu { act, gate, up } => {
-                    let act = match act {
-                        GluAct::Relu2 => KernelGlu::ReluSqr,
-                        GluAct::Silu => KernelGlu::Silu,
-                    };
+                    let act = kernel_glu(act);
                     let (gb, ub) = (acts.f32(gate)?, acts.f32(up)?);
                     launches.push(Launch::Glu(Glu::new(g, act, &gb, &ub, width(gate))?));
                 }
@@ -954,6 +993,22 @@ impl Plan {
                         &ob,
                     )?));
                 }
+                Op::HeadRmsNorm { x, w, out } => {
+                    let (xb, wb, ob) = (acts.f32(x)?, vector(w)?, acts.f32(out)?);
+                    let (n, hd) = (width(x), geo.head_dim);
+                    let eps = graph.rms_eps;
+                    let e = Elementwise::head_rms_norm(g, &xb, &wb, n, hd, eps, &ob)?;
+                    launches.push(Launch::Elem(e));
+                }
+                Op::Scale { x, s } => {
+                    let xb = acts.f32(x)?;
+                    launches.push(Launch::Elem(Elementwise::scale(g, &xb, width(x), s)?));
+                }
+                Op::Add { x, y } => {
+                    let (xb, yb) = (acts.f32(x)?, acts.f32(y)?);
+                    launches.push(Launch::Elem(Elementwise::add(g, &xb, &yb, width(x))?));
+                }
+                Op::SoftCap { .. } => return Err(unsupported(op)),
                 Op::SelectRows { x, out } => {
                     let src = acts.resolve(x);
                     acts.alias.insert(out, src);

@@ -668,7 +668,7 @@ impl PagedSeq {
     }
 }
 
-fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
+pub(super) fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
     (0..n)
         .map(|_| f16::from_f32(r.random_range(-2.0..2.0)))
         .collect()
@@ -786,7 +786,7 @@ fn glu_matches_cpu() {
     let u: Vec<f32> = (0..n * t).map(|_| r.random_range(-3.0..3.0)).collect();
     let ub = GpuBuffer::from_slice(&ctx, "up", &u).unwrap();
     let gb = GpuBuffer::zeroed(&ctx, "gate", (n * t * 4) as u64).unwrap();
-    for act in [GluAct::ReluSqr, GluAct::Silu] {
+    for act in [GluAct::ReluSqr, GluAct::Silu, GluAct::GeluTanh] {
         gb.write(&ctx, 0, bytemuck::cast_slice(&g));
         let op = Glu::new(&ctx, act, &gb, &ub, n).unwrap();
         run(&ctx, |p| op.record(p, t as u32));
@@ -798,11 +798,18 @@ fn glu_matches_cpu() {
                     (x * x) * u[i]
                 }
                 GluAct::Silu => (g[i] / (1.0 + (-g[i]).exp())) * u[i],
+                GluAct::GeluTanh => crate::backend::cpu::gelu_ggml(g[i]) * u[i],
             };
             match act {
                 GluAct::ReluSqr => assert_eq!(got[i].to_bits(), want.to_bits(), "{i}"),
                 GluAct::Silu => assert!(
                     (got[i] - want).abs() <= 1e-6 * want.abs() + 1e-30,
+                    "{i}: gpu {} cpu {want}",
+                    got[i]
+                ),
+                // One F16 ulp of the GELU value (rowops.wgsl's bound), times |u|.
+                GluAct::GeluTanh => assert!(
+                    (got[i] - want).abs() <= (want.abs() / 1024.0 + 1e-6 * u[i].abs()) * 1.01,
                     "{i}: gpu {} cpu {want}",
                     got[i]
                 ),

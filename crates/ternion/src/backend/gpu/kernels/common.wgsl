@@ -79,3 +79,27 @@ fn div_rn(a: f32, b: f32) -> f32 {
 fn pinned(y: f32, zero: u32) -> f32 {
     return bitcast<f32>(bitcast<u32>(y) ^ zero);
 }
+
+// GELU (tanh form) in f32: 0.5·v·(1 + tanh(√(2/π)·v·(1 + 0.044715·v²))).
+fn gelu_f32(v: f32) -> f32 {
+    let z = 0.7978845608 * v * (1.0 + 0.044715 * v * v);
+    // tanh(−|z|) = 2s − 1 with s = e/(1 + e), e = e^{−2|z|} ≤ 1: one f32 rounding of the
+    // sum, like the CPU's f32 tanh, so 1 + tanh keeps the CPU's granularity where it
+    // cancels (large negative v).
+    let e = exp(-2.0 * abs(z));
+    let tn = 2.0 * (e / (1.0 + e)) - 1.0;
+    let t = select(tn, -tn, z > 0.0);
+    return 0.5 * v * (1.0 + t);
+}
+
+// GELU as ggml's CPU table gives it: 0 at or below −10, v at or above 10, else
+// gelu_f32 of the F16-rounded input, rounded to F16 (rowops.wgsl states the error bound).
+fn gelu_ggml(v: f32) -> f32 {
+    if (v <= -10.0) {
+        return 0.0;
+    }
+    if (v >= 10.0) {
+        return v;
+    }
+    return round_f16(gelu_f32(round_f16(v)));
+}

@@ -94,29 +94,13 @@ fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-fn gelu_f32(v: f32) -> f32 {
-    let z = 0.7978845608 * v * (1.0 + 0.044715 * v * v);
-    // tanh(−|z|) = 2s − 1 with s = e/(1 + e), e = e^{−2|z|} ≤ 1: one f32 rounding of the
-    // sum, like the CPU's f32 tanh, so 1 + tanh keeps the CPU's granularity where it
-    // cancels (large negative v).
-    let e = exp(-2.0 * abs(z));
-    let tn = 2.0 * (e / (1.0 + e)) - 1.0;
-    let t = select(tn, -tn, z > 0.0);
-    return 0.5 * v * (1.0 + t);
-}
-
 @compute @workgroup_size(256)
 fn gelu(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (gid.x >= p.n) {
         return;
     }
     let i = gid.y * p.n + gid.x;
-    let v = x[i];
-    if (v <= -10.0) {
-        x[i] = 0.0;
-    } else if (v < 10.0) {
-        x[i] = round_f16(gelu_f32(round_f16(v)));
-    }
+    x[i] = gelu_ggml(x[i]);
 }
 
 @compute @workgroup_size(256)

@@ -4,6 +4,7 @@
 
 mod attention;
 mod decode;
+mod elementwise;
 mod embed;
 mod glu;
 mod matmul;
@@ -12,9 +13,12 @@ mod norm;
 mod qmatvec;
 mod rowops;
 mod select;
+mod window_attention;
 
 pub use attention::{Attention, AttnDims, AttnOpts, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
+pub(crate) use elementwise::kernel_glu;
+pub use elementwise::{ElemKind, Elementwise};
 pub use embed::Embed;
 pub use glu::Glu;
 pub use matmul::{MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS};
@@ -25,6 +29,7 @@ pub use qmatvec::{
 };
 pub use rowops::{PosTable, RowOp, RowOpKind};
 pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
+pub use window_attention::WindowAttention;
 
 use super::buffers::{GpuBuffer, UNIFORM};
 use super::context::GpuContext;

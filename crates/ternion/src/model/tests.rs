@@ -1,0 +1,84 @@
+//! Hyper-parameters and graphs of the qwen2 / qwen3 / gemma3 golden2 models, and the errors
+//! for architectures this build does not run.
+
+use super::graph::{GluAct, Op};
+use super::*;
+use crate::gguf::{GgufFile, GgufWriter, Value};
+use crate::tokenizer::tests::shared_dir;
+
+fn open(set: &str, model: &str) -> GgufFile {
+    let path = shared_dir(set).join("models").join(model);
+    GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn qwen3_head_width_from_key_length() {
+    let f = open("golden2-extra", "qwen3-d64-f16.gguf");
+    let cfg = Config::from_gguf(&f).unwrap();
+    assert_eq!(cfg.arch, Arch::Qwen3);
+    // n_head · head_dim = 4 · 32 = 128 ≠ n_embd = 64.
+    assert_eq!((cfg.n_embd, cfg.n_head, cfg.head_dim), (64, 4, 32));
+    let g = graph_for(&cfg, &f);
+    let norms = g
+        .ops
+        .iter()
+        .filter(|o| matches!(o, Op::HeadRmsNorm { .. }))
+        .count();
+    assert_eq!(norms, 2 * cfg.n_layer);
+    assert!(g.attn.sliding.is_none());
+}
+
+#[test]
+fn qwen2_adds_qkv_biases() {
+    let f = open("golden2", "qwen2-d64-f16.gguf");
+    let cfg = Config::from_gguf(&f).unwrap();
+    let g = graph_for(&cfg, &f);
+    let biases: Vec<&str> = g
+        .weights
+        .iter()
+        .map(|w| w.name.as_str())
+        .filter(|n| n.ends_with(".bias"))
+        .collect();
+    assert_eq!(biases.len(), 3 * cfg.n_layer, "{biases:?}");
+    assert!(biases.contains(&"blk.1.attn_v.bias"));
+}
+
+#[test]
+fn gemma3_local_layers_window_and_bases() {
+    let f = open("golden2-extra", "gemma3-d64-f16.gguf");
+    let cfg = Config::from_gguf(&f).unwrap();
+    assert_eq!((cfg.sliding_window, cfg.swa_pattern), (Some(16), 2));
+    assert_eq!(cfg.rope_base_swa, 10_000.0);
+    assert_eq!(cfg.logit_softcap, None);
+    let g = graph_for(&cfg, &f);
+    // Pattern 2: layer 0 local (window 16, base 10000), layer 1 global (the file's base).
+    assert_eq!(g.attn.window_of(0), Some(16));
+    assert_eq!(g.attn.window_of(1), None);
+    assert_eq!(g.attn.rope_base_of(0), 10_000.0);
+    assert_eq!(g.attn.rope_base_of(1), cfg.rope_base);
+    assert!(g.ops.iter().any(|o| matches!(
+        o,
+        Op::Glu {
+            act: GluAct::GeluTanh,
+            ..
+        }
+    )));
+    assert!(matches!(g.ops[1], Op::Scale { s, .. } if s == 8.0));
+}
+
+#[test]
+fn unknown_architecture_lists_the_supported_ones() {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::Str("mamba".into()));
+    let dir = std::env::temp_dir().join(format!("ternion-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mamba.gguf");
+    w.write_with(&path, Vec::new()).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let err = Config::from_gguf(&f).unwrap_err().to_string();
+    assert!(err.contains("unknown architecture 'mamba'"), "{err}");
+    for name in config::ARCH_NAMES {
+        assert!(err.contains(name), "{name} missing from: {err}");
+    }
+}
