@@ -346,14 +346,25 @@ impl<'m> Session<'m> {
     }
 }
 
+/// Greedy steps a [`GpuEngine`] runs ahead (the GPU feeding each argmax to the next step).
+#[cfg(feature = "gpu")]
+const GREEDY_AHEAD: usize = 8;
+
 /// A GPU engine: a [`GpuModel`](crate::backend::gpu::GpuModel) (which holds its own KV
-/// cache on the device) driving one sequence.
+/// cache on the device) driving one sequence. Greedy decoding runs [`GREEDY_AHEAD`] steps
+/// at a time on the GPU (`GpuModel::greedy`); the ids not yet asked for wait in `ahead`,
+/// and whatever the caller does not take (a stop, another token, a prompt) is truncated
+/// away, so the cache always looks as if one step ran per call.
 #[cfg(feature = "gpu")]
 pub struct GpuEngine<'a> {
     model: &'a mut crate::backend::gpu::GpuModel,
     n_ctx: usize,
     logits: Vec<f32>,
     top: Vec<(u32, f32)>,
+    /// Argmax ids computed ahead, in order; the first answers `expect`.
+    ahead: std::collections::VecDeque<u32>,
+    /// The token the next greedy call must bring for `ahead` to hold (the last id given).
+    expect: Option<u32>,
 }
 
 #[cfg(feature = "gpu")]
@@ -367,7 +378,19 @@ impl<'a> GpuEngine<'a> {
             n_ctx,
             logits: Vec::new(),
             top: Vec::new(),
+            ahead: std::collections::VecDeque::with_capacity(GREEDY_AHEAD),
+            expect: None,
         }
+    }
+
+    /// Forgets the steps run ahead (the cache drops their positions).
+    fn drop_ahead(&mut self) {
+        if !self.ahead.is_empty() {
+            let len = self.model.pos() - self.ahead.len();
+            self.model.truncate(len);
+            self.ahead.clear();
+        }
+        self.expect = None;
     }
 }
 
@@ -378,6 +401,7 @@ impl Engine for GpuEngine<'_> {
     }
 
     fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        self.drop_ahead();
         self.logits = self.model.forward(tokens, which)?;
         Ok(&self.logits)
     }
@@ -387,7 +411,7 @@ impl Engine for GpuEngine<'_> {
     }
 
     fn len(&self) -> usize {
-        self.model.pos()
+        self.model.pos() - self.ahead.len()
     }
 
     fn n_ctx(&self) -> usize {
@@ -395,6 +419,7 @@ impl Engine for GpuEngine<'_> {
     }
 
     fn truncate(&mut self, len: usize) {
+        self.drop_ahead();
         self.model.truncate(len);
     }
 
@@ -413,9 +438,23 @@ impl Engine for GpuEngine<'_> {
         match need {
             Need::Argmax => {
                 self.logits.clear();
-                Ok(Row::Argmax(self.model.argmax_step(id)?))
+                if self.expect == Some(id) {
+                    if let Some(next) = self.ahead.pop_front() {
+                        self.expect = Some(next);
+                        return Ok(Row::Argmax(next));
+                    }
+                }
+                self.drop_ahead();
+                let mut ids = self.model.greedy(id, GREEDY_AHEAD, |_| true)?.into_iter();
+                let next = ids.next().ok_or_else(|| {
+                    crate::Error::Request("context full: no room for a greedy step".into())
+                })?;
+                self.ahead.extend(ids);
+                self.expect = Some(next);
+                Ok(Row::Argmax(next))
             }
             Need::Top => {
+                self.drop_ahead();
                 self.logits.clear();
                 self.top = self.model.topk_step(id)?;
                 Ok(Row::Top(&self.top))

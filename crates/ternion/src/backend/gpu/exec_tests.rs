@@ -509,8 +509,9 @@ impl crate::session::Engine for FullRows<'_> {
     }
 }
 
-/// Generation on the GPU reads back only the top-k when the sampler allows, and draws the
-/// same tokens as from whole rows (greedy and sampled, the same seeds).
+/// Generation on the GPU reads back only the top-k when the sampler allows (greedy: runs
+/// ahead on the GPU and drops the overshoot), and draws the same tokens as from whole rows
+/// (greedy and sampled, the same seeds), over two turns of one session.
 #[test]
 fn generation_from_the_gpu_top_k_equals_whole_rows() {
     use crate::sample::{Sampler, SamplerConfig};
@@ -521,7 +522,7 @@ fn generation_from_the_gpu_top_k_equals_whole_rows() {
     let tok = crate::tokenizer::Tokenizer::from_gguf(&file, &Default::default()).unwrap();
     let (mut a, mut b) = (gpu_model(&f, 64), gpu_model(&f, 64));
     let opts = GenerateOptions {
-        max_tokens: 24,
+        max_tokens: 21,
         ignore_eos: true,
     };
     for (temperature, seed) in [(0.0, 0), (0.8, 3), (1.2, 11)] {
@@ -540,12 +541,17 @@ fn generation_from_the_gpu_top_k_equals_whole_rows() {
             .map(|e| {
                 let mut s = Session::with_engine(e);
                 let mut sampler = Sampler::new(cfg.clone()).unwrap();
-                s.generate(&f.prompts[0], &tok, &mut sampler, &opts, |_| true)
+                let mut ids = s
+                    .generate(&f.prompts[0], &tok, &mut sampler, &opts, |_| true)
                     .unwrap()
-                    .generated
+                    .generated;
+                let turn = &f.prompts[1][..5];
+                let next = s.generate(turn, &tok, &mut sampler, &opts, |_| true);
+                ids.extend(next.unwrap().generated);
+                ids
             })
             .collect();
-        assert_eq!(ids[0].len(), 24);
+        assert_eq!(ids[0].len(), 42);
         assert_eq!(ids[0], ids[1], "temperature {temperature}");
     }
 }
