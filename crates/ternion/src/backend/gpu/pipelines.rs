@@ -49,6 +49,9 @@ pub enum F16Rows {
     /// `main4`: four token rows per workgroup (each weight row read once for four tokens);
     /// the token count comes from the step uniform.
     Four,
+    /// `decode`: one token row held in workgroup memory, 64 weight rows per workgroup
+    /// (the same sums as `main`).
+    Decode,
 }
 
 /// The kernels and their small integer specialisations.
@@ -344,6 +347,7 @@ impl Kernel {
                 F16Rows::Each => "main",
                 F16Rows::Last => "last",
                 F16Rows::Four => "main4",
+                F16Rows::Decode => "decode",
             },
             Kernel::RopeKv
             | Kernel::Glu { .. }

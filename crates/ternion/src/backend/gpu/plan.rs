@@ -766,7 +766,7 @@ impl Plan {
                             let xb = acts.f32(x)?;
                             let pb = picked_rows(g, width(x), max_batch)?;
                             launches.push(Launch::Head(Box::new(Head {
-                                decode: F16Matvec::new(g, variant, TPR, m, &xb, &ob, true)?,
+                                decode: F16Matvec::one_token(g, variant, TPR, m, &xb, &ob, true)?,
                                 last: F16Matvec::last_row(
                                     g, variant, TPR, m, &xb, &ob, false, &step,
                                 )?,

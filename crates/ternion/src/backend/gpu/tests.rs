@@ -412,6 +412,14 @@ fn f16_matvec_matches_cpu_over_shards() {
                 run(&ctx, |p| last.record(p, tokens as u32));
                 let lr = out.read::<f32>(&ctx).unwrap();
                 assert_eq!(lr[..vocab], got[(tokens - 1) * vocab..], "last row");
+                // One token with the hidden state in workgroup memory: row 0's sums.
+                let one = F16Matvec::one_token(&ctx, v, tpr, &sharded, &xb, &out, round_x);
+                run(&ctx, |p| one.as_ref().unwrap().record(p, 1));
+                assert_eq!(
+                    out.read::<f32>(&ctx).unwrap()[..vocab],
+                    got[..vocab],
+                    "one token"
+                );
                 if !round_x {
                     // Four tokens per workgroup: the same rows, bit for bit (a partial group
                     // of tokens % 4 at the end).

@@ -13,7 +13,10 @@
 // the last token's row (t = n_tokens − 1 from the step uniform) into output row 0 (the
 // logits of a prompt's last position without a copy between passes).
 // Entry `main4` does four token rows per workgroup (weights read once per four tokens).
-// Dispatch: main (ceil(rows / (256/TPR)), T, 1), last (ceil(rows / (256/TPR)), 1, 1),
+// Entry `decode` (one token, k ≤ 4·DECODE_K4) holds the (rounded) hidden state in workgroup
+// memory once for DECODE_ROWS rows, each warp-sized row group walking its rows with four
+// weight loads in flight; every row's sum is `main`'s, in the same order (bit-identical).
+// Dispatch: main (ceil(rows / (256/TPR)), T, 1), decode (ceil(rows / DECODE_ROWS), 1, 1), last (ceil(rows / (256/TPR)), 1, 1),
 // main4 (ceil(rows / (256/TPR)), ceil(T / 4), 1) per shard. TPR lanes per row, reduced by
 // subgroupShuffleXor (SUBGROUPS) or shared memory, like ternary.wgsl.
 // Numerics: f32 accumulation in a different order than the CPU's; ROUND_X rounds the hidden
@@ -23,6 +26,8 @@ enable f16;
 #endif
 
 override TPR: u32 = 32u;
+const DECODE_ROWS: u32 = 64u;
+const DECODE_K4: u32 = 768u;
 override ROUND_X: bool = false;
 const WG: u32 = 256u;
 
@@ -139,6 +144,43 @@ fn main4(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
         let s = reduce(acc[j], li);
         if (lane == 0u && row < p.rows && t0 + j <= last) {
             out[(t0 + j) * p.out_stride + p.row0 + row] = s;
+        }
+    }
+}
+
+var<workgroup> xs: array<vec4<f32>, DECODE_K4>;
+
+@compute @workgroup_size(256)
+fn decode(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let k4 = p.k / 4u;
+    for (var i = li; i < k4; i += WG) {
+        xs[i] = load_x(i);
+    }
+    workgroupBarrier();
+    let lane = li % TPR;
+    for (var r = li / TPR; r < DECODE_ROWS; r += WG / TPR) {
+        let row = wg.x * DECODE_ROWS + r;
+        var acc = 0.0;
+        if (row < p.rows) {
+            let wbase = row * k4;
+            var i = lane;
+            for (; i + 3u * TPR < k4; i += 4u * TPR) {
+                let w0 = load_w(wbase + i);
+                let w1 = load_w(wbase + i + TPR);
+                let w2 = load_w(wbase + i + 2u * TPR);
+                let w3 = load_w(wbase + i + 3u * TPR);
+                acc += dot(w0, xs[i]);
+                acc += dot(w1, xs[i + TPR]);
+                acc += dot(w2, xs[i + 2u * TPR]);
+                acc += dot(w3, xs[i + 3u * TPR]);
+            }
+            for (; i < k4; i += TPR) {
+                acc += dot(load_w(wbase + i), xs[i]);
+            }
+        }
+        let s = reduce(acc, li);
+        if (lane == 0u && row < p.rows) {
+            out[p.row0 + row] = s;
         }
     }
 }

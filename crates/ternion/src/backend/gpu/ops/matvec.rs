@@ -300,6 +300,11 @@ impl Ternary3 {
     }
 }
 
+/// Rows per workgroup of the one-token F16 kernel (`f16_matvec.wgsl` DECODE_ROWS).
+const F16_DECODE_ROWS: u32 = 64;
+/// Widest row it holds in workgroup memory (4 · DECODE_K4).
+const F16_DECODE_MAX_K: u32 = 3072;
+
 /// `out[t][row0 + j] = W_shard[j] · x[t]` over every shard of an F16 matrix (LM head).
 pub struct F16Matvec {
     dispatches: Vec<Dispatch>,
@@ -320,6 +325,25 @@ impl F16Matvec {
         round_x: bool,
     ) -> Result<F16Matvec> {
         Self::build(ctx, variant, tpr, w, x, out, round_x, None, F16Rows::Each)
+    }
+
+    /// Like [`F16Matvec::new`] for one token, the hidden state held in workgroup memory
+    /// (`decode`, rows up to 3,072 wide; `main` for wider ones): the same sums, bit for bit.
+    pub fn one_token(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        round_x: bool,
+    ) -> Result<F16Matvec> {
+        let rows = if w.row_bytes / 2 <= F16_DECODE_MAX_K as usize {
+            F16Rows::Decode
+        } else {
+            F16Rows::Each
+        };
+        Self::build(ctx, variant, tpr, w, x, out, round_x, None, rows)
     }
 
     /// Like [`F16Matvec::new`] (unrounded input) with four token rows per workgroup: each
@@ -392,6 +416,10 @@ impl F16Matvec {
                 "f16 matvec: row width {k} is not a multiple of 4"
             )));
         }
+        let per_group = match rows {
+            F16Rows::Decode => F16_DECODE_ROWS,
+            _ => WG / tpr,
+        };
         let key = PipelineKey {
             kernel: Kernel::F16Matvec { tpr, round_x, rows },
             variant,
@@ -419,7 +447,7 @@ impl F16Matvec {
                 key,
                 "f16_matvec",
                 &bindings,
-                (rows as u32).div_ceil(WG / tpr),
+                (rows as u32).div_ceil(per_group),
             )?);
             params.push(u);
         }
@@ -436,7 +464,7 @@ impl F16Matvec {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         let groups = match self.rows {
             F16Rows::Each => n_tokens,
-            F16Rows::Last => 1,
+            F16Rows::Last | F16Rows::Decode => 1,
             F16Rows::Four => n_tokens.div_ceil(4),
         };
         for d in &self.dispatches {
