@@ -5,7 +5,7 @@
 //! element / 16. Pairs with Q8_K activations. Layout and sources: docs/FORMATS.md.
 
 use super::float::f16_at;
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per super-block.
@@ -14,16 +14,7 @@ pub const BLOCK_ELEMS: usize = 256;
 pub const BLOCK_BYTES: usize = 84;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "Q2_K: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "Q2_K: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::Q2_K, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// The 2-bit codes of one super-block, in element order.
@@ -95,21 +86,14 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The Q2_K format for the registry ([`super::format`]).
-pub struct Q2K;
-
-impl BlockFormat for Q2K {
-    const TYPE: GgmlType = GgmlType::Q2_K;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8K(dot_q8k);
-    const QUANTIZE: Option<Quantizer> = None;
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/q2_k.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The Q2_K format for the registry ([`super::format`]).
+    Q2K,
+    Q2_K,
+    RefDot::Q8K(dot_q8k),
+    None,
+    Some(include_str!("../backend/gpu/kernels/formats/q2_k.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@
 //! Layout and sources: docs/FORMATS.md.
 
 use super::float::f16_at;
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per super-block.
@@ -16,16 +16,7 @@ pub const BLOCK_ELEMS: usize = 256;
 pub const BLOCK_BYTES: usize = 110;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "Q3_K: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "Q3_K: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::Q3_K, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// Scale i − 32 (i = 0..16) of a super-block.
@@ -107,21 +98,14 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The Q3_K format for the registry ([`super::format`]).
-pub struct Q3K;
-
-impl BlockFormat for Q3K {
-    const TYPE: GgmlType = GgmlType::Q3_K;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8K(dot_q8k);
-    const QUANTIZE: Option<Quantizer> = None;
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/q3_k.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The Q3_K format for the registry ([`super::format`]).
+    Q3K,
+    Q3_K,
+    RefDot::Q8K(dot_q8k),
+    None,
+    Some(include_str!("../backend/gpu/kernels/formats/q3_k.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {
