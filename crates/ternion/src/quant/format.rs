@@ -65,6 +65,49 @@ impl RefDot {
     }
 }
 
+/// Panics unless `bytes` hold exactly `elems` elements of whole blocks of `ty`
+/// (`block_elems` elements in `block_bytes` bytes): the row check of every format module.
+pub(crate) fn check_row(
+    ty: GgmlType,
+    block_elems: usize,
+    block_bytes: usize,
+    bytes: usize,
+    elems: usize,
+) {
+    assert_eq!(
+        elems % block_elems,
+        0,
+        "{ty}: {elems} elements is not whole blocks"
+    );
+    assert_eq!(
+        bytes,
+        elems / block_elems * block_bytes,
+        "{ty}: {bytes} bytes do not hold {elems} elements"
+    );
+}
+
+/// Implements [`BlockFormat`] for the unit type `$name` of a format module, from the
+/// module's `BLOCK_ELEMS`, `BLOCK_BYTES` and `dequantize_row`.
+macro_rules! block_format {
+    ($(#[$doc:meta])* $name:ident, $ty:ident, $dot:expr, $quant:expr, $wgsl:expr) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl $crate::quant::format::BlockFormat for $name {
+            const TYPE: $crate::quant::GgmlType = $crate::quant::GgmlType::$ty;
+            const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+            const BLOCK_BYTES: usize = BLOCK_BYTES;
+            const DOT: $crate::quant::format::RefDot = $dot;
+            const QUANTIZE: Option<$crate::quant::format::Quantizer> = $quant;
+            const WGSL: Option<&'static str> = $wgsl;
+            fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+                dequantize_row(src, dst)
+            }
+        }
+    };
+}
+pub(crate) use block_format;
+
 /// A weight storage format, implemented by one unit type per format module.
 pub trait BlockFormat {
     /// The ggml type it stores.

@@ -5,7 +5,7 @@
 //! Layout and sources: docs/FORMATS.md.
 
 use super::float::f16_at;
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -19,16 +19,7 @@ pub const KVALUES: [i8; 16] = [
 ];
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "IQ4_NL: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "IQ4_NL: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::IQ4_NL, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// The grid values of one block's codes, in element order.
@@ -89,21 +80,14 @@ pub fn dot_q8_0(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The IQ4_NL format for the registry ([`super::format`]).
-pub struct IQ4NL;
-
-impl BlockFormat for IQ4NL {
-    const TYPE: GgmlType = GgmlType::IQ4_NL;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8_0(dot_q8_0);
-    const QUANTIZE: Option<Quantizer> = None;
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/iq4_nl.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The IQ4_NL format for the registry ([`super::format`]).
+    IQ4NL,
+    IQ4_NL,
+    RefDot::Q8_0(dot_q8_0),
+    None,
+    Some(include_str!("../backend/gpu/kernels/formats/iq4_nl.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

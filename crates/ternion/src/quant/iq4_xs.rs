@@ -6,7 +6,7 @@
 //! sources: docs/FORMATS.md.
 
 use super::float::f16_at;
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::iq4_nl::KVALUES;
 use super::GgmlType;
 
@@ -16,16 +16,7 @@ pub const BLOCK_ELEMS: usize = 256;
 pub const BLOCK_BYTES: usize = 136;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "IQ4_XS: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "IQ4_XS: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::IQ4_XS, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// ls − 32 of sub-block ib.
@@ -102,21 +93,14 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The IQ4_XS format for the registry ([`super::format`]).
-pub struct IQ4XS;
-
-impl BlockFormat for IQ4XS {
-    const TYPE: GgmlType = GgmlType::IQ4_XS;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8K(dot_q8k);
-    const QUANTIZE: Option<Quantizer> = None;
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/iq4_xs.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The IQ4_XS format for the registry ([`super::format`]).
+    IQ4XS,
+    IQ4_XS,
+    RefDot::Q8K(dot_q8k),
+    None,
+    Some(include_str!("../backend/gpu/kernels/formats/iq4_xs.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

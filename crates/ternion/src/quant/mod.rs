@@ -147,6 +147,8 @@ pub mod iq4_nl;
 pub mod iq4_xs;
 pub mod q1_0;
 pub mod q2_0;
+pub mod q2_k;
+pub mod q3_k;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -184,8 +186,8 @@ pub fn format(ty: GgmlType) -> Option<&'static Format> {
         GgmlType::Q5_1 => Some(const { &Format::of::<q5_1::Q5_1>() }),
         GgmlType::Q8_0 => Some(const { &Format::of::<q8_0::Q8_0>() }),
         GgmlType::Q8_1 => None,
-        GgmlType::Q2_K => None,
-        GgmlType::Q3_K => None,
+        GgmlType::Q2_K => Some(const { &Format::of::<q2_k::Q2K>() }),
+        GgmlType::Q3_K => Some(const { &Format::of::<q3_k::Q3K>() }),
         GgmlType::Q4_K => Some(const { &Format::of::<q4_k::Q4K>() }),
         GgmlType::Q5_K => Some(const { &Format::of::<q5_k::Q5K>() }),
         GgmlType::Q6_K => Some(const { &Format::of::<q6_k::Q6K>() }),

@@ -5,7 +5,7 @@
 
 use super::act::Q8_0_BLOCK;
 use super::float::f16_at;
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -14,16 +14,7 @@ pub const BLOCK_ELEMS: usize = 64;
 pub const BLOCK_BYTES: usize = 18;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "Q2_0: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "Q2_0: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::Q2_0, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// code − 1 of element j of a block.
@@ -82,21 +73,14 @@ pub fn dot_q8_0(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The Q2_0 format for the registry ([`super::format`]).
-pub struct Q2_0;
-
-impl BlockFormat for Q2_0 {
-    const TYPE: GgmlType = GgmlType::Q2_0;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8_0(dot_q8_0);
-    const QUANTIZE: Option<Quantizer> = None;
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/q2_0.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The Q2_0 format for the registry ([`super::format`]).
+    Q2_0,
+    Q2_0,
+    RefDot::Q8_0(dot_q8_0),
+    None,
+    Some(include_str!("../backend/gpu/kernels/formats/q2_0.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 
 use super::act::Q8_0_BLOCK;
 use super::float::{f16_at, f16_bytes};
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -14,16 +14,7 @@ pub const BLOCK_ELEMS: usize = 32;
 pub const BLOCK_BYTES: usize = 20;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "Q4_1: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "Q4_1: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::Q4_1, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// The nibbles of one block, in element order.
@@ -114,21 +105,14 @@ pub fn dot_q8_1(row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
     sum
 }
 
-/// The Q4_1 format for the registry ([`super::format`]).
-pub struct Q4_1;
-
-impl BlockFormat for Q4_1 {
-    const TYPE: GgmlType = GgmlType::Q4_1;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8_1(dot_q8_1);
-    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/q4_1.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The Q4_1 format for the registry ([`super::format`]).
+    Q4_1,
+    Q4_1,
+    RefDot::Q8_1(dot_q8_1),
+    Some(quantize_row),
+    Some(include_str!("../backend/gpu/kernels/formats/q4_1.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 //! activations. Layout and sources: docs/FORMATS.md.
 
 use super::float::f16_at;
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::q4_k::scale_min;
 use super::GgmlType;
 
@@ -16,16 +16,7 @@ pub const BLOCK_ELEMS: usize = 256;
 pub const BLOCK_BYTES: usize = 176;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "Q5_K: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "Q5_K: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::Q5_K, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// The 5-bit codes of one super-block, in element order.
@@ -102,21 +93,14 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The Q5_K format for the registry ([`super::format`]).
-pub struct Q5K;
-
-impl BlockFormat for Q5K {
-    const TYPE: GgmlType = GgmlType::Q5_K;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8K(dot_q8k);
-    const QUANTIZE: Option<Quantizer> = None;
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/q5_k.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The Q5_K format for the registry ([`super::format`]).
+    Q5K,
+    Q5_K,
+    RefDot::Q8K(dot_q8k),
+    None,
+    Some(include_str!("../backend/gpu/kernels/formats/q5_k.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

@@ -7,8 +7,7 @@
 //! Sources: docs/FORMATS.md.
 
 use super::float::f16_at;
-use super::format::{BlockFormat, Quantizer, RefDot};
-use super::GgmlType;
+use super::format::{block_format, RefDot};
 
 /// Elements per super-block.
 pub const BLOCK_ELEMS: usize = 256;
@@ -118,21 +117,14 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The Q6_K format for the registry ([`super::format`]).
-pub struct Q6K;
-
-impl BlockFormat for Q6K {
-    const TYPE: GgmlType = GgmlType::Q6_K;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8K(dot_q8k);
-    const QUANTIZE: Option<Quantizer> = None;
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/q6_k.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The Q6_K format for the registry ([`super::format`]).
+    Q6K,
+    Q6_K,
+    RefDot::Q8K(dot_q8k),
+    None,
+    Some(include_str!("../backend/gpu/kernels/formats/q6_k.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

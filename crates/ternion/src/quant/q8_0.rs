@@ -3,7 +3,7 @@
 //! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -12,16 +12,7 @@ pub const BLOCK_ELEMS: usize = 32;
 pub const BLOCK_BYTES: usize = 34;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "Q8_0: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "Q8_0: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::Q8_0, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// Dequantizes a row of whole blocks: element = qs·d.
@@ -92,21 +83,14 @@ pub fn dot_q8_0(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The Q8_0 format for the registry ([`super::format`]).
-pub struct Q8_0;
-
-impl BlockFormat for Q8_0 {
-    const TYPE: GgmlType = GgmlType::Q8_0;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8_0(dot_q8_0);
-    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/q8_0.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The Q8_0 format for the registry ([`super::format`]).
+    Q8_0,
+    Q8_0,
+    RefDot::Q8_0(dot_q8_0),
+    Some(quantize_row),
+    Some(include_str!("../backend/gpu/kernels/formats/q8_0.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

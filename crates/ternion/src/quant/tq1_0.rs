@@ -11,7 +11,7 @@
 //! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -32,16 +32,7 @@ const POW3: [u8; 5] = [1, 3, 9, 27, 81];
 const RUNS: [(usize, usize, usize, usize); 3] = [(0, 32, 5, 0), (32, 16, 5, 160), (48, 4, 4, 240)];
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "TQ1_0: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "TQ1_0: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::TQ1_0, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// Trit n (0 = most significant) of a packed byte, as t = code − 1.
@@ -163,21 +154,15 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The TQ1_0 format for the registry ([`super::format`]).
-/// (The GPU reads TQ1_0 repacked to TQ2_0, [`repack_tq2_0`].)
-pub struct TQ1_0;
-
-impl BlockFormat for TQ1_0 {
-    const TYPE: GgmlType = GgmlType::TQ1_0;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8K(dot_q8k);
-    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
-    const WGSL: Option<&'static str> = None;
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The TQ1_0 format for the registry ([`super::format`]).
+    /// (The GPU reads TQ1_0 repacked to TQ2_0, [`repack_tq2_0`].)
+    TQ1_0,
+    TQ1_0,
+    RefDot::Q8K(dot_q8k),
+    Some(quantize_row),
+    None
+);
 
 #[cfg(test)]
 mod tests {

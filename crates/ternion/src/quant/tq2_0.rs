@@ -6,7 +6,7 @@
 //! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
-use super::format::{BlockFormat, Quantizer, RefDot};
+use super::format::{block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -17,16 +17,7 @@ pub const BLOCK_BYTES: usize = 66;
 const QS_BYTES: usize = 64;
 
 fn check(bytes: usize, elems: usize) {
-    assert_eq!(
-        elems % BLOCK_ELEMS,
-        0,
-        "TQ2_0: {elems} elements is not whole blocks"
-    );
-    assert_eq!(
-        bytes,
-        elems / BLOCK_ELEMS * BLOCK_BYTES,
-        "TQ2_0: {bytes} bytes do not hold {elems} elements"
-    );
+    super::format::check_row(GgmlType::TQ2_0, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
 /// The ternary codes of one block, t = code − 1, in element order.
@@ -119,21 +110,14 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
-/// The TQ2_0 format for the registry ([`super::format`]).
-pub struct TQ2_0;
-
-impl BlockFormat for TQ2_0 {
-    const TYPE: GgmlType = GgmlType::TQ2_0;
-    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
-    const BLOCK_BYTES: usize = BLOCK_BYTES;
-    const DOT: RefDot = RefDot::Q8K(dot_q8k);
-    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
-    const WGSL: Option<&'static str> =
-        Some(include_str!("../backend/gpu/kernels/formats/tq2_0.wgsl"));
-    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
-        dequantize_row(src, dst)
-    }
-}
+block_format!(
+    /// The TQ2_0 format for the registry ([`super::format`]).
+    TQ2_0,
+    TQ2_0,
+    RefDot::Q8K(dot_q8k),
+    Some(quantize_row),
+    Some(include_str!("../backend/gpu/kernels/formats/tq2_0.wgsl"))
+);
 
 #[cfg(test)]
 mod tests {

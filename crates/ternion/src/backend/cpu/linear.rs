@@ -313,6 +313,7 @@ fn simd_q8_0(ty: GgmlType) -> Option<Q8_0Kernel> {
     match ty {
         GgmlType::Q8_0 => Some(simd::q8_0_dot),
         GgmlType::Q4_0 => Some(simd::q4_0_dot),
+        GgmlType::Q5_0 => Some(simd::q5_0_dot),
         _ => None,
     }
 }

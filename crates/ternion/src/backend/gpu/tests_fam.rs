@@ -160,6 +160,8 @@ fn weight_bytes(r: &mut impl Rng, fmt: QFormat, rows: usize, k: usize) -> (GgmlT
     let scales: &[usize] = match ty {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
         GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::IQ4_XS => &[0],
         other => panic!("{other}: no quantizer and no random-block recipe in this test"),
     };
@@ -682,11 +684,12 @@ fn qembed_matches_cpu_dequantization() {
                 quant::dequantize_row(ty, "embd", &wb, k, id as usize, &mut want).unwrap();
                 for (i, (&g, &w)) in got[t * k..][..k].iter().zip(&want).enumerate() {
                     // Exact but for a possibly fused multiply-add in Q4_K's d·s·q − dmin·m.
-                    let tol = if matches!(fmt.ggml(), GgmlType::Q4_K | GgmlType::Q5_K) {
-                        1e-6 * (w.abs() + 1e-3)
-                    } else {
-                        0.0
-                    };
+                    let tol =
+                        if matches!(fmt.ggml(), GgmlType::Q2_K | GgmlType::Q4_K | GgmlType::Q5_K) {
+                            1e-6 * (w.abs() + 1e-3)
+                        } else {
+                            0.0
+                        };
                     assert!(
                         (g - w).abs() <= tol,
                         "{fmt:?} id {id} [{i}]: gpu {g} cpu {w}"

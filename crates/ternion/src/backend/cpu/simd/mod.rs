@@ -128,6 +128,18 @@ pub fn q4_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     }
 }
 
+/// Q5_0 row · Q8_0 activations (`d`: per-block scales); equal to
+/// [`quant::q5_0::dot_q8_0`] up to float summation order (NEON: the reference).
+#[inline]
+pub fn q5_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::q5_0_dot(row, q, d) },
+        _ => quant::q5_0::dot_q8_0(row, q, d),
+    }
+}
+
 /// Q4_K row · Q8_K activations; equal to [`quant::q4_k::dot_q8k`] up to float summation
 /// order.
 #[inline]

@@ -175,6 +175,27 @@ fn q4_0_dot_matches_reference() {
 }
 
 #[test]
+fn q5_0_dot_matches_reference() {
+    let level = Level::detect();
+    let mut rng = StdRng::seed_from_u64(15);
+    for k in [32, 96, 2560] {
+        let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut row = vec![0u8; k / 32 * 22];
+        quant::q5_0::quantize_row(&w, &mut row);
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let mut q = vec![0i8; k];
+        let mut d = vec![0f32; k / 32];
+        quant::act::quantize_q8_0(&x, &mut q, &mut d);
+        let want = quant::q5_0::dot_q8_0(&row, &q, &d);
+        let got = q5_0_dot(level, &row, &q, &d);
+        assert!(
+            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "k={k}: {got} vs {want}"
+        );
+    }
+}
+
+#[test]
 fn k_quant_dots_are_bit_identical_to_reference() {
     let level = Level::detect();
     let mut rng = StdRng::seed_from_u64(14);

@@ -277,6 +277,51 @@ pub unsafe fn q4_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     hsum_f32(acc)
 }
 
+/// Q5_0 row against Q8_0 activations: as [`q4_0_dot`], with the fifth bits of `qh`
+/// spread to bit 4 of each element's byte (byte i takes bit i, the order of the nibbles:
+/// low nibbles are elements 0..15, high nibbles 16..31).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    const BLOCK_BYTES: usize = 22;
+    let nb = d.len();
+    assert!(
+        row.len() == nb * BLOCK_BYTES && q.len() == nb * 32,
+        "q5_0_dot: lengths"
+    );
+    let ones = _mm256_set1_epi16(1);
+    let mask = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
+    // Byte i of the broadcast qh picks byte i / 8 of qh; OR-ing all bits but bit i % 8
+    // leaves 0xFF exactly where bit i is set.
+    let pick = _mm256_setr_epi64x(
+        0,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let all = _mm256_set1_epi8(-1);
+    let mut acc = _mm256_setzero_ps();
+    for (b, &da) in d.iter().enumerate() {
+        let blk = row.as_ptr().add(BLOCK_BYTES * b);
+        let qh = u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]);
+        let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), pick);
+        let high = _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_or_si256(bits, others), all),
+            sixteen,
+        );
+        let qs = _mm_loadu_si128(blk.add(6).cast());
+        let both = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
+        let w = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(both, mask), high), sixteen);
+        let x = _mm256_loadu_si256(q.as_ptr().add(32 * b).cast());
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        let sumi = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        let dw = half::f16::from_bits(u16::from_le_bytes([*blk, *blk.add(1)])).to_f32();
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), sumi, acc);
+    }
+    hsum_f32(acc)
+}
+
 /// Q4_K row against Q8_K activations: the same integer sums as the scalar reference
 /// (nibble·q through `maddubs`, times the 6-bit scales through `madd`; Σq times the mins),
 /// then the same float combination, so the result is bit-identical to it.

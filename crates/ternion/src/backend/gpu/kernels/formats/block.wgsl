@@ -72,6 +72,18 @@ fn kv4(c: u32) -> u32 {
     return KV[c & 0xfu] | (KV[(c >> 8u) & 0xfu] << 8u) | (KV[(c >> 16u) & 0xfu] << 16u) | (KV[c >> 24u] << 24u);
 }
 
+// Q3_K/Q6_K unit product: a scale per 16 elements (w.s0 for elements 0..15, w.s1 for
+// 16..31): (d·d_a)·f32(s0·Σ_lo + s1·Σ_hi).
+fn unit_dot_halves(w: Unit, a0: u32, da: f32) -> f32 {
+    let isum = w.s0 * idot(w.q, a0, 0u, 4u) + w.s1 * idot(w.q, a0, 4u, 4u);
+    return (w.d * da) * f32(isum);
+}
+
+// Element e of such a unit: (d·s)·q.
+fn unit_value_halves(w: Unit, e: u32, q: f32) -> f32 {
+    return (w.d * f32(select(w.s1, w.s0, e < 16u))) * q;
+}
+
 // A Unit with unit scales and no offset, for decoders to fill.
 fn unit_new() -> Unit {
     var r: Unit;

@@ -23,10 +23,9 @@ fn decode(ro: u32, u: u32) -> Unit {
 }
 
 fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
-    let isum = w.s0 * idot(w.q, a0, 0u, 4u) + w.s1 * idot(w.q, a0, 4u, 4u);
-    return (w.d * act_d[db + u / 8u]) * f32(isum);
+    return unit_dot_halves(w, a0, act_d[db + u / 8u]);
 }
 
 fn unit_value(w: Unit, e: u32, q: f32) -> f32 {
-    return (w.d * f32(select(w.s1, w.s0, e < 16u))) * q;
+    return unit_value_halves(w, e, q);
 }
