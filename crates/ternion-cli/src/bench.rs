@@ -7,10 +7,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use ternion::backend::cpu::{SeqStep, Workspace};
 use ternion::backend::gpu::{
-    measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq, GpuSeqStep, KernelTime,
+    measure_dispatch_latency, measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq,
+    GpuSeqStep, KernelTime,
 };
+use ternion::generate::{BatchBackend, BatchStep, CpuBatch};
 use ternion::kv::KvSeq;
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
@@ -163,26 +164,21 @@ fn time_cpu_batched(
     n_ctx: usize,
 ) -> Result<Timings> {
     Session::new(model, 8).prefill(&prompts[0][..prompts[0].len().min(4)])?;
-    let pool = model.kv_pool(n_ctx, prompts.len());
+    let mut backend = CpuBatch::new(model, model.kv_pool(n_ctx, prompts.len()));
     let mut kvs: Vec<KvSeq> = prompts
         .iter()
-        .map(|_| KvSeq::new(pool.clone(), n_ctx))
-        .collect();
-    let mut ws = Workspace::default();
+        .map(|_| backend.new_seq(n_ctx))
+        .collect::<ternion::Result<_>>()?;
     let mut next = vec![0u32; prompts.len()];
     let mut pass = |inputs: &[&[u32]], next: &mut [u32]| -> Result<()> {
-        let mut steps: Vec<SeqStep<'_>> = kvs
+        let mut steps: Vec<BatchStep<'_, KvSeq>> = kvs
             .iter_mut()
             .zip(inputs)
-            .map(|(kv, &tokens)| SeqStep {
-                kv,
-                tokens,
-                logits: Logits::Last,
-            })
+            .map(|(seq, &tokens)| BatchStep { seq, tokens })
             .collect();
-        model.forward_batch(&mut steps, &mut ws)?;
+        let rows = backend.forward(&mut steps, false)?;
         for (i, n) in next.iter_mut().enumerate() {
-            *n = argmax(ws.logits(model.graph(), i));
+            *n = rows.get(i).best();
         }
         Ok(())
     };
@@ -210,10 +206,7 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     while warm.elapsed().as_secs_f64() < 1.5 {
         g.truncate(0);
         g.forward(prompt, Logits::Last)?;
-        let mut next = 0;
-        for _ in 0..n_gen.min(16) {
-            next = g.argmax_step(next)?;
-        }
+        g.greedy(0, n_gen.min(16), |_| true)?;
     }
     g.truncate(0);
     g.reset_profile();
@@ -229,8 +222,13 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
     }
     g.reset_profile();
     let t = Instant::now();
-    for _ in 0..n_gen {
-        next = g.argmax_step(next)?;
+    if g.profile().is_some() {
+        // Timestamps are collected per step: one step at a time.
+        for _ in 0..n_gen {
+            next = g.argmax_step(next)?;
+        }
+    } else {
+        g.greedy(next, n_gen, |_| true)?;
     }
     Ok(Timings {
         prefill_s,
@@ -383,14 +381,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bytes as f64 / 1e6,
         rss.map_or("?".into(), |r| format!("{:.0} MB", r as f64 / 1e6)),
     );
-    let read_bw = match &gpu {
-        Some(g) => Some(measure_read_bandwidth(g.context())?),
-        None => None,
+    let (read_bw, launch_us) = match &gpu {
+        Some(g) => (
+            Some(measure_read_bandwidth(g.context())?),
+            Some(measure_dispatch_latency(g.context())?),
+        ),
+        None => (None, None),
     };
-    if let Some(bw) = read_bw {
+    if let (Some(bw), Some(us)) = (read_bw, launch_us) {
         println!(
-            "measured read bandwidth {bw:.0} GB/s: decode reaches {:.1}% of it",
-            100.0 * gb_s / bw
+            "measured read bandwidth {bw:.0} GB/s: decode reaches {:.1}% of it; one dependent launch {us:.2} µs ({} per token: {:.2} ms)",
+            100.0 * gb_s / bw,
+            dispatches.unwrap_or(0),
+            us * dispatches.unwrap_or(0) as f64 / 1e3,
         );
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
@@ -424,6 +427,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "weight_bytes_per_token": bytes,
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,
+            "dependent_launch_us": launch_us,
             "profile": profile.as_ref().map(|p| p.iter().map(|k| json!({
                 "kernel": k.label,
                 "launches_per_token": k.count as f64 / a.n_gen.max(1) as f64,

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions, PrefillKernel};
+use ternion::backend::gpu::{
+    GpuContext, GpuModel, GpuModelOptions, GpuOptions, Numerics, PrefillKernel,
+};
 use ternion::gguf::GgufFile;
 use ternion::model::{self, LmHead, LoadOptions, Model};
 use ternion::session::{GpuEngine, Session};
@@ -41,6 +43,19 @@ pub struct BackendArgs {
     /// GPU kernel for the ternary linears of prompt batches (default: the best available).
     #[arg(long, value_enum)]
     pub gpu_prefill: Option<GpuPrefill>,
+    /// GPU numerics: fast kernels, or the CPU reference's arithmetic bit for bit
+    /// (docs/ARCHITECTURE.md, "Numerics").
+    #[arg(long, value_enum, default_value = "fast")]
+    pub gpu_numerics: GpuNumerics,
+}
+
+/// `--gpu-numerics` choices (see `ternion::backend::gpu::Numerics`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpuNumerics {
+    /// Fused one-pass norms and one-launch decode attention (within the golden tolerances).
+    Fast,
+    /// Bit-exact with the CPU where the kernels can be (slower; for validation).
+    Exact,
 }
 
 /// `--gpu-prefill` choices (see `ternion::backend::gpu::PrefillKernel`).
@@ -66,10 +81,14 @@ impl BackendArgs {
     }
 
     /// [`BackendArgs::gpu`] with every GPU model option given.
-    pub fn gpu_with(&self, model: &Model, gopts: GpuModelOptions) -> Result<Option<GpuModel>> {
+    pub fn gpu_with(&self, model: &Model, mut gopts: GpuModelOptions) -> Result<Option<GpuModel>> {
         if self.backend == Backend::Cpu {
             return Ok(None);
         }
+        gopts.numerics = match self.gpu_numerics {
+            GpuNumerics::Fast => Numerics::Fast,
+            GpuNumerics::Exact => Numerics::Exact,
+        };
         let opts = GpuOptions {
             device_index: self.device,
             prefill: self.gpu_prefill.map(|p| match p {

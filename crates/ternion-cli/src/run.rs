@@ -73,6 +73,9 @@ pub struct RunArgs {
     /// Print one JSON object (prompt_tokens, tokens, text, timings) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// Stop string (repeatable): generation ends before it, and it is not printed.
+    #[arg(long)]
+    stop: Vec<String>,
 }
 
 /// Exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
@@ -106,6 +109,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let mut sampler = a.sample.sampler()?;
     let mut session = common::session(&l.model, &mut l.gpu, l.n_ctx);
+    session.set_stops(a.stop.clone());
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         ignore_eos: a.ignore_eos,

@@ -8,14 +8,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+#[path = "../../ternion/tests/support/shared.rs"]
+mod support_shared;
+
 fn shared() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    assert!(
-        p.join("golden-bitnet/manifest.json").exists(),
-        "../shared (golden data) is missing beside the repository: {}",
-        p.display()
-    );
-    p
+    support_shared::shared_path("golden-bitnet/manifest.json");
+    support_shared::shared_path("")
 }
 
 fn tmp_dir() -> PathBuf {

@@ -9,6 +9,9 @@ use serde_json::Value;
 use ternion::mlc::synth::{write_phi3, Phi3Spec};
 use ternion::synth::Shape;
 
+#[path = "../../ternion/tests/support/shared.rs"]
+mod support_shared;
+
 fn ternion(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ternion"))
         .args(args)
@@ -28,13 +31,7 @@ fn ok(args: &[&str]) -> String {
 
 /// A random MLC Phi-3 directory and the same model as a GGUF, under a fresh folder.
 fn fixture(tag: &str) -> (PathBuf, PathBuf) {
-    let vocab =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vocab/ggml-vocab-phi-3.gguf");
-    assert!(
-        vocab.is_file(),
-        "../shared/vocab is missing beside the repository: {}",
-        vocab.display()
-    );
+    let vocab = support_shared::shared_path("vocab/ggml-vocab-phi-3.gguf");
     let dir = std::env::temp_dir().join(format!("ternion-cli-mlc-{}-{tag}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     let (mlc, gguf) = (dir.join("phi3-q4f16_1-MLC"), dir.join("phi3.gguf"));

@@ -15,7 +15,6 @@ pub mod api;
 pub mod engine;
 pub mod http;
 pub mod metrics;
-pub mod stop;
 
 use std::future::Future;
 use std::path::PathBuf;

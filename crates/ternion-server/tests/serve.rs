@@ -16,15 +16,12 @@ use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- fixtures
 
+#[path = "../../ternion/tests/support/shared.rs"]
+mod support_shared;
+
 fn shared() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    assert!(
-        p.join("vocab/ggml-vocab-llama3.gguf").exists(),
-        "../shared (vocabularies and golden data) is missing beside the repository: {} \
-         should hold vocab/ggml-vocab-llama3.gguf",
-        p.display()
-    );
-    p
+    support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");
+    support_shared::shared_path("")
 }
 
 /// The `ternion` binary: `TERNION_BIN`, or built with cargo into this test's target dir.

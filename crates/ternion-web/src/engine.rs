@@ -6,9 +6,10 @@ use std::future::Future;
 
 use ternion::backend::cpu::CpuState;
 use ternion::backend::gpu::GpuModel;
+use ternion::generate::{End, FinishReason, Need, Row, Stepper, StepperOptions, PREFILL_CHUNK};
 use ternion::model::{Logits, Model};
-use ternion::sample::{Sampler, SamplerConfig};
-use ternion::tokenizer::{StreamDecoder, Tokenizer};
+use ternion::sample::Sampler;
+use ternion::tokenizer::Tokenizer;
 use ternion::{Error, Result};
 
 /// What the engine needs from its host: a clock and a way to let the host's event loop
@@ -55,6 +56,14 @@ impl Backend {
         }
     }
 
+    /// Most tokens one forward pass takes (prompts run in chunks of at most this many).
+    fn max_chunk(&self) -> usize {
+        match self {
+            Backend::Gpu(g) => g.max_batch().min(PREFILL_CHUNK),
+            Backend::Cpu(_) => PREFILL_CHUNK,
+        }
+    }
+
     /// Feeds `tokens` after those already cached and returns the last one's logits.
     async fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         match self {
@@ -94,6 +103,17 @@ pub enum Finish {
     Context,
     /// The token callback asked to stop.
     Cancelled,
+}
+
+impl From<FinishReason> for Finish {
+    fn from(r: FinishReason) -> Finish {
+        match r {
+            FinishReason::Stop => Finish::Stop,
+            FinishReason::Length => Finish::Length,
+            FinishReason::Context => Finish::Context,
+            FinishReason::Cancelled => Finish::Cancelled,
+        }
+    }
 }
 
 impl Finish {
@@ -155,15 +175,8 @@ pub struct Engine {
     fed: Vec<u32>,
     /// The last sampled token of a generation that stopped before feeding it.
     pending: Option<u32>,
-}
-
-/// Greedy decoding with no penalty: the GPU's own argmax gives the same token as the
-/// sampler on downloaded logits, so only the id needs to come back.
-fn is_plain_greedy(c: &SamplerConfig) -> bool {
-    c.temperature <= 0.0
-        && c.repeat_penalty == 1.0
-        && c.presence_penalty == 0.0
-        && c.frequency_penalty == 0.0
+    /// Stop strings of [`Engine::generate`].
+    stops: Vec<String>,
 }
 
 impl Engine {
@@ -174,6 +187,7 @@ impl Engine {
             backend,
             fed: Vec::new(),
             pending: None,
+            stops: Vec::new(),
         }
     }
 
@@ -197,6 +211,12 @@ impl Engine {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let bos = self.fed.is_empty() && self.pending.is_none() && self.tokenizer.add_bos();
         self.tokenizer.encode(text, bos, true)
+    }
+
+    /// Stop strings for the following generations: one ends before the first of them,
+    /// which is not emitted (none by default).
+    pub fn set_stops(&mut self, stops: Vec<String>) {
+        self.stops = stops;
     }
 
     /// Forgets the sequence.
@@ -235,59 +255,79 @@ impl Engine {
             )));
         }
         self.pending = None;
-        let greedy = is_plain_greedy(sampler.config());
-        let t0 = host.now_ms();
-        let logits = self.backend.logits(&input).await?;
-        self.fed.extend_from_slice(&input);
-        let mut next = sampler.sample(&logits, &self.fed);
-        let t1 = host.now_ms();
+        let rules = StepperOptions {
+            max_tokens,
+            ignore_eos,
+            stop: self.stops.clone(),
+            n_ctx,
+            max_chunk: self.backend.max_chunk(),
+        };
+        let history = std::mem::take(&mut self.fed);
+        let mut st = Stepper::new(sampler, (), history, input.clone(), rules);
         let mut out = Generated {
             prompt_tokens: input,
             tokens: Vec::new(),
             text: String::new(),
             finish: Finish::Length,
-            prompt_ms: t1 - t0,
+            prompt_ms: 0.0,
             decode_ms: 0.0,
         };
-        let mut stream = StreamDecoder::default();
-        loop {
-            if out.tokens.len() >= max_tokens {
-                break;
-            }
-            if self.tokenizer.is_eog(next) && !ignore_eos {
-                out.finish = Finish::Stop;
-                break;
-            }
-            out.tokens.push(next);
-            let piece = stream.push(&self.tokenizer, next);
-            out.text.push_str(&piece);
-            if !on_token(Some(next), &piece) {
-                self.pending = Some(next);
-                out.finish = Finish::Cancelled;
-                break;
-            }
-            if out.tokens.len() >= max_tokens || self.fed.len() + 1 >= n_ctx {
-                self.pending = Some(next);
-                if out.tokens.len() < max_tokens {
-                    out.finish = Finish::Context;
-                }
-                break;
-            }
-            host.pause().await;
-            self.fed.push(next);
-            next = if greedy {
-                self.backend.argmax(next).await?
-            } else {
-                let logits = self.backend.logits(&[next]).await?;
-                sampler.sample(&logits, &self.fed)
-            };
+        let t0 = host.now_ms();
+        let ran = self.steps(host, &mut st, &mut out, t0, &mut on_token).await;
+        out.decode_ms = host.now_ms() - t0 - out.prompt_ms;
+        out.tokens = st.take_generated();
+        let (history, last) = st.into_parts();
+        self.fed = history;
+        self.pending = last;
+        let end = ran?;
+        if !end.text.is_empty() {
+            on_token(None, &end.text);
+            out.text.push_str(&end.text);
         }
-        let rest = stream.finish();
-        if !rest.is_empty() {
-            on_token(None, &rest);
-            out.text.push_str(&rest);
-        }
-        out.decode_ms = host.now_ms() - t1;
+        out.finish = end.finish.into();
         Ok(out)
+    }
+
+    /// Steps `st` to its end: prompt chunks, then one token per step (the host's event
+    /// loop runs before each).
+    async fn steps<H: Host>(
+        &mut self,
+        host: &H,
+        st: &mut Stepper<&mut Sampler>,
+        out: &mut Generated,
+        t0: f64,
+        on_token: &mut impl FnMut(Option<u32>, &str) -> bool,
+    ) -> Result<End> {
+        loop {
+            st.plan(&mut usize::MAX.clone());
+            let adv = if st.in_prompt() {
+                let logits = self.backend.logits(st.tokens()).await?;
+                let adv = st.advance(Row::Logits(&logits), &self.tokenizer);
+                out.prompt_ms = host.now_ms() - t0;
+                adv
+            } else {
+                host.pause().await;
+                let id = st.tokens()[0];
+                match st.need(0) {
+                    Need::Argmax => {
+                        let best = self.backend.argmax(id).await?;
+                        st.advance(Row::Argmax(best), &self.tokenizer)
+                    }
+                    Need::Top | Need::Logits => {
+                        let logits = self.backend.logits(&[id]).await?;
+                        st.advance(Row::Logits(&logits), &self.tokenizer)
+                    }
+                }
+            };
+            if let (Some(id), Some(text)) = (adv.drawn, &adv.text) {
+                out.text.push_str(text);
+                if !on_token(Some(id), text) {
+                    return Ok(st.cancel(adv.end));
+                }
+            }
+            if let Some(end) = adv.end {
+                return Ok(end);
+            }
+        }
     }
 }

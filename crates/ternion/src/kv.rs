@@ -241,13 +241,7 @@ impl KvSeq {
 
     /// Checks that `n` more positions fit the context.
     pub fn check_room(&self, n: usize) -> Result<()> {
-        if self.len + n > self.n_ctx {
-            return Err(Error::Request(format!(
-                "context full: {} positions used + {n} new > context size {}",
-                self.len, self.n_ctx
-            )));
-        }
-        Ok(())
+        crate::generate::check_room(self.len, n, self.n_ctx)
     }
 
     /// Makes room for `n` more positions: checks the context and takes the pages they

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod chat;
 pub mod error;
+pub mod generate;
 pub mod gguf;
 mod jinja_budget;
 pub mod kv;
@@ -20,5 +21,10 @@ pub mod sample;
 pub mod session;
 pub mod synth;
 pub mod tokenizer;
+
+/// The shared test data beside the repository, for the unit tests.
+#[cfg(test)]
+#[path = "../tests/support/shared.rs"]
+mod test_shared;
 
 pub use error::{Error, Result};

@@ -96,7 +96,8 @@ impl SamplerConfig {
         Ok(())
     }
 
-    fn penalties_active(&self) -> bool {
+    /// True when a repetition, presence or frequency penalty changes the logits.
+    pub fn penalties_active(&self) -> bool {
         self.repeat_last_n > 0
             && (self.repeat_penalty != 1.0
                 || self.presence_penalty != 0.0

@@ -5,36 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::cpu::CpuState;
+use crate::generate::{check_room, next_chunk, Need, Row, Stepper, StepperOptions};
 use crate::kv::KvPool;
 use crate::model::{Logits, Model};
 use crate::sample::Sampler;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
-use crate::Result;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
 
-/// Largest number of prompt tokens evaluated as one batch.
-pub const PREFILL_CHUNK: usize = 512;
-
-/// Why generation stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-generation token was sampled.
-    Stop,
-    /// The token budget or the context ran out.
-    Length,
-    /// The caller's callback asked to stop.
-    Cancelled,
-}
-
-impl FinishReason {
-    /// The OpenAI-style name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
-        }
-    }
-}
+pub use crate::generate::{FinishReason, PREFILL_CHUNK};
 
 /// Timings and counts of one `generate` call.
 #[derive(Clone, Debug)]
@@ -93,12 +71,20 @@ pub trait Engine {
     fn n_ctx(&self) -> usize;
     /// Forgets every position after the first `len`.
     fn truncate(&mut self, len: usize);
-    /// Runs one token after the cached positions and draws the next one with `sampler`
-    /// (`history`: every token evaluated, `id` included, for penalties). This default
-    /// samples the whole logits row; an engine may read back less when the sampler allows.
-    fn decode_sample(&mut self, id: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
-        let logits = self.forward(&[id], Logits::Last)?;
-        Ok(sampler.sample(logits, history))
+    /// Most tokens one forward pass takes (prompts run in chunks of at most this many).
+    fn max_chunk(&self) -> usize {
+        PREFILL_CHUNK
+    }
+    /// Pairs of the top-k this engine can read back instead of a whole row (0: none).
+    fn top_k(&self) -> usize {
+        0
+    }
+    /// Runs one token after the cached positions and returns its row: at least what
+    /// `need` asks for. This default reads back the whole logits row; an engine may read
+    /// back less.
+    fn decode_row(&mut self, id: u32, need: Need) -> Result<Row<'_>> {
+        let _ = need;
+        Ok(Row::Logits(self.forward(&[id], Logits::Last)?))
     }
 }
 
@@ -161,6 +147,8 @@ pub struct Session<'m> {
     pending: Vec<u32>,
     /// Reused buffer for pending + new ids.
     batch: Vec<u32>,
+    /// Stop strings of [`Session::generate`].
+    stops: Vec<String>,
 }
 
 impl<'m> Session<'m> {
@@ -177,6 +165,7 @@ impl<'m> Session<'m> {
             tokens: Vec::with_capacity(n_ctx),
             pending: Vec::new(),
             batch: Vec::new(),
+            stops: Vec::new(),
         }
     }
 
@@ -193,6 +182,12 @@ impl<'m> Session<'m> {
     /// Positions still free (pending tokens count as used).
     pub fn room(&self) -> usize {
         self.engine.n_ctx() - self.engine.len() - self.pending.len()
+    }
+
+    /// Stop strings for the following generations: one ends before the first of them,
+    /// which is not emitted (none by default).
+    pub fn set_stops(&mut self, stops: Vec<String>) {
+        self.stops = stops;
     }
 
     /// Forgets everything.
@@ -218,24 +213,21 @@ impl<'m> Session<'m> {
     fn run_chunks(&mut self, all: &[u32]) -> Result<()> {
         self.check_room(all.len())?;
         if all.is_empty() {
-            return Err(crate::Error::Request("no tokens to evaluate".into()));
+            return Err(Error::Request("no tokens to evaluate".into()));
         }
-        for chunk in all.chunks(PREFILL_CHUNK) {
+        let max_chunk = self.engine.max_chunk();
+        let mut rest = all;
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(next_chunk(rest.len(), max_chunk, usize::MAX));
             self.engine.forward(chunk, Logits::Last)?;
             self.tokens.extend_from_slice(chunk);
+            rest = tail;
         }
         Ok(())
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
-        if self.engine.len() + n > self.engine.n_ctx() {
-            return Err(crate::Error::Request(format!(
-                "context full: {} positions used + {n} new > context size {}",
-                self.engine.len(),
-                self.engine.n_ctx()
-            )));
-        }
-        Ok(())
+        check_room(self.engine.len(), n, self.engine.n_ctx())
     }
 
     /// The logits of the last evaluated token.
@@ -258,17 +250,6 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 
-    /// Evaluates one token (nothing may be pending) and draws the next with `sampler`.
-    fn decode_sample(&mut self, id: u32, sampler: &mut Sampler) -> Result<u32> {
-        self.check_room(1)?;
-        self.tokens.push(id);
-        let drawn = self.engine.decode_sample(id, sampler, &self.tokens);
-        if drawn.is_err() {
-            self.tokens.pop();
-        }
-        drawn
-    }
-
     /// Evaluates one token and returns its logits.
     pub fn decode(&mut self, id: u32) -> Result<&[f32]> {
         self.prefill(&[id])
@@ -286,53 +267,82 @@ impl<'m> Session<'m> {
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<GenerationStats> {
         let t0 = Instant::now();
-        let prompt_tokens = self.pending.len() + prompt.len();
-        self.prefill(prompt)?;
-        let prompt_time = t0.elapsed();
+        let mut input = std::mem::take(&mut self.pending);
+        input.extend_from_slice(prompt);
+        if input.is_empty() {
+            return Err(Error::Request("no tokens to evaluate".into()));
+        }
+        if let Err(e) = self.check_room(input.len()) {
+            self.pending = input;
+            self.pending.truncate(self.pending.len() - prompt.len());
+            return Err(e);
+        }
+        let prompt_tokens = input.len();
+        let rules = StepperOptions {
+            max_tokens: opts.max_tokens,
+            ignore_eos: opts.ignore_eos,
+            stop: self.stops.clone(),
+            n_ctx: self.engine.n_ctx(),
+            max_chunk: self.engine.max_chunk(),
+        };
+        let history = std::mem::take(&mut self.tokens);
+        let mut st = Stepper::new(sampler, (), history, input, rules);
         let mut stats = GenerationStats {
             prompt_tokens,
-            prompt_time,
+            prompt_time: Duration::ZERO,
             generated: Vec::new(),
             decode_time: Duration::ZERO,
             decode_steps: 0,
             finish: FinishReason::Length,
         };
-        let mut stream = StreamDecoder::default();
-        let t1 = Instant::now();
-        // The token drawn by the last decode step (the prompt's is drawn from its logits).
-        let mut drawn = None;
-        loop {
-            if stats.generated.len() >= opts.max_tokens {
-                break;
-            }
-            let id = match drawn.take() {
-                Some(id) => id,
-                None => sampler.sample(self.last_logits(), &self.tokens),
-            };
-            if tok.is_eog(id) && !opts.ignore_eos {
-                stats.finish = FinishReason::Stop;
-                break;
-            }
-            stats.generated.push(id);
-            let text = stream.push(tok, id);
-            if !on_text(&text) {
-                self.pending.push(id);
-                stats.finish = FinishReason::Cancelled;
-                break;
-            }
-            if stats.generated.len() >= opts.max_tokens || self.room() <= 1 {
-                self.pending.push(id);
-                break;
-            }
-            drawn = Some(self.decode_sample(id, sampler)?);
-            stats.decode_steps += 1;
+        let mut t1 = None;
+        let ran = self.steps(&mut st, tok, &mut stats, &mut t1, t0, &mut on_text);
+        stats.decode_time = t1.map_or(Duration::ZERO, |t: Instant| t.elapsed());
+        stats.generated = st.take_generated();
+        let (history, last) = st.into_parts();
+        self.tokens = history;
+        self.pending.extend(last);
+        let end = ran?;
+        if !end.text.is_empty() {
+            on_text(&end.text);
         }
-        let rest = stream.finish();
-        if !rest.is_empty() {
-            on_text(&rest);
-        }
-        stats.decode_time = t1.elapsed();
+        stats.finish = end.finish;
         Ok(stats)
+    }
+
+    /// Steps `st` to its end: prompt chunks, then one token per step.
+    fn steps(
+        &mut self,
+        st: &mut Stepper<&mut Sampler>,
+        tok: &Tokenizer,
+        stats: &mut GenerationStats,
+        t1: &mut Option<Instant>,
+        t0: Instant,
+        on_text: &mut impl FnMut(&str) -> bool,
+    ) -> Result<crate::generate::End> {
+        let top_k = self.engine.top_k();
+        loop {
+            st.plan(&mut usize::MAX.clone());
+            let row = if st.in_prompt() {
+                Row::Logits(self.engine.forward(st.tokens(), Logits::Last)?)
+            } else {
+                stats.decode_steps += 1;
+                self.engine.decode_row(st.tokens()[0], st.need(top_k))?
+            };
+            let adv = st.advance(row, tok);
+            if t1.is_none() && !st.in_prompt() {
+                stats.prompt_time = t0.elapsed();
+                *t1 = Some(Instant::now());
+            }
+            if let Some(text) = &adv.text {
+                if !on_text(text) {
+                    return Ok(st.cancel(adv.end));
+                }
+            }
+            if let Some(end) = adv.end {
+                return Ok(end);
+            }
+        }
     }
 }
 
@@ -343,6 +353,7 @@ pub struct GpuEngine<'a> {
     model: &'a mut crate::backend::gpu::GpuModel,
     n_ctx: usize,
     logits: Vec<f32>,
+    top: Vec<(u32, f32)>,
 }
 
 #[cfg(feature = "gpu")]
@@ -355,6 +366,7 @@ impl<'a> GpuEngine<'a> {
             model,
             n_ctx,
             logits: Vec::new(),
+            top: Vec::new(),
         }
     }
 }
@@ -386,16 +398,29 @@ impl Engine for GpuEngine<'_> {
         self.model.truncate(len);
     }
 
-    /// Reads back only the GPU top-k when the sampler draws from it exactly as from the
-    /// whole row ([`Sampler::needs_only_top`]): k pairs instead of a vocabulary of floats.
-    fn decode_sample(&mut self, id: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
-        if !sampler.needs_only_top(self.model.top_k()) {
-            let logits = self.forward(&[id], Logits::Last)?;
-            return Ok(sampler.sample(logits, history));
+    fn max_chunk(&self) -> usize {
+        self.model.max_batch().min(PREFILL_CHUNK)
+    }
+
+    fn top_k(&self) -> usize {
+        self.model.top_k()
+    }
+
+    /// Reads back only the argmax (greedy) or the GPU top-k when the sampler draws from
+    /// it exactly as from the whole row: an id or k pairs instead of a vocabulary of
+    /// floats. The row is then not on the host: the next prompt refreshes the logits.
+    fn decode_row(&mut self, id: u32, need: Need) -> Result<Row<'_>> {
+        match need {
+            Need::Argmax => {
+                self.logits.clear();
+                Ok(Row::Argmax(self.model.argmax_step(id)?))
+            }
+            Need::Top => {
+                self.logits.clear();
+                self.top = self.model.topk_step(id)?;
+                Ok(Row::Top(&self.top))
+            }
+            Need::Logits => Ok(Row::Logits(self.forward(&[id], Logits::Last)?)),
         }
-        let top = self.model.topk_step(id)?;
-        // The row is not on the host: the next prompt refreshes the logits.
-        self.logits.clear();
-        Ok(sampler.sample_top(&top))
     }
 }

@@ -13,6 +13,9 @@ use ternion::session::{CpuEngine, Session};
 use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::Error;
 
+#[path = "support/shared.rs"]
+mod shared;
+
 /// One sequence's tokens and how they are fed: (chunk length, logits wanted) per step.
 struct Plan {
     tokens: Vec<u32>,
@@ -157,11 +160,7 @@ fn batched_equals_alone_bitnet_i2s() {
 
 #[test]
 fn batched_equals_alone_golden_families() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/models");
-    if !dir.is_dir() {
-        eprintln!("skipped: {} is missing (golden models)", dir.display());
-        return;
-    }
+    let dir = shared::shared_path("golden/models");
     for f in [
         "llama-spm-d32-f16.gguf",
         "llama-spm-d256-q4_k.gguf",
@@ -242,5 +241,47 @@ fn sessions_share_a_pool_and_give_pages_back_on_reset_and_drop() {
     assert_eq!(pool.pages_in_use(), 1);
     drop(b);
     assert_eq!(pool.pages_in_use(), 0);
+    std::fs::remove_file(&p).ok();
+}
+
+/// A prompt one token longer than a prefill chunk runs as 511 + 2 tokens, never as
+/// 512 + a single token with decode numerics: its logits equal the whole prompt's as one
+/// batch, and the generation after it is the same.
+#[test]
+fn prompt_of_513_tokens_gives_the_logits_of_one_batch() {
+    use ternion::sample::{Sampler, SamplerConfig};
+    use ternion::session::GenerateOptions;
+    use ternion::tokenizer::{Tokenizer, TokenizerOptions};
+    let p = synth_bitnet(GgmlType::I2_S, "p513.gguf");
+    let (file, m) = model::load(&p).unwrap();
+    let prompt: Vec<u32> = (0..513u32).map(|i| (i * 37 + 11) % 256).collect();
+    let mut whole = m.cpu_state(600);
+    let want = m
+        .forward_cpu(&prompt, Logits::Last, &mut whole)
+        .unwrap()
+        .to_vec();
+    let mut s = Session::new(&m, 600);
+    assert_eq!(s.prefill(&prompt).unwrap(), &want[..]);
+    // The old split (512 + 1) differs: the single token runs with decode numerics.
+    let mut split = m.cpu_state(600);
+    m.forward_cpu(&prompt[..512], Logits::Last, &mut split)
+        .unwrap();
+    let last = m
+        .forward_cpu(&prompt[512..], Logits::Last, &mut split)
+        .unwrap();
+    assert_ne!(last, &want[..], "a 1-token step has its own numerics");
+    // Generation through the stepper starts from the same logits.
+    let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default()).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        ignore_eos: true,
+    };
+    let mut g = Session::new(&m, 600);
+    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let got = g
+        .generate(&prompt, &tok, &mut sampler, &opts, |_| true)
+        .unwrap();
+    assert_eq!(got.generated[0], ternion::sample::argmax(&want));
+    assert_eq!(got.generated.len(), 8);
     std::fs::remove_file(&p).ok();
 }

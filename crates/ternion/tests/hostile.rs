@@ -769,7 +769,7 @@ fn all_cases() -> Vec<Case> {
         Model,
         "attn_q",
         edited(|r| {
-            r.ti(blk_q).ty = GgmlType::Q5_1.id();
+            r.ti(blk_q).ty = GgmlType::Q8_1.id();
         }),
     );
     case(
@@ -788,7 +788,7 @@ fn all_cases() -> Vec<Case> {
         "attn_norm",
         edited(|r| {
             let t = r.ti("blk.0.attn_norm.weight");
-            t.ty = GgmlType::Q4_1.id();
+            t.ty = GgmlType::Q8_1.id();
         }),
     );
     case(

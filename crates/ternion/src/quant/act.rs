@@ -1,5 +1,6 @@
 //! Activation quantizers: BitNet's per-token int8 (for I2_S), ggml's Q8_K (for TQ1_0/TQ2_0)
-//! and ggml's Q8_0 (for Q4_0/Q8_0), each with ggml's exact rounding.
+//! and ggml's Q8_0 / Q8_1 (for the 32-element block formats), each with ggml's exact
+//! rounding. Which weight format reads which: its [`super::format::RefDot`].
 
 use super::float::{f16_at, f16_bytes};
 
@@ -30,7 +31,7 @@ pub struct PerToken {
     pub sum: i32,
 }
 
-/// BitNet's per-token int8 quantizer (BITNET.md §4): m = max|x_i| in f64 floored at 1e-5,
+/// BitNet's per-token int8 quantizer (docs/FORMATS.md, activation formats): m = max|x_i| in f64 floored at 1e-5,
 /// s = (127/m) as f32, q_i = clamp(round_half_even(x_i·s), −128, 127) with an f32 product.
 ///
 /// # Panics
@@ -104,6 +105,27 @@ pub fn quantize_q8_0(x: &[f32], q: &mut [i8], d: &mut [f32]) {
             *qi = (v * id).round() as i8;
         }
         *db = f16_at(&f16_bytes(scale), 0);
+    }
+}
+
+/// ggml's Q8_1 reference quantizer (`quantize_row_q8_1_ref`), per block of 32: the Q8_0
+/// codes and scale (`q`, `d` as [`quantize_q8_0`]), and `s` = F16(Σq · d) with the f32 d
+/// before its F16 rounding, as stored in a Q8_1 block.
+///
+/// # Panics
+/// If `x.len()` is not a multiple of 32, `q.len() != x.len()` or `d.len()`, `s.len()` are
+/// not `x.len()/32`.
+pub fn quantize_q8_1(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    assert_eq!(s.len(), x.len() / Q8_0_BLOCK, "Q8_1: sum count");
+    quantize_q8_0(x, q, d);
+    for ((xb, qb), sb) in x
+        .chunks_exact(Q8_0_BLOCK)
+        .zip(q.chunks_exact(Q8_0_BLOCK))
+        .zip(s.iter_mut())
+    {
+        let scale = xb.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+        let sum: i32 = qb.iter().map(|&v| i32::from(v)).sum();
+        *sb = f16_at(&f16_bytes(sum as f32 * scale), 0);
     }
 }
 
@@ -246,5 +268,19 @@ mod tests {
         let mut zero_d = [1f32];
         quantize_q8_0(&[0.0; 32], &mut zero_q, &mut zero_d);
         assert_eq!((zero_q, zero_d), ([0; 32], [0.0]));
+    }
+    #[test]
+    fn q8_1_sum_uses_unrounded_scale() {
+        let mut x = [0f32; 64];
+        x[0] = 1.0; // d = 1/127 (not an F16), q = 127
+        x[1] = 0.5; // 63.5 → 64
+        x[40] = -3.0;
+        let (mut q, mut d, mut s) = ([0i8; 64], [0f32; 2], [0f32; 2]);
+        quantize_q8_1(&x, &mut q, &mut d, &mut s);
+        let (mut q0, mut d0) = ([0i8; 64], [0f32; 2]);
+        quantize_q8_0(&x, &mut q0, &mut d0);
+        assert_eq!((q, d), (q0, d0));
+        assert_eq!(s[0], half::f16::from_f32(191.0 * (1.0 / 127.0)).to_f32());
+        assert_eq!(s[1], half::f16::from_f32(-127.0 * (3.0 / 127.0)).to_f32());
     }
 }

@@ -1,9 +1,13 @@
 //! Float rows: F32, F16 and BF16, little-endian, one element per 4 or 2 bytes.
 //!
 //! Conversions to F16/BF16 round to nearest, ties to even (ggml's F16C and BF16 rounding).
+//! Sources: docs/FORMATS.md.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 
 /// Bytes per F32 element.
 pub const F32_BYTES: usize = 4;
@@ -126,6 +130,77 @@ pub fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
     }
     lanes.iter().sum()
 }
+
+/// Σ w_i·x_i of an F32 row against f32 activations, summed in element order.
+///
+/// # Panics
+/// If `row.len() != 4 * x.len()`.
+pub fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+    check_len(row.len(), x.len(), F32_BYTES);
+    row.chunks_exact(F32_BYTES)
+        .zip(x)
+        .map(|(b, &v)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * v)
+        .sum()
+}
+
+/// Σ w_i·x_i of a BF16 row against activations already rounded to BF16 (ggml's
+/// `vec_dot_type`), f32 products summed in element order.
+///
+/// # Panics
+/// If `row.len() != 2 * x.len()`.
+pub fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+    check_len(row.len(), x.len(), HALF_BYTES);
+    row.chunks_exact(HALF_BYTES)
+        .zip(x)
+        .map(|(b, &v)| bf16::from_le_bytes([b[0], b[1]]).to_f32() * v)
+        .sum()
+}
+
+/// Declares the registry entry of a float format (one element per block).
+macro_rules! float_format {
+    ($name:ident, $ty:ident, $bytes:expr, $dot:expr, $quant:expr, $deq:expr) => {
+        #[doc = concat!("The ", stringify!($ty), " format for the registry ([`super::format`]).")]
+        pub struct $name;
+
+        impl BlockFormat for $name {
+            const TYPE: GgmlType = GgmlType::$ty;
+            const BLOCK_ELEMS: usize = 1;
+            const BLOCK_BYTES: usize = $bytes;
+            const DOT: RefDot = $dot;
+            const QUANTIZE: Option<Quantizer> = Some($quant);
+            const WGSL: Option<&'static str> =
+                Some(include_str!("../backend/gpu/kernels/formats/float.wgsl"));
+            fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+                $deq(src, dst)
+            }
+        }
+    };
+}
+
+float_format!(
+    F32,
+    F32,
+    F32_BYTES,
+    RefDot::F32(dot_f32),
+    quantize_row_f32,
+    dequantize_row_f32
+);
+float_format!(
+    F16,
+    F16,
+    HALF_BYTES,
+    RefDot::F16(dot_f16),
+    quantize_row_f16,
+    dequantize_row_f16
+);
+float_format!(
+    BF16,
+    BF16,
+    HALF_BYTES,
+    RefDot::BF16(dot_bf16),
+    quantize_row_bf16,
+    dequantize_row_bf16
+);
 
 #[cfg(test)]
 mod tests {

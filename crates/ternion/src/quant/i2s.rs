@@ -1,11 +1,13 @@
 //! I2_S: BitNet's 2-bit ternary format, x86 layout (QK = 128), one f32 scale per tensor.
 //!
-//! Layout (BITNET.md §3): rows are contiguous, K/4 bytes each, in 32-byte blocks of 128
+//! Layout (docs/FORMATS.md, I2_S): rows are contiguous, K/4 bytes each, in 32-byte blocks of 128
 //! elements. Byte i of a block holds elements i, i+32, i+64 and i+96 at bit shifts 6, 4, 2
 //! and 0. Codes mean 0 → −1, 1 → 0, 2 → +1; the value is (code − 1)·scale. Code 3 never
 //! occurs in files; like bitnet.cpp's kernel (which computes Σ code·q − Σ q) it is read as
 //! +2. The tensor ends with a 32-byte tail whose first 4 bytes hold the f32 scale.
 
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 /// Bytes after the packed codes: the f32 scale, then 28 ignored bytes (written as zeros).
 pub const TAIL_BYTES: usize = 32;
 /// Elements per block.
@@ -143,12 +145,29 @@ pub fn dot(row: &[u8], q: &[i8]) -> i32 {
     acc.iter().sum()
 }
 
+/// The I2_S format for the registry ([`super::format`]).
+/// (Dequantized rows are codes − 1: the per-tensor scale is applied by the caller; the
+/// GPU has its own ternary kernels for I2_S.)
+pub struct I2S;
+
+impl BlockFormat for I2S {
+    const TYPE: GgmlType = GgmlType::I2_S;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::PerToken(dot);
+    const QUANTIZE: Option<Quantizer> = None;
+    const WGSL: Option<&'static str> = None;
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, 1.0, dst)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// Element j of a block, read with BITNET.md's formula.
+    /// Element j of a block, read with docs/FORMATS.md's formula.
     fn code_of(block: &[u8], j: usize) -> u8 {
         (block[j % 32] >> (6 - 2 * (j / 32))) & 3
     }
@@ -201,7 +220,7 @@ mod tests {
             dequantize_row(&t[r * 64..(r + 1) * 64], s, &mut back);
             assert_eq!(back, &w[r * 256..(r + 1) * 256], "row {r}");
         }
-        // Codes sit where BITNET.md's formula says.
+        // Codes sit where docs/FORMATS.md's formula says.
         for (e, &v) in w.iter().enumerate() {
             let code = code_of(&t[(e / 128) * 32..], e % 128);
             assert_eq!(f32::from(code) - 1.0, v / s, "element {e}");

@@ -1,7 +1,8 @@
 //! Tensor storage formats: the ggml type table and one module per block format.
 //!
-//! Every format module holds its layout constants, `dequantize_row`, `quantize_row` and a
-//! scalar reference dot product. Sizes here are the *true* byte sizes; BitNet's I2_S lies in
+//! Every format module holds its layout constants, `dequantize_row`, `quantize_row` (where
+//! ggml's is simple), a scalar reference dot product and its [`BlockFormat`] impl; [`format`]
+//! is the registry. Layouts, pairings and their upstream sources: docs/FORMATS.md. Sizes here are the *true* byte sizes; BitNet's I2_S lies in
 //! ggml's generic table (it claims one byte per element) and is special-cased.
 
 /// ggml tensor types that can appear in a GGUF tensor table, with their on-disk ids.
@@ -31,9 +32,13 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
+    IQ4_NL,
+    IQ4_XS,
     TQ1_0,
     TQ2_0,
     I2_S,
+    Q1_0,
+    Q2_0,
 }
 
 /// (type, ggml id, name, elements per block, bytes per block).
@@ -57,10 +62,14 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
     (GgmlType::I32, 26, "I32", 1, 4),
     (GgmlType::I64, 27, "I64", 1, 8),
     (GgmlType::F64, 28, "F64", 1, 8),
+    (GgmlType::IQ4_NL, 20, "IQ4_NL", 32, 18),
+    (GgmlType::IQ4_XS, 23, "IQ4_XS", 256, 136),
     (GgmlType::BF16, 30, "BF16", 1, 2),
     (GgmlType::TQ1_0, 34, "TQ1_0", 256, 54),
     (GgmlType::TQ2_0, 35, "TQ2_0", 256, 66),
     (GgmlType::I2_S, 36, "I2_S", 128, 32),
+    (GgmlType::Q1_0, 41, "Q1_0", 128, 18),
+    (GgmlType::Q2_0, 42, "Q2_0", 64, 18),
 ];
 
 impl GgmlType {
@@ -132,9 +141,18 @@ impl std::fmt::Display for GgmlType {
 
 pub mod act;
 pub mod float;
+pub mod format;
 pub mod i2s;
+pub mod iq4_nl;
+pub mod iq4_xs;
+pub mod q1_0;
+pub mod q2_0;
 pub mod q4_0;
+pub mod q4_1;
 pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 pub mod tq1_0;
@@ -143,6 +161,8 @@ pub mod tq2_0;
 #[cfg(test)]
 mod tests;
 
+pub use format::{ActFormat, BlockFormat, Format, RefDot};
+
 use crate::{Error, Result};
 
 /// Whether `ty` stores ternary weights {−1, 0, +1}·scale (I2_S, TQ1_0, TQ2_0).
@@ -150,16 +170,53 @@ pub fn is_ternary(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::I2_S | GgmlType::TQ1_0 | GgmlType::TQ2_0)
 }
 
-/// A format's row dequantizer: packed bytes in, f32 elements out.
-type RowDequantizer = fn(&[u8], &mut [f32]);
+/// The registry: the [`Format`] of every type this build multiplies and dequantizes, or
+/// `None`. One arm per type and no wildcard, so a type added to [`GgmlType`] must be
+/// placed here; the CPU linear layer and the GPU format tables are derived from it.
+pub fn format(ty: GgmlType) -> Option<&'static Format> {
+    match ty {
+        GgmlType::F32 => Some(const { &Format::of::<float::F32>() }),
+        GgmlType::F16 => Some(const { &Format::of::<float::F16>() }),
+        GgmlType::BF16 => Some(const { &Format::of::<float::BF16>() }),
+        GgmlType::Q4_0 => Some(const { &Format::of::<q4_0::Q4_0>() }),
+        GgmlType::Q4_1 => Some(const { &Format::of::<q4_1::Q4_1>() }),
+        GgmlType::Q5_0 => Some(const { &Format::of::<q5_0::Q5_0>() }),
+        GgmlType::Q5_1 => Some(const { &Format::of::<q5_1::Q5_1>() }),
+        GgmlType::Q8_0 => Some(const { &Format::of::<q8_0::Q8_0>() }),
+        GgmlType::Q8_1 => None,
+        GgmlType::Q2_K => None,
+        GgmlType::Q3_K => None,
+        GgmlType::Q4_K => Some(const { &Format::of::<q4_k::Q4K>() }),
+        GgmlType::Q5_K => Some(const { &Format::of::<q5_k::Q5K>() }),
+        GgmlType::Q6_K => Some(const { &Format::of::<q6_k::Q6K>() }),
+        GgmlType::Q8_K => None,
+        GgmlType::I8 => None,
+        GgmlType::I16 => None,
+        GgmlType::I32 => None,
+        GgmlType::I64 => None,
+        GgmlType::F64 => None,
+        GgmlType::TQ1_0 => Some(const { &Format::of::<tq1_0::TQ1_0>() }),
+        GgmlType::TQ2_0 => Some(const { &Format::of::<tq2_0::TQ2_0>() }),
+        GgmlType::I2_S => Some(const { &Format::of::<i2s::I2S>() }),
+        GgmlType::IQ4_NL => Some(const { &Format::of::<iq4_nl::IQ4NL>() }),
+        GgmlType::IQ4_XS => Some(const { &Format::of::<iq4_xs::IQ4XS>() }),
+        GgmlType::Q1_0 => Some(const { &Format::of::<q1_0::Q1_0>() }),
+        GgmlType::Q2_0 => Some(const { &Format::of::<q2_0::Q2_0>() }),
+    }
+}
+
+/// Every type the registry holds, in [`GgmlType`] table order.
+pub fn supported() -> impl Iterator<Item = &'static Format> {
+    TABLE.iter().filter_map(|r| format(r.0))
+}
 
 /// Dequantizes row `row` (of `n_per_row` elements) of a whole tensor's bytes `tensor` into
 /// `dst`. For I2_S, `tensor` must be the complete tensor, tail included: the scale is read
 /// from it.
 ///
-/// Supported: F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K, TQ1_0, TQ2_0, I2_S. Other types give
-/// [`Error::UnsupportedType`]; a row length that is not whole blocks, a `dst` of the wrong
-/// length or a row past the end of the data give [`Error::Model`].
+/// Types outside the registry ([`format`]) give [`Error::UnsupportedType`]; a row length
+/// that is not whole blocks, a `dst` of the wrong length or a row past the end of the data
+/// give [`Error::Model`].
 pub fn dequantize_row(
     ty: GgmlType,
     tensor_name: &str,
@@ -168,25 +225,11 @@ pub fn dequantize_row(
     row: usize,
     dst: &mut [f32],
 ) -> Result<()> {
-    let convert: Option<RowDequantizer> = match ty {
-        GgmlType::F32 => Some(float::dequantize_row_f32),
-        GgmlType::F16 => Some(float::dequantize_row_f16),
-        GgmlType::BF16 => Some(float::dequantize_row_bf16),
-        GgmlType::Q4_0 => Some(q4_0::dequantize_row),
-        GgmlType::Q8_0 => Some(q8_0::dequantize_row),
-        GgmlType::Q4_K => Some(q4_k::dequantize_row),
-        GgmlType::Q6_K => Some(q6_k::dequantize_row),
-        GgmlType::TQ1_0 => Some(tq1_0::dequantize_row),
-        GgmlType::TQ2_0 => Some(tq2_0::dequantize_row),
-        GgmlType::I2_S => None,
-        _ => {
-            return Err(Error::UnsupportedType {
-                tensor: tensor_name.to_string(),
-                type_id: ty.id(),
-                type_name: ty.name().to_string(),
-            })
-        }
-    };
+    let fmt = format(ty).ok_or_else(|| Error::UnsupportedType {
+        tensor: tensor_name.to_string(),
+        type_id: ty.id(),
+        type_name: ty.name().to_string(),
+    })?;
     let bad = |what: String| Error::Model(format!("tensor '{tensor_name}' ({ty}): {what}"));
     if dst.len() != n_per_row {
         return Err(bad(format!(
@@ -227,9 +270,10 @@ pub fn dequantize_row(
             )))
         }
     };
-    match convert {
-        Some(f) => f(src, dst),
-        None => i2s::dequantize_row(src, i2s::tensor_scale(tensor, data_bytes * 4), dst),
+    if ty == GgmlType::I2_S {
+        i2s::dequantize_row(src, i2s::tensor_scale(tensor, data_bytes * 4), dst);
+    } else {
+        (fmt.dequantize)(src, dst);
     }
     Ok(())
 }

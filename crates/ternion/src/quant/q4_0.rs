@@ -1,8 +1,11 @@
 //! Q4_0: ggml's 4-bit format, 32-element blocks of 18 bytes: F16 `d`, then 16 bytes `qs`.
 //! Element j < 16 is the low nibble of qs[j], element j + 16 its high nibble; the value is
 //! (nibble − 8)·d.
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 
 /// Elements per block.
 pub const BLOCK_ELEMS: usize = 32;
@@ -108,6 +111,22 @@ pub fn dot_q8_0(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         sum += sumi as f32 * f16_at(block, 0) * da;
     }
     sum
+}
+
+/// The Q4_0 format for the registry ([`super::format`]).
+pub struct Q4_0;
+
+impl BlockFormat for Q4_0 {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::Q8_0(dot_q8_0);
+    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
+    const WGSL: Option<&'static str> =
+        Some(include_str!("../backend/gpu/kernels/formats/q4_0.wgsl"));
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, dst)
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,11 @@
 //! `qs[128]`. Each 64-element chunk c uses bytes qs[32c..32c+32]: its first 32 elements are
 //! the low nibbles, the next 32 the high nibbles, with sub-block scales 2c and 2c + 1.
 //! Element value = d·scale·nibble − dmin·min.
+//! Sources: docs/FORMATS.md.
 
 use super::float::f16_at;
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 
 /// Elements per super-block.
 pub const BLOCK_ELEMS: usize = 256;
@@ -120,6 +123,22 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         sum += dd * sum_scaled as f32 - dm * sum_mins as f32;
     }
     sum
+}
+
+/// The Q4_K format for the registry ([`super::format`]).
+pub struct Q4K;
+
+impl BlockFormat for Q4K {
+    const TYPE: GgmlType = GgmlType::Q4_K;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::Q8K(dot_q8k);
+    const QUANTIZE: Option<Quantizer> = None;
+    const WGSL: Option<&'static str> =
+        Some(include_str!("../backend/gpu/kernels/formats/q4_k.wgsl"));
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, dst)
+    }
 }
 
 #[cfg(test)]

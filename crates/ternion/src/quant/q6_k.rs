@@ -4,8 +4,11 @@
 //! within it, for l < 32, elements l, l+32, l+64, l+96 take the low nibbles of ql[l] and
 //! ql[l+32], then their high nibbles, with bits 0-1, 2-3, 4-5, 6-7 of qh[l] on top.
 //! Element value = d·scale·(q − 32), the scale indexed by element / 16.
+//! Sources: docs/FORMATS.md.
 
 use super::float::f16_at;
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 
 /// Elements per super-block.
 pub const BLOCK_ELEMS: usize = 256;
@@ -113,6 +116,22 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         sum += f16_at(block, 208) * da * isum as f32;
     }
     sum
+}
+
+/// The Q6_K format for the registry ([`super::format`]).
+pub struct Q6K;
+
+impl BlockFormat for Q6K {
+    const TYPE: GgmlType = GgmlType::Q6_K;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::Q8K(dot_q8k);
+    const QUANTIZE: Option<Quantizer> = None;
+    const WGSL: Option<&'static str> =
+        Some(include_str!("../backend/gpu/kernels/formats/q6_k.wgsl"));
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, dst)
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! Q8_0: ggml's 8-bit format, 32-element blocks of 34 bytes: F16 `d`, then 32 i8 `qs`.
 //! The value of element j is qs[j]·d.
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 
 /// Elements per block.
 pub const BLOCK_ELEMS: usize = 32;
@@ -87,6 +90,22 @@ pub fn dot_q8_0(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         sum += sumi as f32 * (f16_at(block, 0) * da);
     }
     sum
+}
+
+/// The Q8_0 format for the registry ([`super::format`]).
+pub struct Q8_0;
+
+impl BlockFormat for Q8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::Q8_0(dot_q8_0);
+    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
+    const WGSL: Option<&'static str> =
+        Some(include_str!("../backend/gpu/kernels/formats/q8_0.wgsl"));
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, dst)
+    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,12 @@
 //! - `qs[0..32]`: element 32n + m is trit n of `qs[m]` (n = 0..5);
 //! - `qs[32..48]`: element 160 + 16n + m is trit n of `qs[32 + m]` (n = 0..5);
 //! - `qh[0..4]`: element 240 + 4n + j is trit n of `qh[j]` (n = 0..4).
+//!
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 
 /// Elements per block.
 pub const BLOCK_ELEMS: usize = 256;
@@ -157,6 +161,22 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         sum += sumi as f32 * (f16_at(block, D_OFFSET) * da);
     }
     sum
+}
+
+/// The TQ1_0 format for the registry ([`super::format`]).
+/// (The GPU reads TQ1_0 repacked to TQ2_0, [`repack_tq2_0`].)
+pub struct TQ1_0;
+
+impl BlockFormat for TQ1_0 {
+    const TYPE: GgmlType = GgmlType::TQ1_0;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::Q8K(dot_q8k);
+    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
+    const WGSL: Option<&'static str> = None;
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, dst)
+    }
 }
 
 #[cfg(test)]

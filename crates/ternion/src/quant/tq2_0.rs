@@ -3,8 +3,11 @@
 //! In each 128-element half h (bytes 32h..32h+32), byte 32h+m holds element 128h + m + 32n
 //! at bits 2n (n = 0..3, low bits first). The value is (code − 1)·d. Code 3 never comes out
 //! of the quantizer; it reads as +2, as in ggml's dequantizer and dot product.
+//! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
+use super::format::{BlockFormat, Quantizer, RefDot};
+use super::GgmlType;
 
 /// Elements per block.
 pub const BLOCK_ELEMS: usize = 256;
@@ -114,6 +117,22 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         sum += sumi as f32 * (da * f16_at(block, QS_BYTES));
     }
     sum
+}
+
+/// The TQ2_0 format for the registry ([`super::format`]).
+pub struct TQ2_0;
+
+impl BlockFormat for TQ2_0 {
+    const TYPE: GgmlType = GgmlType::TQ2_0;
+    const BLOCK_ELEMS: usize = BLOCK_ELEMS;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    const DOT: RefDot = RefDot::Q8K(dot_q8k);
+    const QUANTIZE: Option<Quantizer> = Some(quantize_row);
+    const WGSL: Option<&'static str> =
+        Some(include_str!("../backend/gpu/kernels/formats/tq2_0.wgsl"));
+    fn dequantize_row(src: &[u8], dst: &mut [f32]) {
+        dequantize_row(src, dst)
+    }
 }
 
 #[cfg(test)]

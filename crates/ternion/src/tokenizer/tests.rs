@@ -3,19 +3,14 @@ use std::path::PathBuf;
 use super::*;
 use crate::gguf::{GgufWriter, Value, ValueType};
 
-/// `../shared/{sub}` beside the repository; panics when it is missing.
-pub(crate) fn shared_dir(sub: &str) -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared")).join(sub);
-    assert!(
-        dir.is_dir(),
-        "test data missing: expected {} (the shared folder next to the worktree)",
-        dir.display()
-    );
-    dir
+/// The test vocabularies (`../shared/vocab`); panics with a clear message when missing.
+pub(crate) fn vocab_dir() -> PathBuf {
+    crate::test_shared::shared_path("vocab")
 }
 
-pub(crate) fn vocab_dir() -> PathBuf {
-    shared_dir("vocab")
+/// `../shared/{sub}`; panics with a clear message when missing.
+pub(crate) fn shared_dir(sub: &str) -> PathBuf {
+    crate::test_shared::shared_path(sub)
 }
 
 fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {

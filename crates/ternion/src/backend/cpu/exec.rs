@@ -14,6 +14,7 @@ use super::{
     add_rows, attention_rows, gelu_ggml, layer_norm, pool, rms_norm, rope, scratch_per_thread,
     Heads, Linear, QuantInput, QueryRow,
 };
+use crate::generate::{check_step, StepLimits};
 use crate::gguf::GgufFile;
 use crate::kv::{KvGeometry, KvPool, KvSeq, PAGE_POSITIONS};
 use crate::model::graph::{GluAct, Graph, Op, UnaryAct, WeightKind};
@@ -261,23 +262,12 @@ impl CpuModel {
         }
         let mut capacity = 0;
         for s in steps.iter() {
-            let n = s.tokens.len();
-            if n == 0 {
-                return Err(Error::Request("no tokens to evaluate".into()));
-            }
-            if let Some(&id) = vocab.and_then(|v| s.tokens.iter().find(|&&id| id as usize >= v)) {
-                return Err(Error::Request(format!(
-                    "token id {id} is outside the vocabulary (size {})",
-                    vocab.unwrap_or(0)
-                )));
-            }
-            s.kv.check_room(n)?;
-            if let Some(p) = positions.filter(|&p| s.kv.len() + n > p) {
-                return Err(Error::Request(format!(
-                    "position {} is past the model's {p} learned positions",
-                    s.kv.len() + n - 1
-                )));
-            }
+            let limits = StepLimits {
+                n_vocab: vocab,
+                n_ctx: s.kv.n_ctx(),
+                max_pos: positions,
+            };
+            check_step(s.kv.len(), s.tokens, &limits)?;
             capacity = capacity.max(s.kv.n_ctx());
         }
         for i in 0..steps.len() {

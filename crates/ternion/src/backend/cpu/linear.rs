@@ -1,12 +1,10 @@
 //! Matrix multiplication of a stored weight (still quantized) by a batch of activation rows.
 //!
 //! Each weight format multiplies against the activation format its reference engine uses:
-//! - I2_S: int8 per token (BITNET.md §4): `y = (Σ t·q) / s · w_scale`, exact integer dot;
-//! - TQ1_0 / TQ2_0 / Q4_K / Q6_K: ggml's Q8_K (int8 per 256-block with an f32 scale);
-//! - Q4_0 / Q8_0: ggml's Q8_0 (int8 per 32-block with an F16 scale);
-//! - F16 / F32: float activations (rounded to F16 first when the caller asks, as ggml does
-//!   for single-token F16 products);
-//! - BF16: activations rounded to BF16 (ggml's `vec_dot_type` for BF16), f32 accumulation.
+//! the variant of its registry reference dot ([`quant::format`], [`RefDot`]) names it, and
+//! the match in [`Linear::forward`] has one arm per activation format (no wildcard). Formats
+//! with a SIMD kernel use it; the others run their scalar reference dot. Layouts and
+//! pairings: docs/FORMATS.md.
 //!
 //! Rows of the output are computed in parallel blocks; every output element depends only on
 //! its weight row and token row, so results are identical for any thread count.
@@ -16,7 +14,7 @@ use std::sync::Arc;
 use super::pool::{self, SharedMut};
 use super::simd;
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::{self, act, GgmlType};
+use crate::quant::{self, act, GgmlType, RefDot};
 use crate::{Error, Result};
 
 /// Weight rows handled by one parallel task.
@@ -54,27 +52,12 @@ impl Linear {
                 info.shape
             )));
         }
-        match info.ty {
-            GgmlType::I2_S
-            | GgmlType::TQ1_0
-            | GgmlType::TQ2_0
-            | GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q4_K
-            | GgmlType::Q6_K
-            | GgmlType::BF16
-            | GgmlType::F16
-            | GgmlType::F32 => {}
-            ty => {
-                return Err(Error::UnsupportedType {
-                    tensor: name.into(),
-                    type_id: ty.id(),
-                    type_name: format!(
-                        "{ty} (no matmul kernel for it yet; this build's matmul formats: \
-                         F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, I2_S, TQ1_0, TQ2_0)"
-                    ),
-                })
-            }
+        if quant::format(info.ty).is_none() {
+            return Err(Error::UnsupportedType {
+                tensor: name.into(),
+                type_id: info.ty.id(),
+                type_name: format!("{} (no matmul kernel for it yet)", info.ty),
+            });
         }
         let (k, m) = (info.shape[0] as usize, info.shape[1] as usize);
         let row_bytes = info.ty.row_bytes(k as u64).expect("checked by the reader") as usize;
@@ -195,8 +178,10 @@ impl Linear {
         let data = self.data();
         let post = self.tensor_scale * self.post_scale;
         let level = simd::Level::detect();
-        match self.ty {
-            GgmlType::I2_S => {
+        let fmt = quant::format(self.ty).expect("format checked in Linear::load");
+        let post_scale = self.post_scale;
+        match fmt.dot {
+            RefDot::PerToken(_) => {
                 qi.ensure_per_token(x, k);
                 let (q, s, sums) = (&qi.q, &qi.token_scale, &qi.token_sum);
                 let qrow = |t: usize| &q[t * k..(t + 1) * k];
@@ -217,87 +202,66 @@ impl Linear {
                     std::array::from_fn(|i| (d[i] as f32 / s[(t0 + i).min(rows - 1)]) * post)
                 });
             }
-            GgmlType::TQ1_0 | GgmlType::TQ2_0 => {
+            RefDot::Q8K(reference) => {
                 qi.ensure_q8k(x, k);
                 let (q, d, bs) = (&qi.q8k, &qi.q8k_d, &qi.q8k_bsum);
                 let nb = k / act::Q8K_BLOCK;
-                let tq1 = self.ty == GgmlType::TQ1_0;
+                let fast = simd_q8k(self.ty);
                 par_rows_each(out, m, |j, t| {
                     let (qt, dt) = (&q[t * k..(t + 1) * k], &d[t * nb..(t + 1) * nb]);
                     let w = self.row(data, j);
-                    let y = if tq1 {
-                        quant::tq1_0::dot_q8k(w, qt, dt)
-                    } else {
-                        simd::tq2_dot_q8k(level, w, qt, dt, &bs[t * nb..(t + 1) * nb])
+                    let y = match fast {
+                        Some(f) => f(level, w, qt, dt, &bs[t * nb..(t + 1) * nb]),
+                        None => reference(w, qt, dt),
                     };
-                    y * self.post_scale
+                    y * post_scale
                 });
             }
-            GgmlType::Q4_K | GgmlType::Q6_K => {
-                qi.ensure_q8k(x, k);
-                let (q, d) = (&qi.q8k, &qi.q8k_d);
-                let nb = k / act::Q8K_BLOCK;
-                let q4k = self.ty == GgmlType::Q4_K;
-                par_rows_each(out, m, |j, t| {
-                    let (qt, dt) = (&q[t * k..(t + 1) * k], &d[t * nb..(t + 1) * nb]);
-                    let w = self.row(data, j);
-                    let y = if q4k {
-                        simd::q4_k_dot_q8k(level, w, qt, dt)
-                    } else {
-                        simd::q6_k_dot_q8k(level, w, qt, dt)
-                    };
-                    y * self.post_scale
-                });
-            }
-            GgmlType::Q4_0 => {
-                qi.ensure_q8_0(x, k);
-                let (q, d) = (&qi.q80, &qi.q80_d);
-                let nb = k / act::Q8_0_BLOCK;
-                par_rows_each(out, m, |j, t| {
-                    simd::q4_0_dot(
-                        level,
-                        self.row(data, j),
-                        &q[t * k..(t + 1) * k],
-                        &d[t * nb..(t + 1) * nb],
-                    ) * self.post_scale
-                });
-            }
-            GgmlType::BF16 => {
-                qi.ensure_bf16(x);
-                let xs = &qi.xbf;
-                par_rows_each(out, m, |j, t| {
-                    let w = self.row(data, j);
-                    w.chunks_exact(2)
-                        .zip(&xs[t * k..(t + 1) * k])
-                        .map(|(b, &v)| half::bf16::from_le_bytes([b[0], b[1]]).to_f32() * v)
-                        .sum::<f32>()
-                        * self.post_scale
-                });
-            }
-            GgmlType::Q8_0 => {
+            RefDot::Q8_0(reference) => {
                 qi.ensure_q8_0(x, k);
                 let (q, d) = (&qi.q80, &qi.q80_d);
                 let nb = k / act::Q8_0_BLOCK;
                 let qt = |t: usize| &q[t * k..(t + 1) * k];
                 let dt = |t: usize| &d[t * nb..(t + 1) * nb];
+                let four = self.ty == GgmlType::Q8_0;
+                let fast = simd_q8_0(self.ty);
                 par_rows(out, m, |j, t0, n| {
                     let w = self.row(data, j);
-                    let y = if n == 4 {
+                    let y = if four && n == 4 {
                         let ts: [usize; 4] = std::array::from_fn(|i| t0 + i);
                         simd::q8_0_dot4(level, w, ts.map(qt), ts.map(dt))
                     } else {
-                        std::array::from_fn(|i| {
-                            if i < n {
-                                simd::q8_0_dot(level, w, qt(t0 + i), dt(t0 + i))
-                            } else {
-                                0.0
-                            }
+                        std::array::from_fn(|i| match (i < n, fast) {
+                            (false, _) => 0.0,
+                            (true, Some(f)) => f(level, w, qt(t0 + i), dt(t0 + i)),
+                            (true, None) => reference(w, qt(t0 + i), dt(t0 + i)),
                         })
                     };
-                    y.map(|v| v * self.post_scale)
+                    y.map(|v| v * post_scale)
                 });
             }
-            GgmlType::F16 => {
+            RefDot::Q8_1(reference) => {
+                qi.ensure_q8_1(x, k);
+                let (q, d, s) = (&qi.q81, &qi.q81_d, &qi.q81_s);
+                let nb = k / act::Q8_0_BLOCK;
+                par_rows_each(out, m, |j, t| {
+                    let bt = t * nb..(t + 1) * nb;
+                    reference(
+                        self.row(data, j),
+                        &q[t * k..(t + 1) * k],
+                        &d[bt.clone()],
+                        &s[bt],
+                    ) * post_scale
+                });
+            }
+            RefDot::BF16(reference) => {
+                qi.ensure_bf16(x);
+                let xs = &qi.xbf;
+                par_rows_each(out, m, |j, t| {
+                    reference(self.row(data, j), &xs[t * k..(t + 1) * k]) * post_scale
+                });
+            }
+            RefDot::F16(_) => {
                 let xs: &[f32] = if qi.round_f16.iter().any(|&r| r) {
                     qi.ensure_f16(x, k);
                     &qi.x16
@@ -318,20 +282,38 @@ impl Linear {
                             }
                         })
                     };
-                    y.map(|v| v * self.post_scale)
+                    y.map(|v| v * post_scale)
                 });
             }
-            GgmlType::F32 => par_rows_each(out, m, |j, t| {
-                let w = self.row(data, j);
-                let xr = &x[t * k..(t + 1) * k];
-                w.chunks_exact(4)
-                    .zip(xr)
-                    .map(|(b, &v)| f32::from_le_bytes(b.try_into().expect("4 bytes")) * v)
-                    .sum::<f32>()
-                    * self.post_scale
+            RefDot::F32(reference) => par_rows_each(out, m, |j, t| {
+                reference(self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
             }),
-            _ => unreachable!("format checked in Linear::load"),
         }
+    }
+}
+
+/// A SIMD dot against Q8_K activations: `(level, row, q, d, block sums)`.
+type Q8kKernel = fn(simd::Level, &[u8], &[i8], &[f32], &[i32]) -> f32;
+/// A SIMD dot against Q8_0 activations: `(level, row, q, d)`.
+type Q8_0Kernel = fn(simd::Level, &[u8], &[i8], &[f32]) -> f32;
+
+/// The SIMD kernel of a Q8_K-paired format, where one exists; the others run their
+/// registry reference dot (same integer sums, correct, just slower).
+fn simd_q8k(ty: GgmlType) -> Option<Q8kKernel> {
+    match ty {
+        GgmlType::TQ2_0 => Some(simd::tq2_dot_q8k),
+        GgmlType::Q4_K => Some(|l, w, q, d, _| simd::q4_k_dot_q8k(l, w, q, d)),
+        GgmlType::Q6_K => Some(|l, w, q, d, _| simd::q6_k_dot_q8k(l, w, q, d)),
+        _ => None,
+    }
+}
+
+/// The SIMD kernel of a Q8_0-paired format, where one exists (else its reference dot).
+fn simd_q8_0(ty: GgmlType) -> Option<Q8_0Kernel> {
+    match ty {
+        GgmlType::Q8_0 => Some(simd::q8_0_dot),
+        GgmlType::Q4_0 => Some(simd::q4_0_dot),
+        _ => None,
     }
 }
 
@@ -371,7 +353,7 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
 /// allocate once warm.
 #[derive(Default)]
 pub struct QuantInput {
-    fresh: [bool; 5],
+    fresh: [bool; 6],
     q: Vec<i8>,
     token_scale: Vec<f32>,
     token_sum: Vec<i32>,
@@ -382,6 +364,9 @@ pub struct QuantInput {
     xbf: Vec<f32>,
     q80: Vec<i8>,
     q80_d: Vec<f32>,
+    q81: Vec<i8>,
+    q81_d: Vec<f32>,
+    q81_s: Vec<f32>,
     /// Per input row: round its float activations to F16 before F16 products (rows of a
     /// single-token decode step).
     round_f16: Vec<bool>,
@@ -390,7 +375,7 @@ pub struct QuantInput {
 impl QuantInput {
     /// Forgets the cached forms: call whenever the input changes.
     pub fn reset(&mut self) {
-        self.fresh = [false; 5];
+        self.fresh = [false; 6];
     }
 
     /// Sets, row by row, which input rows are rounded to F16 before F16 products (rows
@@ -450,6 +435,17 @@ impl QuantInput {
         self.q80.resize(x.len(), 0);
         self.q80_d.resize(x.len() / k * nb, 0.0);
         act::quantize_q8_0(x, &mut self.q80, &mut self.q80_d);
+    }
+
+    fn ensure_q8_1(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[5], true) {
+            return;
+        }
+        let nb = x.len() / k * (k / act::Q8_0_BLOCK);
+        self.q81.resize(x.len(), 0);
+        self.q81_d.resize(nb, 0.0);
+        self.q81_s.resize(nb, 0.0);
+        act::quantize_q8_1(x, &mut self.q81, &mut self.q81_d, &mut self.q81_s);
     }
 
     fn ensure_bf16(&mut self, x: &[f32]) {

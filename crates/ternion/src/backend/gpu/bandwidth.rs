@@ -1,5 +1,6 @@
-//! The device's measured read bandwidth: the yardstick `ternion bench` compares a decode
-//! step's achieved GB/s against (`kernels/read_bw.wgsl`).
+//! The device's measured floors, the yardsticks `ternion bench` compares a decode step
+//! against: read bandwidth (`kernels/read_bw.wgsl` over a large buffer) and the cost of one
+//! dependent launch (the same kernel over a tiny buffer, launched many times in a row).
 
 use std::time::Instant;
 
@@ -25,8 +26,29 @@ pub fn measure_read_bandwidth(ctx: &GpuContext) -> Result<f64> {
         .min(1 << 30)
         .next_multiple_of(16)
         - 16;
+    time_probe(ctx, bytes, GROUPS, REPEATS)
+        .map(|secs| bytes as f64 * f64::from(REPEATS) / secs / 1e9)
+}
+
+/// Launches in the dispatch-latency probe.
+const LAUNCHES: u32 = 1000;
+
+/// The time of one dependent launch, in µs: the probe kernel over a 64 KiB buffer launched
+/// [`LAUNCHES`] times in one compute pass (each launch writes the buffer the next one binds
+/// read-write, so the driver orders them as it orders a decode step's launches), minus one
+/// launch alone, divided by the launches added. Allocates its buffers on every call.
+pub fn measure_dispatch_latency(ctx: &GpuContext) -> Result<f64> {
+    let bytes = 64 << 10;
+    let many = time_probe(ctx, bytes, 132, LAUNCHES)?;
+    let one = time_probe(ctx, bytes, 132, 1)?;
+    Ok((many - one).max(0.0) / f64::from(LAUNCHES - 1) * 1e6)
+}
+
+/// Seconds for `repeats` launches of the read probe over a buffer of `bytes` with `groups`
+/// workgroups, in one submit, after one untimed warm-up submit.
+fn time_probe(ctx: &GpuContext, bytes: u64, groups: u32, repeats: u32) -> Result<f64> {
     let src = GpuBuffer::zeroed(ctx, "read_bw.src", bytes)?;
-    let sink = GpuBuffer::zeroed(ctx, "read_bw.sink", u64::from(GROUPS) * 256 * 4)?;
+    let sink = GpuBuffer::zeroed(ctx, "read_bw.sink", u64::from(groups) * 256 * 4)?;
     let key = PipelineKey {
         kernel: Kernel::ReadProbe,
         variant: Variant::default(),
@@ -36,7 +58,7 @@ pub fn measure_read_bandwidth(ctx: &GpuContext) -> Result<f64> {
         key,
         "read_bw",
         &[(0, src.binding()), (1, sink.binding())],
-        GROUPS,
+        groups,
     )?;
     let run = |repeats: u32| -> Result<f64> {
         let mut enc = ctx.encoder();
@@ -51,7 +73,6 @@ pub fn measure_read_bandwidth(ctx: &GpuContext) -> Result<f64> {
         ctx.wait()?;
         Ok(t.elapsed().as_secs_f64())
     };
-    run(REPEATS)?;
-    let secs = run(REPEATS)?;
-    Ok(bytes as f64 * f64::from(REPEATS) / secs / 1e9)
+    run(repeats)?;
+    run(repeats)
 }

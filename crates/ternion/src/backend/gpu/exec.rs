@@ -21,10 +21,12 @@ use std::sync::Arc;
 
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
-use super::ops::TopK;
-use super::plan::{KvSizes, Plan, Rows};
+use super::greedy::CHAIN;
+use super::ops::{KvIndex, TopK};
+use super::plan::{KvSizes, Numerics, Plan, PlanOpts, Rows};
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
+use crate::generate::{check_step, StepLimits};
 use crate::kv::PAGE_POSITIONS;
 use crate::model::graph::Graph;
 use crate::model::{Config, Logits, Model};
@@ -52,6 +54,8 @@ pub struct GpuModelOptions {
     /// Write a timestamp after every launch and keep per-kernel totals
     /// ([`GpuModel::profile`]); needs timestamp queries inside passes.
     pub profile: bool,
+    /// Fast kernels (the default) or the CPU reference's arithmetic bit for bit.
+    pub numerics: Numerics,
 }
 
 impl Default for GpuModelOptions {
@@ -63,6 +67,7 @@ impl Default for GpuModelOptions {
             max_batch: 256,
             top_k: 40,
             profile: false,
+            numerics: Numerics::Fast,
         }
     }
 }
@@ -90,7 +95,7 @@ struct Profiler {
 
 /// What a step hands back.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Out {
+pub(super) enum Out {
     /// Logits rows: all tokens', or the last token's only.
     Logits(Logits),
     /// Argmax of the (single) logits row.
@@ -103,6 +108,17 @@ enum Out {
     PickedTopK,
     /// Nothing: the step only extends the KV cache (the LM head is not run).
     Cache,
+    /// Greedy chaining (greedy.rs): the argmax id goes to the next step's token buffer
+    /// and to word `at` of chain staging buffer `buf`; with `from_gpu` this step's token
+    /// is the one the previous step left there (the host writes none).
+    Chained {
+        /// Staging buffer (0 or 1).
+        buf: usize,
+        /// Word in it.
+        at: u64,
+        /// The token comes from the previous step.
+        from_gpu: bool,
+    },
 }
 
 /// A model resident on the GPU with its KV cache.
@@ -123,6 +139,10 @@ pub struct GpuModel {
     toks: Vec<[u32; 2]>,
     /// Scratch for the step's token ids.
     ids: Vec<u32>,
+    /// The two staging buffers of chained greedy steps (greedy.rs), `CHAIN` ids each.
+    pub(super) chain: [GpuBuffer; 2],
+    /// Scratch for the query blocks of a step (`KvIndex::write_blocks`).
+    blocks: Vec<[u32; 2]>,
 }
 
 impl GpuModel {
@@ -159,10 +179,13 @@ impl GpuModel {
             g,
             graph,
             weights,
-            opts.max_batch,
-            opts.n_ctx,
-            cfg.n_vocab,
-            kv,
+            &PlanOpts {
+                max_batch: opts.max_batch,
+                n_ctx: opts.n_ctx,
+                n_vocab: cfg.n_vocab,
+                kv,
+                numerics: opts.numerics,
+            },
         )?;
         let table = KvTable::new(slots, pages, opts.n_ctx);
         let main = KvTable::open(&table)?;
@@ -180,6 +203,15 @@ impl GpuModel {
         } else {
             None
         };
+        let chain_buf = || {
+            GpuBuffer::with_usage(
+                g,
+                "greedy.chain",
+                CHAIN as u64 * 4,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )
+        };
+        let chain = [chain_buf()?, chain_buf()?];
         Ok(GpuModel {
             ctx,
             cfg,
@@ -191,6 +223,8 @@ impl GpuModel {
             profiler,
             table,
             main,
+            chain,
+            blocks: Vec::with_capacity(KvIndex::max_blocks(opts.max_batch, slots) + 1),
             toks: Vec::with_capacity(opts.max_batch),
             ids: Vec::with_capacity(opts.max_batch),
         })
@@ -220,6 +254,11 @@ impl GpuModel {
     /// a new sequence).
     pub fn truncate(&mut self, len: usize) {
         self.main.truncate(len);
+    }
+
+    /// The KV slot of the model's own sequence.
+    pub(super) fn main_slot(&self) -> u32 {
+        self.main.slot()
     }
 
     /// Opens another sequence (one of [`GpuModelOptions::max_seqs`]).
@@ -279,7 +318,7 @@ impl GpuModel {
     /// Records and submits one step: the tokens of each `(slot, tokens)` part at the
     /// positions after those its sequence caches (≤ max_batch tokens in all), with the
     /// result selected by `out` copied to staging; advances the sequences.
-    fn step(&mut self, parts: &[(u32, &[u32])], out: Out) -> Result<()> {
+    pub(super) fn step(&mut self, parts: &[(u32, &[u32])], out: Out) -> Result<()> {
         let n: usize = parts.iter().map(|p| p.1.len()).sum();
         if n == 0 || n > self.opts.max_batch || parts.iter().any(|p| p.1.is_empty()) {
             return Err(Error::Request(format!(
@@ -310,25 +349,12 @@ impl GpuModel {
                     )));
                 }
                 let len = table.len(slot);
-                if len + tokens.len() > self.opts.n_ctx {
-                    return Err(Error::Request(format!(
-                        "context full: {len} positions used + {} new > context size {}",
-                        tokens.len(),
-                        self.opts.n_ctx
-                    )));
-                }
-                if let Some(max) = self.plan.max_pos.filter(|&m| len + tokens.len() > m) {
-                    return Err(Error::Request(format!(
-                        "position {} is past the model's {max} learned positions",
-                        len + tokens.len() - 1
-                    )));
-                }
-                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
-                    return Err(Error::Request(format!(
-                        "token id {bad} is outside the vocabulary (size {})",
-                        self.cfg.n_vocab
-                    )));
-                }
+                let limits = StepLimits {
+                    n_vocab: Some(self.cfg.n_vocab),
+                    n_ctx: self.opts.n_ctx,
+                    max_pos: self.plan.max_pos,
+                };
+                check_step(len, tokens, &limits)?;
                 self.ids.extend_from_slice(tokens);
                 // The one token of a sequence beside others keeps the decode numerics.
                 let flag = if parts.len() > 1 && tokens.len() == 1 {
@@ -349,17 +375,24 @@ impl GpuModel {
             }
         }
         let nt = n as u32;
-        self.plan.ids.write(g, 0, bytemuck::cast_slice(&self.ids));
+        if !matches!(out, Out::Chained { from_gpu: true, .. }) {
+            self.plan.ids.write(g, 0, bytemuck::cast_slice(&self.ids));
+        }
         self.plan
             .index
             .toks
             .write(g, 0, bytemuck::cast_slice(&self.toks));
         self.plan.step.write(g, nt, self.toks[0][0]);
-        let n_kv = self.toks[0][0] + 1;
+        if n > 1 {
+            let lens = parts.iter().map(|p| p.1.len());
+            self.plan.index.write_blocks(g, lens, &mut self.blocks);
+        }
+        // The longest context of the step's tokens (the last token of some sequence).
+        let n_kv = self.toks.iter().map(|t| t[0] + 1).max().unwrap_or(1);
         let rows = match out {
             Out::Logits(w) => Rows::of(n, w),
             Out::Cache => Rows::Skip,
-            Out::Argmax | Out::TopK => Rows::of(n, Logits::Last),
+            Out::Argmax | Out::TopK | Out::Chained { .. } => Rows::of(n, Logits::Last),
             Out::Picked | Out::PickedTopK => {
                 // Each sequence's last row; the one token of a sequence keeps the decode
                 // numerics in the head too. (`ids` is written: its scratch is free again.)
@@ -381,7 +414,7 @@ impl GpuModel {
             let queries = self.profiler.as_ref().map(|p| &p.queries);
             self.plan.record(&mut pass, nt, n_kv, rows, queries);
             match out {
-                Out::Argmax => self.argmax.record(&mut pass),
+                Out::Argmax | Out::Chained { .. } => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
                 Out::PickedTopK => self.topk.record_rows(&mut pass, parts.len() as u32),
                 Out::Logits(_) | Out::Cache | Out::Picked => {}
@@ -390,6 +423,12 @@ impl GpuModel {
         let logit_rows = match out {
             Out::Argmax => {
                 self.argmax.record_download(&mut enc);
+                0
+            }
+            Out::Chained { buf, at, .. } => {
+                let id = &self.argmax.ids.buf;
+                enc.copy_buffer_to_buffer(id, 0, &self.plan.ids.buf, 0, 4);
+                enc.copy_buffer_to_buffer(id, 0, &self.chain[buf].buf, at * 4, 4);
                 0
             }
             Out::TopK => {

@@ -73,6 +73,7 @@ mod context;
 mod exec;
 #[cfg(test)]
 mod exec_tests;
+mod greedy;
 mod ops;
 mod pipelines;
 mod plan;
@@ -87,21 +88,22 @@ mod tests_fam;
 mod tests_mm;
 mod upload;
 
-pub use bandwidth::measure_read_bandwidth;
+pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
 pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, PrefillKernel};
 pub use exec::{GpuModel, GpuModelOptions, KernelTime};
 pub use ops::{
-    ActQuant, Attention, AttnDims, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn,
-    MatmulKind, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantAct,
-    QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3, TernaryGlu,
-    TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK,
-    MM_TILE_TOKENS, SELECT_CHUNK, WG,
+    ActQuant, Attention, AttnDims, AttnOpts, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex,
+    MatIn, MatmulKind, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights,
+    QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform, Ternary3,
+    TernaryGlu, TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights, TopK, ATTN_CHUNK,
+    MAX_TOPK, MM_TILE_TOKENS, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     preprocess, AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
 };
+pub use plan::Numerics;
 pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};

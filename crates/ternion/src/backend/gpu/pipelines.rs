@@ -86,6 +86,18 @@ pub enum Kernel {
         /// The gate activation.
         act: GluAct,
     },
+    /// `ternary_decode.wgsl`: the fast single-token path (norm + int8 quantization in the
+    /// matvec's prologue), and its standalone norm for steps of several tokens.
+    TernaryDecode {
+        /// Which entry point.
+        entry: DecodeEntry,
+        /// Threads per weight row (power of two, 1..=256).
+        tpr: u32,
+        /// Store or add (`matvec_n`).
+        epilogue: Epilogue,
+        /// The gate activation (`glu_n`).
+        act: GluAct,
+    },
     /// `ternary.wgsl` `matvec3`: three I2_S matvecs sharing their input (q, k, v), one launch.
     Ternary3 {
         /// Threads per weight row (power of two, 1..=256).
@@ -109,6 +121,17 @@ pub enum Kernel {
         /// Round the probabilities to F16 before P·V (single-token decode numerics; only
         /// [`AttnStage::ProbsPv`] reads it).
         round_p: bool,
+        /// The "fast" numerics policy: `prefill` leaves decode rows to [`Kernel::AttentionFast`].
+        fast: bool,
+        /// `prefill` leaves every other row to [`Kernel::AttentionTiled`].
+        tiled: bool,
+    },
+    /// `attention_tiled.wgsl`: a prompt step's attention as tiled flash attention.
+    AttentionTiled,
+    /// `attention_fast.wgsl`: decode rows, split over KV pages (`split`) then merged.
+    AttentionFast {
+        /// The merge entry point.
+        merge: bool,
     },
     /// `glu.wgsl`: `gate = act(gate) · up`.
     Glu {
@@ -161,6 +184,19 @@ pub enum Kernel {
     },
 }
 
+/// The entry points of `ternary_decode.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeEntry {
+    /// `norm_quant`: norm + int8 quantization of each token row, written out.
+    NormQuant,
+    /// `matvec_n`: one matrix.
+    Matvec,
+    /// `glu_n`: gate and up matrices and `act(g)·u`.
+    Glu,
+    /// `matvec3_n`: three matrices (q, k, v).
+    Matvec3,
+}
+
 /// The entry points of `attention.wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttnStage {
@@ -199,15 +235,18 @@ enum Source {
     Embed,
     RmsNorm,
     Ternary,
+    TernaryDecode,
     TernaryMm,
     TernaryCoop,
     F16Matvec,
     RopeKv,
     Attention,
+    AttentionFast,
+    AttentionTiled,
     Glu,
     Select,
     ReadProbe,
-    QMatvec,
+    QMatvec(QFormat),
     QuantAct,
     RowOps,
     Elementwise,
@@ -220,6 +259,10 @@ impl Source {
             Source::Embed => ("embed.wgsl", include_str!("kernels/embed.wgsl")),
             Source::RmsNorm => ("rmsnorm.wgsl", include_str!("kernels/rmsnorm.wgsl")),
             Source::Ternary => ("ternary.wgsl", include_str!("kernels/ternary.wgsl")),
+            Source::TernaryDecode => (
+                "ternary_decode.wgsl",
+                include_str!("kernels/ternary_decode.wgsl"),
+            ),
             Source::TernaryMm => ("ternary_mm.wgsl", include_str!("kernels/ternary_mm.wgsl")),
             Source::TernaryCoop => (
                 "ternary_coop.wgsl",
@@ -228,10 +271,18 @@ impl Source {
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
+            Source::AttentionTiled => (
+                "attention_tiled.wgsl",
+                include_str!("kernels/attention_tiled.wgsl"),
+            ),
+            Source::AttentionFast => (
+                "attention_fast.wgsl",
+                include_str!("kernels/attention_fast.wgsl"),
+            ),
             Source::Glu => ("glu.wgsl", include_str!("kernels/glu.wgsl")),
             Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
             Source::ReadProbe => ("read_bw.wgsl", include_str!("kernels/read_bw.wgsl")),
-            Source::QMatvec => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
+            Source::QMatvec(_) => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
             Source::QuantAct => ("quant_act.wgsl", include_str!("kernels/quant_act.wgsl")),
             Source::RowOps => ("rowops.wgsl", include_str!("kernels/rowops.wgsl")),
             Source::Elementwise => ("elementwise.wgsl", include_str!("kernels/elementwise.wgsl")),
@@ -251,6 +302,7 @@ impl Kernel {
             Kernel::Ternary { .. } | Kernel::TernaryGlu { .. } | Kernel::Ternary3 { .. } => {
                 Source::Ternary
             }
+            Kernel::TernaryDecode { .. } => Source::TernaryDecode,
             Kernel::TernaryMatmul { kind, .. } => match kind {
                 MatmulKind::Portable => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
@@ -258,10 +310,12 @@ impl Kernel {
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
+            Kernel::AttentionFast { .. } => Source::AttentionFast,
+            Kernel::AttentionTiled => Source::AttentionTiled,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
-            Kernel::QMatvec { .. } | Kernel::QGather { .. } => Source::QMatvec,
+            Kernel::QMatvec { fmt, .. } | Kernel::QGather { fmt } => Source::QMatvec(fmt),
             Kernel::QuantAct { .. } => Source::QuantAct,
             Kernel::RowOp { .. } => Source::RowOps,
             Kernel::Elementwise { .. } => Source::Elementwise,
@@ -280,12 +334,22 @@ impl Kernel {
             Kernel::TernaryMatmul { wide: true, .. } => "matmul_wide",
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
+            Kernel::TernaryDecode { entry, .. } => match entry {
+                DecodeEntry::NormQuant => "norm_quant",
+                DecodeEntry::Matvec => "matvec_n",
+                DecodeEntry::Glu => "glu_n",
+                DecodeEntry::Matvec3 => "matvec3_n",
+            },
             Kernel::F16Matvec { rows, .. } => match rows {
                 F16Rows::Each => "main",
                 F16Rows::Last => "last",
                 F16Rows::Four => "main4",
             },
-            Kernel::RopeKv | Kernel::Glu { .. } | Kernel::ReadProbe | Kernel::WindowAttention => {
+            Kernel::RopeKv
+            | Kernel::Glu { .. }
+            | Kernel::ReadProbe
+            | Kernel::AttentionTiled
+            | Kernel::WindowAttention => {
                 "main"
             }
             Kernel::Attention { stage, .. } => match stage {
@@ -294,6 +358,8 @@ impl Kernel {
                 AttnStage::Merge => "merge",
                 AttnStage::Prefill => "prefill",
             },
+            Kernel::AttentionFast { merge: false } => "split",
+            Kernel::AttentionFast { merge: true } => "merge",
             Kernel::Select { partial: true, .. } => "partial",
             Kernel::Select { partial: false, .. } => "merge",
             Kernel::QMatvec { batch: false, .. } => "matvec",
@@ -308,13 +374,19 @@ impl Kernel {
     fn constants(self) -> Vec<(&'static str, f64)> {
         match self {
             Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv | Kernel::ReadProbe => vec![],
-            Kernel::Attention { stage, round_p } => {
-                if stage == AttnStage::ProbsPv {
-                    vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })]
-                } else {
-                    vec![]
-                }
-            }
+            Kernel::Attention {
+                stage,
+                round_p,
+                fast,
+                tiled,
+            } => match stage {
+                AttnStage::ProbsPv => vec![("ROUND_P", if round_p { 1.0 } else { 0.0 })],
+                AttnStage::Prefill => vec![
+                    ("FAST", if fast { 1.0 } else { 0.0 }),
+                    ("TILED", if tiled { 1.0 } else { 0.0 }),
+                ],
+                AttnStage::Scores | AttnStage::Merge => vec![],
+            },
             Kernel::Glu { act } => vec![(
                 "ACT",
                 match act {
@@ -324,6 +396,20 @@ impl Kernel {
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
+            Kernel::TernaryDecode {
+                entry,
+                tpr,
+                epilogue,
+                act,
+            } => match entry {
+                DecodeEntry::NormQuant => vec![],
+                DecodeEntry::Matvec => vec![("TPR", f64::from(tpr)), epilogue.constant()],
+                DecodeEntry::Glu => vec![
+                    ("TPR", f64::from(tpr)),
+                    ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
+                ],
+                DecodeEntry::Matvec3 => vec![("TPR", f64::from(tpr))],
+            },
             Kernel::TernaryMatmul { epilogue, .. } => vec![epilogue.constant()],
             Kernel::TernaryGlu { tpr, act } => vec![
                 ("TPR", f64::from(tpr)),
@@ -352,6 +438,8 @@ impl Kernel {
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
             Kernel::QuantAct { .. }
             | Kernel::RowOp { .. }
+            | Kernel::AttentionFast { .. }
+            | Kernel::AttentionTiled
             | Kernel::Elementwise { .. }
             | Kernel::WindowAttention => vec![],
         }
@@ -440,6 +528,11 @@ impl GpuContext {
                         defines.push("SUBGROUPS");
                     }
                     let mut code = preprocess(file, text, &defines)?;
+                    if let Source::QMatvec(fmt) = src {
+                        for part in fmt.includes() {
+                            code.push_str(part);
+                        }
+                    }
                     code.push_str(include_str!("kernels/common.wgsl"));
                     let m = self
                         .device

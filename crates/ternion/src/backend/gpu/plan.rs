@@ -19,9 +19,10 @@ use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::{kernel_glu, Elementwise, WindowAttention};
 use super::ops::{
-    ActQuant, Attention, AttnDims, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormOut, PosTable,
-    QAct, QEmbed, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts,
-    RowOp, StepUniform, Ternary3, TernaryGlu, TernaryLinear,
+    ActQuant, Attention, AttnDims, AttnOpts, Embed, F16Matvec, Glu, GpuKv, KvIndex, MatIn, NormIn,
+    NormMatvec, NormMatvecKind, NormOut, NormQuant, PosTable, QAct, QEmbed, QMatvec, QMatvecOpts,
+    QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, StepUniform, Ternary3,
+    TernaryGlu, TernaryLinear,
 };
 use super::pipelines::Epilogue;
 use super::upload::GpuWeight;
@@ -89,6 +90,13 @@ enum Launch {
     /// A GGUF-format matvec over selected rows: decode and last-row modes copy the step's
     /// last row out first (`select`), then quantize it when the format asks.
     QHead(Box<QHead>),
+    /// The fast norm + int8 quantization, written out (steps of several tokens).
+    NormQuant(NormQuant),
+    /// A launch that single-token steps skip (its consumers recompute it).
+    BatchOnly(Box<Launch>),
+    /// A single-token launch with its norm in the prologue, and the launch steps of several
+    /// tokens run instead.
+    Decode(Box<(NormMatvec, Launch)>),
 }
 
 /// The parts of [`Launch::TernaryGlu`].
@@ -123,8 +131,23 @@ struct QHead {
 }
 
 impl Launch {
+    /// `batch`, with `single` (when there is one) for single-token steps.
+    fn decode(single: Option<NormMatvec>, batch: Launch) -> Launch {
+        match single {
+            Some(s) => Launch::Decode(Box::new((s, batch))),
+            None => batch,
+        }
+    }
+
     fn label(&self) -> &'static str {
         match self {
+            Launch::NormQuant(_) => "rmsnorm",
+            Launch::BatchOnly(l) => l.label(),
+            Launch::Decode(b) => match &b.1 {
+                Launch::Ternary3(_) => "norm+ternary_qkv",
+                Launch::TernaryGlu(_) => "norm+ternary_glu",
+                _ => "norm+ternary",
+            },
             Launch::Embed(_) => "embed",
             Launch::Norm(_) => "rmsnorm",
             Launch::Ternary(_) => "ternary",
@@ -145,6 +168,19 @@ impl Launch {
 
     fn record(&self, pass: &mut wgpu::ComputePass<'_>, n: u32, n_kv: u32, rows: Rows) {
         match self {
+            Launch::NormQuant(o) => o.record(pass, n),
+            Launch::BatchOnly(l) => {
+                if n > 1 {
+                    l.record(pass, n, n_kv, rows);
+                }
+            }
+            Launch::Decode(b) => {
+                if n == 1 {
+                    b.0.record(pass);
+                } else {
+                    b.1.record(pass, n, n_kv, rows);
+                }
+            }
             Launch::Embed(e) => e.record(pass, n),
             Launch::Norm(o) => o.record(pass, n),
             Launch::Ternary(o) => o.record(pass, n),
@@ -173,7 +209,7 @@ impl Launch {
                 }
             }
             Launch::RopeKv(o) => o.record(pass, n),
-            Launch::Attention(o) => o.record(pass, n, n_kv),
+            Launch::Attention(o) => o.record(pass, n, n_kv, matches!(rows, Rows::Picked(_))),
             Launch::Glu(o) => o.record(pass, n),
             Launch::Head(h) => match rows {
                 Rows::Decode => h.decode.record(pass, n),
@@ -231,8 +267,12 @@ impl Launch {
 
     fn dispatches(&self, n: u32) -> usize {
         match self {
+            Launch::BatchOnly(l) if n > 1 => l.dispatches(n),
+            Launch::BatchOnly(_) => 0,
+            Launch::Decode(_) if n == 1 => 1,
+            Launch::Decode(b) => b.1.dispatches(n),
             Launch::Embed(e) => e.dispatch_count(),
-            Launch::Attention(_) => Attention::dispatches(n),
+            Launch::Attention(a) => a.dispatches(n, 1, false),
             Launch::TernaryGlu(_) | Launch::Ternary3(_) if n > 1 => 3,
             Launch::Head(h) => h.decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
@@ -287,6 +327,9 @@ struct Acts<'g> {
     alias: HashMap<ActId, ActId>,
     /// Acts computed on selected rows.
     selected: Vec<ActId>,
+    /// Under the fast numerics: int8 acts whose norm single-token consumers recompute in
+    /// their prologue (the norm launch itself runs only for steps of several tokens).
+    norm_in: HashMap<ActId, NormIn>,
 }
 
 impl Acts<'_> {
@@ -350,6 +393,34 @@ impl Acts<'_> {
 /// Fewest logits rows a plan holds (when the batch allows): all-rows requests run in
 /// steps of at most this many tokens.
 const LOGITS_ROWS: usize = 64;
+
+/// The numerics policy of a GPU plan (docs/ARCHITECTURE.md, "Numerics").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// The fast kernels: RMSNorm + int8 quantization in one f32 pass (fused into the
+    /// single-token ternary matvecs), one-launch decode attention with unrounded
+    /// probabilities. Within the golden manifests' tolerances of the CPU, not bit-exact.
+    #[default]
+    Fast,
+    /// The CPU reference's arithmetic bit for bit where the kernels can reproduce it
+    /// (double-f32 norm sums, exact scale division, F16 probabilities): for validation.
+    Exact,
+}
+
+/// What a plan is compiled for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PlanOpts {
+    /// Most tokens of one step.
+    pub max_batch: usize,
+    /// Most positions of one sequence.
+    pub n_ctx: usize,
+    /// Vocabulary size (logits row width).
+    pub n_vocab: usize,
+    /// KV cache sizes.
+    pub kv: KvSizes,
+    /// Numerics policy.
+    pub numerics: Numerics,
+}
 
 /// Sizes of the paged KV caches.
 #[derive(Clone, Copy, Debug)]
@@ -430,11 +501,16 @@ impl Plan {
         ctx: &GpuContext,
         graph: &Graph,
         weights: Vec<GpuWeight>,
-        max_batch: usize,
-        n_ctx: usize,
-        n_vocab: usize,
-        kv: KvSizes,
+        opts: &PlanOpts,
     ) -> Result<Plan> {
+        let PlanOpts {
+            max_batch,
+            n_ctx,
+            n_vocab,
+            kv,
+            numerics,
+        } = *opts;
+        let fast = numerics == Numerics::Fast;
         let g = ctx;
         let geo = &graph.attn;
         let dims = AttnDims {
@@ -470,6 +546,7 @@ impl Plan {
             keep: Vec::new(),
             alias: HashMap::new(),
             selected: Vec::new(),
+            norm_in: HashMap::new(),
         };
         let variant = g.variant(TPR);
         // Norms reduce with whole subgroups of any size.
@@ -508,14 +585,41 @@ impl Plan {
                         acts.selected.push(out);
                     }
                     let n = width(x);
-                    let norm = if only_ternary_readers(graph, &weights, i, out) {
+                    let quant = only_ternary_readers(graph, &weights, i, out);
+                    if quant
+                        && fast
+                        && NormIn::fits(n)
+                        && std::env::var("TERNION_EXP_NOPRO").is_ok()
+                    {
                         let q = acts.quant(out)?;
-                        RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::Quant(&q))?
+                        let norm = NormIn {
+                            x: xb,
+                            w: wb,
+                            k: n,
+                            eps,
+                        };
+                        launches.push(Launch::NormQuant(NormQuant::new(g, &norm, &q)?));
+                    } else if quant && fast && NormIn::fits(n) {
+                        let q = acts.quant(out)?;
+                        let norm = NormIn {
+                            x: xb,
+                            w: wb,
+                            k: n,
+                            eps,
+                        };
+                        let nq = NormQuant::new(g, &norm, &q)?;
+                        acts.norm_in.insert(acts.resolve(out), norm);
+                        launches.push(Launch::BatchOnly(Box::new(Launch::NormQuant(nq))));
                     } else {
-                        let ob = acts.f32(out)?;
-                        RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::F32(&ob))?
-                    };
-                    launches.push(Launch::Norm(norm));
+                        let norm = if quant {
+                            let q = acts.quant(out)?;
+                            RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::Quant(&q))?
+                        } else {
+                            let ob = acts.f32(out)?;
+                            RmsNorm::new(g, norm_variant, &xb, &wb, n, eps, NormOut::F32(&ob))?
+                        };
+                        launches.push(Launch::Norm(norm));
+                    }
                 }
                 Op::LayerNorm { x, w, b, eps, out } => {
                     if acts.is_selected(x) {
@@ -554,6 +658,15 @@ impl Plan {
                             };
                             let mv = |w, out: &GpuBuffer| {
                                 TernaryLinear::new(g, variant, TPR, w, &q, out, epilogue, &step)
+                            };
+                            // Under the fast numerics: the single-token launch with the norm
+                            // in its prologue.
+                            let norm_in = acts.norm_in.get(&acts.resolve(x)).cloned();
+                            let single = |kind| -> Result<Option<NormMatvec>> {
+                                norm_in
+                                    .as_ref()
+                                    .map(|n| NormMatvec::new(g, n, kind))
+                                    .transpose()
                             };
                             // gate = W_g·x; up = W_u·x; gate = act(gate)·up → one launch.
                             let glu = match (graph.ops.get(i + 1), graph.ops.get(i + 2)) {
@@ -614,20 +727,39 @@ impl Plan {
                                     [&ob, &b1, &b2],
                                 )?;
                                 let each = [mv(tw, &ob)?, mv(w1, &b1)?, mv(w2, &b2)?];
-                                launches.push(Launch::Ternary3(Box::new((fused, each))));
+                                let one = single(NormMatvecKind::Three {
+                                    w: [tw, w1, w2],
+                                    out: [&ob, &b1, &b2],
+                                })?;
+                                launches.push(Launch::decode(
+                                    one,
+                                    Launch::Ternary3(Box::new((fused, each))),
+                                ));
                                 i += 2;
                             } else if let Some((uw, up, act)) = glu {
                                 let act = kernel_glu(act);
                                 let ub = acts.f32(up)?;
-                                launches.push(Launch::TernaryGlu(Box::new(FusedGlu {
+                                let one = single(NormMatvecKind::Glu {
+                                    gate: tw,
+                                    up: uw,
+                                    out: &ob,
+                                    act,
+                                })?;
+                                let fused = Launch::TernaryGlu(Box::new(FusedGlu {
                                     fused: TernaryGlu::new(g, variant, TPR, tw, uw, &q, &ob, act)?,
                                     gate: mv(tw, &ob)?,
                                     up: mv(uw, &ub)?,
                                     glu: Glu::new(g, act, &ob, &ub, width(out))?,
-                                })));
+                                }));
+                                launches.push(Launch::decode(one, fused));
                                 i += 2;
                             } else {
-                                launches.push(Launch::Ternary(mv(tw, &ob)?));
+                                let one = single(NormMatvecKind::One {
+                                    w: tw,
+                                    out: &ob,
+                                    epilogue,
+                                })?;
+                                launches.push(Launch::decode(one, Launch::Ternary(mv(tw, &ob)?)));
                             }
                         }
                         (GpuWeight::F16Rows(m), _) if acts.is_selected(x) && !add => {
@@ -806,7 +938,10 @@ impl Plan {
                         &qb,
                         (&kv[layer], &index),
                         &ob,
-                        true,
+                        AttnOpts {
+                            round_p: true,
+                            fast: fast.then_some(&step),
+                        },
                     )?));
                 }
                 Op::Glu { act, gate, up } => {
@@ -908,7 +1043,7 @@ impl Plan {
         })
     }
 
-    /// Records every launch of a step of `n` tokens ending at position `n_kv − 1`.
+    /// Records every launch of a step of `n` tokens whose longest context is `n_kv` keys.
     /// With `profile`, a timestamp is written after each launch into query `i + 1`
     /// (query 0 before the first).
     pub(crate) fn record(

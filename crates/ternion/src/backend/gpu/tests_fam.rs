@@ -22,7 +22,7 @@ use super::tests::{attention_case, ctx_with, dims, rng, run, variants, PagedSeq}
 use super::*;
 use crate::backend::cpu::{add_rows, gelu_ggml, layer_norm, rope};
 use crate::model::graph::RopeMode;
-use crate::quant::{self, act, GgmlType};
+use crate::quant::{self, act, GgmlType, RefDot};
 
 /// The default context and one without F16 and subgroups (the browser's portable path).
 fn contexts() -> Vec<GpuContext> {
@@ -56,12 +56,18 @@ fn unpack_i8(words: &[u32]) -> Vec<i8> {
         .collect()
 }
 
-/// The CPU quantizer of `kind` over rows of `k`: (int8, scales).
+/// The CPU quantizer of `kind` over rows of `k`: (int8, scales in the GPU's layout: Q8_1
+/// as (d, s) pairs).
 fn cpu_quant(kind: ActQuant, x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>) {
     let mut q = vec![0i8; x.len()];
     let mut d = vec![0f32; x.len() / kind.block()];
     match kind {
         ActQuant::Q8_0 => act::quantize_q8_0(x, &mut q, &mut d),
+        ActQuant::Q8_1 => {
+            let mut s = vec![0f32; d.len()];
+            act::quantize_q8_1(x, &mut q, &mut d, &mut s);
+            d = d.iter().zip(&s).flat_map(|(&d, &s)| [d, s]).collect();
+        }
         ActQuant::Q8K => {
             let nb = k / 256;
             for ((xr, qr), dr) in x
@@ -83,6 +89,8 @@ fn quant_act_is_bit_exact() {
         for &(kind, k) in &[
             (ActQuant::Q8_0, 96usize),
             (ActQuant::Q8_0, 2592),
+            (ActQuant::Q8_1, 96),
+            (ActQuant::Q8_1, 2592),
             (ActQuant::Q8K, 768),
         ] {
             let rows = 6;
@@ -117,87 +125,124 @@ fn quant_act_is_bit_exact() {
     }
 }
 
-/// Every format with a row width of a few blocks: Q6_K and TQ2_0 rows of 630 and 198
-/// bytes, Q8_0 and Q4_0 rows of 102 and 54 bytes put blocks at odd word offsets.
-const FORMATS: &[(QFormat, usize)] = &[
-    (QFormat::F32, 100),
-    (QFormat::F16, 100),
-    (QFormat::BF16, 100),
-    (QFormat::Q8_0, 96),
-    (QFormat::Q4_0, 96),
-    (QFormat::Q4_K, 768),
-    (QFormat::Q6_K, 768),
-    (QFormat::TQ2_0, 768),
-];
-
-/// Random weights of `fmt` (`rows × k`), as a GGUF stores them.
-fn weight_bytes(r: &mut impl Rng, fmt: QFormat, rows: usize, k: usize) -> (GgmlType, Vec<u8>) {
-    let vals: Vec<f32> = (0..rows * k).map(|_| r.random_range(-1.0..1.0)).collect();
-    let quantize = |ty: GgmlType, f: fn(&[f32], &mut [u8])| {
-        let rb = ty.row_bytes(k as u64).unwrap() as usize;
-        let mut out = vec![0u8; rows * rb];
-        for (src, dst) in vals.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
-            f(src, dst);
-        }
-        (ty, out)
-    };
-    // K-quants: random bits with sane F16 super-block scales (as quant/q*_k.rs tests do).
-    let random_blocks = |r: &mut dyn rand::RngCore, bytes: usize, scales: &[usize]| {
-        let mut out: Vec<u8> = (0..rows * k / 256 * bytes).map(|_| r.random()).collect();
-        for b in out.chunks_exact_mut(bytes) {
-            for &o in scales {
-                let v = f16::from_f32(r.random_range(0.001..0.05));
-                b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        out
-    };
-    match fmt {
-        QFormat::F32 => quantize(GgmlType::F32, quant::float::quantize_row_f32),
-        QFormat::F16 => quantize(GgmlType::F16, quant::float::quantize_row_f16),
-        QFormat::BF16 => quantize(GgmlType::BF16, quant::float::quantize_row_bf16),
-        QFormat::Q8_0 => quantize(GgmlType::Q8_0, quant::q8_0::quantize_row),
-        QFormat::Q4_0 => quantize(GgmlType::Q4_0, quant::q4_0::quantize_row),
-        QFormat::TQ2_0 => quantize(GgmlType::TQ2_0, quant::tq2_0::quantize_row),
-        QFormat::Q4_K => (GgmlType::Q4_K, random_blocks(r, 144, &[0, 2])),
-        QFormat::Q6_K => (GgmlType::Q6_K, random_blocks(r, 210, &[208])),
-    }
+/// Every registry format with a GPU kernel, with a row width of a few blocks (100 for
+/// float formats, 96 for 32-blocks, 768 for 256-blocks): rows of Q6_K and TQ2_0 (630 and
+/// 198 bytes), Q8_0 and Q4_0 (102 and 54 bytes) put blocks at odd word offsets.
+fn formats() -> Vec<(QFormat, usize)> {
+    let all: Vec<_> = quant::supported()
+        .filter_map(|f| QFormat::from_ggml(f.ty))
+        .map(|f| {
+            let k = match f.ggml().block_elems() {
+                1 => 100,
+                be => 3 * be,
+            };
+            (f, k)
+        })
+        .collect();
+    assert!(all.len() >= 8, "the registry lost GPU formats: {all:?}");
+    all
 }
 
-/// CPU reference of one product row: (value, Σ|w_i·x_i| as the error scale).
+/// Random weights of `fmt` (`rows × k`), as a GGUF stores them: through the format's
+/// quantizer, or random bits with sane F16 super-block scales for the k-quants without one.
+fn weight_bytes(r: &mut impl Rng, fmt: QFormat, rows: usize, k: usize) -> (GgmlType, Vec<u8>) {
+    let ty = fmt.ggml();
+    let f = quant::format(ty).unwrap();
+    let rb = ty.row_bytes(k as u64).unwrap() as usize;
+    let mut out = vec![0u8; rows * rb];
+    if let Some(quantize) = f.quantize {
+        let vals: Vec<f32> = (0..rows * k).map(|_| r.random_range(-1.0..1.0)).collect();
+        for (src, dst) in vals.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
+            quantize(src, dst);
+        }
+        return (ty, out);
+    }
+    let scales: &[usize] = match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::IQ4_XS => &[0],
+        other => panic!("{other}: no quantizer and no random-block recipe in this test"),
+    };
+    r.fill(&mut out[..]);
+    for b in out.chunks_exact_mut(f.block_bytes) {
+        for &o in scales {
+            let v = f16::from_f32(r.random_range(0.001..0.05));
+            b[o..o + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    (ty, out)
+}
+
+/// The registry's scalar reference dot of one product row: (value, Σ|w_i·x_i| as the
+/// error scale).
 fn cpu_dot(fmt: QFormat, w: &[u8], wdeq: &[f32], x: &[f32], round_x: bool) -> (f32, f32) {
     let k = x.len();
     let scale_of = |xa: &[f32]| wdeq.iter().zip(xa).map(|(a, b)| (a * b).abs()).sum();
-    match fmt.act() {
-        None => {
-            let xa: Vec<f32> = x
-                .iter()
-                .map(|&v| match fmt {
-                    QFormat::BF16 => half::bf16::from_f32(v).to_f32(),
-                    QFormat::F16 if round_x => f16::from_f32(v).to_f32(),
-                    _ => v,
-                })
-                .collect();
-            let y = wdeq.iter().zip(&xa).map(|(a, b)| a * b).sum();
-            (y, scale_of(&xa))
-        }
-        Some(kind) => {
-            let (q, d) = cpu_quant(kind, x, k);
-            let xa: Vec<f32> = q
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| f32::from(v) * d[i / kind.block()])
-                .collect();
-            let y = match fmt {
-                QFormat::Q8_0 => quant::q8_0::dot_q8_0(w, &q, &d),
-                QFormat::Q4_0 => quant::q4_0::dot_q8_0(w, &q, &d),
-                QFormat::Q4_K => quant::q4_k::dot_q8k(w, &q, &d),
-                QFormat::Q6_K => quant::q6_k::dot_q8k(w, &q, &d),
-                _ => quant::tq2_0::dot_q8k(w, &q, &d),
+    let float = |round: fn(f32) -> f32| -> Vec<f32> { x.iter().map(|&v| round(v)).collect() };
+    let quantized = |kind: ActQuant| {
+        let (q, d) = cpu_quant(kind, x, k);
+        let per = kind.scales();
+        let xa: Vec<f32> = q
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| f32::from(v) * d[i / kind.block() * per])
+            .collect();
+        (q, d, xa)
+    };
+    match quant::format(fmt.ggml()).unwrap().dot {
+        RefDot::F32(f) => (f(w, x), scale_of(x)),
+        RefDot::F16(f) => {
+            let xa = if round_x {
+                float(|v| f16::from_f32(v).to_f32())
+            } else {
+                x.to_vec()
             };
-            (y, scale_of(&xa))
+            (f(w, &xa), scale_of(&xa))
         }
+        RefDot::BF16(f) => {
+            let xa = float(|v| half::bf16::from_f32(v).to_f32());
+            (f(w, &xa), scale_of(&xa))
+        }
+        RefDot::Q8_0(f) => {
+            let (q, d, xa) = quantized(ActQuant::Q8_0);
+            (f(w, &q, &d), scale_of(&xa))
+        }
+        RefDot::Q8_1(f) => {
+            let (q, ds, xa) = quantized(ActQuant::Q8_1);
+            let (d, s): (Vec<f32>, Vec<f32>) = ds.chunks_exact(2).map(|p| (p[0], p[1])).unzip();
+            (f(w, &q, &d, &s), scale_of(&xa))
+        }
+        RefDot::Q8K(f) => {
+            let (q, d, xa) = quantized(ActQuant::Q8K);
+            (f(w, &q, &d), scale_of(&xa))
+        }
+        RefDot::PerToken(_) => panic!("{fmt:?}: I2_S has its own ternary kernels"),
     }
+}
+
+/// The CPU backend's product (`Linear::forward`, SIMD where it has a kernel) of weights
+/// `wb` (`rows × k` of `ty`) with the activation rows `x`; `round_x` marks every row as a
+/// single-token step.
+fn cpu_linear(
+    ty: GgmlType,
+    wb: &[u8],
+    k: usize,
+    rows: usize,
+    x: &[f32],
+    round_x: bool,
+) -> Vec<f32> {
+    let mut g = crate::gguf::GgufWriter::new();
+    g.declare("w", ty, &[k as u64, rows as u64]).unwrap();
+    let bytes = g
+        .to_bytes(std::path::Path::new("w.gguf"), |_, _| Ok(wb.to_vec()))
+        .unwrap();
+    let file = std::sync::Arc::new(crate::gguf::GgufFile::from_bytes("w.gguf", bytes).unwrap());
+    let lin = crate::backend::cpu::Linear::load(&file, "w").unwrap();
+    let mut qi = crate::backend::cpu::QuantInput::default();
+    qi.set_round_f16(std::iter::repeat_n(round_x, x.len() / k));
+    let mut out = vec![0f32; x.len() / k * rows];
+    lin.forward(x, &mut qi, &mut out);
+    out
 }
 
 #[test]
@@ -206,14 +251,31 @@ fn qmatvec_matches_cpu_every_format() {
     let (rows, tokens) = (37usize, 6usize);
     let mut worst = 0f32;
     for ctx in contexts() {
-        for &(fmt, k) in FORMATS {
+        for (fmt, k) in formats() {
             let (ty, wb) = weight_bytes(&mut r, fmt, rows, k);
             let row_bytes = wb.len() / rows;
+            let x = act_rows(&mut r, tokens, k);
+            let mut wdeq = vec![0f32; k];
+            // The CPU backend against the reference dot, single-token rounding on and off.
+            for round_x in [false, true] {
+                let got = cpu_linear(ty, &wb, k, rows, &x, round_x);
+                for j in 0..rows {
+                    quant::dequantize_row(ty, "w", &wb, k, j, &mut wdeq).unwrap();
+                    for t in 0..tokens {
+                        let wr = &wb[j * row_bytes..][..row_bytes];
+                        let (y, scale) = cpu_dot(fmt, wr, &wdeq, &x[t * k..][..k], round_x);
+                        let g = got[t * rows + j];
+                        assert!(
+                            (g - y).abs() <= 1e-5 * scale + 1e-6 * y.abs() + 1e-30,
+                            "{fmt:?} CPU linear row {j} token {t}: {g} vs reference {y}"
+                        );
+                    }
+                }
+            }
             // Shards of 16 rows: 3 dispatches, the last one partial, rows at odd offsets.
             let w = QWeights::upload(&ctx, "w", ty, &wb, k, rows, Some((16 * row_bytes) as u64))
                 .unwrap();
             assert_eq!(w.data.shards.len(), 3);
-            let x = act_rows(&mut r, tokens, k);
             let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
             let qa = fmt
                 .act()
@@ -223,7 +285,6 @@ fn qmatvec_matches_cpu_every_format() {
             let step = StepUniform::new(&ctx).unwrap();
             step.write(&ctx, tokens as u32, 0);
             let base: Vec<f32> = (0..tokens * rows).map(|i| i as f32 * 0.25).collect();
-            let mut wdeq = vec![0f32; k];
             for &(tpr, round_x, add, batched) in &[
                 (32u32, false, false, false),
                 (4, true, true, false),
@@ -532,7 +593,7 @@ fn attention_head_dims_64_96_and_gqa() {
             (dims(8, 2, 96, 96, 1e4), 520, 1),
             (dims(8, 2, 96, 96, 1e4), 250, 9),
         ] {
-            worst = worst.max(attention_case(&ctx, &mut r, d, pos0, n));
+            worst = worst.max(attention_case(&ctx, &mut r, d, (pos0, n), false));
         }
     }
     eprintln!("attention (head_dim 64/96, GQA 1/4): worst |gpu − cpu| / max|v| = {worst:e}");
@@ -547,7 +608,8 @@ fn family_ops_create_nothing_per_record() {
     };
     let mut r = rng(28);
     let (k, rows, t) = (256usize, 24usize, 3usize);
-    let (ty, wb) = weight_bytes(&mut r, QFormat::Q6_K, rows, k);
+    let q6k = QFormat::from_ggml(GgmlType::Q6_K).unwrap();
+    let (ty, wb) = weight_bytes(&mut r, q6k, rows, k);
     let w = QWeights::upload(&ctx, "w", ty, &wb, k, rows, None).unwrap();
     let x = GpuBuffer::from_slice(&ctx, "x", &act_rows(&mut r, t, k)).unwrap();
     let vec_k = GpuBuffer::from_slice(&ctx, "vk", &vec![0.5f32; k]).unwrap();
@@ -595,7 +657,7 @@ fn family_ops_create_nothing_per_record() {
 fn qembed_matches_cpu_dequantization() {
     let mut r = rng(29);
     for ctx in contexts() {
-        for &(fmt, k) in FORMATS {
+        for (fmt, k) in formats() {
             let rows = 29;
             let (ty, wb) = weight_bytes(&mut r, fmt, rows, k);
             let row_bytes = wb.len() / rows;
@@ -620,7 +682,7 @@ fn qembed_matches_cpu_dequantization() {
                 quant::dequantize_row(ty, "embd", &wb, k, id as usize, &mut want).unwrap();
                 for (i, (&g, &w)) in got[t * k..][..k].iter().zip(&want).enumerate() {
                     // Exact but for a possibly fused multiply-add in Q4_K's d·s·q − dmin·m.
-                    let tol = if fmt == QFormat::Q4_K {
+                    let tol = if matches!(fmt.ggml(), GgmlType::Q4_K | GgmlType::Q5_K) {
                         1e-6 * (w.abs() + 1e-3)
                     } else {
                         0.0

@@ -37,6 +37,8 @@
 //   flagged DECODE_ROW in toks (the one token of its sequence in a step of several
 //   sequences) instead repeats the decode split's arithmetic (`decode_row`): bit-identical
 //   to decoding it alone.
+// Under FAST (numerics "fast"), `prefill` leaves the decode rows of up to FAST_KEYS keys
+// to attention_fast.wgsl, and under TILED every other row to attention_tiled.wgsl.
 // In P·V a thread owns one word (2 dims) of the head and one of 256 / (head_dim/2) key
 // groups; the groups are summed through shared memory. head_dim must be even and ≤ 512.
 //
@@ -52,6 +54,11 @@ const MAX_HD: u32 = 512u;
 const NEG: f32 = -3.0e38;
 
 override ROUND_P: bool = false;
+// Numerics "fast": decode rows of up to FAST_KEYS keys belong to attention_fast.wgsl.
+override FAST: bool = false;
+// attention_tiled.wgsl takes the rows that are not decode rows.
+override TILED: bool = false;
+const FAST_KEYS: u32 = 2048u;
 
 struct Params {
     n_head: u32,
@@ -328,7 +335,12 @@ fn prefill(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: 
     let kvh = kv_head(h);
     load_q(t, h, li);
     if ((tk.y & DECODE_ROW) != 0u) {
-        decode_row(t, h, n_keys, slot, li);
+        if (!FAST || n_keys > FAST_KEYS) {
+            decode_row(t, h, n_keys, slot, li);
+        }
+        return;
+    }
+    if (TILED) {
         return;
     }
     var m = NEG;

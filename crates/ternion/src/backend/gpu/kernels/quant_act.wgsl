@@ -1,6 +1,6 @@
 // quant_act.wgsl — ggml's activation quantizers, the input of the block-quantized matmuls
-// (qmatvec.wgsl), as backend/cpu/linear.rs pairs them: Q8_0 (for Q8_0 and Q4_0 weights)
-// and Q8_K (for Q4_K, Q6_K and TQ2_0 weights). Bit-exact ports of quant/act.rs.
+// (qmatvec.wgsl), as the format registry pairs them (quant/format.rs `RefDot`): Q8_0,
+// Q8_1 and Q8_K. Bit-exact ports of quant/act.rs.
 //
 // Bindings (group 0):
 //   0 uniform Params { k, _, _, _ }   row width (a multiple of the block: 32 or 256)
@@ -8,14 +8,16 @@
 //   2 storage rw    q: array<u32>     T × k/4 words of packed int8 (element 4i+b in byte b
 //                                     of word i, the dot4I8Packed order)
 //   3 storage rw    d: array<f32>     T × k/BLOCK block scales (Q8_0: the scale rounded
-//                                     through F16, as stored in a Q8_0 block; Q8_K: f32)
+//                                     through F16, as stored in a Q8_0 block; Q8_K: f32);
+//                                     Q8_1: T × k/32 pairs (d as Q8_0, s)
 // Dispatch: (ceil(k / 256), T, 1). Thread li of workgroup g handles element 256g + li of
 // token row wg.y: `q8_0` reduces |x| over groups of 32 lanes (8 blocks per workgroup),
-// `q8_k` over the whole workgroup (one block).
+// `q8_k` over the whole workgroup (one block); `q8_1` as `q8_0`, then Σq over the 32 lanes.
 //
 // Numerics (quant/act.rs):
 // - Q8_0: d = amax/127, id = 1/d (0 when d = 0), q = round-half-away(x·id); d is stored
 //   rounded to F16 (RNE in integer arithmetic, common.wgsl).
+// - Q8_1: Q8_0's q and d, and s = F16(f32(Σq)·scale) with the scale before F16 rounding.
 // - Q8_K: max = the first element of largest |x| (sign kept; ties → lowest index), iscale =
 //   −127/max, q = min(127, round-half-even(iscale·x)), d = 1/iscale; d = 0, q = 0 for an
 //   all-zero block.
@@ -54,11 +56,8 @@ fn pack_store(li: u32, e0: u32, row: u32, v: i32) {
     }
 }
 
-@compute @workgroup_size(256)
-fn q8_0(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let row = wg.y;
-    let e0 = wg.x * WG;
-    let e = e0 + li;
+// Q8_0 of this thread's element (0 past the row end): returns (q, scale before rounding).
+fn q8_0_elem(li: u32, e: u32, row: u32) -> vec2<f32> {
     var v = 0.0;
     if (e < p.k) {
         v = x[row * p.k + e];
@@ -78,11 +77,42 @@ fn q8_0(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     if (scale != 0.0) {
         id = div_rn(1.0, scale);
     }
-    let qi = i32(clamp(round_away(v * id), -128.0, 127.0));
+    return vec2<f32>(clamp(round_away(v * id), -128.0, 127.0), scale);
+}
+
+@compute @workgroup_size(256)
+fn q8_0(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.y;
+    let e0 = wg.x * WG;
+    let e = e0 + li;
+    let r = q8_0_elem(li, e, row);
     if ((li & 31u) == 0u && e < p.k) {
-        d[(row * p.k + e) / 32u] = round_f16(scale);
+        d[(row * p.k + e) / 32u] = round_f16(r.y);
     }
-    pack_store(li, e0, row, qi);
+    pack_store(li, e0, row, i32(r.x));
+}
+
+@compute @workgroup_size(256)
+fn q8_1(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let row = wg.y;
+    let e0 = wg.x * WG;
+    let e = e0 + li;
+    let r = q8_0_elem(li, e, row);
+    // Σq over this lane's block of 32 (integer, exact in any order).
+    red_i[li] = bitcast<u32>(i32(r.x));
+    workgroupBarrier();
+    for (var o = 16u; o > 0u; o >>= 1u) {
+        if ((li & 31u) < o) {
+            red_i[li] = bitcast<u32>(bitcast<i32>(red_i[li]) + bitcast<i32>(red_i[li + o]));
+        }
+        workgroupBarrier();
+    }
+    if ((li & 31u) == 0u && e < p.k) {
+        let b = (row * p.k + e) / 32u;
+        d[2u * b] = round_f16(r.y);
+        d[2u * b + 1u] = round_f16(f32(bitcast<i32>(red_i[li])) * r.y);
+    }
+    pack_store(li, e0, row, i32(r.x));
 }
 
 @compute @workgroup_size(256)

@@ -57,9 +57,47 @@ pub struct KvIndex {
     pub slots: usize,
     /// Most tokens of one step.
     pub max_batch: usize,
+    /// The step's query blocks for `attention_tiled.wgsl`: word pair 0 = (count, 0), then
+    /// (first token, tokens) of each block of at most [`ATTN_TILE_QUERIES`] tokens of one
+    /// sequence (decode rows excluded). Written by the step.
+    pub blocks: GpuBuffer,
 }
 
 impl KvIndex {
+    /// Most query blocks of a step of `max_batch` tokens over `slots` sequences.
+    pub fn max_blocks(max_batch: usize, slots: usize) -> usize {
+        max_batch.div_ceil(ATTN_TILE_QUERIES as usize) + slots
+    }
+
+    /// The query blocks of a step whose sequences hold `lens` consecutive tokens each, in
+    /// order (`out` is cleared; pair 0 is the count): blocks of [`ATTN_TILE_QUERIES`] from
+    /// the start of each sequence's tokens; a sequence's single token beside others is a
+    /// decode row and gets none.
+    pub fn write_blocks(
+        &self,
+        ctx: &GpuContext,
+        lens: impl ExactSizeIterator<Item = usize>,
+        out: &mut Vec<[u32; 2]>,
+    ) {
+        out.clear();
+        out.push([0, 0]);
+        let several = lens.len() > 1;
+        let mut t0 = 0;
+        for len in lens {
+            if !(several && len == 1) {
+                let bq = ATTN_TILE_QUERIES as usize;
+                out.extend(
+                    (0..len)
+                        .step_by(bq)
+                        .map(|b| [(t0 + b) as u32, bq.min(len - b) as u32]),
+                );
+            }
+            t0 += len;
+        }
+        out[0][0] = (out.len() - 1) as u32;
+        self.blocks.write(ctx, 0, bytemuck::cast_slice(out));
+    }
+
     /// Zeroed buffers for steps of up to `max_batch` tokens over `slots` sequences of up to
     /// `n_ctx` positions.
     pub fn new(ctx: &GpuContext, max_batch: usize, slots: usize, n_ctx: usize) -> Result<KvIndex> {
@@ -71,6 +109,11 @@ impl KvIndex {
             n_ctx,
             slots,
             max_batch: max_batch.max(1),
+            blocks: GpuBuffer::zeroed(
+                ctx,
+                "kv.blocks",
+                (Self::max_blocks(max_batch, slots) + 1) as u64 * 8,
+            )?,
         })
     }
 }
@@ -233,6 +276,21 @@ impl RopeKv {
 
 /// Keys per chunk of the decode split (`attention.wgsl` CHUNK).
 pub const ATTN_CHUNK: u32 = 256;
+/// Queries per workgroup of the tiled prompt kernel (`attention_tiled.wgsl` BQ).
+pub const ATTN_TILE_QUERIES: u32 = 16;
+
+/// How [`Attention`] computes: the reference's decode rounding, and the "fast" numerics
+/// (with the step uniform its tiled prompt kernel reads).
+#[derive(Clone, Copy)]
+pub struct AttnOpts<'a> {
+    /// Round a single token's probabilities to F16 (the exact numerics).
+    pub round_p: bool,
+    /// The fast kernels, when given the step uniform.
+    pub fast: Option<&'a StepUniform>,
+}
+
+/// Most keys of the split decode (`attention_fast.wgsl` FAST_KEYS).
+pub const ATTN_FAST_KEYS: u32 = 2048;
 
 /// Causal GQA attention over a [`GpuKv`] (`attention.wgsl`): flash-decoding in three
 /// dispatches for one token, one workgroup per (head, token) for several (one sequence's
@@ -242,6 +300,12 @@ pub struct Attention {
     probs_pv: Dispatch,
     merge: Dispatch,
     prefill: Dispatch,
+    /// The decode rows' split-K kernels of the "fast" numerics.
+    split: Option<Box<FastSplit>>,
+    /// The tiled prompt kernel of the "fast" numerics.
+    tiled: Option<Dispatch>,
+    /// Sequence slots (bound on the blocks a step adds for partial ones).
+    slots: u32,
     n_head: u32,
     n_ctx: u32,
     _keep: Vec<GpuBuffer>,
@@ -250,16 +314,28 @@ pub struct Attention {
 impl Attention {
     /// `q`: rotated f32 queries, `n_head·head_dim` per token; `out`: f32, same shape. A
     /// single token rounds its probabilities to F16 when `round_p` (the reference's decode
-    /// numerics); a batch keeps them in f32.
+    /// numerics); a batch keeps them in f32. With `fast` (the "fast" numerics policy, head
+    /// widths that are a multiple of 8, at most 32 query heads of at most 2,048 values per
+    /// kv head), every decode row whose context fits [`ATTN_FAST_KEYS`] keys — a single
+    /// token, or the one token of a sequence in a multi-sequence step — runs split over the
+    /// KV pages and merged (`attention_fast.wgsl`); and a prompt step of one sequence
+    /// (head width 64 or 128) runs as tiled flash attention (`attention_tiled.wgsl`).
     pub fn new(
         ctx: &GpuContext,
         dims: AttnDims,
         q: &GpuBuffer,
         (kv, index): (&GpuKv, &KvIndex),
         out: &GpuBuffer,
-        round_p: bool,
+        opts: AttnOpts<'_>,
     ) -> Result<Attention> {
         dims.check()?;
+        let round_p = opts.round_p;
+        let group = dims.n_head / dims.n_head_kv;
+        let fast = opts.fast.is_some()
+            && dims.head_dim.is_multiple_of(8)
+            && group <= 32
+            && group * dims.head_dim <= 2048;
+        let tiled_ok = fast && matches!(dims.head_dim, 64 | 128);
         let n_ctx = index.n_ctx;
         let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
         let hq = dims.n_head * dims.head_dim;
@@ -294,6 +370,8 @@ impl Attention {
             kernel: Kernel::Attention {
                 stage,
                 round_p: round_p && stage == AttnStage::ProbsPv,
+                fast,
+                tiled: tiled_ok,
             },
             variant: Variant::default(),
         };
@@ -349,52 +427,184 @@ impl Attention {
             key(AttnStage::Prefill),
             "attention.prefill",
             &[
-                (0, u),
+                (0, u.clone()),
                 (2, q.binding()),
                 (3, kv.k.binding()),
                 (4, kv.v.binding()),
                 (5, out.binding()),
                 (7, stats.binding()),
-                (9, toks),
-                (10, pages),
+                (9, toks.clone()),
+                (10, pages.clone()),
             ],
             dims.n_head as u32,
         )?;
+        let split = if fast {
+            let pkey = |merge| PipelineKey {
+                kernel: Kernel::AttentionFast { merge },
+                variant: Variant::default(),
+            };
+            let fchunks = ATTN_FAST_KEYS / PAGE_POSITIONS as u32;
+            let fparams = uniform(
+                ctx,
+                "attention_fast.params",
+                &[
+                    dims.n_head as u32,
+                    dims.n_head_kv as u32,
+                    dims.head_dim as u32,
+                    n_ctx as u32,
+                    scale.to_bits(),
+                    fchunks,
+                    index.pps as u32,
+                    0,
+                ],
+            )?;
+            let part = GpuBuffer::zeroed(
+                ctx,
+                "attention_fast.part",
+                (index.slots * dims.n_head * (dims.head_dim + 2) * 4) as u64 * u64::from(fchunks),
+            )?;
+            let split = Dispatch::new(
+                ctx,
+                pkey(false),
+                "attention_fast.split",
+                &[
+                    (0, fparams.binding()),
+                    (2, q.binding()),
+                    (3, kv.k.binding()),
+                    (4, kv.v.binding()),
+                    (8, part.binding()),
+                    (9, toks.clone()),
+                    (10, pages.clone()),
+                ],
+                dims.n_head_kv as u32,
+            )?;
+            let merge = Dispatch::new(
+                ctx,
+                pkey(true),
+                "attention_fast.merge",
+                &[
+                    (0, fparams.binding()),
+                    (5, out.binding()),
+                    (8, part.binding()),
+                    (9, toks.clone()),
+                ],
+                dims.n_head as u32,
+            )?;
+            Some(Box::new(FastSplit {
+                split,
+                merge,
+                n_head_kv: dims.n_head_kv as u32,
+                _keep: [fparams, part],
+            }))
+        } else {
+            None
+        };
+        let tiled = match opts.fast {
+            Some(_) if tiled_ok => Some(Dispatch::new(
+                ctx,
+                PipelineKey {
+                    kernel: Kernel::AttentionTiled,
+                    variant: Variant::default(),
+                },
+                "attention_tiled",
+                &[
+                    (0, params.binding()),
+                    (1, index.blocks.binding()),
+                    (2, q.binding()),
+                    (3, kv.k.binding()),
+                    (4, kv.v.binding()),
+                    (5, out.binding()),
+                    (9, index.toks.binding()),
+                    (10, index.pages.binding()),
+                ],
+                0,
+            )?),
+            _ => None,
+        };
         Ok(Attention {
             scores: scores_d,
             probs_pv,
             merge,
             prefill,
+            split,
+            tiled,
+            slots: index.slots as u32,
             n_head: dims.n_head as u32,
             n_ctx: n_ctx as u32,
             _keep: vec![params, scores, stats, partial],
         })
     }
 
-    /// Records attention for `n_tokens` new tokens (positions and slots in the index); for
-    /// one token `n_kv` is its position + 1: three dispatches for one token, one for
-    /// several.
-    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
+    /// Records attention for `n_tokens` new tokens (positions and slots in the index),
+    /// the longest context among them `n_kv` keys; `decode_rows` when the step holds the
+    /// single tokens of several sequences (flagged DECODE_ROW). One token: the fast split
+    /// (two launches) when it fits, else the exact split (three); several: `prefill`, then
+    /// the fast split over the step's decode rows when there are any.
+    pub fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        n_tokens: u32,
+        n_kv: u32,
+        decode_rows: bool,
+    ) {
         debug_assert!(n_tokens > 1 || n_kv <= self.n_ctx);
-        if n_tokens == 1 {
-            let chunks = n_kv.div_ceil(ATTN_CHUNK);
-            for d in [&self.scores, &self.probs_pv] {
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, &d.bind_group, &[]);
-                pass.dispatch_workgroups(chunks, self.n_head, 1);
+        let fast = self.split.as_ref().filter(|_| n_kv <= ATTN_FAST_KEYS);
+        match (n_tokens, fast) {
+            (1, Some(f)) => f.record(pass, 1, n_kv, self.n_head),
+            (1, None) => {
+                let chunks = n_kv.div_ceil(ATTN_CHUNK);
+                for d in [&self.scores, &self.probs_pv] {
+                    d.record_grid(pass, [chunks, self.n_head, 1]);
+                }
+                self.merge.record(pass, 1);
             }
-            self.merge.record(pass, 1);
-        } else {
-            self.prefill.record(pass, n_tokens);
+            _ => {
+                match &self.tiled {
+                    Some(d) => {
+                        // Blocks of each sequence's tokens; beside them, `prefill` only for
+                        // decode rows too long for the split.
+                        let blocks = n_tokens.div_ceil(ATTN_TILE_QUERIES)
+                            + if decode_rows { self.slots } else { 0 };
+                        d.record_grid(pass, [blocks, self.n_head, 1]);
+                        if decode_rows && n_kv > ATTN_FAST_KEYS {
+                            self.prefill.record(pass, n_tokens);
+                        }
+                    }
+                    None => self.prefill.record(pass, n_tokens),
+                }
+                if let (true, Some(f)) = (decode_rows, &self.split) {
+                    f.record(pass, n_tokens, n_kv.min(ATTN_FAST_KEYS), self.n_head);
+                }
+            }
         }
     }
 
-    /// Dispatches [`Attention::record`] issues for `n_tokens`.
-    pub fn dispatches(n_tokens: u32) -> usize {
-        if n_tokens == 1 {
-            3
-        } else {
-            1
+    /// Dispatches [`Attention::record`] issues (same arguments, bar the pass).
+    pub fn dispatches(&self, n_tokens: u32, n_kv: u32, decode_rows: bool) -> usize {
+        let fast = self.split.is_some();
+        match n_tokens {
+            1 if fast && n_kv <= ATTN_FAST_KEYS => 2,
+            1 => 3,
+            _ if fast && decode_rows => 3,
+            _ => 1,
         }
+    }
+}
+
+/// The split-K decode attention of the "fast" numerics (`attention_fast.wgsl`).
+struct FastSplit {
+    split: Dispatch,
+    merge: Dispatch,
+    n_head_kv: u32,
+    _keep: [GpuBuffer; 2],
+}
+
+impl FastSplit {
+    /// The split over the pages of up to `n_kv` keys, then the merge, for `n_tokens` rows.
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32, n_head: u32) {
+        let pages = n_kv.div_ceil(PAGE_POSITIONS as u32);
+        self.split
+            .record_grid(pass, [self.n_head_kv, pages, n_tokens]);
+        self.merge.record_grid(pass, [n_head, 1, n_tokens]);
     }
 }

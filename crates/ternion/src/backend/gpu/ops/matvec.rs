@@ -240,22 +240,7 @@ impl Ternary3 {
                 act.k, w[0].k, w[1].k, w[2].k
             )));
         }
-        let rows = w[0].rows + w[1].rows + w[2].rows;
-        let params = uniform(
-            ctx,
-            "ternary3.params",
-            &[rows as u32, (act.k / 16) as u32, w[0].scale.to_bits(), 0],
-        )?;
-        let parts = uniform(
-            ctx,
-            "ternary3.parts",
-            &[
-                w[0].rows as u32,
-                w[1].rows as u32,
-                w[1].scale.to_bits(),
-                w[2].scale.to_bits(),
-            ],
-        )?;
+        let (rows, params, parts) = Self::uniforms(ctx, w)?;
         let key = PipelineKey {
             kernel: Kernel::Ternary3 { tpr },
             variant,
@@ -287,6 +272,31 @@ impl Ternary3 {
     /// Records the three products for `n_tokens` tokens.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         self.dispatch.record(pass, n_tokens);
+    }
+
+    /// The stacked row count and the `Params` and `Parts` uniforms of three matrices
+    /// (shared with `ternary_decode.wgsl`'s `matvec3_n`).
+    pub(crate) fn uniforms(
+        ctx: &GpuContext,
+        w: [&TernaryWeights; 3],
+    ) -> Result<(usize, GpuBuffer, GpuBuffer)> {
+        let rows = w[0].rows + w[1].rows + w[2].rows;
+        let params = uniform(
+            ctx,
+            "ternary3.params",
+            &[rows as u32, (w[0].k / 16) as u32, w[0].scale.to_bits(), 0],
+        )?;
+        let parts = uniform(
+            ctx,
+            "ternary3.parts",
+            &[
+                w[0].rows as u32,
+                w[1].rows as u32,
+                w[1].scale.to_bits(),
+                w[2].scale.to_bits(),
+            ],
+        )?;
+        Ok((rows, params, parts))
     }
 }
 

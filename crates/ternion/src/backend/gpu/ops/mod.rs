@@ -3,6 +3,7 @@
 //! compute passes with `record`, which creates nothing. One file per kernel family.
 
 mod attention;
+mod decode;
 mod elementwise;
 mod embed;
 mod glu;
@@ -14,7 +15,8 @@ mod rowops;
 mod select;
 mod window_attention;
 
-pub use attention::{Attention, AttnDims, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
+pub use attention::{Attention, AttnDims, AttnOpts, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
+pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};
 pub use embed::Embed;
@@ -64,14 +66,28 @@ impl Dispatch {
     }
 
     pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups_y: u32) {
+        self.record_grid(pass, [self.groups_x, groups_y, 1]);
+    }
+
+    /// Records the launch over a grid of `groups` workgroups (x, y, z).
+    pub(crate) fn record_grid(&self, pass: &mut wgpu::ComputePass<'_>, groups: [u32; 3]) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.groups_x, groups_y, 1);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
 }
 
 pub(crate) fn uniform(ctx: &GpuContext, label: &str, words: &[u32]) -> Result<GpuBuffer> {
     GpuBuffer::from_bytes(ctx, label, bytemuck::cast_slice(words), UNIFORM)
+}
+
+/// A uniform buffer holding one `#[repr(C)]` parameter struct.
+pub(crate) fn uniform_pod<T: bytemuck::Pod>(
+    ctx: &GpuContext,
+    label: &str,
+    params: &T,
+) -> Result<GpuBuffer> {
+    GpuBuffer::from_bytes(ctx, label, bytemuck::bytes_of(params), UNIFORM)
 }
 
 pub(crate) fn check_tpr(tpr: u32) -> Result<()> {

@@ -82,8 +82,6 @@ impl RmsNorm {
 
     /// Records the norm of the first `n_tokens` rows (one workgroup each).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
-        pass.set_pipeline(&self.dispatch.pipeline);
-        pass.set_bind_group(0, &self.dispatch.bind_group, &[]);
-        pass.dispatch_workgroups(n_tokens, 1, 1);
+        self.dispatch.record_grid(pass, [n_tokens, 1, 1]);
     }
 }

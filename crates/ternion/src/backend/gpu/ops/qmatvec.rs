@@ -1,56 +1,61 @@
 //! Products with weights in a GGUF storage format (`qmatvec.wgsl`) and the activation
 //! quantizers they pair with (`quant_act.wgsl`), as in backend/cpu/linear.rs.
 
-use super::{check_tpr, uniform, Dispatch, StepUniform, WG};
+use super::{check_tpr, uniform, uniform_pod, Dispatch, StepUniform, WG};
 use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
 use crate::backend::gpu::context::GpuContext;
 use crate::backend::gpu::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
-use crate::quant::GgmlType;
+use crate::quant::{self, ActFormat, Format, GgmlType};
 use crate::{Error, Result};
 
-/// A weight format [`QMatvec`] multiplies (named as ggml names them).
+/// A weight format [`QMatvec`] multiplies: a registry format ([`quant::format`]) that has
+/// a WGSL include.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(non_camel_case_types)]
-pub enum QFormat {
-    /// f32.
-    F32,
-    /// IEEE half.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// ggml Q8_0 (32 per block).
-    Q8_0,
-    /// ggml Q4_0 (32 per block).
-    Q4_0,
-    /// ggml Q4_K (256 per super-block).
-    Q4_K,
-    /// ggml Q6_K (256 per super-block).
-    Q6_K,
-    /// ggml TQ2_0 ternary (256 per block).
-    TQ2_0,
-}
+pub struct QFormat(GgmlType);
 
 /// The activation quantizers of `quant_act.wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActQuant {
-    /// ggml Q8_0: int8 per 32 with an F16-rounded scale (for Q8_0, Q4_0 weights).
+    /// ggml Q8_0: int8 per 32 with an F16-rounded scale.
     Q8_0,
-    /// ggml Q8_K: int8 per 256 with an f32 scale (for Q4_K, Q6_K, TQ2_0 weights).
+    /// ggml Q8_1: Q8_0 plus the F16-rounded `d·Σq` of each block.
+    Q8_1,
+    /// ggml Q8_K: int8 per 256 with an f32 scale.
     Q8K,
 }
 
 impl ActQuant {
-    /// Elements per scale.
+    /// The quantizer of an activation format (`None`: f32 activations, or I2_S's
+    /// per-token int8, which the ternary kernels compute themselves).
+    pub fn of(act: ActFormat) -> Option<ActQuant> {
+        match act {
+            ActFormat::F32 | ActFormat::F16 | ActFormat::BF16 | ActFormat::PerToken => None,
+            ActFormat::Q8_0 => Some(ActQuant::Q8_0),
+            ActFormat::Q8_1 => Some(ActQuant::Q8_1),
+            ActFormat::Q8K => Some(ActQuant::Q8K),
+        }
+    }
+
+    /// Elements per block.
     pub fn block(self) -> usize {
         match self {
-            ActQuant::Q8_0 => 32,
+            ActQuant::Q8_0 | ActQuant::Q8_1 => 32,
             ActQuant::Q8K => 256,
+        }
+    }
+
+    /// f32 scale words per block (`d`, and `s` for Q8_1).
+    pub fn scales(self) -> usize {
+        match self {
+            ActQuant::Q8_0 | ActQuant::Q8K => 1,
+            ActQuant::Q8_1 => 2,
         }
     }
 
     pub(crate) fn entry_point(self) -> &'static str {
         match self {
             ActQuant::Q8_0 => "q8_0",
+            ActQuant::Q8_1 => "q8_1",
             ActQuant::Q8K => "q8_k",
         }
     }
@@ -59,39 +64,29 @@ impl ActQuant {
 impl QFormat {
     /// The format of a GGUF tensor type, if [`QMatvec`] handles it.
     pub fn from_ggml(ty: GgmlType) -> Option<QFormat> {
-        Some(match ty {
-            GgmlType::F32 => QFormat::F32,
-            GgmlType::F16 => QFormat::F16,
-            GgmlType::BF16 => QFormat::BF16,
-            GgmlType::Q8_0 => QFormat::Q8_0,
-            GgmlType::Q4_0 => QFormat::Q4_0,
-            GgmlType::Q4_K => QFormat::Q4_K,
-            GgmlType::Q6_K => QFormat::Q6_K,
-            GgmlType::TQ2_0 => QFormat::TQ2_0,
-            _ => return None,
-        })
+        quant::format(ty)
+            .filter(|f| f.wgsl.is_some() && f.act() != ActFormat::PerToken)
+            .map(|f| QFormat(f.ty))
+    }
+
+    /// The ggml type.
+    pub fn ggml(self) -> GgmlType {
+        self.0
+    }
+
+    fn format(self) -> &'static Format {
+        quant::format(self.0).expect("QFormat holds registry types only")
     }
 
     /// The activation quantizer this format multiplies against (`None`: f32 activations).
     pub fn act(self) -> Option<ActQuant> {
-        match self {
-            QFormat::F32 | QFormat::F16 | QFormat::BF16 => None,
-            QFormat::Q8_0 | QFormat::Q4_0 => Some(ActQuant::Q8_0),
-            QFormat::Q4_K | QFormat::Q6_K | QFormat::TQ2_0 => Some(ActQuant::Q8K),
-        }
+        ActQuant::of(self.format().act())
     }
 
     /// (elements, bytes) of one storage block.
     fn block(self) -> (usize, usize) {
-        match self {
-            QFormat::F32 => (1, 4),
-            QFormat::F16 | QFormat::BF16 => (1, 2),
-            QFormat::Q8_0 => (32, 34),
-            QFormat::Q4_0 => (32, 18),
-            QFormat::Q4_K => (256, 144),
-            QFormat::Q6_K => (256, 210),
-            QFormat::TQ2_0 => (256, 66),
-        }
+        let f = self.format();
+        (f.block_elems, f.block_bytes)
     }
 
     /// Elements per unit of work of one lane (4 for float formats, else 32).
@@ -103,10 +98,42 @@ impl QFormat {
         }
     }
 
-    /// The `FMT` constant of `qmatvec.wgsl`.
+    /// The `FMT` constant of `formats/float.wgsl` (0 for block formats, which do not read
+    /// it).
     pub(crate) fn kernel_id(self) -> u32 {
-        self as u32
+        match self.format().act() {
+            ActFormat::F16 => 1,
+            ActFormat::BF16 => 2,
+            ActFormat::F32
+            | ActFormat::PerToken
+            | ActFormat::Q8_0
+            | ActFormat::Q8_1
+            | ActFormat::Q8K => 0,
+        }
     }
+
+    /// The WGSL includes appended to `qmatvec.wgsl` for this format.
+    pub(crate) fn includes(self) -> [&'static str; 2] {
+        let own = self.format().wgsl.expect("QFormat has a WGSL include");
+        match self.act() {
+            None => ["", own],
+            Some(_) => [include_str!("../kernels/formats/block.wgsl"), own],
+        }
+    }
+}
+
+/// The `qmatvec.wgsl` parameter block (binding 0; see the kernel header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct QMatvecParams {
+    rows: u32,
+    units: u32,
+    row0: u32,
+    out_stride: u32,
+    row_bytes: u32,
+    act_stride: u32,
+    nb: u32,
+    post: f32,
 }
 
 /// A weight matrix on the GPU in its file format: `rows` rows of `k` values, row-sharded
@@ -184,7 +211,11 @@ impl QAct {
         }
         Ok(QAct {
             q: GpuBuffer::zeroed(ctx, "qact.q", (max_tokens * k) as u64)?,
-            d: GpuBuffer::zeroed(ctx, "qact.d", (max_tokens * k / kind.block() * 4) as u64)?,
+            d: GpuBuffer::zeroed(
+                ctx,
+                "qact.d",
+                (max_tokens * k / kind.block() * kind.scales() * 4) as u64,
+            )?,
             k,
             kind,
         })
@@ -288,7 +319,7 @@ impl QMatvec {
         let (act, act_d, act_stride, nb) = match (w.fmt.act(), input) {
             (None, MatIn::F32(x)) => (x, x, w.k, 0),
             (Some(kind), MatIn::Quant(a)) if a.kind == kind && a.k == w.k => {
-                (&a.q, &a.d, w.k / 4, w.k / kind.block())
+                (&a.q, &a.d, w.k / 4, w.k / kind.block() * kind.scales())
             }
             _ => {
                 return Err(Error::Gpu(format!(
@@ -308,7 +339,7 @@ impl QMatvec {
                 tpr,
                 epilogue: opts.epilogue,
                 batch,
-                round_x: opts.round_x && !batch && w.fmt == QFormat::F16,
+                round_x: opts.round_x && !batch && w.fmt.ggml() == GgmlType::F16,
             },
             variant: Variant {
                 f16: false,
@@ -319,27 +350,29 @@ impl QMatvec {
         let (mut single, mut batch, mut params) = (Vec::new(), Vec::new(), Vec::new());
         for (i, shard) in w.data.shards.iter().enumerate() {
             let (r0, rows) = w.data.shard_rows(i);
-            let u = uniform(
+            let u = uniform_pod(
                 ctx,
                 "qmatvec.params",
-                &[
-                    rows as u32,
+                &QMatvecParams {
+                    rows: rows as u32,
                     units,
-                    r0 as u32,
-                    w.rows as u32,
-                    w.data.row_bytes as u32,
-                    act_stride as u32,
-                    nb as u32,
-                    opts.post_scale.to_bits(),
-                ],
+                    row0: r0 as u32,
+                    out_stride: w.rows as u32,
+                    row_bytes: w.data.row_bytes as u32,
+                    act_stride: act_stride as u32,
+                    nb: nb as u32,
+                    post: opts.post_scale,
+                },
             )?;
             let mut bindings = vec![
                 (0, u.binding()),
                 (1, shard.binding()),
                 (2, act.binding()),
-                (3, act_d.binding()),
                 (4, out.binding()),
             ];
+            if w.fmt.act().is_some() {
+                bindings.push((3, act_d.binding()));
+            }
             let groups = (rows as u32).div_ceil(WG / tpr);
             single.push(Dispatch::new(
                 ctx,
@@ -412,19 +445,19 @@ impl QEmbed {
         let (mut dispatches, mut params) = (Vec::new(), Vec::new());
         for (i, shard) in table.data.shards.iter().enumerate() {
             let (r0, rows) = table.data.shard_rows(i);
-            let u = uniform(
+            let u = uniform_pod(
                 ctx,
                 "qgather.params",
-                &[
-                    rows as u32,
+                &QMatvecParams {
+                    rows: rows as u32,
                     units,
-                    r0 as u32,
-                    table.k as u32,
-                    table.data.row_bytes as u32,
-                    0,
-                    0,
-                    0,
-                ],
+                    row0: r0 as u32,
+                    out_stride: table.k as u32,
+                    row_bytes: table.data.row_bytes as u32,
+                    act_stride: 0,
+                    nb: 0,
+                    post: 1.0,
+                },
             )?;
             dispatches.push(Dispatch::new(
                 ctx,

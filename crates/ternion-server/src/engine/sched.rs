@@ -1,0 +1,245 @@
+//! The scheduler: admits queued jobs into free slots, gives every active sequence a step
+//! (its next prompt chunk within the iteration's prompt budget, or its last token), runs
+//! the steps as one batched forward pass (or one pass per sequence with
+//! [`Batching::OneByOne`]), and retires the sequences that ended.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+
+use ternion::generate::{BatchBackend, BatchStep, Need, PREFILL_CHUNK};
+use ternion::tokenizer::Tokenizer;
+
+use super::seq::{advance_all, Seq};
+use super::{Batching, Event, Job, Shared};
+use crate::metrics::Metrics;
+
+/// Measures generated tokens per second over windows of about a second.
+struct RateWindow {
+    start: Instant,
+    tokens_at_start: u64,
+}
+
+impl RateWindow {
+    fn new(m: &Metrics) -> Self {
+        RateWindow {
+            start: Instant::now(),
+            tokens_at_start: m.generated_tokens_total.load(Relaxed),
+        }
+    }
+
+    fn tick(&mut self, m: &Metrics) {
+        let dt = self.start.elapsed();
+        if dt >= Duration::from_secs(1) {
+            let now = m.generated_tokens_total.load(Relaxed);
+            m.set_tokens_per_second((now - self.tokens_at_start) as f64 / dt.as_secs_f64());
+            *self = RateWindow::new(m);
+        }
+    }
+}
+
+/// The scheduler: admits jobs, steps the active sequences, retires them.
+pub(super) struct Scheduler<'m, B: BatchBackend> {
+    pub tok: &'m Tokenizer,
+    pub runner: B,
+    pub n_ctx: usize,
+    pub max_active: usize,
+    pub batching: Batching,
+    pub prefill_per_step: usize,
+}
+
+impl<B: BatchBackend> Scheduler<'_, B> {
+    /// The scheduler loop. Returns once shutdown was asked for and no sequence is left, or
+    /// when every queue sender is gone.
+    pub fn run(&mut self, rx: &Receiver<Job>, shared: &Shared) {
+        let m = &shared.metrics;
+        let mut active: Vec<Seq<B::Seq>> = Vec::new();
+        let mut rate = RateWindow::new(m);
+        loop {
+            rate.tick(m);
+            let shutting = shared.shutdown.load(Acquire);
+            if !self.admit(rx, shutting, &mut active, m) {
+                return;
+            }
+            if shutting && shared.cancel_all.load(Acquire) {
+                for s in active.drain(..) {
+                    m.cancelled_total.fetch_add(1, Relaxed);
+                    s.send(Event::Error {
+                        status: 503,
+                        message: "the server is shutting down".into(),
+                    });
+                }
+            }
+            // Clients that went away: dropping the sequence frees its KV pages.
+            active.retain(|s| {
+                let gone = s.job.events.is_closed();
+                if gone {
+                    m.cancelled_total.fetch_add(1, Relaxed);
+                }
+                !gone
+            });
+            self.publish(active.len(), m);
+            if active.is_empty() {
+                if shutting {
+                    return;
+                }
+                continue;
+            }
+            let mut budget = self.prefill_per_step;
+            let mut stepping: Vec<&mut Seq<B::Seq>> = active
+                .iter_mut()
+                .filter_map(|s| s.st.plan(&mut budget).then_some(s))
+                .collect();
+            let group = match self.batching {
+                Batching::Stacked => stepping.len().max(1),
+                Batching::OneByOne => 1,
+            };
+            for g in stepping.chunks_mut(group) {
+                if let Err(e) = self.forward(g, m) {
+                    drop(stepping);
+                    self.fail(e, rx, &mut active, shared);
+                    return;
+                }
+            }
+            m.engine_steps_total.fetch_add(1, Relaxed);
+            active.retain(|s| !s.ended);
+            self.publish(active.len(), m);
+        }
+    }
+
+    /// Admits queued jobs into free slots (or, when shutting down, answers them 503).
+    /// Returns `false` when every queue sender is gone.
+    fn admit(
+        &mut self,
+        rx: &Receiver<Job>,
+        shutting: bool,
+        active: &mut Vec<Seq<B::Seq>>,
+        m: &Metrics,
+    ) -> bool {
+        loop {
+            if shutting {
+                while let Ok(job) = rx.try_recv() {
+                    m.queue_length.fetch_sub(1, Relaxed);
+                    m.cancelled_total.fetch_add(1, Relaxed);
+                    let _ = job.events.send(Event::Error {
+                        status: 503,
+                        message: "the server is shutting down".into(),
+                    });
+                }
+                return true;
+            }
+            if active.len() >= self.max_active {
+                return true;
+            }
+            let job = if active.is_empty() {
+                match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(j) => j,
+                    Err(RecvTimeoutError::Timeout) => return true,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty) => return true,
+                    Err(TryRecvError::Disconnected) => return false,
+                }
+            };
+            m.queue_length.fetch_sub(1, Relaxed);
+            if job.events.is_closed() {
+                m.cancelled_total.fetch_add(1, Relaxed);
+                continue;
+            }
+            match Seq::new(&mut self.runner, self.n_ctx, PREFILL_CHUNK, job) {
+                Some(s) => active.push(s),
+                None => {
+                    m.failed_total.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Runs one forward pass over `group` and advances each sequence. When the pass fails,
+    /// each sequence is retried alone, so only the one at fault ends (with its error). A
+    /// GPU fault is returned: the engine cannot go on.
+    fn forward(
+        &mut self,
+        group: &mut [&mut Seq<B::Seq>],
+        m: &Metrics,
+    ) -> Result<(), ternion::Error> {
+        m.forward_passes_total.fetch_add(1, Relaxed);
+        // The k best of each row are all the samplers need unless one of them has
+        // penalties or looks past the top-k.
+        let k = self.runner.top_k();
+        let top = k > 0 && group.iter().all(|s| s.st.need(k) != Need::Logits);
+        let mut steps: Vec<BatchStep<'_, B::Seq>> = group
+            .iter_mut()
+            .map(|s| {
+                let (seq, tokens) = s.st.step_parts();
+                BatchStep { seq, tokens }
+            })
+            .collect();
+        let result = self.runner.forward(&mut steps, top);
+        drop(steps);
+        match result {
+            Ok(rows) => advance_all(group, &rows, self.tok, m),
+            Err(e @ ternion::Error::Gpu(_)) => return Err(e),
+            Err(_) if group.len() > 1 => {
+                for s in group.iter_mut() {
+                    self.forward(std::slice::from_mut(s), m)?;
+                }
+            }
+            Err(e) => {
+                m.failed_total.fetch_add(1, Relaxed);
+                let status = match e {
+                    ternion::Error::KvPoolExhausted { .. } => 503,
+                    _ => 500,
+                };
+                group[0].send(Event::Error {
+                    status,
+                    message: format!("generation failed: {e}"),
+                });
+                group[0].ended = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine cannot go on (`e`, a GPU fault): answers every sequence and queued
+    /// request with 503 and the reason, and marks the server unhealthy.
+    fn fail(
+        &self,
+        e: ternion::Error,
+        rx: &Receiver<Job>,
+        active: &mut Vec<Seq<B::Seq>>,
+        shared: &Shared,
+    ) {
+        let reason = format!("the engine stopped: {e}");
+        eprintln!("ternion-server: {reason}");
+        let _ = shared.failed.set(reason.clone());
+        let m = &shared.metrics;
+        m.model_loaded.store(false, Relaxed);
+        for s in active.drain(..) {
+            m.failed_total.fetch_add(1, Relaxed);
+            s.send(Event::Error {
+                status: 503,
+                message: reason.clone(),
+            });
+        }
+        while let Ok(job) = rx.try_recv() {
+            m.queue_length.fetch_sub(1, Relaxed);
+            m.failed_total.fetch_add(1, Relaxed);
+            let _ = job.events.send(Event::Error {
+                status: 503,
+                message: reason.clone(),
+            });
+        }
+        self.publish(0, m);
+    }
+
+    /// Publishes the active-sequence and KV-page gauges.
+    fn publish(&self, active: usize, m: &Metrics) {
+        m.active_sequences.store(active as u64, Relaxed);
+        m.kv_pages_in_use
+            .store(self.runner.pages().0 as u64, Relaxed);
+    }
+}

@@ -1,0 +1,99 @@
+// formats/block.wgsl — qmatvec.wgsl include shared by the block formats (int8 activations
+// from quant_act.wgsl), followed by the format's own include, which defines
+//   decode(ro, u) -> Unit               unit u (elements 32u .. 32u+31) of the row at ro
+//   unit_dot(w, a0, db, u) -> f32       its product with one token (a0: the token's
+//                                       activation word of element 32u; db: the token's
+//                                       first scale word)
+//   unit_value(w, e, q) -> f32          element e of the unit, q its int8 lane as f32
+// in the CPU reference's expressions.
+
+const M4: u32 = 0x0f0f0f0fu;
+const M2: u32 = 0x03030303u;
+const ONES: u32 = 0x01010101u;
+
+// One decoded 32-element unit: int8 lanes `q` (element 4i+b in byte b of word i) and its
+// scales, whose meaning each format's header gives.
+struct Unit {
+    q: array<u32, 8>,
+    d: f32,
+    dmin: f32,
+    s0: i32,
+    s1: i32,
+}
+
+// Bytes of v (each ≤ 0x7f) minus c (≤ 0x80), as int8 lanes, without borrows between bytes.
+fn sub_bytes(v: u32, c: u32) -> u32 {
+    return ((v | 0x80808080u) - c * ONES) ^ 0x80808080u;
+}
+
+// Bits 0..3 of h moved to bit 4 of bytes 0..3 (the fifth bits of Q5_0/Q5_1 codes).
+fn spread4(h: u32) -> u32 {
+    return ((h & 1u) | ((h & 2u) << 7u) | ((h & 4u) << 14u) | ((h & 8u) << 21u)) << 4u;
+}
+
+// Σ_i dot4I8Packed(wq[i], act[a0 + i]) over words i0 .. i0+n.
+fn idot(wq: array<u32, 8>, a0: u32, i0: u32, n: u32) -> i32 {
+    var s = 0;
+    for (var i = i0; i < i0 + n; i++) {
+        s += dot4I8Packed(wq[i], act[a0 + i]);
+    }
+    return s;
+}
+
+// The 6-bit (scale, min) of sub-block j of a Q4_K/Q5_K super-block whose 12 scale bytes
+// start at byte so: j < 4: low 6 bits of bytes j and j + 4; j ≥ 4: the nibbles of byte
+// j + 4 with the top two bits of bytes j − 4 and j as high bits.
+fn scale_min_k4(so: u32, j: u32) -> vec2<i32> {
+    if (j < 4u) {
+        return vec2<i32>(i32(ld8(so + j) & 63u), i32(ld8(so + 4u + j) & 63u));
+    }
+    let hi = ld8(so + 4u + j);
+    return vec2<i32>(i32((hi & 0xfu) | ((ld8(so + j - 4u) >> 6u) << 4u)), i32((hi >> 4u) | ((ld8(so + j) >> 6u) << 4u)));
+}
+
+// Q4_K/Q5_K unit product: (d_a·d)·f32(scale·Σ q·a) − (d_a·dmin)·f32(min·Σ a), with the
+// scale in w.s0 and the min in w.s1.
+fn unit_dot_scale_min(w: Unit, a0: u32, da: f32) -> f32 {
+    var sq = 0;
+    for (var i = 0u; i < 8u; i++) {
+        sq += dot4I8Packed(ONES, act[a0 + i]);
+    }
+    return (da * w.d) * f32(w.s0 * idot(w.q, a0, 0u, 8u)) - (da * w.dmin) * f32(w.s1 * sq);
+}
+
+// ggml's kvalues_iq4nl (IQ4_NL, IQ4_XS) as int8 bytes.
+var<private> KV: array<u32, 16> = array<u32, 16>(
+    0x81u, 0x98u, 0xadu, 0xbfu, 0xcfu, 0xddu, 0xeau, 0xf6u,
+    0x01u, 0x0du, 0x19u, 0x26u, 0x35u, 0x45u, 0x59u, 0x71u
+);
+
+// The grid bytes of the 4 codes in bytes of c (each ≤ 15).
+fn kv4(c: u32) -> u32 {
+    return KV[c & 0xfu] | (KV[(c >> 8u) & 0xfu] << 8u) | (KV[(c >> 16u) & 0xfu] << 16u) | (KV[c >> 24u] << 24u);
+}
+
+// A Unit with unit scales and no offset, for decoders to fill.
+fn unit_new() -> Unit {
+    var r: Unit;
+    r.s0 = 1;
+    r.s1 = 1;
+    r.dmin = 0.0;
+    return r;
+}
+
+fn unit(ro: u32, u: u32, a: vec4<u32>, db: vec4<u32>, nt: u32) -> vec4<f32> {
+    let w = decode(ro, u);
+    var y = vec4<f32>(0.0);
+    for (var j = 0u; j < nt; j++) {
+        y[j] = unit_dot(w, a[j] + 8u * u, db[j], u);
+    }
+    return y;
+}
+
+fn gather_unit(ro: u32, u: u32, t: u32) {
+    let w = decode(ro, u);
+    for (var e = 0u; e < 32u; e++) {
+        let q = f32(bitcast<i32>((w.q[e / 4u] >> (8u * (e % 4u))) << 24u) >> 24u);
+        out[t * p.out_stride + 32u * u + e] = unit_value(w, e, q);
+    }
+}

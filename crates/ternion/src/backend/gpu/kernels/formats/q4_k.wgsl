@@ -1,0 +1,29 @@
+// formats/q4_k.wgsl — Q4_K decode (block.wgsl interface). Super-block: 144 B / 256: F16 d,
+// F16 dmin, 12 B of 6-bit scales/mins, 128 B qs; sub-block j (32 elements, unit u % 8) =
+// nibbles (low if j even) of qs[32(j/2) ..]; w = d·s_j·n − dmin·m_j (Unit: q = the unsigned
+// nibble, s0 = s_j, s1 = m_j). Activations Q8_K; y = (d_a·d)·f32(s_j·Σ n·a) −
+// (d_a·dmin)·f32(m_j·Σ a) per unit (the CPU sums a super-block in integers first).
+
+fn decode(ro: u32, u: u32) -> Unit {
+    var r = unit_new();
+    let sb = u % 8u;
+    let bo = ro + 144u * (u / 8u);
+    r.d = f16_at(bo);
+    r.dmin = f16_at(bo + 2u);
+    let sm = scale_min_k4(bo + 4u, sb);
+    r.s0 = sm.x;
+    r.s1 = sm.y;
+    let sh = 4u * (sb & 1u);
+    for (var i = 0u; i < 8u; i++) {
+        r.q[i] = (ld(bo + 16u + 32u * (sb / 2u) + 4u * i) >> sh) & M4;
+    }
+    return r;
+}
+
+fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
+    return unit_dot_scale_min(w, a0, act_d[db + u / 8u]);
+}
+
+fn unit_value(w: Unit, e: u32, q: f32) -> f32 {
+    return (w.d * f32(w.s0)) * q - w.dmin * f32(w.s1);
+}

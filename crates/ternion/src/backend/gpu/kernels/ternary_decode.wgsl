@@ -1,0 +1,315 @@
+// ternary_decode.wgsl — the fast single-token BitLinear path (numerics policy "fast",
+// docs/ARCHITECTURE.md): RMSNorm × weight and BitNet's per-token int8 absmax quantization
+// (docs/FORMATS.md, I2_S) in one workgroup-wide pass, kept in workgroup memory as the
+// prologue of the I2_S matvecs that consume it — a decode step runs no norm launch — or
+// written out by `norm_quant` for steps of several tokens (the batch and tiled kernels of
+// ternary.wgsl / ternary_mm.wgsl / ternary_coop.wgsl read it). Both paths run the same
+// functions over the same thread layout, so a token's activations are bit-identical
+// whichever path quantized them.
+//
+// Bindings (group 0; each entry point binds only those it uses):
+//   0 uniform Params { rows, words, w_scale, up_scale }: output features M (all matrices
+//                     of matvec3_n together), u32 words per weight row (K/16), the first
+//                     matrix's I2_S scale, and the up matrix's (glu_n; 0 for matvec_n, whose
+//                     residual add pins y with it, as ternary.wgsl does)
+//   1 storage read  w:    array<vec4<u32>>   M × K/64: the I2_S codes as in the file
+//   2 storage read  x:    array<vec4<f32>>   T × K/4: the f32 rows to normalise
+//   3 storage read  nw:   array<vec4<f32>>   K/4 norm weights
+//   4 storage rw    out:  array<f32>         M outputs; EPILOGUE 0 stores, 1 adds (residual)
+//   5 uniform Norm { k, eps, _, _ }           row width K, epsilon
+//   6 storage read  w2:   array<vec4<u32>>   glu_n: the up matrix; matvec3_n: the 2nd matrix
+//   7 storage read  w3:   array<vec4<u32>>   matvec3_n: the 3rd matrix
+//   8 storage rw    out2: array<f32>         matvec3_n: M2 outputs
+//   9 storage rw    out3: array<f32>         matvec3_n: M3 outputs
+//  10 uniform Parts { m1, m2, scale2, scale3 } matvec3_n
+//  11 storage rw    qa:   array<vec4<u32>>   norm_quant: T × K/16 (K/4 words of packed int8,
+//                                           element 4i+b in byte b of word i)
+//  12 storage rw    tok_meta: array<vec2<u32>>   norm_quant: per token (f32 scale bits, i32 Σq)
+// Dispatch: norm_quant (T, 1, 1); the matvecs (ceil(M / (256/TPR)), 1, 1). K is a
+// multiple of 64 and at most 4·MAX_WORDS (the host checks both).
+//
+// Numerics: Σx² and max|x·w| in f32 (one pass; a workgroup reduction of both), inv =
+// inverseSqrt(Σx²/K + eps), y = (x·inv)·w, s = 127 / (max|x·w|·inv) (1.27e7 when that is
+// ≤ 1e-5), q = clamp(round(y·s), −128, 127). The CPU reference sums in f64 and divides
+// exactly (rmsnorm.wgsl reproduces it bit for bit at ~16 µs a row); this path differs from
+// it by ulps in y and so, rarely, by one in a q. The integer dot products and their scaling
+// are ternary.wgsl's exactly.
+//
+// Weight layout (ternary.wgsl explains it): vec4 v of a row is words 4v..4v+3 of I2_S block
+// v/2; shifted right by 6−2g and masked, word e pairs with activation word
+// 32·(v/2) + 8g + 4·(v%2) + e, i.e. component e of activation vec4 8·(v/2) + 2g + v%2.
+// A workgroup is 256 threads = 256/TPR rows × TPR lanes; lanes stride over the row's vec4s
+// four at a time (four loads in flight), and their sums are reduced in workgroup memory.
+
+override TPR: u32 = 8u;
+override EPILOGUE: u32 = 0u;
+override ACT: u32 = 0u;
+const WG: u32 = 256u;
+const M2: u32 = 0x03030303u;
+// Activation words held in workgroup memory: rows of up to 8,192 elements.
+const MAX_WORDS: u32 = 2048u;
+
+struct Params { rows: u32, words: u32, w_scale: f32, up_scale: f32 }
+struct Norm { k: u32, eps: f32, pad0: u32, pad1: u32 }
+struct Parts { m1: u32, m2: u32, scale2: f32, scale3: f32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> nw: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<uniform> nrm: Norm;
+@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> w3: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(9) var<storage, read_write> out3: array<f32>;
+@group(0) @binding(10) var<uniform> parts: Parts;
+@group(0) @binding(11) var<storage, read_write> qa: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read_write> tok_meta: array<vec2<u32>>;
+
+var<workgroup> act_sh: array<vec4<u32>, 512>;
+var<workgroup> red_f: array<vec2<f32>, WG>;
+var<workgroup> red_i: array<vec4<i32>, WG>;
+// The token's (scale s, Σq) once the prologue has run.
+var<workgroup> tok_sh: vec2<u32>;
+
+// Workgroup (Σ, max) of (a.x, a.y), in a fixed order (a shared-memory tree).
+fn reduce_sum_max(a: vec2<f32>, li: u32) -> vec2<f32> {
+    red_f[li] = a;
+    workgroupBarrier();
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
+            let b = red_f[li + o];
+            red_f[li] = vec2<f32>(red_f[li].x + b.x, max(red_f[li].y, b.y));
+        }
+        workgroupBarrier();
+    }
+    let r = red_f[0];
+    workgroupBarrier();
+    return r;
+}
+
+// Sum over the TPR lanes of each row (valid in every lane of the row), or over the whole
+// workgroup when `lanes` is WG.
+fn reduce_i(v: vec4<i32>, li: u32, lanes: u32) -> vec4<i32> {
+    let lane = li % lanes;
+    red_i[li] = v;
+    workgroupBarrier();
+    for (var o = lanes / 2u; o > 0u; o >>= 1u) {
+        if (lane < o) {
+            red_i[li] = red_i[li] + red_i[li + o];
+        }
+        workgroupBarrier();
+    }
+    let r = red_i[li - lane];
+    workgroupBarrier();
+    return r;
+}
+
+fn max4(v: vec4<f32>) -> f32 {
+    return max(max(v.x, v.y), max(v.z, v.w));
+}
+
+// The packed int8 word of four normalised values.
+fn quant4(v: vec4<f32>, g: vec4<f32>, inv: f32, s: f32) -> vec4<i32> {
+    let y = (v * inv) * g;
+    return vec4<i32>(clamp(round(y * s), vec4<f32>(-128.0), vec4<f32>(127.0)));
+}
+
+// RMSNorm and int8 quantization of row t of x into act_sh and tok_sh (see the header).
+fn prologue(t: u32, li: u32) {
+    let n4 = nrm.k / 4u;
+    let base = t * n4;
+    var acc = vec2<f32>(0.0, 0.0);
+    for (var c = li; c < n4; c += WG) {
+        let v = x[base + c];
+        acc = vec2<f32>(acc.x + dot(v, v), max(acc.y, max4(abs(v * nw[c]))));
+    }
+    let r = reduce_sum_max(acc, li);
+    let inv = inverseSqrt(r.x / f32(nrm.k) + nrm.eps);
+    let amax = r.y * inv;
+    var s = 12700000.0;
+    if (amax > 1e-5) {
+        s = 127.0 / amax;
+    }
+    // Each thread quantizes 16 values into one vec4 of packed words.
+    var qs = vec4<i32>(0);
+    for (var c = li; c < n4 / 4u; c += WG) {
+        let e = 4u * c;
+        let q0 = quant4(x[base + e], nw[e], inv, s);
+        let q1 = quant4(x[base + e + 1u], nw[e + 1u], inv, s);
+        let q2 = quant4(x[base + e + 2u], nw[e + 2u], inv, s);
+        let q3 = quant4(x[base + e + 3u], nw[e + 3u], inv, s);
+        qs += q0 + q1 + q2 + q3;
+        act_sh[c] = vec4<u32>(pack4xI8(q0), pack4xI8(q1), pack4xI8(q2), pack4xI8(q3));
+    }
+    let total = reduce_i(qs, li, WG);
+    if (li == 0u) {
+        tok_sh = vec2<u32>(bitcast<u32>(s), bitcast<u32>(total.x + total.y + total.z + total.w));
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn norm_quant(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t = wg.x;
+    prologue(t, li);
+    let n16 = nrm.k / 16u;
+    for (var c = li; c < n16; c += WG) {
+        qa[t * n16 + c] = act_sh[c];
+    }
+    if (li == 0u) {
+        tok_meta[t] = tok_sh;
+    }
+}
+
+// Σ code·q of weight vec4 `wv` (vec4 v of its row) against the activations in act_sh.
+fn vec_dot(wv: vec4<u32>, v: u32) -> i32 {
+    let a = (v >> 1u) * 8u + (v & 1u);
+    var d = 0;
+    for (var g = 0u; g < 4u; g++) {
+        let sh = 6u - 2u * g;
+        let av = act_sh[a + 2u * g];
+        d += dot4I8Packed((wv.x >> sh) & M2, av.x) + dot4I8Packed((wv.y >> sh) & M2, av.y)
+            + dot4I8Packed((wv.z >> sh) & M2, av.z) + dot4I8Packed((wv.w >> sh) & M2, av.w);
+    }
+    return d;
+}
+
+// Vec4 i of matrix `which` (0: w, 1: w2, 2: w3).
+fn wload(which: u32, i: u32) -> vec4<u32> {
+    if (which == 1u) {
+        return w2[i];
+    }
+    if (which == 2u) {
+        return w3[i];
+    }
+    return w[i];
+}
+
+// Σ code·q over row `row` of matrix `which`, and of w2 too when `glu` (.y), lanes striding
+// four vec4s at a time with their loads issued together.
+fn row_dots(row: u32, lane: u32, which: u32, glu: bool) -> vec2<i32> {
+    let nv = p.words / 4u;
+    let base = row * nv;
+    let zero = vec4<u32>(0u);
+    var acc = vec2<i32>(0, 0);
+    for (var v0 = lane; v0 < nv; v0 += 4u * TPR) {
+        let v1 = v0 + TPR;
+        let v2 = v1 + TPR;
+        let v3 = v2 + TPR;
+        let a0 = wload(which, base + v0);
+        var a1 = zero;
+        var a2 = zero;
+        var a3 = zero;
+        if (v1 < nv) {
+            a1 = wload(which, base + v1);
+        }
+        if (v2 < nv) {
+            a2 = wload(which, base + v2);
+        }
+        if (v3 < nv) {
+            a3 = wload(which, base + v3);
+        }
+        // Zero codes add zero: the missing vec4s need no branch below.
+        acc.x += vec_dot(a0, v0) + vec_dot(a1, v1) + vec_dot(a2, v2) + vec_dot(a3, v3);
+        if (glu) {
+            let u0 = w2[base + v0];
+            var u1 = zero;
+            var u2 = zero;
+            var u3 = zero;
+            if (v1 < nv) {
+                u1 = w2[base + v1];
+            }
+            if (v2 < nv) {
+                u2 = w2[base + v2];
+            }
+            if (v3 < nv) {
+                u3 = w2[base + v3];
+            }
+            acc.y += vec_dot(u0, v0) + vec_dot(u1, v1) + vec_dot(u2, v2) + vec_dot(u3, v3);
+        }
+    }
+    return acc;
+}
+
+// The f32 output of integer dot `d` for a matrix of scale `scale` (ternary.wgsl `scaled`).
+fn scaled(d: i32, scale: f32) -> f32 {
+    let m = tok_sh;
+    return (f32(d - bitcast<i32>(m.y)) / bitcast<f32>(m.x)) * scale;
+}
+
+@compute @workgroup_size(256)
+fn matvec_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    prologue(0u, li);
+    let lane = li % TPR;
+    let row = wg.x * (WG / TPR) + li / TPR;
+    var acc = vec2<i32>(0, 0);
+    if (row < p.rows) {
+        acc = row_dots(row, lane, 0u, false);
+    }
+    let d = reduce_i(vec4<i32>(acc.x, 0, 0, 0), li, TPR).x;
+    if (lane == 0u && row < p.rows) {
+        let y = scaled(d, p.w_scale);
+        if (EPILOGUE == 1u) {
+            out[row] = out[row] + pinned(y, bitcast<u32>(p.up_scale));
+        } else {
+            out[row] = y;
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn glu_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    prologue(0u, li);
+    let lane = li % TPR;
+    let row = wg.x * (WG / TPR) + li / TPR;
+    var acc = vec2<i32>(0, 0);
+    if (row < p.rows) {
+        acc = row_dots(row, lane, 0u, true);
+    }
+    let d = reduce_i(vec4<i32>(acc.x, acc.y, 0, 0), li, TPR);
+    if (lane == 0u && row < p.rows) {
+        let g = scaled(d.x, p.w_scale);
+        let u = scaled(d.y, p.up_scale);
+        var y: f32;
+        if (ACT == 0u) {
+            let r = max(g, 0.0);
+            y = (r * r) * u;
+        } else {
+            y = (g / (1.0 + exp(-g))) * u;
+        }
+        out[row] = y;
+    }
+}
+
+@compute @workgroup_size(256)
+fn matvec3_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    prologue(0u, li);
+    let lane = li % TPR;
+    let row = wg.x * (WG / TPR) + li / TPR;
+    // Which matrix this row belongs to, and its row there.
+    var part = 0u;
+    var r = row;
+    if (row >= parts.m1 + parts.m2) {
+        part = 2u;
+        r = row - parts.m1 - parts.m2;
+    } else if (row >= parts.m1) {
+        part = 1u;
+        r = row - parts.m1;
+    }
+    var acc = vec2<i32>(0, 0);
+    if (row < p.rows) {
+        acc = row_dots(r, lane, part, false);
+    }
+    let d = reduce_i(vec4<i32>(acc.x, 0, 0, 0), li, TPR).x;
+    if (lane == 0u && row < p.rows) {
+        if (part == 0u) {
+            out[r] = scaled(d, p.w_scale);
+        } else if (part == 1u) {
+            out2[r] = scaled(d, parts.scale2);
+        } else {
+            out3[r] = scaled(d, parts.scale3);
+        }
+    }
+}

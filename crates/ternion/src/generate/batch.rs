@@ -1,0 +1,87 @@
+//! The batched backend interface: one forward step over several sequences, each with its
+//! own KV state and tokens; the CPU implementation.
+
+use std::sync::Arc;
+
+use super::rows::Rows;
+use crate::backend::cpu::{SeqStep, Workspace};
+use crate::kv::{KvPool, KvSeq};
+use crate::model::{Logits, Model};
+use crate::Result;
+
+/// One sequence's part of a batched step.
+pub struct BatchStep<'a, S> {
+    /// Its KV state (advanced by the step).
+    pub seq: &'a mut S,
+    /// Its tokens, after the positions it holds (at least one).
+    pub tokens: &'a [u32],
+}
+
+/// A backend that runs several sequences' steps as one forward pass.
+pub trait BatchBackend {
+    /// A sequence's KV state on this backend.
+    type Seq: Send;
+
+    /// A new, empty sequence with room for `n_ctx` positions (a backend with one context
+    /// size for all sequences may use its own).
+    fn new_seq(&mut self, n_ctx: usize) -> Result<Self::Seq>;
+
+    /// KV pages in use and in all.
+    fn pages(&self) -> (usize, usize);
+
+    /// Pairs of the top-k the backend can hand back instead of whole rows (0: none).
+    fn top_k(&self) -> usize;
+
+    /// Runs every step as one pass (checked first: on an error no sequence changed) and
+    /// returns each step's last row: its top-k pairs when `top` is set (and
+    /// [`BatchBackend::top_k`] is not 0), else its logits.
+    fn forward(&mut self, steps: &mut [BatchStep<'_, Self::Seq>], top: bool) -> Result<Rows<'_>>;
+}
+
+/// The CPU backend: a model, one KV pool shared by its sequences, and the scratch of a
+/// batched pass.
+pub struct CpuBatch<'m> {
+    model: &'m Model,
+    pool: Arc<KvPool>,
+    ws: Box<Workspace>,
+}
+
+impl<'m> CpuBatch<'m> {
+    /// Sequences of `model` whose KV pages come from `pool`.
+    pub fn new(model: &'m Model, pool: Arc<KvPool>) -> CpuBatch<'m> {
+        CpuBatch {
+            model,
+            pool,
+            ws: Box::default(),
+        }
+    }
+}
+
+impl BatchBackend for CpuBatch<'_> {
+    type Seq = KvSeq;
+
+    fn new_seq(&mut self, n_ctx: usize) -> Result<KvSeq> {
+        Ok(KvSeq::new(self.pool.clone(), n_ctx))
+    }
+
+    fn pages(&self) -> (usize, usize) {
+        (self.pool.pages_in_use(), self.pool.capacity())
+    }
+
+    fn top_k(&self) -> usize {
+        0
+    }
+
+    fn forward(&mut self, steps: &mut [BatchStep<'_, KvSeq>], _top: bool) -> Result<Rows<'_>> {
+        let mut steps: Vec<SeqStep<'_>> = steps
+            .iter_mut()
+            .map(|s| SeqStep {
+                kv: &mut *s.seq,
+                tokens: s.tokens,
+                logits: Logits::Last,
+            })
+            .collect();
+        self.model.forward_batch(&mut steps, &mut self.ws)?;
+        Ok(Rows::Cpu(&self.ws, self.model.graph()))
+    }
+}

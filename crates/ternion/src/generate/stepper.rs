@@ -1,0 +1,406 @@
+//! One sequence's generation as a state machine. A [`Stepper`] plans its next step (the
+//! next prompt chunk, or the token it sampled last), takes that step's row back, and
+//! decides everything else: which token comes next, whether the sequence ends (an
+//! end-of-generation token, a stop string, the token budget, the context), and the text
+//! each token completes. It does no I/O and runs no model: the caller runs the planned
+//! tokens on a backend.
+
+use std::borrow::BorrowMut;
+
+use super::chunking::next_chunk;
+use super::rows::{Need, Row};
+use super::stop::StopFilter;
+use crate::sample::Sampler;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token was sampled or a stop string was produced.
+    Stop,
+    /// The token budget ran out.
+    Length,
+    /// The context ran out.
+    Context,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// The OpenAI-style name (a full context counts as "length").
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::Context => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The rules of one generation.
+#[derive(Clone, Debug)]
+pub struct StepperOptions {
+    /// Most tokens to sample.
+    pub max_tokens: usize,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Stop strings: generation ends before the first one, which is not emitted.
+    pub stop: Vec<String>,
+    /// Positions the sequence's context holds.
+    pub n_ctx: usize,
+    /// Most prompt tokens the backend runs in one step.
+    pub max_chunk: usize,
+}
+
+/// The end of a sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct End {
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Text released at the end (bytes of an unfinished character, text held back as a
+    /// possible stop string); may be empty.
+    pub text: String,
+}
+
+/// What one [`Stepper::advance`] produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Advance {
+    /// The token drawn by this step (an end-of-generation token included), if the prompt
+    /// is in.
+    pub drawn: Option<u32>,
+    /// The text the drawn token completes, when it was emitted as a generated token
+    /// (possibly empty while a character or a possible stop string is incomplete).
+    pub text: Option<String>,
+    /// Set when the sequence ended with this step.
+    pub end: Option<End>,
+}
+
+/// One sequence being generated: its sampler `S` (owned, or borrowed as `&mut Sampler`),
+/// its KV state `K` (a backend's sequence, or `()` where the backend holds it), and the
+/// rules of [`StepperOptions`].
+pub struct Stepper<S, K = ()> {
+    sampler: S,
+    kv: K,
+    opts: StepperOptions,
+    /// Tokens to evaluate before the first draw (a prompt).
+    input: Vec<u32>,
+    /// Tokens of `input` evaluated.
+    fed: usize,
+    /// Tokens planned for the current step (0: none).
+    in_flight: usize,
+    /// The token drawn last and not evaluated yet.
+    last: Option<u32>,
+    /// Every token evaluated into the sequence, in order (penalties look at them).
+    history: Vec<u32>,
+    generated: Vec<u32>,
+    decoder: StreamDecoder,
+    stop: StopFilter,
+    finish: Option<FinishReason>,
+}
+
+impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
+    /// A sequence that already holds `history` (evaluated tokens) and evaluates `input`
+    /// (non-empty, checked by the caller against the context) before its first draw.
+    pub fn new(
+        sampler: S,
+        kv: K,
+        history: Vec<u32>,
+        input: Vec<u32>,
+        opts: StepperOptions,
+    ) -> Stepper<S, K> {
+        Stepper {
+            sampler,
+            kv,
+            stop: StopFilter::new(opts.stop.clone()),
+            opts,
+            input,
+            fed: 0,
+            in_flight: 0,
+            last: None,
+            history,
+            generated: Vec::new(),
+            decoder: StreamDecoder::new(),
+            finish: None,
+        }
+    }
+
+    /// Plans the next step: the next prompt chunk, taken from `budget` (see
+    /// [`next_chunk`]), or the token drawn last. Returns whether the sequence runs a step
+    /// now; [`Stepper::tokens`] are its tokens.
+    pub fn plan(&mut self, budget: &mut usize) -> bool {
+        self.in_flight = if self.finish.is_some() {
+            0
+        } else if self.in_prompt() {
+            let n = next_chunk(self.input.len() - self.fed, self.opts.max_chunk, *budget);
+            *budget -= n;
+            n
+        } else {
+            usize::from(self.last.is_some())
+        };
+        self.in_flight > 0
+    }
+
+    /// True while prompt tokens are left to evaluate.
+    pub fn in_prompt(&self) -> bool {
+        self.fed < self.input.len()
+    }
+
+    /// The tokens of the planned step.
+    pub fn tokens(&self) -> &[u32] {
+        planned(&self.input, self.fed, self.in_flight, &self.last)
+    }
+
+    /// The KV state and the tokens of the planned step, to hand to a backend together.
+    pub fn step_parts(&mut self) -> (&mut K, &[u32]) {
+        let tokens = planned(&self.input, self.fed, self.in_flight, &self.last);
+        (&mut self.kv, tokens)
+    }
+
+    /// The least this sequence's next draw needs from a row, where the backend's top-k
+    /// holds `top_k` pairs (0: none).
+    pub fn need(&self, top_k: usize) -> Need {
+        let s = self.sampler.borrow();
+        let cfg = s.config();
+        if cfg.temperature <= 0.0 && !cfg.penalties_active() {
+            Need::Argmax
+        } else if top_k > 0 && s.needs_only_top(top_k) {
+            Need::Top
+        } else {
+            Need::Logits
+        }
+    }
+
+    /// Takes the planned step's row back after the backend ran it: records the evaluated
+    /// tokens, and once the prompt is in draws the next token and applies the rules.
+    pub fn advance(&mut self, row: Row<'_>, tok: &Tokenizer) -> Advance {
+        let mut out = Advance::default();
+        if self.in_prompt() {
+            let end = self.fed + self.in_flight;
+            self.history.extend_from_slice(&self.input[self.fed..end]);
+            self.fed = end;
+            self.in_flight = 0;
+            if self.in_prompt() {
+                return out;
+            }
+        } else if let Some(id) = self.last.take() {
+            self.history.push(id);
+        }
+        self.in_flight = 0;
+        if self.generated.len() >= self.opts.max_tokens {
+            out.end = Some(self.end(FinishReason::Length));
+            return out;
+        }
+        let id = match row {
+            Row::Logits(logits) => self.sampler.borrow_mut().sample(logits, &self.history),
+            Row::Top(top) => self.sampler.borrow_mut().sample_top(top),
+            Row::Argmax(id) => id,
+        };
+        out.drawn = Some(id);
+        if tok.is_eog(id) && !self.opts.ignore_eos {
+            out.end = Some(self.end(FinishReason::Stop));
+            return out;
+        }
+        self.generated.push(id);
+        let piece = self.decoder.push(tok, id);
+        let f = self.stop.push(&piece);
+        out.text = Some(f.text);
+        if f.stopped {
+            self.finish = Some(FinishReason::Stop);
+            out.end = Some(End {
+                finish: FinishReason::Stop,
+                text: String::new(),
+            });
+            return out;
+        }
+        self.last = Some(id);
+        if self.generated.len() >= self.opts.max_tokens {
+            out.end = Some(self.end(FinishReason::Length));
+        } else if self.opts.n_ctx.saturating_sub(self.history.len()) <= 1 {
+            out.end = Some(self.end(FinishReason::Context));
+        }
+        out
+    }
+
+    /// Ends the sequence at the caller's request after this step's token (the token drawn
+    /// last stays unevaluated). `ended` is the end that step reported, if any: its
+    /// released text is kept. Returns the end, [`FinishReason::Cancelled`].
+    pub fn cancel(&mut self, ended: Option<End>) -> End {
+        let text = match ended {
+            Some(e) => e.text,
+            None => self.end(FinishReason::Cancelled).text,
+        };
+        self.finish = Some(FinishReason::Cancelled);
+        End {
+            finish: FinishReason::Cancelled,
+            text,
+        }
+    }
+
+    /// Ends the sequence with `reason`, releasing the text held back.
+    fn end(&mut self, mut finish: FinishReason) -> End {
+        let rest = self.decoder.finish();
+        let f = self.stop.push(&rest);
+        let mut text = f.text;
+        if f.stopped {
+            finish = FinishReason::Stop;
+        } else {
+            text.push_str(&self.stop.finish());
+        }
+        self.finish = Some(finish);
+        End { finish, text }
+    }
+
+    /// Why the sequence ended (`None` while it runs).
+    pub fn finish(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Tokens of the prompt given to [`Stepper::new`].
+    pub fn prompt_len(&self) -> usize {
+        self.input.len()
+    }
+
+    /// Tokens planned for the current step.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The tokens generated so far (an end-of-generation token is not one).
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// Takes the generated tokens out.
+    pub fn take_generated(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.generated)
+    }
+
+    /// The sampler.
+    pub fn sampler(&self) -> &Sampler {
+        self.sampler.borrow()
+    }
+
+    /// The KV state.
+    pub fn kv(&self) -> &K {
+        &self.kv
+    }
+
+    /// The evaluated tokens and the token drawn last but not evaluated (which a following
+    /// generation feeds first).
+    pub fn into_parts(self) -> (Vec<u32>, Option<u32>) {
+        (self.history, self.last)
+    }
+}
+
+/// The tokens of a planned step: the next `in_flight` prompt tokens after `fed`, or the
+/// token drawn last.
+fn planned<'a>(input: &'a [u32], fed: usize, in_flight: usize, last: &'a Option<u32>) -> &'a [u32] {
+    if fed < input.len() {
+        &input[fed..fed + in_flight]
+    } else {
+        match (last, in_flight) {
+            (Some(id), 1) => std::slice::from_ref(id),
+            _ => &[],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::SamplerConfig;
+    use crate::synth::{self, Shape, Spec, Vocab};
+
+    /// The 259-token byte vocabulary of the synthetic models (id = byte; 256.. special).
+    fn tok() -> Tokenizer {
+        let path =
+            std::env::temp_dir().join(format!("ternion-stepper-{}.gguf", std::process::id()));
+        let spec = Spec {
+            arch: "bitnet-b1.58",
+            shape: Shape::named("micro").unwrap(),
+            weight_type: crate::quant::GgmlType::I2_S,
+            vocab: Vocab::Bytes { n_vocab: 259 },
+            seed: 1,
+        };
+        synth::write(&spec, &path).unwrap();
+        let file = crate::gguf::GgufFile::open(&path).unwrap();
+        let t = Tokenizer::from_gguf(&file, &Default::default()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        t
+    }
+
+    fn stepper(max_tokens: usize, stop: &[&str], n_ctx: usize) -> Stepper<Sampler> {
+        Stepper::new(
+            Sampler::new(SamplerConfig::greedy()).unwrap(),
+            (),
+            Vec::new(),
+            (0..600).map(|i| i % 200).collect(),
+            StepperOptions {
+                max_tokens,
+                ignore_eos: false,
+                stop: stop.iter().map(|s| s.to_string()).collect(),
+                n_ctx,
+                max_chunk: 512,
+            },
+        )
+    }
+
+    /// Steps until the end, answering each draw with the next of `draws` (argmax rows);
+    /// returns the text, the size of every step and the end.
+    fn run(s: &mut Stepper<Sampler>, t: &Tokenizer, draws: &[u32]) -> (String, Vec<usize>, End) {
+        let (mut text, mut steps, mut draws) = (String::new(), Vec::new(), draws.iter().peekable());
+        loop {
+            assert!(
+                s.plan(&mut usize::MAX.clone()),
+                "a running sequence has a step"
+            );
+            steps.push(s.tokens().len());
+            let adv = s.advance(Row::Argmax(**draws.peek().unwrap()), t);
+            if adv.drawn.is_some() {
+                draws.next();
+            }
+            text.push_str(adv.text.as_deref().unwrap_or(""));
+            if let Some(end) = adv.end {
+                text.push_str(&end.text);
+                return (text, steps, end);
+            }
+        }
+    }
+
+    fn bytes(s: &str) -> Vec<u32> {
+        s.bytes().map(u32::from).collect()
+    }
+
+    #[test]
+    fn prompt_in_chunks_then_one_token_per_step_up_to_the_budget() {
+        let t = tok();
+        let mut s = stepper(3, &[], 1000);
+        let (text, steps, end) = run(&mut s, &t, &bytes("abc"));
+        assert_eq!(steps, [512, 88, 1, 1]);
+        assert_eq!((text.as_str(), end.finish), ("abc", FinishReason::Length));
+        let (history, last) = s.into_parts();
+        assert_eq!(history.len(), 602);
+        assert_eq!(
+            last,
+            Some(u32::from(b'c')),
+            "the last draw is left to evaluate"
+        );
+    }
+
+    #[test]
+    fn stop_strings_eog_and_the_context_end_a_sequence() {
+        let t = tok();
+        let mut s = stepper(10, &["yz"], 1000);
+        let (text, _, end) = run(&mut s, &t, &bytes("xyyzq"));
+        assert_eq!((text.as_str(), end.finish), ("xy", FinishReason::Stop));
+        let mut s = stepper(10, &[], 603);
+        let (_, _, end) = run(&mut s, &t, &bytes("xxxxxxxx"));
+        assert_eq!(end.finish, FinishReason::Context);
+        assert_eq!(s.generated().len(), 3);
+        let mut s = stepper(10, &[], 1000);
+        let (text, steps, end) = run(&mut s, &t, &[u32::from(b'x'), 257]);
+        assert_eq!((text.as_str(), end.finish), ("x", FinishReason::Stop));
+        assert_eq!(steps.len(), 3);
+        assert_eq!(s.generated(), [u32::from(b'x')]);
+    }
+}

@@ -1,0 +1,125 @@
+//! The block-format trait: what one weight storage format is (block shape, the activation
+//! format its products read, dequantization, quantization, a scalar reference dot and its
+//! GPU decode include), and [`Format`], the value form of it that the registry
+//! ([`super::format`]) hands to the CPU and GPU backends. Layouts: docs/FORMATS.md.
+
+use super::GgmlType;
+
+/// The form the activations of a product take before they meet the weights (ggml's
+/// `vec_dot_type` of the weight format, or BitNet's per-token int8 for I2_S).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActFormat {
+    /// f32 as they are.
+    F32,
+    /// f32, rounded to F16 on single-token steps (ggml's single-token F16 numerics).
+    F16,
+    /// f32 rounded to BF16.
+    BF16,
+    /// BitNet's int8 per token with one f32 scale and the code sum (I2_S).
+    PerToken,
+    /// ggml Q8_0: int8 per 32 with an F16-rounded scale.
+    Q8_0,
+    /// ggml Q8_1: int8 per 32 with an F16-rounded scale `d` and F16-rounded `s = d·Σq`.
+    Q8_1,
+    /// ggml Q8_K: int8 per 256 with an f32 scale.
+    Q8K,
+}
+
+/// A row quantizer: f32 elements in, the format's bytes out.
+pub type Quantizer = fn(&[f32], &mut [u8]);
+/// A reference dot against Q8_1 activations: `(row, q, d, s)`.
+pub type Q8_1Dot = fn(&[u8], &[i8], &[f32], &[f32]) -> f32;
+
+/// A scalar reference dot of one weight row with one activation row. Its variant is the
+/// activation format the weight format pairs with, so the pairing is written once.
+#[derive(Clone, Copy, Debug)]
+pub enum RefDot {
+    /// `(row, x)` with f32 activations as they are.
+    F32(fn(&[u8], &[f32]) -> f32),
+    /// `(row, x)`, `x` already rounded as [`ActFormat::F16`] says.
+    F16(fn(&[u8], &[f32]) -> f32),
+    /// `(row, x)`, `x` already rounded to BF16.
+    BF16(fn(&[u8], &[f32]) -> f32),
+    /// `(row, q) -> Σ code·q` (integer; the caller applies the token and tensor scales).
+    PerToken(fn(&[u8], &[i8]) -> i32),
+    /// `(row, q, d)` with Q8_0 activations.
+    Q8_0(fn(&[u8], &[i8], &[f32]) -> f32),
+    /// `(row, q, d, s)` with Q8_1 activations.
+    Q8_1(Q8_1Dot),
+    /// `(row, q, d)` with Q8_K activations.
+    Q8K(fn(&[u8], &[i8], &[f32]) -> f32),
+}
+
+impl RefDot {
+    /// The activation format this dot reads.
+    pub const fn act(&self) -> ActFormat {
+        match self {
+            RefDot::F32(_) => ActFormat::F32,
+            RefDot::F16(_) => ActFormat::F16,
+            RefDot::BF16(_) => ActFormat::BF16,
+            RefDot::PerToken(_) => ActFormat::PerToken,
+            RefDot::Q8_0(_) => ActFormat::Q8_0,
+            RefDot::Q8_1(_) => ActFormat::Q8_1,
+            RefDot::Q8K(_) => ActFormat::Q8K,
+        }
+    }
+}
+
+/// A weight storage format, implemented by one unit type per format module.
+pub trait BlockFormat {
+    /// The ggml type it stores.
+    const TYPE: GgmlType;
+    /// Elements per block.
+    const BLOCK_ELEMS: usize;
+    /// Bytes per block.
+    const BLOCK_BYTES: usize;
+    /// The scalar reference dot (and with it the activation format).
+    const DOT: RefDot;
+    /// ggml's reference quantizer of a row of whole blocks, where the module has one.
+    const QUANTIZE: Option<Quantizer>;
+    /// The WGSL include of `qmatvec.wgsl` that decodes this format (`None`: no GPU
+    /// matmul kernel reads it as stored).
+    const WGSL: Option<&'static str>;
+    /// Dequantizes a row of whole blocks (`dst.len()` elements, `src` exactly its bytes).
+    /// I2_S rows come out as codes − 1 (its scale is per tensor).
+    fn dequantize_row(src: &[u8], dst: &mut [f32]);
+}
+
+/// One format's entry in the registry: [`BlockFormat`] as a value.
+#[derive(Clone, Copy, Debug)]
+pub struct Format {
+    /// The ggml type.
+    pub ty: GgmlType,
+    /// Elements per block.
+    pub block_elems: usize,
+    /// Bytes per block.
+    pub block_bytes: usize,
+    /// The reference dot.
+    pub dot: RefDot,
+    /// Row quantizer, if any.
+    pub quantize: Option<Quantizer>,
+    /// Row dequantizer.
+    pub dequantize: fn(&[u8], &mut [f32]),
+    /// GPU decode include, if any.
+    pub wgsl: Option<&'static str>,
+}
+
+impl Format {
+    /// The entry of format `F`.
+    pub const fn of<F: BlockFormat>() -> Format {
+        Format {
+            ty: F::TYPE,
+            block_elems: F::BLOCK_ELEMS,
+            block_bytes: F::BLOCK_BYTES,
+            dot: F::DOT,
+            quantize: F::QUANTIZE,
+            dequantize: F::dequantize_row,
+            wgsl: F::WGSL,
+        }
+    }
+
+    /// The activation format it pairs with.
+    pub const fn act(&self) -> ActFormat {
+        self.dot.act()
+    }
+}
