@@ -349,9 +349,7 @@ impl Kernel {
             | Kernel::Glu { .. }
             | Kernel::ReadProbe
             | Kernel::AttentionTiled
-            | Kernel::WindowAttention => {
-                "main"
-            }
+            | Kernel::WindowAttention => "main",
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
                 AttnStage::ProbsPv => "probs_pv",
