@@ -13,7 +13,7 @@ pub struct SynthArgs {
     /// Architecture: bitnet-b1.58, bitnet-25, bitnet, llama (ternary weights, Falcon3-1.58 / TriLM style), or gpt2 (dense weights).
     #[arg(long, default_value = "bitnet-b1.58")]
     arch: String,
-    /// Shape: 2b-4t (BitNet b1.58 2B-4T), small, tiny, or gpt2-124m.
+    /// Shape: 2b-4t (BitNet b1.58 2B-4T), small, tiny, gpt2-124m, or falcon3-1b (Falcon3-1B-1.58bit, with --arch llama).
     #[arg(long, default_value = "tiny")]
     shape: String,
     /// Weight type: i2_s, tq2_0 or tq1_0 (BitNet); f32, f16, q8_0 or q4_0 (gpt2).

@@ -827,14 +827,21 @@ fn ctrl_c_in_chat_stops_the_reply_and_then_exits_at_the_prompt() {
     assert!(replies.iter().all(|r| r.len() > 1), "{replies:?}");
 }
 
-/// The golden2 cases whose block formats this build has: qwen2, qwen3 and gemma3 in F16
-/// (Q4_0 embeddings), and llama with TQ1_0/TQ2_0 weights.
+/// The golden2 cases whose block formats this build has: every model but the Q2_K / Q3_K
+/// ones (qwen2, qwen3, gemma3, llama with the SmolLM and SPM vocabularies; F16, Q4_0, Q4_1,
+/// Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q1_0, Q2_0, TQ1_0, TQ2_0).
 const GOLDEN2_CASES: [(&str, &str, &str); 2] = [
-    ("golden2/manifest.json", "qwen2-d64-f16", "all 5 cases pass"),
+    (
+        "golden2/manifest.json",
+        "qwen2-d64-f16,qwen3-t64-q2_0,gemma3-d64-q4_k,llama-smollm-d64-q4_1,llama-spm-d64-q5_0,\
+         llama-spm-d64-q5_1,llama-spm-d64-iq4_nl,llama-spm-b128-q1_0,llama-spm-t64-q2_0",
+        "all 45 cases pass",
+    ),
     (
         "golden2-extra/manifest.json",
-        "qwen3-d64-f16,gemma3-d64-f16,llama-spm-t256-tq1_0,llama-spm-t256-tq2_0",
-        "all 20 cases pass",
+        "qwen3-b128-q1_0,qwen3-d64-f16,gemma3-d64-q5_0,gemma3-d64-f16,llama-spm-d64-q4_1,\
+         llama-spm-d256-q5_k,llama-spm-d256-iq4_xs,llama-spm-t256-tq1_0,llama-spm-t256-tq2_0",
+        "all 45 cases pass",
     ),
 ];
 

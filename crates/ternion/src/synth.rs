@@ -44,12 +44,15 @@ impl Shape {
             "tiny" => s(256, 2, 4, 1, 768),
             "micro" => s(128, 2, 4, 2, 256),
             "gpt2-124m" => s(768, 12, 12, 12, 3072),
+            // Falcon3-1B-1.58bit (with --arch llama --type i2_s): head_dim 256, GQA 8/4.
+            "falcon3-1b" => s(2048, 18, 8, 4, 8192),
             _ => return None,
         })
     }
 
     /// Names accepted by [`Shape::named`].
-    pub const NAMES: &'static [&'static str] = &["2b-4t", "small", "tiny", "micro", "gpt2-124m"];
+    pub const NAMES: &'static [&'static str] =
+        &["2b-4t", "small", "tiny", "micro", "gpt2-124m", "falcon3-1b"];
 }
 
 /// Where the tokenizer metadata comes from.

@@ -56,7 +56,14 @@ impl Linear {
             return Err(Error::UnsupportedType {
                 tensor: name.into(),
                 type_id: info.ty.id(),
-                type_name: format!("{} (no matmul kernel for it yet)", info.ty),
+                type_name: format!(
+                    "{} (no matmul kernel for it yet; this build's formats: {})",
+                    info.ty,
+                    quant::supported()
+                        .map(|f| f.ty.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             });
         }
         let (k, m) = (info.shape[0] as usize, info.shape[1] as usize);
