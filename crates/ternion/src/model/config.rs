@@ -223,9 +223,14 @@ impl Config {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Model(m));
-        if self.head_dim * self.n_head != self.n_embd
-            && !matches!(self.arch, Arch::Qwen3 | Arch::Gemma3)
-        {
+        let free_heads = matches!(self.arch, Arch::Qwen3 | Arch::Gemma3);
+        if !free_heads && !self.n_embd.is_multiple_of(self.n_head) {
+            return bad(format!(
+                "embedding_length {} is not a multiple of head_count {} (needed by {})",
+                self.n_embd, self.n_head, self.arch_name
+            ));
+        }
+        if self.head_dim * self.n_head != self.n_embd && !free_heads {
             return bad(format!(
                 "head_count {} × head size {} must equal embedding_length {} for {}",
                 self.n_head, self.head_dim, self.n_embd, self.arch_name

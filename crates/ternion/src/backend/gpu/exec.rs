@@ -24,6 +24,7 @@ use super::context::GpuContext;
 use super::greedy::CHAIN;
 use super::ops::{KvIndex, TopK};
 use super::plan::{KvSizes, Numerics, Plan, PlanOpts, Rows};
+use super::profile::Profiler;
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
 use crate::generate::{check_step, StepLimits};
@@ -72,27 +73,6 @@ impl Default for GpuModelOptions {
     }
 }
 
-/// Time spent in one kind of launch over the profiled steps.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelTime {
-    /// Launch label (`ternary`, `rmsnorm`, `attention`, ...).
-    pub label: &'static str,
-    /// Launches timed.
-    pub count: u64,
-    /// Total GPU time in nanoseconds.
-    pub total_ns: f64,
-}
-
-/// Timestamp queries of the profiled steps.
-struct Profiler {
-    queries: wgpu::QuerySet,
-    resolve: GpuBuffer,
-    staging: GpuBuffer,
-    n: u32,
-    period_ns: f64,
-    totals: Vec<KernelTime>,
-}
-
 /// What a step hands back.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Out {
@@ -123,14 +103,14 @@ pub(super) enum Out {
 
 /// A model resident on the GPU with its KV cache.
 pub struct GpuModel {
-    ctx: Arc<GpuContext>,
+    pub(super) ctx: Arc<GpuContext>,
     cfg: Config,
     opts: GpuModelOptions,
-    plan: Plan,
+    pub(super) plan: Plan,
     argmax: TopK,
     topk: TopK,
     staging: GpuBuffer,
-    profiler: Option<Profiler>,
+    pub(super) profiler: Option<Profiler>,
     /// Slots and pages of the KV caches.
     table: Arc<std::sync::Mutex<KvTable>>,
     /// The sequence of the single-sequence API.
@@ -288,33 +268,6 @@ impl GpuModel {
         self.plan.dispatches(1) + 2
     }
 
-    /// GPU time per kind of launch, summed over the steps run since load (`None` unless built
-    /// with [`GpuModelOptions::profile`]).
-    pub fn profile(&self) -> Option<Vec<KernelTime>> {
-        let p = self.profiler.as_ref()?;
-        let mut by_label: Vec<KernelTime> = Vec::new();
-        for t in &p.totals {
-            match by_label.iter_mut().find(|k| k.label == t.label) {
-                Some(k) => {
-                    k.count += t.count;
-                    k.total_ns += t.total_ns;
-                }
-                None => by_label.push(t.clone()),
-            }
-        }
-        Some(by_label)
-    }
-
-    /// Clears the profile totals (e.g. after warm-up and prefill, to time decode alone).
-    pub fn reset_profile(&mut self) {
-        if let Some(p) = &mut self.profiler {
-            for t in &mut p.totals {
-                t.count = 0;
-                t.total_ns = 0.0;
-            }
-        }
-    }
-
     /// Records and submits one step: the tokens of each `(slot, tokens)` part at the
     /// positions after those its sequence caches (≤ max_batch tokens in all), with the
     /// result selected by `out` copied to staging; advances the sequences.
@@ -469,23 +422,6 @@ impl GpuModel {
             .await
     }
 
-    /// Adds the last step's timestamps to the profile.
-    async fn collect_profile(&mut self) -> Result<()> {
-        if let Some(p) = &mut self.profiler {
-            let bytes = self
-                .ctx
-                .map_read(&p.staging.buf, u64::from(p.n) * 8)
-                .await?;
-            let ticks: &[u64] = bytemuck::cast_slice(&bytes);
-            for (i, w) in ticks.windows(2).enumerate() {
-                let t = &mut p.totals[i];
-                t.count += 1;
-                t.total_ns += w[1].saturating_sub(w[0]) as f64 * p.period_ns;
-            }
-        }
-        Ok(())
-    }
-
     /// Runs `tokens` at the positions after those already cached (in steps of at most
     /// `max_batch`, or fewer when every row's logits are wanted) and returns the logits:
     /// one row per token for [`Logits::All`], the last token's for [`Logits::Last`].
@@ -619,61 +555,5 @@ impl GpuModel {
     /// Blocking [`GpuModel::topk_step_async`].
     pub fn topk_step(&mut self, token: u32) -> Result<Vec<(u32, f32)>> {
         pollster::block_on(self.topk_step_async(token))
-    }
-}
-
-impl Profiler {
-    fn new(ctx: &GpuContext, plan: &Plan) -> Result<Profiler> {
-        if !ctx
-            .device
-            .features()
-            .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
-        {
-            return Err(Error::Gpu(format!(
-                "{}: profiling needs timestamp queries inside compute passes, which this \
-                 adapter does not offer",
-                ctx.caps().name
-            )));
-        }
-        let n = plan.len() as u32 + 1;
-        let queries = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("profile"),
-            ty: wgpu::QueryType::Timestamp,
-            count: n,
-        });
-        let bytes = u64::from(n) * 8;
-        let resolve = GpuBuffer::with_usage(
-            ctx,
-            "profile.resolve",
-            bytes,
-            wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        )?;
-        let staging = GpuBuffer::with_usage(
-            ctx,
-            "profile.staging",
-            bytes,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
-        let totals = (0..plan.len())
-            .map(|i| KernelTime {
-                label: plan.label(i),
-                count: 0,
-                total_ns: 0.0,
-            })
-            .collect();
-        Ok(Profiler {
-            queries,
-            resolve,
-            staging,
-            n,
-            period_ns: f64::from(ctx.queue.get_timestamp_period()),
-            totals,
-        })
-    }
-
-    fn record_resolve(&self, enc: &mut wgpu::CommandEncoder) {
-        enc.resolve_query_set(&self.queries, 0..self.n, &self.resolve.buf, 0);
-        let bytes = u64::from(self.n) * 8;
-        enc.copy_buffer_to_buffer(&self.resolve.buf, 0, &self.staging.buf, 0, bytes);
     }
 }

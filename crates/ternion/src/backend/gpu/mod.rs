@@ -77,6 +77,7 @@ mod greedy;
 mod ops;
 mod pipelines;
 mod plan;
+mod profile;
 mod seqs;
 #[cfg(test)]
 mod tests;
@@ -93,7 +94,7 @@ pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
 pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, PrefillKernel};
-pub use exec::{GpuModel, GpuModelOptions, KernelTime};
+pub use exec::{GpuModel, GpuModelOptions};
 pub use ops::{
     ActQuant, Attention, AttnDims, AttnOpts, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex,
     MatIn, MatmulKind, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights,
@@ -105,5 +106,6 @@ pub use pipelines::{
     preprocess, AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
 };
 pub use plan::Numerics;
+pub use profile::KernelTime;
 pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};

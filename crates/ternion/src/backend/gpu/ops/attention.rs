@@ -1,5 +1,6 @@
 //! RoPE + KV-cache store, and causal attention over the cache.
 
+use super::attention_fast::FastSplit;
 use super::{uniform, Dispatch, StepUniform, WG};
 use crate::backend::gpu::buffers::GpuBuffer;
 use crate::backend::gpu::context::GpuContext;
@@ -439,63 +440,7 @@ impl Attention {
             dims.n_head as u32,
         )?;
         let split = if fast {
-            let pkey = |merge| PipelineKey {
-                kernel: Kernel::AttentionFast { merge },
-                variant: Variant::default(),
-            };
-            let fchunks = ATTN_FAST_KEYS / PAGE_POSITIONS as u32;
-            let fparams = uniform(
-                ctx,
-                "attention_fast.params",
-                &[
-                    dims.n_head as u32,
-                    dims.n_head_kv as u32,
-                    dims.head_dim as u32,
-                    n_ctx as u32,
-                    scale.to_bits(),
-                    fchunks,
-                    index.pps as u32,
-                    0,
-                ],
-            )?;
-            let part = GpuBuffer::zeroed(
-                ctx,
-                "attention_fast.part",
-                (index.slots * dims.n_head * (dims.head_dim + 2) * 4) as u64 * u64::from(fchunks),
-            )?;
-            let split = Dispatch::new(
-                ctx,
-                pkey(false),
-                "attention_fast.split",
-                &[
-                    (0, fparams.binding()),
-                    (2, q.binding()),
-                    (3, kv.k.binding()),
-                    (4, kv.v.binding()),
-                    (8, part.binding()),
-                    (9, toks.clone()),
-                    (10, pages.clone()),
-                ],
-                dims.n_head_kv as u32,
-            )?;
-            let merge = Dispatch::new(
-                ctx,
-                pkey(true),
-                "attention_fast.merge",
-                &[
-                    (0, fparams.binding()),
-                    (5, out.binding()),
-                    (8, part.binding()),
-                    (9, toks.clone()),
-                ],
-                dims.n_head as u32,
-            )?;
-            Some(Box::new(FastSplit {
-                split,
-                merge,
-                n_head_kv: dims.n_head_kv as u32,
-                _keep: [fparams, part],
-            }))
+            Some(Box::new(FastSplit::new(ctx, dims, q, (kv, index), out)?))
         } else {
             None
         };
@@ -588,23 +533,5 @@ impl Attention {
             _ if fast && decode_rows => 3,
             _ => 1,
         }
-    }
-}
-
-/// The split-K decode attention of the "fast" numerics (`attention_fast.wgsl`).
-struct FastSplit {
-    split: Dispatch,
-    merge: Dispatch,
-    n_head_kv: u32,
-    _keep: [GpuBuffer; 2],
-}
-
-impl FastSplit {
-    /// The split over the pages of up to `n_kv` keys, then the merge, for `n_tokens` rows.
-    fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32, n_head: u32) {
-        let pages = n_kv.div_ceil(PAGE_POSITIONS as u32);
-        self.split
-            .record_grid(pass, [self.n_head_kv, pages, n_tokens]);
-        self.merge.record_grid(pass, [n_head, 1, n_tokens]);
     }
 }

@@ -3,6 +3,7 @@
 //! compute passes with `record`, which creates nothing. One file per kernel family.
 
 mod attention;
+mod attention_fast;
 mod decode;
 mod elementwise;
 mod embed;
