@@ -84,6 +84,8 @@ mod tests;
 #[cfg(test)]
 mod tests_arch;
 #[cfg(test)]
+mod tests_decode;
+#[cfg(test)]
 mod tests_fam;
 #[cfg(test)]
 mod tests_mm;

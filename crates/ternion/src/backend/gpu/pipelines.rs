@@ -135,6 +135,9 @@ pub enum Kernel {
     AttentionFast {
         /// The merge entry point.
         merge: bool,
+        /// `split` rotates q and k and stores the new key and value itself (a single-token
+        /// step; `rope_kv.wgsl` does not run).
+        rope: bool,
     },
     /// `glu.wgsl`: `gate = act(gate) · up`.
     Glu {
@@ -245,6 +248,8 @@ enum Source {
     RopeKv,
     Attention,
     AttentionFast,
+    /// attention_fast.wgsl with `#if ROPE` on.
+    AttentionFastRope,
     AttentionTiled,
     Glu,
     Select,
@@ -278,7 +283,7 @@ impl Source {
                 "attention_tiled.wgsl",
                 include_str!("kernels/attention_tiled.wgsl"),
             ),
-            Source::AttentionFast => (
+            Source::AttentionFast | Source::AttentionFastRope => (
                 "attention_fast.wgsl",
                 include_str!("kernels/attention_fast.wgsl"),
             ),
@@ -313,6 +318,7 @@ impl Kernel {
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
+            Kernel::AttentionFast { rope: true, .. } => Source::AttentionFastRope,
             Kernel::AttentionFast { .. } => Source::AttentionFast,
             Kernel::AttentionTiled => Source::AttentionTiled,
             Kernel::Glu { .. } => Source::Glu,
@@ -360,8 +366,8 @@ impl Kernel {
                 AttnStage::Merge => "merge",
                 AttnStage::Prefill => "prefill",
             },
-            Kernel::AttentionFast { merge: false } => "split",
-            Kernel::AttentionFast { merge: true } => "merge",
+            Kernel::AttentionFast { merge: false, .. } => "split",
+            Kernel::AttentionFast { merge: true, .. } => "merge",
             Kernel::Select { partial: true, .. } => "partial",
             Kernel::Select { partial: false, .. } => "merge",
             Kernel::QMatvec { batch: false, .. } => "matvec",
@@ -529,11 +535,17 @@ impl GpuContext {
                     if key.variant.subgroups {
                         defines.push("SUBGROUPS");
                     }
+                    if src == Source::AttentionFastRope {
+                        defines.push("ROPE");
+                    }
                     let mut code = preprocess(file, text, &defines)?;
                     if let Source::QMatvec(fmt) = src {
                         for part in fmt.includes() {
                             code.push_str(part);
                         }
+                    }
+                    if matches!(src, Source::RopeKv | Source::AttentionFastRope) {
+                        code.push_str(include_str!("kernels/rope.wgsl"));
                     }
                     code.push_str(include_str!("kernels/common.wgsl"));
                     let m = self

@@ -208,7 +208,7 @@ impl Launch {
                     glu.record(pass, n);
                 }
             }
-            Launch::RopeKv(o) => o.record(pass, n),
+            Launch::RopeKv(o) => o.record_step(pass, n, n_kv),
             Launch::Attention(o) => o.record(pass, n, n_kv, matches!(rows, Rows::Picked(_))),
             Launch::Glu(o) => o.record(pass, n),
             Launch::Head(h) => match rows {
@@ -273,6 +273,7 @@ impl Launch {
             Launch::Decode(b) => b.1.dispatches(n),
             Launch::Embed(e) => e.dispatch_count(),
             Launch::Attention(a) => a.dispatches(n, 1, false),
+            Launch::RopeKv(r) if r.skips(n, 1) => 0,
             Launch::TernaryGlu(_) | Launch::Ternary3(_) if n > 1 => 3,
             Launch::Head(h) => h.decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
@@ -560,6 +561,8 @@ impl Plan {
         };
         let width = |a: ActId| graph.acts[a.0].width;
         let mut launches = Vec::new();
+        // Layer → index of its rope_kv launch.
+        let mut ropes: HashMap<usize, usize> = HashMap::new();
         let mut max_pos = None;
         let mut i = 0;
         while i < graph.ops.len() {
@@ -912,6 +915,7 @@ impl Plan {
                         freqs: freqs.as_ref(),
                     };
                     let (qb, kb, vb) = (acts.f32(q)?, acts.f32(k)?, acts.f32(v)?);
+                    ropes.insert(layer, launches.len());
                     launches.push(Launch::RopeKv(RopeKv::with_rope(
                         g,
                         d,
@@ -932,7 +936,12 @@ impl Plan {
                 }
                 Op::Attention { layer, q, out } => {
                     let (qb, ob) = (acts.f32(q)?, acts.f32(out)?);
-                    launches.push(Launch::Attention(Attention::new(
+                    // The layer's rope_kv launch, whose single-token work the split takes.
+                    let rope = ropes.get(&layer).and_then(|&at| match &launches[at] {
+                        Launch::RopeKv(r) => Some((at, r.fused_inputs().clone())),
+                        _ => None,
+                    });
+                    let attn = Attention::new(
                         g,
                         dims,
                         &qb,
@@ -941,8 +950,15 @@ impl Plan {
                         AttnOpts {
                             round_p: true,
                             fast: fast.then_some(&step),
+                            rope: rope.as_ref().map(|r| &r.1),
                         },
-                    )?));
+                    )?;
+                    if let (Some((at, _)), true) = (rope, attn.fuses_rope()) {
+                        if let Launch::RopeKv(r) = &mut launches[at] {
+                            r.set_fused();
+                        }
+                    }
+                    launches.push(Launch::Attention(attn));
                 }
                 Op::Glu { act, gate, up } => {
                     let act = kernel_glu(act);

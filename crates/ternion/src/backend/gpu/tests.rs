@@ -42,7 +42,7 @@ pub(super) fn ctx_with(opts: &GpuOptions) -> Option<GpuContext> {
     }
 }
 
-fn ctx() -> Option<GpuContext> {
+pub(super) fn ctx() -> Option<GpuContext> {
     ctx_with(&GpuOptions::default())
 }
 
@@ -714,6 +714,7 @@ pub(super) fn attention_case(
     let opts = AttnOpts {
         round_p: round,
         fast: fast.then_some(&step),
+        rope: None,
     };
     let op = Attention::new(ctx, d, &qb, seq.both(), &out, opts).unwrap();
     run(ctx, |p| op.record(p, n as u32, n_kv as u32, false));
@@ -936,6 +937,26 @@ fn f32_only_context_runs_the_fallbacks() {
     assert_eq!(ctx.variant(8), Variant::default());
 }
 
+/// Prints the wall-clock time per launch of `f` recorded 200 times into one pass, after
+/// one warm-up pass, and the rate at which it reads `bytes` per launch.
+pub(super) fn time_launches(
+    ctx: &GpuContext,
+    label: &str,
+    bytes: f64,
+    f: &dyn Fn(&mut wgpu::ComputePass<'_>),
+) {
+    let reps = 200u32;
+    run(ctx, |p| f(p));
+    let t = std::time::Instant::now();
+    run(ctx, |p| {
+        for _ in 0..reps {
+            f(p)
+        }
+    });
+    let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
+    eprintln!("{label}: {us:.2} µs/launch, {:.0} GB/s", bytes / us / 1e3);
+}
+
 /// Wall-clock per dispatch of the decode kernels at BitNet 2B-4T shapes, each recorded 200
 /// times into one pass (consecutive dispatches write the same buffer, so each waits for the
 /// previous one, as in a forward pass). Run with `--ignored --nocapture` on a real GPU.
@@ -944,17 +965,8 @@ fn f32_only_context_runs_the_fallbacks() {
 fn bench_decode_kernels() {
     let Some(ctx) = ctx() else { return };
     eprintln!("{:?}", ctx.caps());
-    let reps = 200u32;
     let time = |label: &str, bytes: f64, f: &dyn Fn(&mut wgpu::ComputePass<'_>)| {
-        run(&ctx, |p| f(p)); // warm-up
-        let t = std::time::Instant::now();
-        run(&ctx, |p| {
-            for _ in 0..reps {
-                f(p)
-            }
-        });
-        let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
-        eprintln!("{label}: {us:.2} µs/dispatch, {:.0} GB/s", bytes / us / 1e3);
+        time_launches(&ctx, label, bytes, f)
     };
     let mut r = rng(8);
     let step = StepUniform::new(&ctx).unwrap();

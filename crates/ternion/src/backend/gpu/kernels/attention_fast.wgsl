@@ -16,6 +16,14 @@
 //                                            per (sequence, head, page) Σ e·v, then m, l
 //   9 storage read  toks:  array<vec2<u32>>  T × (position, sequence slot | DECODE_ROW)
 //  10 storage read  pages: array<u32>        the page tables
+//   6 storage read  k_raw: array<f32>        ROPE: T × kv_dim, the new keys (unrotated)
+//   7 storage read  freqs: array<f32>        ROPE: rope_kv.wgsl's frequency divisors
+//  11 storage read  v_raw: array<f32>        ROPE: T × kv_dim, the new values
+//  12 uniform RopeParams                     ROPE: rope_kv.wgsl's (rope.wgsl)
+// Variant ROPE (single-token steps; the file compiled with `#if ROPE` on): `split` rotates its group's query heads itself
+// (rope.wgsl, the same bits as rope_kv.wgsl) and the workgroup whose page holds the new
+// position rotates and stores that kv head's key and value into the cache (one writer per
+// kv head) before reading the page, so a decode step runs no rope_kv launch.
 // Dispatch: `split` (n_head_kv, ceil(n_keys / PAGE), T): one workgroup per (kv head, page
 // of keys, token) computes, for each of the G = n_head / n_head_kv query heads sharing the
 // kv head, the page's scores s = f16(q)·k · scale, m = max s, e = exp(s − m), l = Σ e and
@@ -45,8 +53,17 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
+#if ROPE
+@group(0) @binding(3) var<storage, read_write> k4: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(6) var<storage, read> k_raw: array<f32>;
+@group(0) @binding(7) var<storage, read> freqs: array<f32>;
+@group(0) @binding(11) var<storage, read> v_raw: array<f32>;
+@group(0) @binding(12) var<uniform> rp: RopeParams;
+#else
 @group(0) @binding(3) var<storage, read> k4: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+#endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
 @group(0) @binding(9) var<storage, read> toks: array<vec2<u32>>;
@@ -110,6 +127,61 @@ fn score(row: u32, kvh: u32, g: u32) -> f32 {
     return acc * p.scale;
 }
 
+#if ROPE
+// Element i of q (which 0) or of the new keys (which 1), for rope.wgsl's `rope_words`.
+fn rope_src(which: u32, i: u32) -> f32 {
+    if (which == 0u) {
+        return q[i];
+    }
+    return k_raw[i];
+}
+
+// ROPE: the group's G query heads (from element qbase of q) rotated into q_sh, F16-rounded.
+fn rope_q(qbase: u32, gq: u32, pos: u32, li: u32) {
+    let hd = p.head_dim;
+    let hw = hd / 2u;
+    for (var i = li; i < gq * hw; i += WG) {
+        let g = i / hw;
+        let r = rope_words(0u, qbase + g * hd, i % hw, pos, rp.n_rot, rp.mode, rp.theta_scale, rp.has_freqs);
+        let o = g * hd;
+        if (r.n >= 1u) {
+            q_sh[o + r.i0] = round_f16(r.v0.x);
+            q_sh[o + r.i0 + 1u] = round_f16(r.v0.y);
+        }
+        if (r.n == 2u) {
+            q_sh[o + r.i1] = round_f16(r.v1.x);
+            q_sh[o + r.i1 + 1u] = round_f16(r.v1.y);
+        }
+    }
+}
+
+// Word w of the key cache (k4 holds four words a vec4).
+fn put_k(w: u32, bits: u32) {
+    k4[w / 4u][w % 4u] = bits;
+}
+
+// ROPE: kv head kvh of token t, rotated key and value, stored at (slot, pos) as rope_kv.wgsl
+// stores them.
+fn store_kv(t: u32, kvh: u32, slot: u32, pos: u32, li: u32) {
+    let hd = p.head_dim;
+    let hw = hd / 2u;
+    let kv_dim = p.n_head_kv * hd;
+    let crow = (pages[slot * p.pps + pos / PAGE] * PAGE + pos % PAGE) * kv_dim / 2u;
+    let cbase = crow + kvh * hw;
+    let base = t * kv_dim + kvh * hd;
+    for (var j = li; j < hw; j += WG) {
+        let r = rope_words(1u, base, j, pos, rp.n_rot, rp.mode, rp.theta_scale, rp.has_freqs);
+        if (r.n >= 1u) {
+            put_k(cbase + r.i0 / 2u, pack_f16(r.v0.x, r.v0.y));
+        }
+        if (r.n == 2u) {
+            put_k(cbase + r.i1 / 2u, pack_f16(r.v1.x, r.v1.y));
+        }
+        v_cache[cbase + j] = pack_f16(v_raw[base + 2u * j], v_raw[base + 2u * j + 1u]);
+    }
+}
+#endif
+
 @compute @workgroup_size(256)
 fn split(
     @builtin(local_invocation_index) li: u32,
@@ -128,9 +200,19 @@ fn split(
     let gq = p.n_head / p.n_head_kv;
     let hd = p.head_dim;
     let qbase = (t * p.n_head + kvh * gq) * hd;
+#if ROPE
+    let pos = n_keys - 1u;
+    rope_q(qbase, gq, pos, li);
+    if (c == pos / PAGE) {
+        store_kv(t, kvh, slot, pos, li);
+    }
+    // This workgroup reads the row it stored below.
+    storageBarrier();
+#else
     for (var i = li; i < gq * hd; i += WG) {
         q_sh[i] = round_f16(q[qbase + i]);
     }
+#endif
     workgroupBarrier();
     let row0 = pages[slot * p.pps + c] * PAGE;
     let cnt = min(PAGE, n_keys - c * PAGE);

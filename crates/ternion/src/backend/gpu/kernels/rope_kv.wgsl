@@ -30,6 +30,8 @@
 // nothing to do. NORM: thread j < n_rot/2 rotates its own pair (2j, 2j+1). Threads
 // j ≥ n_rot/2 copy the unrotated dims.
 //
+// The rotation itself is rope.wgsl's (shared with attention_fast.wgsl's fused decode).
+//
 // Numerics:
 // - θ of pair i is f32(pos) multiplied i times by theta_scale, in f32 (correctly rounded
 //   products, as on the CPU), and the division by freqs[i] is correctly rounded (div_rn,
@@ -41,19 +43,9 @@
 // - F16 rounding is done in integer arithmetic, round-to-nearest-even (like half::f16),
 //   because WGSL leaves the rounding of f32→f16 conversions to the implementation.
 
-struct Params {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    n_rot: u32,
-    theta_scale: f32,
-    mode: u32,
-    has_freqs: u32,
-    pps: u32,
-}
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: RopeParams;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read_write> q: array<f32>;
 @group(0) @binding(3) var<storage, read> k: array<f32>;
@@ -67,40 +59,12 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 // Positions per KV page (kv.rs PAGE_POSITIONS).
 const PAGE: u32 = 32u;
 
-fn pack_f16(a: f32, b: f32) -> u32 {
-    return f16_bits(a) | (f16_bits(b) << 16u);
-}
-
-// (cos θ, sin θ) with Cody–Waite reduction by π/2 (see the header).
-fn cos_sin(theta: f32) -> vec2<f32> {
-    let kf = round(theta * 0.63661977236758134);
-    var r = theta - kf * 1.5703125;
-    r = r - kf * 4.837512969970703125e-4;
-    r = r - kf * 7.549789948768648e-8;
-    let r2 = r * r;
-    // sin r and cos r on [−π/4, π/4] (cephes sinf/cosf coefficients).
-    let s = r + r * r2 * (-1.6666654611e-1 + r2 * (8.3321608736e-3 + r2 * -1.9515295891e-4));
-    let c = (r2 * r2 * (4.166664568298827e-2 + r2 * (-1.388731625493765e-3 + r2 * 2.443315711809948e-5)) - 0.5 * r2) + 1.0;
-    let quadrant = i32(kf) & 3;
-    switch quadrant {
-        case 0: { return vec2<f32>(c, s); }
-        case 1: { return vec2<f32>(-s, c); }
-        case 2: { return vec2<f32>(-c, -s); }
-        default: { return vec2<f32>(s, -c); }
+// Element i of head input `which` (0: q, 1: k), for rope.wgsl's `rope_words`.
+fn rope_src(which: u32, i: u32) -> f32 {
+    if (which == 0u) {
+        return q[i];
     }
-}
-
-// θ of rotation pair i at position `pos`, in the reference's order of f32 products, divided
-// by the pair's frequency factor when there are any.
-fn theta_of(pos: u32, i: u32) -> f32 {
-    var theta = f32(pos);
-    for (var j = 0u; j < i; j++) {
-        theta *= p.theta_scale;
-    }
-    if (p.has_freqs == 1u) {
-        return div_rn(theta, freqs[i]);
-    }
-    return theta;
+    return k[i];
 }
 
 @compute @workgroup_size(256)
@@ -128,70 +92,27 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let is_q = head < p.n_head;
-    var base: u32;
     if (is_q) {
-        base = t * p.n_head * p.head_dim + head * p.head_dim;
-    } else {
-        base = t * kv_dim + (head - p.n_head) * p.head_dim;
-    }
-    let half = p.n_rot / 2u;
-    if (p.mode == 1u && j < half) {
-        // NORM: the pair (2j, 2j + 1) is this thread's word.
-        var x: vec2<f32>;
-        if (is_q) {
-            x = vec2<f32>(q[base + 2u * j], q[base + 2u * j + 1u]);
-        } else {
-            x = vec2<f32>(k[base + 2u * j], k[base + 2u * j + 1u]);
+        // Rotated in place (a copied word is written back unchanged).
+        let base = t * p.n_head * p.head_dim + head * p.head_dim;
+        let r = rope_words(0u, base, j, pos, p.n_rot, p.mode, p.theta_scale, p.has_freqs);
+        if (r.n >= 1u) {
+            q[base + r.i0] = r.v0.x;
+            q[base + r.i0 + 1u] = r.v0.y;
         }
-        let cs = cos_sin(theta_of(pos, j));
-        let y = vec2<f32>(x.x * cs.x - x.y * cs.y, x.x * cs.y + x.y * cs.x);
-        if (is_q) {
-            q[base + 2u * j] = y.x;
-            q[base + 2u * j + 1u] = y.y;
-        } else {
-            k_cache[crow + (head - p.n_head) * hw + j] = pack_f16(y.x, y.y);
+        if (r.n == 2u) {
+            q[base + r.i1] = r.v1.x;
+            q[base + r.i1 + 1u] = r.v1.y;
         }
         return;
     }
-    var a: vec2<f32>;
-    var b: vec2<f32>;
-    var lo: u32;
-    if (j < p.n_rot / 4u) {
-        // Pairs (2j, 2j + half) and (2j + 1, 2j + 1 + half).
-        lo = 2u * j;
-        var x0: vec2<f32>;
-        var x1: vec2<f32>;
-        if (is_q) {
-            x0 = vec2<f32>(q[base + lo], q[base + lo + 1u]);
-            x1 = vec2<f32>(q[base + lo + half], q[base + lo + half + 1u]);
-        } else {
-            x0 = vec2<f32>(k[base + lo], k[base + lo + 1u]);
-            x1 = vec2<f32>(k[base + lo + half], k[base + lo + half + 1u]);
-        }
-        let cs0 = cos_sin(theta_of(pos, lo));
-        let cs1 = cos_sin(theta_of(pos, lo + 1u));
-        let c = vec2<f32>(cs0.x, cs1.x);
-        let s = vec2<f32>(cs0.y, cs1.y);
-        a = x0 * c - x1 * s;
-        b = x0 * s + x1 * c;
-        if (is_q) {
-            q[base + lo] = a.x;
-            q[base + lo + 1u] = a.y;
-            q[base + lo + half] = b.x;
-            q[base + lo + half + 1u] = b.y;
-            return;
-        }
-        let cbase = crow + (head - p.n_head) * hw;
-        k_cache[cbase + lo / 2u] = pack_f16(a.x, a.y);
-        k_cache[cbase + (lo + half) / 2u] = pack_f16(b.x, b.y);
-        return;
+    let base = t * kv_dim + (head - p.n_head) * p.head_dim;
+    let r = rope_words(1u, base, j, pos, p.n_rot, p.mode, p.theta_scale, p.has_freqs);
+    let cbase = crow + (head - p.n_head) * hw;
+    if (r.n >= 1u) {
+        k_cache[cbase + r.i0 / 2u] = pack_f16(r.v0.x, r.v0.y);
     }
-    if (j < half) {
-        return;
-    }
-    // Unrotated dims 2j, 2j + 1: q stays as is; k is copied to the cache.
-    if (!is_q) {
-        let cbase = crow + (head - p.n_head) * hw;
-        k_cache[cbase + j] = pack_f16(k[base + 2u * j], k[base + 2u * j + 1u]);
+    if (r.n == 2u) {
+        k_cache[cbase + r.i1 / 2u] = pack_f16(r.v1.x, r.v1.y);
     }
 }

@@ -38,8 +38,14 @@
 // Weight layout (ternary.wgsl explains it): vec4 v of a row is words 4v..4v+3 of I2_S block
 // v/2; shifted right by 6−2g and masked, word e pairs with activation word
 // 32·(v/2) + 8g + 4·(v%2) + e, i.e. component e of activation vec4 8·(v/2) + 2g + v%2.
-// A workgroup is 256 threads = 256/TPR rows × TPR lanes; lanes stride over the row's vec4s
-// four at a time (four loads in flight), and their sums are reduced in workgroup memory.
+// A workgroup is 256 threads = 256/TPR rows × TPR lanes. Each lane loads its first PRE
+// vec4s of the row before the prologue, so their memory latency hides behind the norm
+// (they cover a 2,560-wide row entirely, and 8/13.5 of a 6,912-wide one at TPR 8); then
+// lanes stride over the rest four vec4s at a time (four loads in flight).
+// Reductions: variant SUBGROUPS sums the prologue's partials with subgroupAdd/subgroupMax
+// and then over the subgroups in order (2 barriers each), and a row's TPR lanes with
+// subgroupShuffleXor (the host picks the variant only when TPR ≤ the smallest subgroup);
+// otherwise a shared-memory tree, and the row's lanes through one barrier.
 
 override TPR: u32 = 8u;
 override EPILOGUE: u32 = 0u;
@@ -48,6 +54,8 @@ const WG: u32 = 256u;
 const M2: u32 = 0x03030303u;
 // Activation words held in workgroup memory: rows of up to 8,192 elements.
 const MAX_WORDS: u32 = 2048u;
+// Weight vec4s per lane loaded before the prologue.
+const PRE: u32 = 8u;
 
 struct Params { rows: u32, words: u32, w_scale: f32, up_scale: f32 }
 struct Norm { k: u32, eps: f32, pad0: u32, pad1: u32 }
@@ -73,6 +81,51 @@ var<workgroup> red_i: array<vec4<i32>, WG>;
 // The token's (scale s, Σq) once the prologue has run.
 var<workgroup> tok_sh: vec2<u32>;
 
+#if SUBGROUPS
+var<private> sg_lane: u32;
+var<private> sg_id: u32;
+var<private> sg_count: u32;
+
+// Workgroup (Σ, max) of (a.x, a.y): per subgroup, then over the subgroups in order.
+fn reduce_sum_max(a: vec2<f32>, li: u32) -> vec2<f32> {
+    let s = vec2<f32>(subgroupAdd(a.x), subgroupMax(a.y));
+    if (sg_lane == 0u) {
+        red_f[sg_id] = s;
+    }
+    workgroupBarrier();
+    var r = red_f[0];
+    for (var i = 1u; i < sg_count; i++) {
+        let b = red_f[i];
+        r = vec2<f32>(r.x + b.x, max(r.y, b.y));
+    }
+    workgroupBarrier();
+    return r;
+}
+
+// Workgroup sum of v (valid in every thread).
+fn reduce_all(v: vec4<i32>, li: u32) -> vec4<i32> {
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) {
+        red_i[sg_id] = s;
+    }
+    workgroupBarrier();
+    var r = vec4<i32>(0);
+    for (var i = 0u; i < sg_count; i++) {
+        r += red_i[i];
+    }
+    workgroupBarrier();
+    return r;
+}
+
+// Sum over the TPR lanes of each row, valid in the row's lane 0.
+fn reduce_row(v: vec2<i32>, li: u32) -> vec2<i32> {
+    var s = v;
+    for (var o = TPR / 2u; o > 0u; o >>= 1u) {
+        s += vec2<i32>(subgroupShuffleXor(s.x, o), subgroupShuffleXor(s.y, o));
+    }
+    return s;
+}
+#else
 // Workgroup (Σ, max) of (a.x, a.y), in a fixed order (a shared-memory tree).
 fn reduce_sum_max(a: vec2<f32>, li: u32) -> vec2<f32> {
     red_f[li] = a;
@@ -89,21 +142,53 @@ fn reduce_sum_max(a: vec2<f32>, li: u32) -> vec2<f32> {
     return r;
 }
 
-// Sum over the TPR lanes of each row (valid in every lane of the row), or over the whole
-// workgroup when `lanes` is WG.
-fn reduce_i(v: vec4<i32>, li: u32, lanes: u32) -> vec4<i32> {
-    let lane = li % lanes;
+// Workgroup sum of v (valid in every thread), a shared-memory tree.
+fn reduce_all(v: vec4<i32>, li: u32) -> vec4<i32> {
     red_i[li] = v;
     workgroupBarrier();
-    for (var o = lanes / 2u; o > 0u; o >>= 1u) {
-        if (lane < o) {
+    for (var o = WG / 2u; o > 0u; o >>= 1u) {
+        if (li < o) {
             red_i[li] = red_i[li] + red_i[li + o];
         }
         workgroupBarrier();
     }
-    let r = red_i[li - lane];
+    let r = red_i[0];
     workgroupBarrier();
     return r;
+}
+
+// Sum over the TPR lanes of each row, valid in the row's lane 0 (one barrier).
+fn reduce_row(v: vec2<i32>, li: u32) -> vec2<i32> {
+    red_i[li] = vec4<i32>(v, 0, 0);
+    workgroupBarrier();
+    var s = vec2<i32>(0, 0);
+    if (li % TPR == 0u) {
+        for (var i = 0u; i < TPR; i++) {
+            s += red_i[li + i].xy;
+        }
+    }
+    return s;
+}
+#endif
+
+// The builtins every entry point takes.
+struct Ids {
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) sl: u32,
+    @builtin(subgroup_id) sid: u32,
+    @builtin(num_subgroups) ns: u32,
+#endif
+}
+
+// Records the subgroup builtins for the reductions (variant SUBGROUPS).
+fn enter(ids: Ids) {
+#if SUBGROUPS
+    sg_lane = ids.sl;
+    sg_id = ids.sid;
+    sg_count = ids.ns;
+#endif
 }
 
 fn max4(v: vec4<f32>) -> f32 {
@@ -143,7 +228,7 @@ fn prologue(t: u32, li: u32) {
         qs += q0 + q1 + q2 + q3;
         act_sh[c] = vec4<u32>(pack4xI8(q0), pack4xI8(q1), pack4xI8(q2), pack4xI8(q3));
     }
-    let total = reduce_i(qs, li, WG);
+    let total = reduce_all(qs, li);
     if (li == 0u) {
         tok_sh = vec2<u32>(bitcast<u32>(s), bitcast<u32>(total.x + total.y + total.z + total.w));
     }
@@ -151,7 +236,10 @@ fn prologue(t: u32, li: u32) {
 }
 
 @compute @workgroup_size(256)
-fn norm_quant(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn norm_quant(ids: Ids) {
+    let li = ids.li;
+    let wg = ids.wg;
+    enter(ids);
     let t = wg.x;
     prologue(t, li);
     let n16 = nrm.k / 16u;
@@ -187,14 +275,63 @@ fn wload(which: u32, i: u32) -> vec4<u32> {
     return w[i];
 }
 
-// Σ code·q over row `row` of matrix `which`, and of w2 too when `glu` (.y), lanes striding
-// four vec4s at a time with their loads issued together.
+// A lane's first PRE weight vec4s of a row (zero past the row's end).
+struct Pre {
+    a0: vec4<u32>,
+    a1: vec4<u32>,
+    a2: vec4<u32>,
+    a3: vec4<u32>,
+    a4: vec4<u32>,
+    a5: vec4<u32>,
+    a6: vec4<u32>,
+    a7: vec4<u32>,
+}
+
+// Vec4 v of the row starting at vec4 `base` of matrix `which`, or zero past its end `nv`.
+fn wl(which: u32, base: u32, v: u32, nv: u32) -> vec4<u32> {
+    if (v < nv) {
+        return wload(which, base + v);
+    }
+    return vec4<u32>(0u);
+}
+
+// Issues the loads of a lane's first PRE vec4s of row `row` (all zero when `live` is false).
+fn prefetch(which: u32, row: u32, lane: u32, live: bool) -> Pre {
+    var r: Pre;
+    if (live) {
+        let nv = p.words / 4u;
+        let b = row * nv;
+        r = Pre(
+            wl(which, b, lane, nv),
+            wl(which, b, lane + TPR, nv),
+            wl(which, b, lane + 2u * TPR, nv),
+            wl(which, b, lane + 3u * TPR, nv),
+            wl(which, b, lane + 4u * TPR, nv),
+            wl(which, b, lane + 5u * TPR, nv),
+            wl(which, b, lane + 6u * TPR, nv),
+            wl(which, b, lane + 7u * TPR, nv),
+        );
+    }
+    return r;
+}
+
+// Σ code·q of the prefetched vec4s (zero codes add zero).
+fn pre_dots(r: Pre, lane: u32) -> i32 {
+    return vec_dot(r.a0, lane) + vec_dot(r.a1, lane + TPR) + vec_dot(r.a2, lane + 2u * TPR)
+        + vec_dot(r.a3, lane + 3u * TPR) + vec_dot(r.a4, lane + 4u * TPR)
+        + vec_dot(r.a5, lane + 5u * TPR) + vec_dot(r.a6, lane + 6u * TPR)
+        + vec_dot(r.a7, lane + 7u * TPR);
+}
+
+// Σ code·q over the rest of row `row` of matrix `which` (after the PRE prefetched vec4s),
+// and of w2 too when `glu` (.y), lanes striding four vec4s at a time with their loads
+// issued together.
 fn row_dots(row: u32, lane: u32, which: u32, glu: bool) -> vec2<i32> {
     let nv = p.words / 4u;
     let base = row * nv;
     let zero = vec4<u32>(0u);
     var acc = vec2<i32>(0, 0);
-    for (var v0 = lane; v0 < nv; v0 += 4u * TPR) {
+    for (var v0 = lane + PRE * TPR; v0 < nv; v0 += 4u * TPR) {
         let v1 = v0 + TPR;
         let v2 = v1 + TPR;
         let v3 = v2 + TPR;
@@ -240,16 +377,21 @@ fn scaled(d: i32, scale: f32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn matvec_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    prologue(0u, li);
+fn matvec_n(ids: Ids) {
+    let li = ids.li;
+    let wg = ids.wg;
+    enter(ids);
     let lane = li % TPR;
     let row = wg.x * (WG / TPR) + li / TPR;
-    var acc = vec2<i32>(0, 0);
-    if (row < p.rows) {
-        acc = row_dots(row, lane, 0u, false);
+    let live = row < p.rows;
+    let pre = prefetch(0u, row, lane, live);
+    prologue(0u, li);
+    var acc = vec2<i32>(pre_dots(pre, lane), 0);
+    if (live) {
+        acc += row_dots(row, lane, 0u, false);
     }
-    let d = reduce_i(vec4<i32>(acc.x, 0, 0, 0), li, TPR).x;
-    if (lane == 0u && row < p.rows) {
+    let d = reduce_row(acc, li).x;
+    if (lane == 0u && live) {
         let y = scaled(d, p.w_scale);
         if (EPILOGUE == 1u) {
             out[row] = out[row] + pinned(y, bitcast<u32>(p.up_scale));
@@ -260,16 +402,22 @@ fn matvec_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
 }
 
 @compute @workgroup_size(256)
-fn glu_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    prologue(0u, li);
+fn glu_n(ids: Ids) {
+    let li = ids.li;
+    let wg = ids.wg;
+    enter(ids);
     let lane = li % TPR;
     let row = wg.x * (WG / TPR) + li / TPR;
-    var acc = vec2<i32>(0, 0);
-    if (row < p.rows) {
-        acc = row_dots(row, lane, 0u, true);
+    let live = row < p.rows;
+    let pre_g = prefetch(0u, row, lane, live);
+    let pre_u = prefetch(1u, row, lane, live);
+    prologue(0u, li);
+    var acc = vec2<i32>(pre_dots(pre_g, lane), pre_dots(pre_u, lane));
+    if (live) {
+        acc += row_dots(row, lane, 0u, true);
     }
-    let d = reduce_i(vec4<i32>(acc.x, acc.y, 0, 0), li, TPR);
-    if (lane == 0u && row < p.rows) {
+    let d = reduce_row(acc, li);
+    if (lane == 0u && live) {
         let g = scaled(d.x, p.w_scale);
         let u = scaled(d.y, p.up_scale);
         var y: f32;
@@ -284,10 +432,13 @@ fn glu_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
 }
 
 @compute @workgroup_size(256)
-fn matvec3_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    prologue(0u, li);
+fn matvec3_n(ids: Ids) {
+    let li = ids.li;
+    let wg = ids.wg;
+    enter(ids);
     let lane = li % TPR;
     let row = wg.x * (WG / TPR) + li / TPR;
+    let live = row < p.rows;
     // Which matrix this row belongs to, and its row there.
     var part = 0u;
     var r = row;
@@ -298,12 +449,14 @@ fn matvec3_n(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
         part = 1u;
         r = row - parts.m1;
     }
-    var acc = vec2<i32>(0, 0);
-    if (row < p.rows) {
-        acc = row_dots(r, lane, part, false);
+    let pre = prefetch(part, r, lane, live);
+    prologue(0u, li);
+    var acc = vec2<i32>(pre_dots(pre, lane), 0);
+    if (live) {
+        acc += row_dots(r, lane, part, false);
     }
-    let d = reduce_i(vec4<i32>(acc.x, 0, 0, 0), li, TPR).x;
-    if (lane == 0u && row < p.rows) {
+    let d = reduce_row(acc, li).x;
+    if (lane == 0u && live) {
         if (part == 0u) {
             out[r] = scaled(d, p.w_scale);
         } else if (part == 1u) {

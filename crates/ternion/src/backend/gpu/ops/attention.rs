@@ -171,7 +171,9 @@ pub struct RopeOpts<'a> {
 /// the cache as F16 (`rope_kv.wgsl`). With `n_rot = 0` it is the plain KV store (GPT-2).
 pub struct RopeKv {
     dispatch: Dispatch,
-    _params: GpuBuffer,
+    inputs: FusedRope,
+    /// Single-token steps leave the work to the attention's fused split.
+    fused: bool,
 }
 
 impl RopeKv {
@@ -264,8 +266,25 @@ impl RopeKv {
         )?;
         Ok(RopeKv {
             dispatch,
-            _params: params,
+            inputs: FusedRope {
+                params,
+                k: k.clone(),
+                v: v.clone(),
+                freqs: rope.freqs.unwrap_or(v).clone(),
+            },
+            fused: false,
         })
+    }
+
+    /// What [`Attention`] needs to do this launch's work itself in single-token steps.
+    pub fn fused_inputs(&self) -> &FusedRope {
+        &self.inputs
+    }
+
+    /// Leaves single-token steps of at most [`ATTN_FAST_KEYS`] keys to the attention built
+    /// with [`RopeKv::fused_inputs`] (which must then use them: [`Attention::fuses_rope`]).
+    pub fn set_fused(&mut self) {
+        self.fused = true;
     }
 
     /// Records the rotation and cache store of `n_tokens` tokens (the step uniform must hold
@@ -273,6 +292,33 @@ impl RopeKv {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         self.dispatch.record(pass, n_tokens);
     }
+
+    /// [`RopeKv::record`] in a step whose longest context is `n_kv` keys: nothing for a
+    /// single token whose attention does the work.
+    pub fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
+        if !self.skips(n_tokens, n_kv) {
+            self.record(pass, n_tokens);
+        }
+    }
+
+    /// True when [`RopeKv::record`] records nothing for this step.
+    pub fn skips(&self, n_tokens: u32, n_kv: u32) -> bool {
+        self.fused && n_tokens == 1 && n_kv <= ATTN_FAST_KEYS
+    }
+}
+
+/// The inputs of a [`RopeKv`] that the fused decode split reads: its parameter uniform,
+/// the new keys and values (f32, unrotated) and the frequency divisors (or a stand-in).
+#[derive(Clone, Debug)]
+pub struct FusedRope {
+    /// `rope_kv.wgsl`'s Params.
+    pub params: GpuBuffer,
+    /// T × kv_dim new keys.
+    pub k: GpuBuffer,
+    /// T × kv_dim new values.
+    pub v: GpuBuffer,
+    /// The `rope_freqs` divisors, or any buffer when there are none.
+    pub freqs: GpuBuffer,
 }
 
 /// Keys per chunk of the decode split (`attention.wgsl` CHUNK).
@@ -288,6 +334,9 @@ pub struct AttnOpts<'a> {
     pub round_p: bool,
     /// The fast kernels, when given the step uniform.
     pub fast: Option<&'a StepUniform>,
+    /// With `fast`: single-token steps rotate q and k and store the new key and value in
+    /// the split (`attention_fast.wgsl` ROPE) instead of a [`RopeKv`] launch.
+    pub rope: Option<&'a FusedRope>,
 }
 
 /// Most keys of the split decode (`attention_fast.wgsl` FAST_KEYS).
@@ -440,7 +489,14 @@ impl Attention {
             dims.n_head as u32,
         )?;
         let split = if fast {
-            Some(Box::new(FastSplit::new(ctx, dims, q, (kv, index), out)?))
+            Some(Box::new(FastSplit::new(
+                ctx,
+                dims,
+                q,
+                (kv, index),
+                out,
+                opts.rope,
+            )?))
         } else {
             None
         };
@@ -522,6 +578,11 @@ impl Attention {
                 }
             }
         }
+    }
+
+    /// True when single-token steps rotate and store in the split ([`AttnOpts::rope`]).
+    pub fn fuses_rope(&self) -> bool {
+        self.split.as_ref().is_some_and(|s| s.fuses_rope())
     }
 
     /// Dispatches [`Attention::record`] issues (same arguments, bar the pass).

@@ -10,8 +10,14 @@ use crate::{Error, Result};
 
 /// Widest row the prologue holds in workgroup memory (`ternary_decode.wgsl` MAX_WORDS × 4).
 pub const FAST_NORM_MAX_K: usize = 8192;
-/// Lanes per weight row of the prologue matvecs.
-const TPR: u32 = 8;
+/// Lanes per weight row of the prologue matvecs: 8, and 4 for gate/up, whose two matrices
+/// per row want twice the workgroups (H100, BENCHMARKS.md 2026-11-25).
+fn tpr(entry: DecodeEntry) -> u32 {
+    match entry {
+        DecodeEntry::Glu => 4,
+        _ => 8,
+    }
+}
 
 /// The norm a fast ternary launch computes first: the f32 rows it reads, the norm weight,
 /// the row width and epsilon.
@@ -49,22 +55,29 @@ impl NormIn {
     }
 }
 
-fn exp_tpr() -> u32 {
+/// [`tpr`], or `TERNION_EXP_TPR` for experiments.
+fn exp_tpr(entry: DecodeEntry) -> u32 {
     std::env::var("TERNION_EXP_TPR")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(TPR)
+        .unwrap_or(tpr(entry))
 }
 
-fn key(entry: DecodeEntry, epilogue: Epilogue, act: GluAct, variant: Variant) -> PipelineKey {
+/// The pipeline of `entry`. The norm-quant and the matvec entries take the same variant,
+/// so a token's activations are the same bits whichever of them quantized it.
+fn key(ctx: &GpuContext, entry: DecodeEntry, epilogue: Epilogue, act: GluAct) -> PipelineKey {
+    let tpr = exp_tpr(entry);
     PipelineKey {
         kernel: Kernel::TernaryDecode {
             entry,
-            tpr: exp_tpr(),
+            tpr,
             epilogue,
             act,
         },
-        variant,
+        variant: Variant {
+            f16: false,
+            subgroups: ctx.variant(tpr).subgroups,
+        },
     }
 }
 
@@ -86,10 +99,10 @@ impl NormQuant {
         }
         let params = norm.uniform(ctx)?;
         let k = key(
+            ctx,
             DecodeEntry::NormQuant,
             Epilogue::Store,
             GluAct::ReluSqr,
-            Variant::default(),
         );
         let dispatch = Dispatch::new(
             ctx,
@@ -157,7 +170,6 @@ impl NormMatvec {
     /// Builds the launch of `kind` over the norm of `norm`'s first row.
     pub fn new(ctx: &GpuContext, norm: &NormIn, kind: NormMatvecKind<'_>) -> Result<NormMatvec> {
         let nparams = norm.uniform(ctx)?;
-        let variant = Variant::default();
         let width_err = |k: usize| {
             Error::Gpu(format!(
                 "fast ternary matvec: weights of width {k} for rows of {}",
@@ -239,10 +251,10 @@ impl NormMatvec {
         }
         let dispatch = Dispatch::new(
             ctx,
-            key(entry, epilogue, act, variant),
+            key(ctx, entry, epilogue, act),
             "ternary_decode",
             &bindings,
-            (rows as u32).div_ceil(WG / exp_tpr()),
+            (rows as u32).div_ceil(WG / exp_tpr(entry)),
         )?;
         keep.extend([params, nparams]);
         Ok(NormMatvec {
