@@ -46,9 +46,9 @@ pub enum F16Rows {
     Each,
     /// `last`: only the step's last token row, into output row 0.
     Last,
-    /// `main4`: four token rows per workgroup (each weight row read once for four tokens);
+    /// `main8`: eight token rows per workgroup (each weight row read once for eight tokens);
     /// the token count comes from the step uniform.
-    Four,
+    Eight,
     /// `decode`: one token row held in workgroup memory, 64 weight rows per workgroup
     /// (the same sums as `main`).
     Decode,
@@ -352,7 +352,7 @@ impl Kernel {
             Kernel::F16Matvec { rows, .. } => match rows {
                 F16Rows::Each => "main",
                 F16Rows::Last => "last",
-                F16Rows::Four => "main4",
+                F16Rows::Eight => "main8",
                 F16Rows::Decode => "decode",
             },
             Kernel::RopeKv

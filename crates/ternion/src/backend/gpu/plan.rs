@@ -773,9 +773,9 @@ impl Plan {
                                 last: F16Matvec::last_row(
                                     g, variant, TPR, m, &xb, &ob, false, &step,
                                 )?,
-                                all: F16Matvec::rows4(g, variant, TPR, m, &xb, &ob, &step)?,
+                                all: F16Matvec::rows8(g, variant, TPR, m, &xb, &ob, &step)?,
                                 gather: RowOp::gather(g, &xb, width(x), &picks, &pb, true)?,
-                                picked: F16Matvec::rows4(g, variant, TPR, m, &pb, &ob, &pick_step)?,
+                                picked: F16Matvec::rows8(g, variant, TPR, m, &pb, &ob, &pick_step)?,
                             })));
                             acts.keep.push(pb);
                         }

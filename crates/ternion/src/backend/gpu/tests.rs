@@ -372,7 +372,7 @@ fn ternary_matvec_matches_cpu() {
 fn f16_matvec_matches_cpu_over_shards() {
     let Some(ctx) = ctx() else { return };
     let mut r = rng(5);
-    let (vocab, k, tokens) = (1007usize, 200usize, 7usize);
+    let (vocab, k, tokens) = (1007usize, 200usize, 11usize);
     let w: Vec<f16> = (0..vocab * k)
         .map(|_| f16::from_f32(r.random_range(-1.0..1.0)))
         .collect();
@@ -421,11 +421,11 @@ fn f16_matvec_matches_cpu_over_shards() {
                     "one token"
                 );
                 if !round_x {
-                    // Four tokens per workgroup: the same rows, bit for bit (a partial group
-                    // of tokens % 4 at the end).
-                    let four = F16Matvec::rows4(&ctx, v, tpr, &sharded, &xb, &out, &step).unwrap();
-                    run(&ctx, |p| four.record(p, tokens as u32));
-                    assert_eq!(out.read::<f32>(&ctx).unwrap(), got, "rows4 {tpr} {v:?}");
+                    // Eight tokens per workgroup: the same rows, bit for bit (a partial group
+                    // of tokens % 8 at the end).
+                    let eight = F16Matvec::rows8(&ctx, v, tpr, &sharded, &xb, &out, &step).unwrap();
+                    run(&ctx, |p| eight.record(p, tokens as u32));
+                    assert_eq!(out.read::<f32>(&ctx).unwrap(), got, "rows8 {tpr} {v:?}");
                 }
                 got.truncate(tokens * vocab);
                 for t in 0..tokens {

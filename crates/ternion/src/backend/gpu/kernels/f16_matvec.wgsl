@@ -8,16 +8,16 @@
 //                        F16) or vec2<u32> unpacked with unpack2x16float
 //   2 storage read  x:   array<vec4<f32>>  T × k hidden states
 //   3 storage rw    out: array<f32>        T × out_stride logits; writes row0 .. row0+rows
-//   4 uniform Step { n_tokens, .. }        entries `last` and `main4`
+//   4 uniform Step { n_tokens, .. }        entries `last` and `main8`
 // Entry points: `main` multiplies every token row t into output row t; `last` multiplies only
 // the last token's row (t = n_tokens − 1 from the step uniform) into output row 0 (the
 // logits of a prompt's last position without a copy between passes).
-// Entry `main4` does four token rows per workgroup (weights read once per four tokens).
+// Entry `main8` does eight token rows per workgroup (weights read once per eight tokens).
 // Entry `decode` (one token, k ≤ 4·DECODE_K4) holds the (rounded) hidden state in workgroup
 // memory once for DECODE_ROWS rows, each warp-sized row group walking its rows with four
 // weight loads in flight; every row's sum is `main`'s, in the same order (bit-identical).
 // Dispatch: main (ceil(rows / (256/TPR)), T, 1), decode (ceil(rows / DECODE_ROWS), 1, 1), last (ceil(rows / (256/TPR)), 1, 1),
-// main4 (ceil(rows / (256/TPR)), ceil(T / 4), 1) per shard. TPR lanes per row, reduced by
+// main8 (ceil(rows / (256/TPR)), ceil(T / 8), 1) per shard. TPR lanes per row, reduced by
 // subgroupShuffleXor (SUBGROUPS) or shared memory, like ternary.wgsl.
 // Numerics: f32 accumulation in a different order than the CPU's; ROUND_X rounds the hidden
 // state through F16 first (the reference does this for single-token decode).
@@ -114,34 +114,43 @@ fn last(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     body(li, wg, step.n_tokens - 1u, 0u);
 }
 
-// Four token rows t0 .. t0+3 (t0 = 4·wg.y) per workgroup: each weight vector is loaded once
-// and dotted with four hidden states; every token's sum is accumulated and reduced in the
+// Eight token rows t0 .. t0+7 (t0 = 8·wg.y) per workgroup: each weight vector is loaded once
+// and dotted with eight hidden states; every token's sum is accumulated and reduced in the
 // same order as `body` (bit-identical rows). Rows past n_tokens repeat the last token and
 // are not written.
 @compute @workgroup_size(256)
-fn main4(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn main8(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let lane = li % TPR;
     let row = wg.x * (WG / TPR) + li / TPR;
     let k4 = p.k / 4u;
-    let t0 = wg.y * 4u;
+    let t0 = wg.y * 8u;
     let last = step.n_tokens - 1u;
-    var xb: array<u32, 4>;
-    for (var j = 0u; j < 4u; j++) {
+    var xb: array<u32, 8>;
+    for (var j = 0u; j < 8u; j++) {
         xb[j] = min(t0 + j, last) * k4;
     }
-    var acc = vec4<f32>(0.0);
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
     if (row < p.rows) {
         let wbase = row * k4;
         for (var i = lane; i < k4; i += TPR) {
             let wv = load_w(wbase + i);
-            acc.x += dot(wv, load_x(xb[0] + i));
-            acc.y += dot(wv, load_x(xb[1] + i));
-            acc.z += dot(wv, load_x(xb[2] + i));
-            acc.w += dot(wv, load_x(xb[3] + i));
+            lo.x += dot(wv, load_x(xb[0] + i));
+            lo.y += dot(wv, load_x(xb[1] + i));
+            lo.z += dot(wv, load_x(xb[2] + i));
+            lo.w += dot(wv, load_x(xb[3] + i));
+            hi.x += dot(wv, load_x(xb[4] + i));
+            hi.y += dot(wv, load_x(xb[5] + i));
+            hi.z += dot(wv, load_x(xb[6] + i));
+            hi.w += dot(wv, load_x(xb[7] + i));
         }
     }
-    for (var j = 0u; j < 4u; j++) {
-        let s = reduce(acc[j], li);
+    for (var j = 0u; j < 8u; j++) {
+        var a = lo[j % 4u];
+        if (j >= 4u) {
+            a = hi[j % 4u];
+        }
+        let s = reduce(a, li);
         if (lane == 0u && row < p.rows && t0 + j <= last) {
             out[(t0 + j) * p.out_stride + p.row0 + row] = s;
         }

@@ -346,10 +346,10 @@ impl F16Matvec {
         Self::build(ctx, variant, tpr, w, x, out, round_x, None, rows)
     }
 
-    /// Like [`F16Matvec::new`] (unrounded input) with four token rows per workgroup: each
-    /// weight row is read once per four tokens; the token count is read from `step`. Each
+    /// Like [`F16Matvec::new`] (unrounded input) with eight token rows per workgroup: each
+    /// weight row is read once per eight tokens; the token count is read from `step`. Each
     /// row's sums are those of [`F16Matvec::new`], bit for bit.
-    pub fn rows4(
+    pub fn rows8(
         ctx: &GpuContext,
         variant: Variant,
         tpr: u32,
@@ -367,7 +367,7 @@ impl F16Matvec {
             out,
             false,
             Some(step),
-            F16Rows::Four,
+            F16Rows::Eight,
         )
     }
 
@@ -459,13 +459,13 @@ impl F16Matvec {
     }
 
     /// Records every shard's dispatch for `n_tokens` tokens (one row when built with
-    /// [`F16Matvec::last_row`]; for [`F16Matvec::rows4`] the step uniform must hold
+    /// [`F16Matvec::last_row`]; for [`F16Matvec::rows8`] the step uniform must hold
     /// `n_tokens`).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         let groups = match self.rows {
             F16Rows::Each => n_tokens,
             F16Rows::Last | F16Rows::Decode => 1,
-            F16Rows::Four => n_tokens.div_ceil(4),
+            F16Rows::Eight => n_tokens.div_ceil(8),
         };
         for d in &self.dispatches {
             d.record(pass, groups);
