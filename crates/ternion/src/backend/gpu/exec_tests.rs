@@ -6,7 +6,7 @@
 //!   on every row of prompts 0 and 1 and rows 0-5 of prompt 2. At row 6 of prompt 2 one int8
 //!   activation lands on a .5 rounding boundary and rounds the other way (the GPU's f32
 //!   tree sums in RMSNorm/attention vs the CPU's f64/sequential ones move it by an ulp), so
-//!   rows 6-14 differ by up to 3.6e-2, the size BITNET.md §5 reports for such flips. The
+//!   rows 6-14 differ by up to 3.6e-2, the size docs/ARCHITECTURE.md#rounding-flips gives. The
 //!   test allows one prompt with a flip, bounded by 0.1 after it;
 //! - greedy decoding, 32 ids per prompt (prompt batch, then 31 single-token steps with the
 //!   GPU argmax): identical to the CPU's up to the first near-tie (see `NEAR_TIE`).
@@ -119,7 +119,8 @@ fn tiny_model_prompt_logits_match_cpu() {
         match row_diff.iter().position(|&e| e > 1e-3) {
             None => worst = worst.max(d),
             Some(r) => {
-                // An int8 activation on a .5 boundary rounded the other way (BITNET.md §5):
+                // An int8 activation on a .5 boundary rounded the other way
+                // (docs/ARCHITECTURE.md#rounding-flips):
                 // that row and the later ones (which attend to its keys) move by ~1e-2.
                 flips += 1;
                 worst = worst.max(row_diff[..r].iter().copied().fold(0f32, f32::max));
