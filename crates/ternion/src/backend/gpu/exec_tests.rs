@@ -18,10 +18,17 @@ use super::*;
 use crate::model::{self, Logits, Model};
 use crate::Error;
 
-fn golden_dir() -> PathBuf {
-    std::env::var_os("TERNION_GOLDEN_BITNET")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::test_shared::shared_path("golden-bitnet"))
+/// File `name` of the golden BitNet set: in `$TERNION_GOLDEN_BITNET` when set, else in
+/// `../shared/golden-bitnet`; a missing file fails the test.
+fn golden_file(name: &str) -> PathBuf {
+    match std::env::var_os("TERNION_GOLDEN_BITNET") {
+        Some(dir) => {
+            let p = PathBuf::from(dir).join(name);
+            assert!(p.exists(), "$TERNION_GOLDEN_BITNET has no {}", p.display());
+            p
+        }
+        None => crate::test_shared::shared_path(&format!("golden-bitnet/{name}")),
+    }
 }
 
 struct Fixture {
@@ -31,13 +38,7 @@ struct Fixture {
 }
 
 fn fixture() -> Option<Fixture> {
-    let dir = golden_dir();
-    let path = dir.join("bitnet-b158-tiny-pub.gguf");
-    assert!(
-        path.exists(),
-        "the golden model is missing: {}",
-        path.display()
-    );
+    let path = golden_file("bitnet-b158-tiny-pub.gguf");
     let ctx = match GpuContext::new(&GpuOptions::default()) {
         Ok(c) => Arc::new(c),
         Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
@@ -48,7 +49,7 @@ fn fixture() -> Option<Fixture> {
     };
     let (_, cpu) = model::load(&path).expect("load tiny model");
     let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(golden_file("manifest.json")).unwrap()).unwrap();
     let prompts = manifest["prompts"]
         .as_array()
         .unwrap()
@@ -518,7 +519,7 @@ fn generation_from_the_gpu_top_k_equals_whole_rows() {
     use crate::sample::{Sampler, SamplerConfig};
     use crate::session::{Engine, GenerateOptions, GpuEngine, Session};
     let Some(f) = fixture() else { return };
-    let path = golden_dir().join("bitnet-b158-tiny-pub.gguf");
+    let path = golden_file("bitnet-b158-tiny-pub.gguf");
     let file = crate::gguf::GgufFile::open(&path).unwrap();
     let tok = crate::tokenizer::Tokenizer::from_gguf(&file, &Default::default()).unwrap();
     let (mut a, mut b) = (gpu_model(&f, 64), gpu_model(&f, 64));
