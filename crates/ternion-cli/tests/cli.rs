@@ -824,9 +824,9 @@ fn ctrl_c_in_chat_stops_the_reply_and_then_exits_at_the_prompt() {
     assert!(replies.iter().all(|r| r.len() > 1), "{replies:?}");
 }
 
-/// The golden2 cases whose block formats this build has: every model but the Q2_K / Q3_K
-/// ones (qwen2, qwen3, gemma3, llama with the SmolLM and SPM vocabularies; F16, Q4_0, Q4_1,
-/// Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q1_0, Q2_0, TQ1_0, TQ2_0).
+/// The golden2 cases: every model of both sets (qwen2, qwen3, gemma3, llama with the SmolLM
+/// and SPM vocabularies; F16, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K,
+/// Q1_0, Q2_0, TQ1_0, TQ2_0).
 const GOLDEN2_CASES: [(&str, &str, &str); 2] = [
     (
         "golden2/manifest.json",
