@@ -11,10 +11,7 @@ use serde_json::Value;
 #[path = "../../ternion/tests/support/shared.rs"]
 mod support_shared;
 
-fn shared() -> PathBuf {
-    support_shared::shared_path("golden-bitnet/manifest.json");
-    support_shared::shared_path("")
-}
+use support_shared::shared_path;
 
 fn tmp_dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("ternion-cli-{}", std::process::id()));
@@ -48,7 +45,7 @@ fn tiny_model() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let out = tmp_dir().join("tiny.gguf");
-        let vocab = shared().join("vocab/ggml-vocab-llama3.gguf");
+        let vocab = shared_path("vocab/ggml-vocab-llama3.gguf");
         ok(&[
             "synth",
             "--shape",
@@ -68,7 +65,7 @@ fn tiny_model() -> &'static Path {
 
 #[test]
 fn validate_golden_bitnet_passes_with_1_2_4_threads() {
-    let m = shared().join("golden-bitnet/manifest.json");
+    let m = shared_path("golden-bitnet/manifest.json");
     for t in ["1", "2", "4"] {
         let out = ok(&["validate", m.to_str().unwrap(), "-t", t]);
         assert!(out.contains("all 3 cases pass"), "{t} threads: {out}");
@@ -77,7 +74,7 @@ fn validate_golden_bitnet_passes_with_1_2_4_threads() {
 
 #[test]
 fn logits_are_identical_for_every_thread_count() {
-    let model = shared().join("golden-bitnet/bitnet-b158-tiny-pub.gguf");
+    let model = shared_path("golden-bitnet/bitnet-b158-tiny-pub.gguf");
     let files: Vec<Vec<u8>> = ["1", "2", "3", "4"]
         .iter()
         .map(|t| {
@@ -159,7 +156,7 @@ fn logits_npy_has_the_right_shape() {
 
 /// Every case of llama.cpp's tokenizer vectors, through the CLI.
 fn tokenizer_vectors(vocab: &str) {
-    let dir = shared().join("vocab");
+    let dir = shared_path("vocab");
     let inp = std::fs::read_to_string(dir.join(format!("{vocab}.inp"))).unwrap();
     let out = std::fs::read_to_string(dir.join(format!("{vocab}.out"))).unwrap();
     let cases: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
@@ -273,7 +270,7 @@ fn hostile_files_are_rejected_cleanly() {
 
 #[test]
 fn unknown_architecture_is_an_error() {
-    let gpt2 = shared().join("vocab/ggml-vocab-gpt-2.gguf");
+    let gpt2 = shared_path("vocab/ggml-vocab-gpt-2.gguf");
     let out = ternion(&["run", "--model", gpt2.to_str().unwrap(), "--prompt", "x"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -476,7 +473,7 @@ fn bench_serve_json_reports_every_stream_count() {
 
 #[test]
 fn validate_golden_families_passes() {
-    let m = shared().join("golden/manifest.json");
+    let m = shared_path("golden/manifest.json");
     let out = ok(&["validate", m.to_str().unwrap(), "-t", "2"]);
     assert!(out.contains("all 60 cases pass"), "{out}");
     for model in ["llama-spm-d256-q4_k", "phi3-d32-q4_0", "gpt2-d32-q8_0"] {
@@ -498,7 +495,7 @@ fn validate_golden_families_passes_on_gpu() {
     if !gpu_tests_on() {
         return;
     }
-    let m = shared().join("golden/manifest.json");
+    let m = shared_path("golden/manifest.json");
     let out = ok(&["validate", m.to_str().unwrap(), "--backend", "gpu"]);
     assert!(out.contains("all 60 cases pass"), "{out}");
     for model in [
@@ -516,7 +513,7 @@ fn validate_golden_bitnet_passes_on_gpu() {
     if !gpu_tests_on() {
         return;
     }
-    let m = shared().join("golden-bitnet/manifest.json");
+    let m = shared_path("golden-bitnet/manifest.json");
     let out = ok(&["validate", m.to_str().unwrap(), "--backend", "gpu"]);
     assert!(out.contains("backend: gpu"), "{out}");
     assert!(out.contains("all 3 cases pass"), "{out}");
@@ -524,11 +521,11 @@ fn validate_golden_bitnet_passes_on_gpu() {
 
 #[test]
 fn sha256_is_checked_before_loading() {
-    let model = shared().join("golden-bitnet/bitnet-b158-tiny-pub.gguf");
+    let model = shared_path("golden-bitnet/bitnet-b158-tiny-pub.gguf");
     let m = model.to_str().unwrap();
     // The manifest records the file's hash.
     let manifest: Value = serde_json::from_str(
-        &std::fs::read_to_string(shared().join("golden-bitnet/manifest.json")).unwrap(),
+        &std::fs::read_to_string(shared_path("golden-bitnet/manifest.json")).unwrap(),
     )
     .unwrap();
     let good = manifest["model_sha256"].as_str().unwrap();
@@ -827,9 +824,9 @@ fn ctrl_c_in_chat_stops_the_reply_and_then_exits_at_the_prompt() {
     assert!(replies.iter().all(|r| r.len() > 1), "{replies:?}");
 }
 
-/// The golden2 cases whose block formats this build has: every model but the Q2_K / Q3_K
-/// ones (qwen2, qwen3, gemma3, llama with the SmolLM and SPM vocabularies; F16, Q4_0, Q4_1,
-/// Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q1_0, Q2_0, TQ1_0, TQ2_0).
+/// The golden2 cases: every model of both sets (qwen2, qwen3, gemma3, llama with the SmolLM
+/// and SPM vocabularies; F16, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K,
+/// Q1_0, Q2_0, TQ1_0, TQ2_0).
 const GOLDEN2_CASES: [(&str, &str, &str); 2] = [
     (
         "golden2/manifest.json",
@@ -849,7 +846,7 @@ const GOLDEN2_CASES: [(&str, &str, &str); 2] = [
 
 fn validate_golden2(backend: &str, cases: &[(&str, &str, &str)]) {
     for &(manifest, only, pass) in cases {
-        let m = shared().join(manifest);
+        let m = shared_path(manifest);
         let out = ok(&[
             "validate",
             m.to_str().unwrap(),
@@ -884,7 +881,7 @@ fn validate_golden2_new_architectures_on_gpu() {
 
 #[test]
 fn validate_only_that_matches_nothing_is_an_error() {
-    let m = shared().join("golden2/manifest.json");
+    let m = shared_path("golden2/manifest.json");
     let out = ternion(&["validate", m.to_str().unwrap(), "--only", "no-such-model"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

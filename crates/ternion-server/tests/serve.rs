@@ -19,10 +19,7 @@ use serde_json::{json, Value};
 #[path = "../../ternion/tests/support/shared.rs"]
 mod support_shared;
 
-fn shared() -> PathBuf {
-    support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");
-    support_shared::shared_path("")
-}
+use support_shared::shared_path;
 
 /// The `ternion` binary: `TERNION_BIN`, or built with cargo into this test's target dir.
 fn ternion_bin() -> &'static Path {
@@ -107,7 +104,7 @@ fn tiny_model() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let out = tmp_dir().join("tiny.gguf");
-        let vocab = shared().join("vocab/ggml-vocab-llama3.gguf");
+        let vocab = shared_path("vocab/ggml-vocab-llama3.gguf");
         let o = Command::new(ternion_bin())
             .args(["synth", "--shape", "tiny", "--type", "i2_s", "--vocab"])
             .arg(&vocab)

@@ -65,7 +65,7 @@ impl Message {
 /// How messages are turned into prompt text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChatTemplate {
-    /// BitNet b1.58's built-in format (BITNET.md §7): `System: {text}`,
+    /// BitNet b1.58's built-in format (docs/FORMATS.md#bitnet-chat-format): `System: {text}`,
     /// `User: {text}<|eot_id|>Assistant: `, and the assistant's text, with no terminators.
     BitNet,
     /// A Hugging Face Jinja chat template.

@@ -3,23 +3,15 @@
 //! the file renders, its turn markers tokenize to one special token each, and the
 //! end-of-turn token stops generation.
 
-use std::path::PathBuf;
-
 use ternion::chat::{ChatTemplate, Message};
 use ternion::gguf::GgufFile;
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 
+#[path = "support/shared.rs"]
+mod shared;
+
 fn open(model: &str) -> (GgufFile, Tokenizer) {
-    let path = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/golden2/models"
-    ))
-    .join(model);
-    assert!(
-        path.exists(),
-        "golden2 model missing: {} (the shared folder next to the worktree)",
-        path.display()
-    );
+    let path = shared::shared_path(&format!("golden2/models/{model}"));
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default()).unwrap();
     (file, tok)

@@ -12,11 +12,12 @@ use super::*;
 use crate::model::{LoadOptions, Logits, Model};
 use crate::quant::{q4_0, q8_0};
 use crate::synth::Shape;
-use crate::tokenizer::tests::{vectors, vocab_dir};
+use crate::test_shared::shared_path;
+use crate::tokenizer::tests::vectors;
 use crate::tokenizer::{Tokenizer, TokenizerOptions};
 
 fn phi3_vocab() -> PathBuf {
-    vocab_dir().join("ggml-vocab-phi-3.gguf")
+    shared_path("vocab/ggml-vocab-phi-3.gguf")
 }
 
 /// A fresh directory under the system temp folder.

@@ -1,6 +1,6 @@
 //! BitNet b1.58 (2B-4T: `bitnet-b1.58` / `bitnet-25`) and 1bitLLM BitNet (`bitnet`).
 //!
-//! One block, as the math reads (BITNET.md §5):
+//! One block, as the math reads (docs/FORMATS.md#the-bitnet-block):
 //! ```text
 //! h = rmsnorm(x)·attn_norm
 //! q, k, v = BitLinear(h); q, k = rope_neox(q, k)

@@ -4,10 +4,10 @@
 use super::graph::{GluAct, Op};
 use super::*;
 use crate::gguf::{GgufFile, GgufWriter, Value};
-use crate::tokenizer::tests::shared_dir;
+use crate::test_shared::shared_path;
 
 fn open(set: &str, model: &str) -> GgufFile {
-    let path = shared_dir(set).join("models").join(model);
+    let path = shared_path(&format!("{set}/models/{model}"));
     GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 

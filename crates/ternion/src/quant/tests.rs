@@ -1,21 +1,14 @@
 //! Golden tests against ggml's own dequantization of real tensors (shared/golden), and
 //! tests of the row dispatcher.
 
-use std::path::PathBuf;
-
 use super::*;
 use crate::gguf::GgufFile;
-
-/// The shared data folder; panics with a clear message when it is missing.
-fn shared_dir() -> PathBuf {
-    crate::test_shared::shared_path("golden/dequant_samples.json");
-    crate::test_shared::shared_path("")
-}
+use crate::test_shared::shared_path;
 
 #[test]
 fn golden_dequant_samples() {
-    let golden = shared_dir().join("golden");
-    let text = std::fs::read_to_string(golden.join("dequant_samples.json"))
+    let golden = shared_path("golden");
+    let text = std::fs::read_to_string(shared_path("golden/dequant_samples.json"))
         .expect("read dequant_samples.json");
     let json: serde_json::Value = serde_json::from_str(&text).expect("parse dequant_samples.json");
     let samples = json["samples"].as_array().expect("samples array");

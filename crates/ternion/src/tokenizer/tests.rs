@@ -1,20 +1,9 @@
-use std::path::PathBuf;
-
 use super::*;
 use crate::gguf::{GgufWriter, Value, ValueType};
-
-/// The test vocabularies (`../shared/vocab`); panics with a clear message when missing.
-pub(crate) fn vocab_dir() -> PathBuf {
-    crate::test_shared::shared_path("vocab")
-}
-
-/// `../shared/{sub}`; panics with a clear message when missing.
-pub(crate) fn shared_dir(sub: &str) -> PathBuf {
-    crate::test_shared::shared_path(sub)
-}
+use crate::test_shared::shared_path;
 
 fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {
-    let path = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
+    let path = shared_path(&format!("vocab/ggml-vocab-{name}.gguf"));
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     Tokenizer::from_gguf(&file, opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -26,7 +15,7 @@ fn load(name: &str) -> Tokenizer {
 /// llama.cpp's test vectors: inputs end with a `__ggml_vocab_test__` line; one output line
 /// of ids per input.
 pub(crate) fn vectors(name: &str) -> Vec<(String, Vec<u32>)> {
-    let dir = vocab_dir();
+    let dir = shared_path("vocab");
     let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
     let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
     let inputs: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();

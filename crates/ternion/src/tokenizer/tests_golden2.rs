@@ -2,8 +2,8 @@
 //! ids for 46 texts, without and with special-token parsing, read with the tokenizer of the
 //! golden2 model that carries each vocabulary.
 
-use super::tests::shared_dir;
 use super::*;
+use crate::test_shared::shared_path;
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
@@ -15,7 +15,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// Checks every vector of `tokenizer/{name}.json` with the tokenizer of `models/{model}`.
 fn check(name: &str, model: &str) {
-    let dir = shared_dir("golden2");
+    let dir = shared_path("golden2");
     let path = dir.join("models").join(model);
     let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default())

@@ -7,13 +7,16 @@ use std::path::{Path, PathBuf};
 /// `../shared/<rel>` beside the repository; panics with a clear message when it is
 /// missing.
 pub fn shared_path(rel: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared")
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let beside = crate_dir.join("../../..");
+    let p = beside
+        .canonicalize()
+        .unwrap_or(beside)
+        .join("shared")
         .join(rel);
     assert!(
         p.exists(),
-        "the shared test data is missing: {} does not exist (the folder `shared` beside the \
-         repository holds the golden data and test vocabularies; these tests need it)",
+        "../shared (golden data) is missing beside the repository: {}",
         p.display()
     );
     p

@@ -105,7 +105,7 @@ pub struct AdapterListing {
 }
 
 /// Counts of GPU objects created through a [`GpuContext`]; recording dispatches must not
-/// change them (DESIGN.md principle 3).
+/// change them (docs/ARCHITECTURE.md#gpu-principles).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Compute pipelines compiled.

@@ -6,7 +6,7 @@
 //!   on every row of prompts 0 and 1 and rows 0-5 of prompt 2. At row 6 of prompt 2 one int8
 //!   activation lands on a .5 rounding boundary and rounds the other way (the GPU's f32
 //!   tree sums in RMSNorm/attention vs the CPU's f64/sequential ones move it by an ulp), so
-//!   rows 6-14 differ by up to 3.6e-2, the size BITNET.md §5 reports for such flips. The
+//!   rows 6-14 differ by up to 3.6e-2, the size docs/ARCHITECTURE.md#rounding-flips gives. The
 //!   test allows one prompt with a flip, bounded by 0.1 after it;
 //! - greedy decoding, 32 ids per prompt (prompt batch, then 31 single-token steps with the
 //!   GPU argmax): identical to the CPU's up to the first near-tie (see `NEAR_TIE`).
@@ -18,10 +18,17 @@ use super::*;
 use crate::model::{self, Logits, Model};
 use crate::Error;
 
-fn golden_dir() -> PathBuf {
-    std::env::var_os("TERNION_GOLDEN_BITNET")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::test_shared::shared_path("golden-bitnet"))
+/// File `name` of the golden BitNet set: in `$TERNION_GOLDEN_BITNET` when set, else in
+/// `../shared/golden-bitnet`; a missing file fails the test.
+fn golden_file(name: &str) -> PathBuf {
+    match std::env::var_os("TERNION_GOLDEN_BITNET") {
+        Some(dir) => {
+            let p = PathBuf::from(dir).join(name);
+            assert!(p.exists(), "$TERNION_GOLDEN_BITNET has no {}", p.display());
+            p
+        }
+        None => crate::test_shared::shared_path(&format!("golden-bitnet/{name}")),
+    }
 }
 
 struct Fixture {
@@ -31,13 +38,7 @@ struct Fixture {
 }
 
 fn fixture() -> Option<Fixture> {
-    let dir = golden_dir();
-    let path = dir.join("bitnet-b158-tiny-pub.gguf");
-    assert!(
-        path.exists(),
-        "the golden model is missing: {}",
-        path.display()
-    );
+    let path = golden_file("bitnet-b158-tiny-pub.gguf");
     let ctx = match GpuContext::new(&GpuOptions::default()) {
         Ok(c) => Arc::new(c),
         Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
@@ -48,7 +49,7 @@ fn fixture() -> Option<Fixture> {
     };
     let (_, cpu) = model::load(&path).expect("load tiny model");
     let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(golden_file("manifest.json")).unwrap()).unwrap();
     let prompts = manifest["prompts"]
         .as_array()
         .unwrap()
@@ -119,7 +120,8 @@ fn tiny_model_prompt_logits_match_cpu() {
         match row_diff.iter().position(|&e| e > 1e-3) {
             None => worst = worst.max(d),
             Some(r) => {
-                // An int8 activation on a .5 boundary rounded the other way (BITNET.md §5):
+                // An int8 activation on a .5 boundary rounded the other way
+                // (docs/ARCHITECTURE.md#rounding-flips):
                 // that row and the later ones (which attend to its keys) move by ~1e-2.
                 flips += 1;
                 worst = worst.max(row_diff[..r].iter().copied().fold(0f32, f32::max));
@@ -517,7 +519,7 @@ fn generation_from_the_gpu_top_k_equals_whole_rows() {
     use crate::sample::{Sampler, SamplerConfig};
     use crate::session::{Engine, GenerateOptions, GpuEngine, Session};
     let Some(f) = fixture() else { return };
-    let path = golden_dir().join("bitnet-b158-tiny-pub.gguf");
+    let path = golden_file("bitnet-b158-tiny-pub.gguf");
     let file = crate::gguf::GgufFile::open(&path).unwrap();
     let tok = crate::tokenizer::Tokenizer::from_gguf(&file, &Default::default()).unwrap();
     let (mut a, mut b) = (gpu_model(&f, 64), gpu_model(&f, 64));

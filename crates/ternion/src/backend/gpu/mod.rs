@@ -27,7 +27,7 @@
 //!   (LayerNorm, bias, GELU, position embeddings, column slice, last-row select)). `new` fetches the pipeline, creates the parameter
 //!   uniforms and the bind groups once; `record(&mut ComputePass, n_tokens)` only sets
 //!   the pipeline and bind group and dispatches, so recording creates nothing
-//!   (DESIGN.md principle 3; a test checks the counters).
+//!   (docs/ARCHITECTURE.md#gpu-principles; a test checks the counters).
 //! - `kernels/*.wgsl`: each file's header documents role, bindings, dispatch and layout.
 //! - `upload.rs`: [`GpuUpload`] reads the header, builds the model's graph, checks and
 //!   allocates every weight, then takes tensors one at a time in file order (the browser

@@ -602,7 +602,7 @@ fn attention_head_dims_64_96_and_gqa() {
 }
 
 /// Every new op records into one pass any number of times without creating a buffer,
-/// bind group or pipeline (DESIGN.md principle 3).
+/// bind group or pipeline (docs/ARCHITECTURE.md#gpu-principles).
 #[test]
 fn family_ops_create_nothing_per_record() {
     let Some(ctx) = contexts().into_iter().next() else {

@@ -1,5 +1,5 @@
 // rmsnorm.wgsl — RMSNorm times weight; optionally followed by BitNet's per-token int8
-// absmax quantization (BITNET.md §4), which feeds ternary.wgsl.
+// absmax quantization (docs/FORMATS.md#activation-formats), which feeds ternary.wgsl.
 //
 // Bindings (group 0):
 //   0 uniform Params { n, eps }: row width (multiple of 4 for the quant entry), epsilon

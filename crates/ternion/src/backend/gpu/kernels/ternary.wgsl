@@ -1,5 +1,6 @@
 // ternary.wgsl — BitLinear: I2_S ternary weights × per-token int8 activations → f32,
-// y = (Σ code·q − Σq) / s · w_scale  (= Σ t·q / s · w_scale with t = code − 1; BITNET.md §4).
+// y = (Σ code·q − Σq) / s · w_scale  (= Σ t·q / s · w_scale with t = code − 1;
+// docs/FORMATS.md#i2_s).
 //
 // Bindings (group 0):
 //   0 uniform Params { rows, words, w_scale, up_scale }: output features M, u32 words per
