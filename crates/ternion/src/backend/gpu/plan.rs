@@ -85,6 +85,8 @@ enum Launch {
     Row(RowOp),
     /// Per-head RMSNorm, scale, residual add.
     Elem(Elementwise),
+    /// Logit soft-capping over the rows the head computed.
+    SoftCap(Elementwise),
     /// Attention of a sliding-window layer.
     WindowAttention(WindowAttention),
     /// A GGUF-format matvec over selected rows: decode and last-row modes copy the step's
@@ -162,6 +164,7 @@ impl Launch {
             Launch::QEmbed(_) => "embed",
             Launch::Row(_) => "rowop",
             Launch::Elem(_) => "elementwise",
+            Launch::SoftCap(_) => "softcap",
             Launch::WindowAttention(_) => "window_attention",
         }
     }
@@ -226,6 +229,12 @@ impl Launch {
             Launch::QEmbed(o) => o.record(pass, n),
             Launch::Row(o) => o.record(pass, n),
             Launch::Elem(o) => o.record(pass, n),
+            Launch::SoftCap(o) => match rows {
+                Rows::Decode | Rows::Last => o.record(pass, 1),
+                Rows::All => o.record(pass, n),
+                Rows::Picked(m) => o.record(pass, m),
+                Rows::Skip => {}
+            },
             Launch::WindowAttention(o) => o.record(pass, n),
             Launch::QHead(h) => {
                 let QHead {
@@ -589,20 +598,7 @@ impl Plan {
                     }
                     let n = width(x);
                     let quant = only_ternary_readers(graph, &weights, i, out);
-                    if quant
-                        && fast
-                        && NormIn::fits(n)
-                        && std::env::var("TERNION_EXP_NOPRO").is_ok()
-                    {
-                        let q = acts.quant(out)?;
-                        let norm = NormIn {
-                            x: xb,
-                            w: wb,
-                            k: n,
-                            eps,
-                        };
-                        launches.push(Launch::NormQuant(NormQuant::new(g, &norm, &q)?));
-                    } else if quant && fast && NormIn::fits(n) {
+                    if quant && fast && NormIn::fits(n) {
                         let q = acts.quant(out)?;
                         let norm = NormIn {
                             x: xb,
@@ -1024,7 +1020,15 @@ impl Plan {
                     let (xb, yb) = (acts.f32(x)?, acts.f32(y)?);
                     launches.push(Launch::Elem(Elementwise::add(g, &xb, &yb, width(x))?));
                 }
-                Op::SoftCap { .. } => return Err(unsupported(op)),
+                Op::SoftCap { x, cap } => {
+                    let xb = acts.f32(x)?;
+                    launches.push(Launch::SoftCap(Elementwise::softcap(
+                        g,
+                        &xb,
+                        width(x),
+                        cap,
+                    )?));
+                }
                 Op::SelectRows { x, out } => {
                     let src = acts.resolve(x);
                     acts.alias.insert(out, src);

@@ -58,6 +58,18 @@ fn elementwise_ops_match_cpu() {
         assert_eq!(g, v * 8.0 + u, "{i}");
     }
     assert!(Elementwise::head_rms_norm(&ctx, &xb, &wb, n + 1, hd, 1e-6, &ob).is_err());
+
+    let before = xb.read::<f32>(&ctx).unwrap();
+    let cap = Elementwise::softcap(&ctx, &xb, n, 3.0).unwrap();
+    run(&ctx, |p| cap.record(p, t as u32));
+    let got = xb.read::<f32>(&ctx).unwrap();
+    for (i, (&g, &v)) in got.iter().zip(&before).enumerate() {
+        let c = (v / 3.0).tanh() * 3.0;
+        assert!(
+            (g - c).abs() <= 1e-5 * c.abs().max(1.0),
+            "{i}: gpu {g} cpu {c}"
+        );
+    }
 }
 
 /// `n` tokens after `pos0` cached positions, window `window`, against the CPU.

@@ -1,12 +1,12 @@
 // elementwise.wgsl — the per-head and element-wise ops of the Qwen3 / Gemma 3 graphs
-// (model/graph.rs): per-head RMSNorm, scale, residual add; and the per-token int8 absmax
+// (model/graph.rs): per-head RMSNorm, scale, residual add, logit soft-capping; and the per-token int8 absmax
 // quantization of an I2_S matmul's input that no RMSNorm feeds (llama + I2_S, Falcon3-1.58).
 // One entry point per op.
 //
 // Bindings (group 0; each entry point binds only those it uses):
 //   0 uniform Params { n, hd, s, eps }: row width n; head_rmsnorm: head width hd and eps
-//                     (f32 bits); scale: the factor s (f32 bits)
-//   1 storage rw    x:   array<f32>   T × n rows (in place for scale and add)
+//                     (f32 bits); scale: the factor s (f32 bits); softcap: the cap s
+//   1 storage rw    x:   array<f32>   T × n rows (in place for scale, add and softcap)
 //   2 storage read  y:   array<f32>   add: T × n rows; head_rmsnorm: hd f32 weights
 //   3 storage rw    out: array<f32>   head_rmsnorm: T × n rows
 //   4 storage rw    qout: array<u32>  quant_i8: T × n/4 words of packed int8 (element 4i+b in
@@ -14,12 +14,13 @@
 //   5 storage rw    qmeta: array<vec2<u32>>  quant_i8: per token (f32 bits of the scale s,
 //                                     i32 bits of Σq)
 // Dispatch:
-//   scale, add     (ceil(n / 256), T, 1): a thread per element
+//   scale, add, softcap (ceil(n / 256), T, 1): a thread per element
 //   head_rmsnorm   (ceil(n / hd / 256), T, 1): a thread per head, summing its hd squares
 //   quant_i8       (1, T, 1): one workgroup per token (tree max and sum in shared memory)
 // Numerics against backend/cpu (norm.rs): the CPU sums squares in f64, this kernel in f32,
 // and WGSL's sqrt/division are not correctly rounded: |Δ| ≲ 1e-6 relative. scale and add
-// are exact. quant_i8 (quant/act.rs quantize_per_token): s = 127/max(max|x|, 1e-5)
+// are exact. softcap: x = tanh(x / s) · s with WGSL's tanh (the CPU uses libm's tanhf: a
+// few ulp apart). quant_i8 (quant/act.rs quantize_per_token): s = 127/max(max|x|, 1e-5)
 // correctly rounded (div_rn, common.wgsl), q = clamp(round_half_even(x·s), −128, 127):
 // bit-exact.
 
@@ -44,6 +45,15 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let i = gid.y * p.n + gid.x;
     x[i] = x[i] * p.s;
+}
+
+@compute @workgroup_size(256)
+fn softcap(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x >= p.n) {
+        return;
+    }
+    let i = gid.y * p.n + gid.x;
+    x[i] = tanh(x[i] / p.s) * p.s;
 }
 
 @compute @workgroup_size(256)

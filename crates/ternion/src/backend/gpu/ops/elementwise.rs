@@ -18,6 +18,8 @@ pub enum ElemKind {
     Scale,
     /// `x += y`.
     Add,
+    /// `x = tanh(x / cap) · cap` (logit soft-capping).
+    SoftCap,
     /// Per-token int8 absmax quantization.
     QuantI8,
 }
@@ -28,6 +30,7 @@ impl ElemKind {
             ElemKind::HeadRmsNorm => "head_rmsnorm",
             ElemKind::Scale => "scale",
             ElemKind::Add => "add",
+            ElemKind::SoftCap => "softcap",
             ElemKind::QuantI8 => "quant_i8",
         }
     }
@@ -92,6 +95,17 @@ impl Elementwise {
             ctx,
             ElemKind::Scale,
             [n as u32, 0, s.to_bits(), 0],
+            (n as u32).div_ceil(WG),
+            &[(1, x.binding())],
+        )
+    }
+
+    /// `x = tanh(x / cap) · cap` over rows of `n`.
+    pub fn softcap(ctx: &GpuContext, x: &GpuBuffer, n: usize, cap: f32) -> Result<Elementwise> {
+        Self::build(
+            ctx,
+            ElemKind::SoftCap,
+            [n as u32, 0, cap.to_bits(), 0],
             (n as u32).div_ceil(WG),
             &[(1, x.binding())],
         )
