@@ -27,7 +27,7 @@ pub struct BenchServeArgs {
     /// A running server (e.g. http://127.0.0.1:8080) instead of an in-process one.
     #[arg(long)]
     url: Option<String>,
-    /// Worker threads of the in-process server (default: all cores).
+    /// Worker threads of the in-process server (default: the cores this process may use).
     #[arg(long, short = 't')]
     threads: Option<usize>,
     #[command(flatten)]
@@ -36,10 +36,16 @@ pub struct BenchServeArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     streams: Vec<usize>,
     /// Prompt tokens per request (random ids below 256, valid in every vocabulary).
-    #[arg(long, default_value_t = 32)]
+    #[arg(short = 'P', long, default_value_t = 32)]
     prompt_tokens: usize,
-    /// Tokens generated per request (end-of-generation tokens are ignored).
-    #[arg(long, default_value_t = 32)]
+    /// Tokens generated per request (end-of-generation tokens are ignored), as `-n` in
+    /// `run`; sent as the request's `max_tokens`.
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        alias = "max-tokens",
+        default_value_t = 32
+    )]
     max_tokens: usize,
     /// Requests each client sends, one after the other.
     #[arg(long, default_value_t = 1)]
