@@ -276,7 +276,7 @@ fn wait_ready(url: &str, server: Option<&InProcess>) -> Result<String> {
 /// Runs `ternion bench-serve`.
 pub fn run(a: BenchServeArgs) -> Result<()> {
     if a.streams.contains(&0) || a.requests == 0 || a.max_tokens == 0 || a.prompt_tokens == 0 {
-        bail!("--streams, --requests, --max-tokens and --prompt-tokens must be at least 1");
+        bail!("--streams, --requests, -n/--n-predict and -P/--prompt-tokens must be at least 1");
     }
     if a.prefill_per_step < ternion_server::engine::MIN_PREFILL_PER_STEP {
         bail!(

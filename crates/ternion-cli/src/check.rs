@@ -1,9 +1,10 @@
 //! Whether a model would load and generate: everything `run` checks, gathered as a list
 //! of problems for `inspect`, and the token-id checks `run` adds to the library's.
 
+use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use ternion::gguf::GgufFile;
 use ternion::model::{LoadOptions, Model};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
@@ -63,6 +64,29 @@ pub fn special_tokens(file: &GgufFile, n_embd_rows: usize) -> Result<()> {
     Ok(())
 }
 
+/// [`special_tokens`] for the GGUF file at `path`, read without loading the model (for
+/// `serve`, whose engine loads it); an MLC directory is converted with its own checked
+/// vocabulary and passes.
+pub fn special_tokens_at(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    let file = GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let rows = embedding_rows(&file);
+    let problems = token_problems(&file, rows);
+    if !problems.is_empty() {
+        bail!("loading {}: {}", path.display(), problems.join("; "));
+    }
+    Ok(())
+}
+
+/// The rows of the token embedding (the model's `n_vocab`), when the file has one.
+fn embedding_rows(file: &GgufFile) -> Option<usize> {
+    file.tensor("token_embd.weight")
+        .and_then(|t| t.shape.get(1))
+        .map(|&r| r as usize)
+}
+
 /// Every reason `run` would refuse the model in `file` (empty when it loads): memory,
 /// configuration and architecture, tensor presence, shapes and types, the tokenizer, and
 /// the token ids. The model, when it loads, is returned for its configuration.
@@ -81,11 +105,10 @@ pub fn problems(file: &Arc<GgufFile>, tok: &TokenizerOptions) -> (Vec<String>, O
     if let Err(e) = Tokenizer::from_gguf(file, tok) {
         problems.push(format!("tokenizer: {e}"));
     }
-    let rows = model.as_ref().map(|m| m.config().n_vocab).or_else(|| {
-        file.tensor("token_embd.weight")
-            .and_then(|t| t.shape.get(1))
-            .map(|&r| r as usize)
-    });
+    let rows = model
+        .as_ref()
+        .map(|m| m.config().n_vocab)
+        .or_else(|| embedding_rows(file));
     problems.extend(token_problems(file, rows));
     (problems, model)
 }

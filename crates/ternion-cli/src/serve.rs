@@ -7,7 +7,7 @@ use clap::Args;
 use ternion_server::{Access, Batching, Device, ServerConfig};
 
 use crate::common::{self, ModelArgs};
-use crate::hub;
+use crate::{check, hub};
 
 /// Arguments of `ternion serve`.
 #[derive(Args)]
@@ -111,6 +111,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if let Some(want) = &a.model.sha256 {
         common::verify_sha256(&model, want)?;
     }
+    check::special_tokens_at(&model)?;
     if a.model.ctx == Some(0) {
         bail!("--ctx must be at least 1");
     }

@@ -193,9 +193,18 @@ fn a_model_that_cannot_be_served_fails_before_listening() {
     r.layout();
     let unsupported = dir.join("mamba.gguf");
     std::fs::write(&unsupported, r.bytes()).unwrap();
+    let mut r = micro_model();
+    r.set("tokenizer.ggml.bos_token_id", u32v(7));
+    r.layout();
+    let bad_bos = dir.join("bos.gguf");
+    std::fs::write(&bad_bos, r.bytes()).unwrap();
     let folder = dir.join("folder");
     std::fs::create_dir_all(&folder).unwrap();
-    for (model, says) in [(&unsupported, "mamba"), (&folder, "is a directory")] {
+    for (model, says) in [
+        (&unsupported, "mamba"),
+        (&bad_bos, "bos_token_id = 7 is past the vocabulary"),
+        (&folder, "is a directory"),
+    ] {
         let o = Command::new(ternion_bin())
             .arg("serve")
             .arg("--model")
