@@ -153,21 +153,7 @@ fn every_request_gets_one_log_line() {
     let models: Value = serde_json::from_str(&models).unwrap();
     assert_eq!(models["data"][0]["context_length"], 256, "{models}");
 
-    let t0 = Instant::now();
-    let line = loop {
-        let log = s.log();
-        if let Some(l) = log
-            .lines()
-            .find(|l| l.contains(&format!("request_id={id}")))
-        {
-            break l.to_owned();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "no log line for {id}:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let line = log_line(&s, &format!("request_id={id}"));
     for want in [
         "INFO".to_string(),
         "method=POST".into(),
@@ -180,8 +166,24 @@ fn every_request_gets_one_log_line() {
     ] {
         assert!(line.contains(&want), "{want} missing from: {line}");
     }
-    let log = s.log();
-    assert!(log.contains("route=/v1/models status=200"), "{log}");
+    log_line(&s, "route=/v1/models status=200");
+}
+
+/// The first line of the server's log containing `needle`, waited for (standard error is
+/// read on a thread of its own, so a line may show up just after its answer).
+fn log_line(s: &Server, needle: &str) -> String {
+    let t0 = Instant::now();
+    loop {
+        let log = s.log();
+        if let Some(l) = log.lines().find(|l| l.contains(needle)) {
+            return l.to_owned();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no log line with {needle}:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -217,4 +219,38 @@ fn a_model_that_cannot_be_served_fails_before_listening() {
         assert!(err.contains(says), "{err}");
         assert!(!err.contains("listening on"), "{err}");
     }
+}
+
+#[test]
+fn bench_serve_sends_the_api_key_to_a_running_server() {
+    let s = Server::start(&["--api-key", KEY, "--ctx", "64"]);
+    let url = format!("http://{}", s.addr);
+    let bench = |key: Option<&str>| {
+        let mut c = Command::new(ternion_bin());
+        c.args([
+            "bench-serve",
+            "--url",
+            &url,
+            "--streams",
+            "1",
+            "-P",
+            "4",
+            "-n",
+            "2",
+        ])
+        .arg("--json")
+        .env_remove("TERNION_API_KEY");
+        if let Some(k) = key {
+            c.args(["--api-key", k]);
+        }
+        c.output().unwrap()
+    };
+    let o = bench(Some(KEY));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let v: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(v["runs"][0]["tokens"], 2, "{v}");
+    let o = bench(None);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("401"));
 }
