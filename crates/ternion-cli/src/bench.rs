@@ -33,14 +33,19 @@ pub struct BenchArgs {
     synthetic: Option<String>,
     #[command(flatten)]
     backend: BackendArgs,
-    /// Worker threads (default: all cores).
+    /// Worker threads (default: the cores this process may use).
     #[arg(long, short = 't')]
     threads: Option<usize>,
-    /// Prompt tokens.
-    #[arg(short = 'p', long, default_value_t = 128)]
+    /// Prompt tokens (random ids; `-p` is prompt text in `run`, never a count).
+    #[arg(
+        short = 'P',
+        long = "prompt-tokens",
+        alias = "n-prompt",
+        default_value_t = 128
+    )]
     n_prompt: usize,
-    /// Tokens to decode.
-    #[arg(short = 'n', long, default_value_t = 32)]
+    /// Tokens to generate (decode), as `-n` in `run`.
+    #[arg(short = 'n', long = "n-predict", alias = "n-gen", default_value_t = 32)]
     n_gen: usize,
     /// Print one JSON object as the last line.
     #[arg(long)]

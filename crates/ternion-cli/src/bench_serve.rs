@@ -27,7 +27,15 @@ pub struct BenchServeArgs {
     /// A running server (e.g. http://127.0.0.1:8080) instead of an in-process one.
     #[arg(long)]
     url: Option<String>,
-    /// Worker threads of the in-process server (default: all cores).
+    /// API key the running server (--url) requires, sent as `Authorization: Bearer KEY`.
+    #[arg(
+        long,
+        env = "TERNION_API_KEY",
+        hide_env_values = true,
+        requires = "url"
+    )]
+    api_key: Option<String>,
+    /// Worker threads of the in-process server (default: the cores this process may use).
     #[arg(long, short = 't')]
     threads: Option<usize>,
     #[command(flatten)]
@@ -36,10 +44,16 @@ pub struct BenchServeArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     streams: Vec<usize>,
     /// Prompt tokens per request (random ids below 256, valid in every vocabulary).
-    #[arg(long, default_value_t = 32)]
+    #[arg(short = 'P', long, default_value_t = 32)]
     prompt_tokens: usize,
-    /// Tokens generated per request (end-of-generation tokens are ignored).
-    #[arg(long, default_value_t = 32)]
+    /// Tokens generated per request (end-of-generation tokens are ignored), as `-n` in
+    /// `run`; sent as the request's `max_tokens`.
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        alias = "max-tokens",
+        default_value_t = 32
+    )]
     max_tokens: usize,
     /// Requests each client sends, one after the other.
     #[arg(long, default_value_t = 1)]
@@ -80,17 +94,38 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
-fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(600))
-        .build()
+/// The HTTP client; every request carries the API key as a bearer token when given.
+#[derive(Clone)]
+struct Client {
+    agent: ureq::Agent,
+    bearer: Option<String>,
+}
+
+impl Client {
+    fn new(key: Option<&str>) -> Client {
+        Client {
+            agent: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(600))
+                .build(),
+            bearer: key.map(|k| format!("Bearer {k}")),
+        }
+    }
+
+    /// A `method` request to `url`, with the key.
+    fn request(&self, method: &str, url: &str) -> ureq::Request {
+        let r = self.agent.request(method, url);
+        match &self.bearer {
+            Some(b) => r.set("Authorization", b),
+            None => r,
+        }
+    }
 }
 
 /// Streams one completion and timestamps every token chunk.
-fn stream_one(url: &str, body: &Value) -> Result<Trace> {
+fn stream_one(agent: &Client, url: &str, body: &Value) -> Result<Trace> {
     let t0 = Instant::now();
-    let r = agent()
-        .post(&format!("{url}/v1/completions"))
+    let r = agent
+        .request("POST", &format!("{url}/v1/completions"))
         .set("Content-Type", "application/json")
         .send_string(&body.to_string())
         .map_err(|e| match e {
@@ -133,11 +168,17 @@ fn stream_one(url: &str, body: &Value) -> Result<Trace> {
 }
 
 /// One measurement: `streams` clients, each sending `requests` requests in turn.
-fn measure(a: &BenchServeArgs, url: &str, model_id: &str, streams: usize) -> Result<Value> {
+fn measure(
+    a: &BenchServeArgs,
+    agent: &Client,
+    url: &str,
+    model_id: &str,
+    streams: usize,
+) -> Result<Value> {
     let t0 = Instant::now();
     let handles: Vec<_> = (0..streams)
         .map(|c| {
-            let (url, model_id) = (url.to_string(), model_id.to_string());
+            let (url, model_id, agent) = (url.to_string(), model_id.to_string(), agent.clone());
             let (n_prompt, max_tokens, requests) = (a.prompt_tokens, a.max_tokens, a.requests);
             let duration = a.duration.map(Duration::from_secs);
             std::thread::spawn(move || -> Result<Vec<Trace>> {
@@ -158,7 +199,7 @@ fn measure(a: &BenchServeArgs, url: &str, model_id: &str, streams: usize) -> Res
                         "stream": true, "ignore_eos": true, "return_token_ids": true,
                         "temperature": 0.8, "seed": c * 1_000_000 + r,
                     });
-                    traces.push(stream_one(&url, &body)?);
+                    traces.push(stream_one(&agent, &url, &body)?);
                 }
                 Ok(traces)
             })
@@ -240,10 +281,10 @@ impl Drop for InProcess {
 }
 
 /// Waits until `url/health` answers 200 and returns the served model id.
-fn wait_ready(url: &str, server: Option<&InProcess>) -> Result<String> {
+fn wait_ready(agent: &Client, url: &str, server: Option<&InProcess>) -> Result<String> {
     let t0 = Instant::now();
     loop {
-        if let Ok(r) = agent().get(&format!("{url}/health")).call() {
+        if let Ok(r) = agent.request("GET", &format!("{url}/health")).call() {
             if r.status() == 200 {
                 break;
             }
@@ -256,8 +297,8 @@ fn wait_ready(url: &str, server: Option<&InProcess>) -> Result<String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let v: Value = agent()
-        .get(&format!("{url}/v1/models"))
+    let v: Value = agent
+        .request("GET", &format!("{url}/v1/models"))
         .call()
         .context("GET /v1/models")?
         .into_json()?;
@@ -270,7 +311,7 @@ fn wait_ready(url: &str, server: Option<&InProcess>) -> Result<String> {
 /// Runs `ternion bench-serve`.
 pub fn run(a: BenchServeArgs) -> Result<()> {
     if a.streams.contains(&0) || a.requests == 0 || a.max_tokens == 0 || a.prompt_tokens == 0 {
-        bail!("--streams, --requests, --max-tokens and --prompt-tokens must be at least 1");
+        bail!("--streams, --requests, -n/--n-predict and -P/--prompt-tokens must be at least 1");
     }
     if a.prefill_per_step < ternion_server::engine::MIN_PREFILL_PER_STEP {
         bail!(
@@ -294,9 +335,11 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         (None, Some(u)) => u.trim_end_matches('/').to_string(),
         (None, None) => unreachable!("checked above"),
     };
-    let model_id = wait_ready(&url, server.as_ref())?;
+    let agent = Client::new(a.api_key.as_deref());
+    let model_id = wait_ready(&agent, &url, server.as_ref())?;
     // Warm-up: touches every weight page and starts the worker pool.
     stream_one(
+        &agent,
         &url,
         &json!({"model": model_id, "prompt": [[1, 2, 3, 4]], "max_tokens": 2, "stream": true,
                 "ignore_eos": true, "return_token_ids": true}),
@@ -304,7 +347,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     .context("warm-up request")?;
     let mut runs = Vec::new();
     for &n in &a.streams {
-        let r = measure(&a, &url, &model_id, n)?;
+        let r = measure(&a, &agent, &url, &model_id, n)?;
         eprintln!(
             "{n:>3} streams: {:>8.1} tok/s aggregate, TTFT p50 {:.0} ms p99 {:.0} ms, \
              inter-token p50 {:.1} ms p99 {:.1} ms ({} tokens in {:.1} s)",

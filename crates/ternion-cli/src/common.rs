@@ -1,5 +1,5 @@
-//! What several commands share: model location (local file or the Hugging Face cache),
-//! backend and thread settings, and prompt input.
+//! What several commands share: model loading, backend and thread settings, file
+//! checksums.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,10 +15,7 @@ use ternion::model::{self, LmHead, LoadOptions, Model};
 use ternion::session::{GpuEngine, Session};
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
-/// The model `run` and `chat` use when no `--model` is given.
-pub const DEFAULT_REPO: &str = "microsoft/bitnet-b1.58-2B-4T-gguf";
-/// The file of [`DEFAULT_REPO`] that is downloaded.
-pub const DEFAULT_FILE: &str = "ggml-model-i2_s.gguf";
+use crate::{check, cores, hub};
 
 /// Compute backend choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -80,17 +77,35 @@ impl BackendArgs {
         self.gpu_with(model, opts)
     }
 
+    /// The adapter to open: `None` for the CPU backend, `Some(index)` for a GPU (`None`
+    /// inside: wgpu's best). `auto` without `--device` never takes a CPU-type adapter
+    /// (llvmpipe, lavapipe, SwiftShader: slower than the CPU backend) and says why it
+    /// falls back to the CPU; `--backend gpu` takes whatever is there.
+    pub fn adapter(&self) -> Option<Option<usize>> {
+        match (self.backend, self.device) {
+            (Backend::Cpu, _) => None,
+            (Backend::Gpu, d) | (Backend::Auto, d @ Some(_)) => Some(d),
+            (Backend::Auto, None) => match cores::best_hardware_adapter() {
+                Ok(i) => Some(Some(i)),
+                Err(why) => {
+                    eprintln!("{why}; using the CPU backend (--backend gpu would take it)");
+                    None
+                }
+            },
+        }
+    }
+
     /// [`BackendArgs::gpu`] with every GPU model option given.
     pub fn gpu_with(&self, model: &Model, mut gopts: GpuModelOptions) -> Result<Option<GpuModel>> {
-        if self.backend == Backend::Cpu {
+        let Some(device_index) = self.adapter() else {
             return Ok(None);
-        }
+        };
         gopts.numerics = match self.gpu_numerics {
             GpuNumerics::Fast => Numerics::Fast,
             GpuNumerics::Exact => Numerics::Exact,
         };
         let opts = GpuOptions {
-            device_index: self.device,
+            device_index,
             prefill: self.gpu_prefill.map(|p| match p {
                 GpuPrefill::Batch4 => PrefillKernel::Batch4,
                 GpuPrefill::Tiled => PrefillKernel::Tiled,
@@ -101,7 +116,7 @@ impl BackendArgs {
         let ctx = match GpuContext::new(&opts) {
             Ok(c) => Arc::new(c),
             Err(e) if self.backend == Backend::Auto => {
-                eprintln!("no GPU ({e}); using the CPU");
+                eprintln!("no GPU ({e}); using the CPU backend");
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
@@ -152,7 +167,8 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
     #[command(flatten)]
     pub backend: BackendArgs,
-    /// Worker threads (default: all cores).
+    /// Worker threads (default: the cores this process may use, physical cores where
+    /// known).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
     /// Context size in tokens (default: the model's, at most 4096).
@@ -169,36 +185,6 @@ pub struct ModelArgs {
     /// Expected SHA-256 of the model file (hex); loading fails on a mismatch.
     #[arg(long)]
     pub sha256: Option<String>,
-}
-
-/// Prompt input shared by `run`, `logits` and `bench`.
-#[derive(Args, Clone)]
-pub struct PromptArgs {
-    /// Prompt text (tokenized; BOS added when the model asks for it).
-    #[arg(long, short = 'p', conflicts_with = "tokens")]
-    pub prompt: Option<String>,
-    /// Comma-separated token ids, used as given.
-    #[arg(long, value_delimiter = ',')]
-    pub tokens: Option<Vec<u32>>,
-    /// Do not add the BOS token.
-    #[arg(long)]
-    pub no_bos: bool,
-    /// Parse special-token text (like `<|eot_id|>`) in the prompt.
-    #[arg(long)]
-    pub special: bool,
-}
-
-impl PromptArgs {
-    /// The prompt's token ids.
-    pub fn ids(&self, tok: &Tokenizer) -> Result<Vec<u32>> {
-        match (&self.prompt, &self.tokens) {
-            (_, Some(ids)) => Ok(ids.clone()),
-            (Some(text), None) => {
-                Ok(tok.encode(text, tok.add_bos() && !self.no_bos, self.special)?)
-            }
-            (None, None) => bail!("give a prompt with --prompt TEXT or --tokens IDS"),
-        }
-    }
 }
 
 /// A loaded model with its tokenizer, its GPU plan when the GPU runs it, and how long
@@ -221,11 +207,19 @@ pub fn session<'a>(model: &'a Model, gpu: &'a mut Option<GpuModel>, n_ctx: usize
     }
 }
 
-/// Sets the size of the worker pool (once, before any parallel work).
+/// Sets the size of the worker pool (once, before any parallel work): `threads`, or the
+/// cores this process may use; more threads than that is allowed with a warning.
 pub fn init_threads(threads: Option<usize>) -> Result<usize> {
-    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cores = cores::usable();
+    let n = threads.unwrap_or(cores);
     if n == 0 {
         bail!("--threads must be at least 1");
+    }
+    if n > cores {
+        eprintln!(
+            "warning: -t {n} is more threads than the {cores} cores this process may use; \
+             the threads will take turns on the cores (slower, not faster)"
+        );
     }
     if !ternion::backend::cpu::pool::init(n) {
         bail!("the worker pool was already started with another thread count");
@@ -247,8 +241,8 @@ pub fn tokenizer_options(pre: Option<PreTokenizer>) -> TokenizerOptions {
 pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
     init_threads(args.threads)?;
     let path = match (&args.model, default_model) {
-        (Some(p), _) => p.clone(),
-        (None, true) => default_model_path()?,
+        (Some(p), _) => hub::resolve(p)?,
+        (None, true) => hub::default_model()?,
         (None, false) => bail!("give the model file with --model FILE"),
     };
     if let Some(want) = &args.sha256 {
@@ -262,6 +256,8 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
     }
     let t0 = Instant::now();
     let (file, model) = model::load_with(&path, &args.lm_head.load_options())
+        .with_context(|| format!("loading {}", path.display()))?;
+    check::special_tokens(&file, model.config().n_vocab)
         .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file, &tokenizer_options(args.pre_tokenizer))
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
@@ -329,52 +325,4 @@ pub fn hub_sha256(path: &Path) -> Option<String> {
     let blob = std::fs::canonicalize(path).ok()?;
     let name = blob.file_name()?.to_str()?;
     is_sha256_hex(name).then(|| name.to_owned())
-}
-
-/// The default model's path: from the Hugging Face cache, or downloaded with a progress
-/// bar and then checked against the SHA-256 the Hub reported (a file that fails the check
-/// is deleted from the cache, so the next run downloads it again).
-fn default_model_path() -> Result<PathBuf> {
-    let cache = hf_hub::Cache::from_env();
-    if let Some(p) = cache.model(DEFAULT_REPO.into()).get(DEFAULT_FILE) {
-        return Ok(p);
-    }
-    eprintln!("Downloading {DEFAULT_REPO}/{DEFAULT_FILE} (1.2 GB, once) ...");
-    let api = hf_hub::api::sync::ApiBuilder::from_env()
-        .with_progress(true)
-        .build()
-        .context("setting up the Hugging Face client")?;
-    let path = api
-        .model(DEFAULT_REPO.into())
-        .get(DEFAULT_FILE)
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "could not download {DEFAULT_REPO}/{DEFAULT_FILE}: {e}\n\
-                 If this machine is offline, download the file elsewhere and pass it with \
-                 --model PATH/{DEFAULT_FILE}, or make a test model with \
-                 `ternion synth --shape 2b-4t --type i2_s --out model.gguf`."
-            )
-        })?;
-    match hub_sha256(&path) {
-        Some(want) => {
-            let got = file_sha256(&path)?;
-            if got != want {
-                let blob = std::fs::canonicalize(&path).ok();
-                for p in [Some(path.clone()), blob].into_iter().flatten() {
-                    // Best effort: the error below is what matters.
-                    let _ = std::fs::remove_file(p);
-                }
-                bail!(
-                    "the download of {DEFAULT_REPO}/{DEFAULT_FILE} is corrupt: its SHA-256 is \
-                     {got}, the Hub reported {want}; the file was deleted, run again to \
-                     download it again"
-                );
-            }
-            eprintln!("SHA-256 matches the Hub's ({want})");
-        }
-        None => {
-            eprintln!("the Hub reported no SHA-256 for {DEFAULT_FILE}; pass --sha256 to check it")
-        }
-    }
-    Ok(path)
 }

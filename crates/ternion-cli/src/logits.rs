@@ -8,7 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 
-use crate::common::{self, ModelArgs, PromptArgs};
+use crate::common::{self, ModelArgs};
+use crate::prompt::PromptArgs;
 
 /// Arguments of `ternion logits`.
 #[derive(Args)]
@@ -32,7 +33,7 @@ pub fn run(a: LogitsArgs) -> Result<()> {
     let mut session = common::session(&l.model, &mut l.gpu, l.n_ctx);
     let logits = session.logits_all(&ids)?;
     write_npy(&a.out, &logits, ids.len(), l.model.config().n_vocab)?;
-    println!("{}", json!({ "tokens": ids }));
+    writeln!(std::io::stdout(), "{}", json!({ "tokens": ids }))?;
     Ok(())
 }
 

@@ -2,9 +2,14 @@
 
 mod bench;
 mod bench_serve;
+mod chat;
+mod check;
 mod common;
+mod cores;
+mod hub;
 mod inspect;
 mod logits;
+mod prompt;
 mod run;
 mod serve;
 mod synth;
@@ -26,14 +31,14 @@ enum Command {
     /// Generate text from a prompt.
     Run(run::RunArgs),
     /// Interactive, streaming chat (multi-turn, reuses the KV cache).
-    Chat(run::ChatArgs),
+    Chat(chat::ChatArgs),
     /// Evaluate a prompt as one batch and write its logits as a .npy file.
     Logits(logits::LogitsArgs),
     /// Print the token ids of a text as a JSON list.
     Tokenize(inspect::TokenizeArgs),
     /// Check the engine against a golden manifest.
     Validate(validate::ValidateArgs),
-    /// Print a GGUF file's metadata and tensor table.
+    /// Print a GGUF file's metadata and tensor table, and check that the model loads.
     Inspect(inspect::InspectArgs),
     /// Write a random-weight model of a real shape.
     Synth(synth::SynthArgs),
@@ -49,7 +54,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(a),
-        Command::Chat(a) => run::chat(a),
+        Command::Chat(a) => chat::chat(a),
         Command::Logits(a) => logits::run(a),
         Command::Tokenize(a) => inspect::tokenize(a),
         Command::Validate(a) => validate::run(a),
@@ -61,9 +66,20 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of stdout went away (`ternion inspect m.gguf | head -1`): what it
+        // wanted was written, so this is a normal end, as for other command-line tools.
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `e` (or an error it wraps) is a write to a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ternion_server::{Batching, Device, ServerConfig};
+use ternion_server::{Access, Batching, Device, ServerConfig};
 
 use crate::common::{self, ModelArgs};
+use crate::{check, hub};
 
 /// Arguments of `ternion serve`.
 #[derive(Args)]
@@ -47,6 +48,20 @@ pub struct ServeArgs {
     /// (the scheduler before batching; for comparisons).
     #[arg(long)]
     no_batch: bool,
+    /// Require `Authorization: Bearer KEY` on every request (401 otherwise); `/health`
+    /// and `/metrics` stay open unless --api-key-all.
+    #[arg(long, env = "TERNION_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Require the API key for `/health` and `/metrics` too.
+    #[arg(long, requires = "api_key")]
+    api_key_all: bool,
+    /// Origin a browser page may call the API from (repeatable; `*`: any), with CORS
+    /// preflight answers.
+    #[arg(long)]
+    cors_origin: Vec<String>,
+    /// Do not print the log line of each request (standard error, info level).
+    #[arg(long)]
+    quiet: bool,
 }
 
 /// The engine's batching for a `--no-batch` flag.
@@ -61,24 +76,20 @@ pub(crate) fn batching(no_batch: bool) -> Batching {
 /// Where the engine runs for `--backend` / `--device`: `auto` takes the GPU when an
 /// adapter opens.
 pub(crate) fn device(b: &common::BackendArgs) -> Device {
-    let gpu = Device::Gpu(b.device);
-    match b.backend {
-        common::Backend::Cpu => Device::Cpu,
-        common::Backend::Gpu => gpu,
-        common::Backend::Auto => {
-            let opts = ternion::backend::gpu::GpuOptions {
-                device_index: b.device,
-                ..Default::default()
-            };
-            match ternion::backend::gpu::GpuContext::new(&opts) {
-                Ok(_) => gpu,
-                Err(e) => {
-                    eprintln!("no GPU ({e}); serving on the CPU");
-                    Device::Cpu
-                }
-            }
+    let Some(index) = b.adapter() else {
+        return Device::Cpu;
+    };
+    if b.backend == common::Backend::Auto {
+        let opts = ternion::backend::gpu::GpuOptions {
+            device_index: index,
+            ..Default::default()
+        };
+        if let Err(e) = ternion::backend::gpu::GpuContext::new(&opts) {
+            eprintln!("no GPU ({e}); serving on the CPU");
+            return Device::Cpu;
         }
     }
+    Device::Gpu(index)
 }
 
 /// The async runtime the HTTP side runs on (two worker threads: the engine has its own).
@@ -93,12 +104,14 @@ pub(crate) fn http_runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Runs `ternion serve` until SIGTERM or Ctrl-C.
 pub fn run(a: ServeArgs) -> Result<()> {
-    let Some(model) = a.model.model.clone() else {
+    let Some(model) = &a.model.model else {
         bail!("give the model file with --model FILE");
     };
+    let model = hub::resolve(model)?;
     if let Some(want) = &a.model.sha256 {
         common::verify_sha256(&model, want)?;
     }
+    check::special_tokens_at(&model)?;
     if a.model.ctx == Some(0) {
         bail!("--ctx must be at least 1");
     }
@@ -121,19 +134,52 @@ pub fn run(a: ServeArgs) -> Result<()> {
         prefill_per_step: a.prefill_per_step,
         batching: batching(a.no_batch),
         device: device(&a.model.backend),
-        ..ServerConfig::new(model)
+        access: Access {
+            api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+            api_key_all: a.api_key_all,
+            cors_origins: a.cors_origin.clone(),
+        },
+        ..ServerConfig::new(&model)
+    };
+    let level = if a.quiet {
+        tracing_subscriber::filter::LevelFilter::WARN
+    } else {
+        tracing_subscriber::filter::LevelFilter::INFO
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false)
+        .with_ansi(false)
+        .init();
+    let (max_active, queue) = (cfg.max_active, cfg.queue);
+    let key = if cfg.access.api_key.is_some() {
+        "API key required"
+    } else {
+        "no API key"
     };
     let rt = http_runtime()?;
     rt.block_on(async {
+        let t0 = std::time::Instant::now();
+        let server = ternion_server::Server::load(cfg)
+            .await
+            .with_context(|| format!("loading {}", model.display()))?;
+        eprintln!(
+            "ternion serve: loaded {} in {:.2} s (context {} tokens)",
+            model.display(),
+            t0.elapsed().as_secs_f64(),
+            server.n_ctx()
+        );
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .with_context(|| format!("listening on {}:{}", a.host, a.port))?;
         let addr = listener.local_addr()?;
         eprintln!(
-            "ternion serve: listening on http://{addr} ({threads} threads, {} active sequences, \
-             queue {})",
-            cfg.max_active, cfg.queue
+            "ternion serve: listening on http://{addr} ({threads} threads, {max_active} active \
+             sequences, queue {queue}, {key})"
         );
-        ternion_server::run(cfg, listener, ternion_server::shutdown_signal()).await
+        server
+            .serve(listener, ternion_server::shutdown_signal())
+            .await
     })
 }

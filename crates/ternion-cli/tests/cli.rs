@@ -416,7 +416,7 @@ fn bench_json_reports_speeds() {
         "bench",
         "--model",
         tiny_model().to_str().unwrap(),
-        "-p",
+        "-P",
         "16",
         "-n",
         "4",

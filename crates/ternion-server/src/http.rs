@@ -1,7 +1,5 @@
 //! Routes and handlers: OpenAI-shaped answers, streamed as server-sent events or whole.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::TrySendError;
@@ -13,15 +11,15 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::access::{self, Access, RequestLog};
 use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
-use crate::engine::{Event, Job, Ready, Shared};
+use crate::engine::{Job, Ready, Shared};
+use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
 
 /// What every handler sees.
 pub struct AppState {
@@ -35,9 +33,14 @@ pub struct AppState {
     pub counter: AtomicU64,
 }
 
-/// The router with every endpoint, and the request body limit in bytes.
-pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
-    Router::new()
+/// The router with every endpoint, the request body limit in bytes, and the access
+/// rules (API key, CORS; an invalid CORS origin is an error). Every request gets an id
+/// and one log line.
+pub fn router(state: Arc<AppState>, max_body: usize, access: Access) -> anyhow::Result<Router> {
+    let cors = access::cors(&access.cors_origins)?;
+    let access = Arc::new(access);
+    let counter = Arc::new(AtomicU64::new(1));
+    let mut app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -50,7 +53,17 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             early_length_check(req, next, max_body)
         }))
-        .with_state(state)
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            access::require_key(access.clone(), req, next)
+        }));
+    if let Some(cors) = cors {
+        app = app.layer(cors);
+    }
+    Ok(app
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            access::log_requests(counter.clone(), req, next)
+        }))
+        .with_state(state))
 }
 
 fn now_unix() -> u64 {
@@ -131,12 +144,17 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The model object; `context_length` (and vLLM's name for it, `max_model_len`) is the
+/// context of each sequence, prompt and completion together.
 fn model_object(st: &AppState) -> Value {
+    let n_ctx = st.shared.ready.get().map(|r| r.n_ctx);
     json!({
         "id": st.model_id,
         "object": "model",
         "created": st.created,
         "owned_by": "ternion",
+        "context_length": n_ctx,
+        "max_model_len": n_ctx,
     })
 }
 
@@ -194,14 +212,11 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     })
 }
 
-/// Which endpoint an answer is for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Chat,
-    Completion,
-}
-
-async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(
+    State(st): State<Arc<AppState>>,
+    Extension(log): Extension<Arc<RequestLog>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let arrived = Instant::now();
     let result = async {
         let bytes = body_bytes(body)?;
@@ -222,13 +237,14 @@ async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejectio
     }
     .await;
     match result {
-        Ok((settings, prompt)) => generate(st, Kind::Chat, settings, prompt, arrived).await,
+        Ok((settings, prompt)) => generate(st, Kind::Chat, settings, prompt, (arrived, log)).await,
         Err(e) => e.into_response(),
     }
 }
 
 async fn completions(
     State(st): State<Arc<AppState>>,
+    Extension(log): Extension<Arc<RequestLog>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrived = Instant::now();
@@ -240,7 +256,9 @@ async fn completions(
         Ok::<_, ApiError>((settings, prompt))
     })();
     match result {
-        Ok((settings, prompt)) => generate(st, Kind::Completion, settings, prompt, arrived).await,
+        Ok((settings, prompt)) => {
+            generate(st, Kind::Completion, settings, prompt, (arrived, log)).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -251,7 +269,7 @@ async fn generate(
     kind: Kind,
     settings: Settings,
     prompt: Prompt,
-    arrived: Instant,
+    arrived: (Instant, Arc<RequestLog>),
 ) -> Response {
     match start(&st, kind, settings, prompt, arrived).await {
         Ok(r) => r,
@@ -264,7 +282,7 @@ async fn start(
     kind: Kind,
     settings: Settings,
     prompt: Prompt,
-    arrived: Instant,
+    (arrived, log): (Instant, Arc<RequestLog>),
 ) -> Result<Response, ApiError> {
     let ready = st.ready()?;
     let param = if kind == Kind::Chat {
@@ -368,222 +386,11 @@ async fn start(
         include_usage: settings.include_usage,
         return_token_ids: settings.return_token_ids,
         prompt_ids: ids,
+        log,
     };
     if settings.stream {
         Ok(stream_response(meta, rx, st.shared.clone()))
     } else {
         whole_response(meta, rx, &st.shared).await
     }
-}
-
-/// What an answer is labelled with.
-struct Meta {
-    kind: Kind,
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
-    return_token_ids: bool,
-    prompt_ids: Vec<u32>,
-}
-
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    })
-}
-
-impl Meta {
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
-        }
-    }
-
-    /// One streamed chunk with one choice: a delta (chat) or text (completion).
-    fn chunk(&self, delta: Value, text: &str, finish: Option<&str>) -> Value {
-        let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish,
-            }),
-            Kind::Completion => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
-            }),
-        };
-        let mut v = json!({
-            "id": self.id,
-            "object": self.object(true),
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": [choice],
-        });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
-    }
-
-    fn text_chunk(&self, text: &str) -> Value {
-        self.chunk(json!({"content": text}), text, None)
-    }
-}
-
-fn sse_json(v: &Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
-}
-
-/// Streams the answer as server-sent events. When the client goes away the stream and with
-/// it the receiver are dropped, and the engine cancels the sequence.
-fn stream_response(meta: Meta, rx: UnboundedReceiver<Event>, shared: Arc<Shared>) -> Response {
-    struct St {
-        meta: Meta,
-        rx: UnboundedReceiver<Event>,
-        shared: Arc<Shared>,
-        queue: VecDeque<SseEvent>,
-        done: bool,
-    }
-    let mut queue = VecDeque::new();
-    if meta.kind == Kind::Chat {
-        queue.push_back(sse_json(&meta.chunk(
-            json!({"role": "assistant", "content": ""}),
-            "",
-            None,
-        )));
-    }
-    let st = St {
-        meta,
-        rx,
-        shared,
-        queue,
-        done: false,
-    };
-    let stream = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(ev) = st.queue.pop_front() {
-                return Some((Ok::<_, Infallible>(ev), st));
-            }
-            if st.done {
-                return None;
-            }
-            match st.rx.recv().await {
-                Some(Event::Token { id, text }) => {
-                    if st.meta.return_token_ids {
-                        let mut c = st.meta.text_chunk(&text);
-                        c["choices"][0]["token_ids"] = json!([id]);
-                        st.queue.push_back(sse_json(&c));
-                    } else if !text.is_empty() {
-                        st.queue.push_back(sse_json(&st.meta.text_chunk(&text)));
-                    }
-                }
-                Some(Event::Text(t)) => st.queue.push_back(sse_json(&st.meta.text_chunk(&t))),
-                Some(Event::Done(d)) => {
-                    let finish = d.finish.as_str();
-                    st.queue
-                        .push_back(sse_json(&st.meta.chunk(json!({}), "", Some(finish))));
-                    if st.meta.include_usage {
-                        let v = json!({
-                            "id": st.meta.id,
-                            "object": st.meta.object(true),
-                            "created": st.meta.created,
-                            "model": st.meta.model,
-                            "system_fingerprint": null,
-                            "choices": [],
-                            "usage": usage(d.prompt_tokens, d.completion_tokens),
-                        });
-                        st.queue.push_back(sse_json(&v));
-                    }
-                    st.queue.push_back(SseEvent::default().data("[DONE]"));
-                    st.done = true;
-                }
-                Some(Event::Error { status, message }) => {
-                    let e = error_for(status, message);
-                    st.queue.push_back(sse_json(&e.body()));
-                    st.done = true;
-                }
-                None => {
-                    let e = engine_gone(&st.shared);
-                    st.queue.push_back(sse_json(&e.body()));
-                    st.done = true;
-                }
-            }
-        }
-    });
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-/// The answer for a request the engine cannot take or dropped without a word (it has
-/// stopped): 503, with the reason when the engine failed (a GPU fault).
-fn engine_gone(shared: &Shared) -> ApiError {
-    ApiError::unavailable(
-        shared
-            .failed
-            .get()
-            .map_or("the engine has stopped", String::as_str),
-    )
-}
-
-fn error_for(status: u16, message: String) -> ApiError {
-    if status == 503 {
-        ApiError::unavailable(message)
-    } else if status == 400 {
-        ApiError::bad_request(message, None)
-    } else {
-        ApiError::new(
-            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            "server_error",
-            message,
-        )
-    }
-}
-
-/// Waits for the whole answer. When the client goes away this future is dropped, and with
-/// it the receiver: the engine cancels the sequence.
-async fn whole_response(
-    meta: Meta,
-    mut rx: UnboundedReceiver<Event>,
-    shared: &Shared,
-) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let done = loop {
-        match rx.recv().await {
-            Some(Event::Token { text: t, .. } | Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done(d)) => break d,
-            Some(Event::Error { status, message }) => return Err(error_for(status, message)),
-            None => return Err(engine_gone(shared)),
-        }
-    };
-    let finish = done.finish.as_str();
-    let mut choice = match meta.kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": null},
-            "logprobs": null,
-            "finish_reason": finish,
-        }),
-        Kind::Completion => json!({
-            "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
-        }),
-    };
-    let mut v = json!({
-        "id": meta.id,
-        "object": meta.object(false),
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": null,
-        "choices": [],
-        "usage": usage(done.prompt_tokens, done.completion_tokens),
-    });
-    if meta.return_token_ids {
-        choice["token_ids"] = json!(done.tokens);
-        v["prompt_token_ids"] = json!(meta.prompt_ids);
-    }
-    v["choices"] = json!([choice]);
-    Ok(Json(v).into_response())
 }

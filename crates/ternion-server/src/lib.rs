@@ -4,28 +4,34 @@
 //!   shapes, whole or streamed as server-sent events (`data: {...}` chunks, then
 //!   `data: [DONE]`).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the one served model.
-//! - `GET /health`: 200 once the model is loaded, 503 before (and after the engine stops).
+//! - `GET /health`: 200 while the engine serves, 503 after it stopped (a GPU fault).
 //! - `GET /metrics`: Prometheus text (queue length, active sequences, tokens, tokens/s,
 //!   time-to-first-token histogram).
 //!
 //! The model lives on one engine thread ([`engine`]); HTTP handlers validate and tokenize,
 //! then hand a [`engine::Job`] to the engine through a bounded queue and relay its events.
+//! The model is loaded ([`Server::load`]) before the port is opened, so a model that cannot
+//! be served fails before anything listens. [`access`]: the API key, CORS and the log line
+//! of every request.
 
+pub mod access;
 pub mod api;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+mod respond;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, Release};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use ternion::tokenizer::TokenizerOptions;
 
+pub use crate::access::Access;
 pub use crate::engine::{Batching, Device};
 use crate::engine::{EngineConfig, Shared};
 use crate::http::AppState;
@@ -58,6 +64,8 @@ pub struct ServerConfig {
     pub prefill_per_step: usize,
     /// CPU or GPU.
     pub device: Device,
+    /// API key and CORS origins.
+    pub access: Access,
 }
 
 impl ServerConfig {
@@ -77,6 +85,7 @@ impl ServerConfig {
             batching: Batching::Stacked,
             prefill_per_step: 256,
             device: Device::Cpu,
+            access: Access::default(),
         }
     }
 
@@ -113,96 +122,125 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Serves on `listener` until `shutdown` resolves (or loading the model fails). The model
-/// loads on the engine thread while the server already answers (`/health` says 503 until
-/// it is ready). On shutdown: new connections are refused, queued requests get 503,
-/// running sequences finish within `shutdown_grace` or are cancelled, then the engine
-/// thread ends and this returns.
+/// A server whose model is loaded, ready to serve.
+pub struct Server {
+    cfg: ServerConfig,
+    shared: Arc<Shared>,
+    engine: std::thread::JoinHandle<()>,
+}
+
+impl Server {
+    /// Starts the engine thread and waits until it has loaded the model (and prepared the
+    /// GPU when it runs there); a model that cannot be served is an error here.
+    pub async fn load(cfg: ServerConfig) -> Result<Server> {
+        if cfg.max_active == 0 {
+            bail!("--max-active must be at least 1");
+        }
+        if cfg.queue == 0 {
+            bail!("--queue must be at least 1");
+        }
+        let shared = Arc::new(Shared::default());
+        shared
+            .metrics
+            .max_active_sequences
+            .store(cfg.max_active as u64, Relaxed);
+        let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
+        let engine = engine::spawn(
+            EngineConfig {
+                model_path: cfg.model_path.clone(),
+                tokenizer: cfg.tokenizer,
+                n_ctx: cfg.n_ctx,
+                max_active: cfg.max_active,
+                queue: cfg.queue,
+                kv_pages: cfg.kv_pages,
+                batching: cfg.batching,
+                prefill_per_step: cfg.prefill_per_step,
+                device: cfg.device,
+            },
+            shared.clone(),
+            loaded_tx,
+        )
+        .context("starting the engine thread")?;
+        let loaded = match loaded_rx.await {
+            Ok(r) => r,
+            Err(_) => Err("the engine thread ended while loading the model".into()),
+        };
+        if let Err(e) = loaded {
+            // The thread ends right after reporting; its panic, if any, is in `e` already.
+            let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+            bail!(e);
+        }
+        Ok(Server {
+            cfg,
+            shared,
+            engine,
+        })
+    }
+
+    /// Context size of each sequence.
+    pub fn n_ctx(&self) -> usize {
+        self.shared.ready.get().map_or(0, |r| r.n_ctx)
+    }
+
+    /// Serves on `listener` until `shutdown` resolves. On shutdown: new connections are
+    /// refused, queued requests get 503, running sequences finish within `shutdown_grace`
+    /// or are cancelled, then the engine thread ends and this returns.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let Server {
+            cfg,
+            shared,
+            engine,
+        } = self;
+        let state = Arc::new(AppState {
+            shared: shared.clone(),
+            model_id: cfg.id(),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            counter: AtomicU64::new(0),
+        });
+        let app = http::router(state, cfg.max_body, cfg.access.clone())?;
+        let stop = {
+            let shared = shared.clone();
+            let grace = cfg.shutdown_grace;
+            async move {
+                shutdown.await;
+                eprintln!("ternion-server: shutting down");
+                shared.shutdown.store(true, Release);
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    shared.cancel_all.store(true, Release);
+                });
+            }
+        };
+        // Streamed tokens are small writes: send each at once rather than wait for an ACK.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await;
+        shared.shutdown.store(true, Release);
+        shared.cancel_all.store(true, Release);
+        let joined = tokio::task::spawn_blocking(move || engine.join()).await;
+        served.context("serving HTTP")?;
+        match joined {
+            Ok(Ok(())) => Ok(()),
+            _ => bail!("the engine thread panicked"),
+        }
+    }
+}
+
+/// Loads the model ([`Server::load`]), then serves on `listener` until `shutdown`
+/// resolves ([`Server::serve`]).
 pub async fn run(
     cfg: ServerConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    if cfg.max_active == 0 {
-        bail!("--max-active must be at least 1");
-    }
-    if cfg.queue == 0 {
-        bail!("--queue must be at least 1");
-    }
-    let shared = Arc::new(Shared::default());
-    shared
-        .metrics
-        .max_active_sequences
-        .store(cfg.max_active as u64, Relaxed);
-    let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
-    let engine = engine::spawn(
-        EngineConfig {
-            model_path: cfg.model_path.clone(),
-            tokenizer: cfg.tokenizer,
-            n_ctx: cfg.n_ctx,
-            max_active: cfg.max_active,
-            queue: cfg.queue,
-            kv_pages: cfg.kv_pages,
-            batching: cfg.batching,
-            prefill_per_step: cfg.prefill_per_step,
-            device: cfg.device,
-        },
-        shared.clone(),
-        loaded_tx,
-    )
-    .context("starting the engine thread")?;
-    let state = Arc::new(AppState {
-        shared: shared.clone(),
-        model_id: cfg.id(),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        counter: AtomicU64::new(0),
-    });
-    let app = http::router(state, cfg.max_body);
-
-    let failure: Arc<Mutex<Option<String>>> = Arc::default();
-    let stop = {
-        let shared = shared.clone();
-        let failure = failure.clone();
-        let grace = cfg.shutdown_grace;
-        async move {
-            let load_failed = async {
-                match loaded_rx.await {
-                    Ok(Ok(())) => std::future::pending::<String>().await,
-                    Ok(Err(e)) => e,
-                    Err(_) => "the engine thread ended while loading the model".into(),
-                }
-            };
-            tokio::select! {
-                _ = shutdown => eprintln!("ternion-server: shutting down"),
-                e = load_failed => {
-                    *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                }
-            }
-            shared.shutdown.store(true, Release);
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                shared.cancel_all.store(true, Release);
-            });
-        }
-    };
-    // Streamed tokens are small writes: send each at once rather than wait for an ACK.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await;
-    shared.shutdown.store(true, Release);
-    shared.cancel_all.store(true, Release);
-    let joined = tokio::task::spawn_blocking(move || engine.join()).await;
-    served.context("serving HTTP")?;
-    if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        bail!(e);
-    }
-    match joined {
-        Ok(Ok(())) => Ok(()),
-        _ => bail!("the engine thread panicked"),
-    }
+    Server::load(cfg).await?.serve(listener, shutdown).await
 }
