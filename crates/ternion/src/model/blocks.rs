@@ -18,6 +18,7 @@ pub(crate) fn geometry(
         rope_mode,
         rope_freqs,
         sliding: None,
+        causal: cfg.causal,
     }
 }
 

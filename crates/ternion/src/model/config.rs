@@ -103,6 +103,9 @@ pub struct Config {
     pub rope_base_swa: f32,
     /// `final_logit_softcapping`, when the file has it: logits = cap · tanh(logits / cap).
     pub logit_softcap: Option<f32>,
+    /// `attention.causal` (default true): false for embedding models whose tokens attend to
+    /// the whole input.
+    pub causal: bool,
 }
 
 /// Largest value accepted for any single dimension: guards against absurd metadata
@@ -176,6 +179,7 @@ impl Config {
             .get_f32(&key("rope.freq_base_swa"))?
             .unwrap_or(10_000.0);
         let logit_softcap = file.get_f32(&key("final_logit_softcapping"))?;
+        let causal = file.get_bool(&key("attention.causal"))?.unwrap_or(true);
         if arch == Arch::Gemma3 && sliding_window.is_none() {
             return Err(Error::Model(format!(
                 "metadata '{}' is missing (required for gemma3)",
@@ -216,6 +220,7 @@ impl Config {
             swa_pattern,
             rope_base_swa,
             logit_softcap,
+            causal,
         };
         cfg.validate()?;
         Ok(cfg)
