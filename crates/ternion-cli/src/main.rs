@@ -3,6 +3,7 @@
 mod bench;
 mod bench_serve;
 mod common;
+mod embed;
 mod inspect;
 mod logits;
 mod run;
@@ -31,6 +32,8 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Print the token ids of a text as a JSON list.
     Tokenize(inspect::TokenizeArgs),
+    /// Compute text embeddings (pooled final hidden states) on the CPU.
+    Embed(embed::EmbedArgs),
     /// Check the engine against a golden manifest.
     Validate(validate::ValidateArgs),
     /// Print a GGUF file's metadata and tensor table.
@@ -52,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(a) => run::chat(a),
         Command::Logits(a) => logits::run(a),
         Command::Tokenize(a) => inspect::tokenize(a),
+        Command::Embed(a) => embed::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Inspect(a) => inspect::inspect(a),
         Command::Synth(a) => synth::run(a),

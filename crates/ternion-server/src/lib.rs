@@ -3,6 +3,7 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI request and response
 //!   shapes, whole or streamed as server-sent events (`data: {...}` chunks, then
 //!   `data: [DONE]`).
+//! - `POST /v1/embeddings`: pooled, normalised vectors ([`embeddings`]; on the CPU).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the one served model.
 //! - `GET /health`: 200 once the model is loaded, 503 before (and after the engine stops).
 //! - `GET /metrics`: Prometheus text (queue length, active sequences, tokens, tokens/s,
@@ -12,6 +13,7 @@
 //! then hand a [`engine::Job`] to the engine through a bounded queue and relay its events.
 
 pub mod api;
+pub mod embeddings;
 pub mod engine;
 pub mod http;
 pub mod metrics;

@@ -151,6 +151,18 @@ impl Model {
         self.cpu.forward_batch(&self.graph, steps, ws)
     }
 
+    /// Runs a CPU forward pass of `graph`, a variant of [`Model::graph`] over the same
+    /// weights (the embedding graph of [`crate::embed`]).
+    pub(crate) fn forward_cpu_graph<'s>(
+        &self,
+        graph: &Graph,
+        tokens: &[u32],
+        which: Logits,
+        st: &'s mut CpuState,
+    ) -> Result<&'s [f32]> {
+        self.cpu.forward(graph, tokens, which, st)
+    }
+
     /// Runs a CPU forward pass (see [`CpuModel::forward`]).
     pub fn forward_cpu<'s>(
         &self,
