@@ -22,6 +22,54 @@ pub(crate) fn geometry(
     }
 }
 
+/// Scratch rows for the per-projection input norms of BitNet-embedding models, one per
+/// input width: the model width, the attention output and the FFN's inner width.
+#[derive(Clone, Copy)]
+pub(crate) struct ProjNorms {
+    d: ActId,
+    attn: ActId,
+    ff: ActId,
+}
+
+impl ProjNorms {
+    /// Scratch rows for `cfg` when its file has per-projection input norms.
+    pub(crate) fn new(b: &mut Builder, cfg: &Config) -> Option<ProjNorms> {
+        cfg.proj_norms.then(|| ProjNorms {
+            d: b.act("proj_in", cfg.n_embd),
+            attn: b.act("proj_in_attn", cfg.n_head * cfg.head_dim),
+            ff: b.act("proj_in_ffn", cfg.n_ff),
+        })
+    }
+}
+
+/// `out (+)= W · x` for projection `name` of block `l` (`attn_q`, …, `ffn_down`), whose
+/// input is first RMS-normalised with `blk.l.{name}_norm_in.weight` when the model has
+/// per-projection input norms (BitNet-embedding: RMSNorm, then the ternary matmul).
+pub(crate) fn projection(
+    b: &mut Builder,
+    norms: Option<ProjNorms>,
+    (l, name): (usize, &str),
+    w: WeightId,
+    x: ActId,
+    out: ActId,
+    add: bool,
+) {
+    let x = match norms {
+        Some(n) => {
+            let (tmp, width) = match name {
+                "attn_output" => (n.attn, b.width(n.attn)),
+                "ffn_down" => (n.ff, b.width(n.ff)),
+                _ => (n.d, b.width(n.d)),
+            };
+            let nw = b.vector(format!("blk.{l}.{name}_norm_in.weight"), width);
+            b.rms_norm(x, nw, tmp);
+            tmp
+        }
+        None => x,
+    };
+    b.linear(w, x, out, add);
+}
+
 /// The LM head matrix: `output.weight` when the file has one, else the token table (tied).
 pub(crate) fn lm_head_weight(b: &mut Builder, cfg: &Config, embd: WeightId) -> WeightId {
     if cfg.has_output {

@@ -92,6 +92,9 @@ pub struct Config {
     pub has_output: bool,
     /// Whether the file has RoPE frequency factors (`rope_freqs.weight`, Llama-3.1 style).
     pub has_rope_freqs: bool,
+    /// Whether every projection has an RMSNorm of its input (`blk.N.attn_q_norm_in.weight`
+    /// and the like: BitNet-embedding models).
+    pub proj_norms: bool,
     /// `attention.sliding_window`, when given. Phi-3: accepted (contexts here never
     /// exceed it, and attention is causal over the whole cache); Gemma 3: the window of its
     /// local layers.
@@ -188,6 +191,7 @@ impl Config {
         }
         let has_output = file.tensor("output.weight").is_some();
         let has_rope_freqs = file.tensor("rope_freqs.weight").is_some();
+        let proj_norms = file.tensor("blk.0.attn_q_norm_in.weight").is_some();
         let embd = file
             .tensor("token_embd.weight")
             .ok_or_else(|| Error::Model("tensor 'token_embd.weight' is missing".into()))?;
@@ -216,6 +220,7 @@ impl Config {
             ln_eps,
             has_output,
             has_rope_freqs,
+            proj_norms,
             sliding_window,
             swa_pattern,
             rope_base_swa,

@@ -353,6 +353,11 @@ impl Builder {
         ActId(self.acts.len() - 1)
     }
 
+    /// The width of activation `a`.
+    pub fn width(&self, a: ActId) -> usize {
+        self.acts[a.0].width
+    }
+
     /// Appends an op.
     pub fn op(&mut self, op: Op) {
         self.ops.push(op);
