@@ -1,7 +1,8 @@
 //! Embeddings: the per-token hidden states are what the LM head of the ordinary forward
 //! pass reads, pooled vectors are the mean / first / last of those states, the file's
-//! `pooling_type`, `attention.causal` and `add_eos_token` keys are honoured, and an F32 KV
-//! cache stays close to the F16 one.
+//! `pooling_type`, `attention.causal` and `add_eos_token` keys are honoured, BitNet-embedding
+//! per-projection input norms are read and applied, and an F32 KV cache stays close to the
+//! F16 one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,6 +40,11 @@ fn load_with(path: &Path, keys: &[(&str, Value)]) -> Model {
         return Model::from_file(Arc::new(GgufFile::open(path).unwrap()), &LoadOptions::default())
             .unwrap();
     }
+    ternion::model::load(variant(path, keys, &[])).unwrap().1
+}
+
+/// A copy of the file at `path` with the metadata `keys` and the F32 vectors `extra` added.
+fn variant(path: &Path, keys: &[(&str, Value)], extra: &[(String, Vec<f32>)]) -> PathBuf {
     let src = GgufFile::open(path).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in src.metadata.iter().cloned().chain(
@@ -49,12 +55,21 @@ fn load_with(path: &Path, keys: &[(&str, Value)]) -> Model {
     for t in &src.tensors {
         w.declare(&t.name, t.ty, &t.shape).unwrap();
     }
-    let tag: String = keys.iter().map(|(k, v)| format!("{k}={v:?};")).collect();
+    for (name, v) in extra {
+        w.declare(name, GgmlType::F32, &[v.len() as u64]).unwrap();
+    }
+    let mut tag: String = keys.iter().map(|(k, v)| format!("{k}={v:?};")).collect();
+    tag.extend(extra.iter().map(|(n, v)| format!("{n}={};", v[0])));
     let out = path.with_extension(format!("{:x}.gguf", fnv1a(&tag)));
-    w.write(&out, |i, _| Ok(src.tensor_data(&src.tensors[i]).to_vec()))
-        .unwrap();
-    let (_, m) = ternion::model::load(&out).unwrap();
-    m
+    let n = src.tensors.len();
+    w.write(&out, |i, _| {
+        Ok(match i.checked_sub(n) {
+            None => src.tensor_data(&src.tensors[i]).to_vec(),
+            Some(j) => extra[j].1.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        })
+    })
+    .unwrap();
+    out
 }
 
 /// FNV-1a of `s` (file names of the variants).
@@ -228,4 +243,42 @@ fn an_f32_kv_cache_is_close_to_the_f16_one_and_twice_the_bytes() {
         max > 0.0 && max < 0.05 * scale,
         "F16 vs F32 KV: max |diff| {max}, logits up to {scale}"
     );
+}
+
+#[test]
+fn bitnet_embedding_projection_norms_are_read_and_applied() {
+    let path = synth_model("proj", "qwen3", GgmlType::Q2_0);
+    let plain = load_with(&path, &[]);
+    let c = plain.config().clone();
+    let width = |p: &str| match p {
+        "attn_output" => c.n_head * c.head_dim,
+        "ffn_down" => c.n_ff,
+        _ => c.n_embd,
+    };
+    let projs = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    let norms = |skip: Option<&str>| -> Vec<(String, Vec<f32>)> {
+        (0..c.n_layer)
+            .flat_map(|l| projs.iter().map(move |p| (l, *p)))
+            .filter(|(l, p)| skip != Some(&format!("blk.{l}.{p}_norm_in.weight")))
+            .map(|(l, p)| (format!("blk.{l}.{p}_norm_in.weight"), vec![1.5; width(p)]))
+            .collect()
+    };
+    let with = ternion::model::load(variant(&path, &[], &norms(None))).unwrap().1;
+    let extra = with.graph().weights.len() - plain.graph().weights.len();
+    assert_eq!(extra, 7 * c.n_layer, "seven input norms per block");
+    assert_ne!(hidden(&with, &TOKENS), hidden(&plain, &TOKENS));
+    let missing = "blk.1.ffn_down_norm_in.weight";
+    let e = ternion::model::load(variant(&path, &[], &norms(Some(missing))))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(missing), "{e}");
 }
