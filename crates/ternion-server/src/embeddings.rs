@@ -124,6 +124,9 @@ async fn answer(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Va
         let mut n_tokens = 0;
         for (i, item) in items.into_iter().enumerate() {
             let ids = match item {
+                Item::Text(t) if t.is_empty() => {
+                    return Err(bad(format!("input {i} is an empty string")))
+                }
                 Item::Text(t) => emb
                     .tokenize(&tok, &t)
                     .map_err(|e| bad(format!("cannot tokenize input {i}: {e}")))?,
