@@ -52,9 +52,9 @@ pub fn run(a: SynthArgs) -> Result<()> {
         "f16" => GgmlType::F16,
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
-        other => bail!(
-            "unknown weight type '{other}' (i2_s, tq2_0, tq1_0, q2_0, f32, f16, q8_0, q4_0)"
-        ),
+        other => {
+            bail!("unknown weight type '{other}' (i2_s, tq2_0, tq1_0, q2_0, f32, f16, q8_0, q4_0)")
+        }
     };
     let vocab = match &a.vocab {
         Some(p) => Vocab::File {

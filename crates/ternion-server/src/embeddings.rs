@@ -116,7 +116,10 @@ async fn answer(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Va
         }
         if let Some(d) = dimensions.filter(|&d| d != emb.dim()) {
             return Err(ApiError::bad_request(
-                format!("dimensions {d} is not supported: this model's vectors have {} values", emb.dim()),
+                format!(
+                    "dimensions {d} is not supported: this model's vectors have {} values",
+                    emb.dim()
+                ),
                 Some("dimensions"),
             ));
         }

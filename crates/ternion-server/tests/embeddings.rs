@@ -69,7 +69,11 @@ fn vectors(v: &Value) -> Vec<Vec<f32>> {
         .unwrap()
         .iter()
         .map(|e| {
-            let e = if e.get("embedding").is_some() { &e["embedding"] } else { e };
+            let e = if e.get("embedding").is_some() {
+                &e["embedding"]
+            } else {
+                e
+            };
             e.as_array()
                 .unwrap()
                 .iter()
@@ -83,7 +87,11 @@ fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: vector count");
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g.len(), w.len(), "{what}: length");
-        let max = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let max = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         assert!(max <= 1e-6, "{what}: max |diff| {max}");
     }
 }
@@ -106,7 +114,10 @@ fn embeddings_over_http_and_the_openai_client_equal_the_library() {
     }));
     let t0 = Instant::now();
     while ureq::get(&format!("{base}/health")).call().is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "never became healthy");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never became healthy"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
@@ -125,7 +136,10 @@ fn embeddings_over_http_and_the_openai_client_equal_the_library() {
         (json!({"input": []}), "input"),
         (json!({"input": ""}), "input"),
         (json!({"input": [[1, 2], [999999999]]}), "input"),
-        (json!({"input": "x", "encoding_format": "int8"}), "encoding_format"),
+        (
+            json!({"input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
         (json!({"input": "x", "dimensions": 3}), "dimensions"),
     ] {
         let (status, e) = post(&base, &body);

@@ -82,7 +82,10 @@ impl Pooling {
         match self {
             Pooling::None => rows.map(<[f32]>::to_vec).collect(),
             Pooling::Cls => rows.take(1).map(<[f32]>::to_vec).collect(),
-            Pooling::Last => rows.skip(n.saturating_sub(1)).map(<[f32]>::to_vec).collect(),
+            Pooling::Last => rows
+                .skip(n.saturating_sub(1))
+                .map(<[f32]>::to_vec)
+                .collect(),
             Pooling::Mean => {
                 let mut sum = vec![0f64; width];
                 for r in rows {
@@ -96,7 +99,11 @@ impl Pooling {
 
 /// Scales `v` to unit Euclidean length (a zero vector stays zero).
 pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
     if norm > 0.0 {
         let inv = (1.0 / norm) as f32;
         v.iter_mut().for_each(|x| *x *= inv);
@@ -107,10 +114,15 @@ pub fn l2_normalize(v: &mut [f32]) {
 /// whose input (the normed final hidden state) becomes the output. The weights are kept,
 /// so the graph runs over the weights bound for `graph`.
 pub fn embedding_graph(graph: &Graph) -> Result<Graph> {
-    let head = graph.ops.iter().enumerate().rev().find_map(|(i, op)| match op {
-        Op::Linear { x, out, .. } if *out == graph.logits => Some((i, *x)),
-        _ => None,
-    });
+    let head = graph
+        .ops
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, op)| match op {
+            Op::Linear { x, out, .. } if *out == graph.logits => Some((i, *x)),
+            _ => None,
+        });
     let (at, hidden) =
         head.ok_or_else(|| Error::Model("the forward pass has no LM head to strip".into()))?;
     let mut g = graph.clone();

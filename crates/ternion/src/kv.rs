@@ -331,10 +331,8 @@ impl KvSeq {
                             *d = f16::from_f32(s);
                         }
                     }
-                    KvType::F32 => {
-                        bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + kv_dim]
-                            .copy_from_slice(row)
-                    }
+                    KvType::F32 => bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + kv_dim]
+                        .copy_from_slice(row),
                 }
             }
         }

@@ -37,8 +37,11 @@ fn synth_model(name: &str, arch: &str, ty: GgmlType) -> PathBuf {
 /// The model at `path` with the metadata `keys` added (written to a new file beside it).
 fn load_with(path: &Path, keys: &[(&str, Value)]) -> Model {
     if keys.is_empty() {
-        return Model::from_file(Arc::new(GgufFile::open(path).unwrap()), &LoadOptions::default())
-            .unwrap();
+        return Model::from_file(
+            Arc::new(GgufFile::open(path).unwrap()),
+            &LoadOptions::default(),
+        )
+        .unwrap();
     }
     ternion::model::load(variant(path, keys, &[])).unwrap().1
 }
@@ -47,9 +50,12 @@ fn load_with(path: &Path, keys: &[(&str, Value)]) -> Model {
 fn variant(path: &Path, keys: &[(&str, Value)], extra: &[(String, Vec<f32>)]) -> PathBuf {
     let src = GgufFile::open(path).unwrap();
     let mut w = GgufWriter::new();
-    for (k, v) in src.metadata.iter().cloned().chain(
-        keys.iter().map(|(k, v)| (k.to_string(), v.clone())),
-    ) {
+    for (k, v) in src
+        .metadata
+        .iter()
+        .cloned()
+        .chain(keys.iter().map(|(k, v)| (k.to_string(), v.clone())))
+    {
         w.add(&k, v);
     }
     for t in &src.tensors {
@@ -74,8 +80,9 @@ fn variant(path: &Path, keys: &[(&str, Value)], extra: &[(String, Vec<f32>)]) ->
 
 /// FNV-1a of `s` (file names of the variants).
 fn fnv1a(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn hidden(m: &Model, tokens: &[u32]) -> Vec<f32> {
@@ -93,7 +100,10 @@ fn hidden_states_are_what_the_lm_head_reads() {
         let h = hidden(&m, &TOKENS);
         assert_eq!(h.len(), TOKENS.len() * d);
         let mut st = m.cpu_state(16);
-        let logits = m.forward_cpu(&TOKENS, Logits::All, &mut st).unwrap().to_vec();
+        let logits = m
+            .forward_cpu(&TOKENS, Logits::All, &mut st)
+            .unwrap()
+            .to_vec();
         let nv = m.config().n_vocab;
         // The LM head is the tied F16 token table.
         let info = m.file().tensor("token_embd.weight").unwrap();
@@ -128,7 +138,9 @@ fn pooled_vectors_are_the_pooling_of_the_token_states() {
     let n = TOKENS.len();
     let mut mean = vec![0f32; d];
     for row in h.chunks_exact(d) {
-        mean.iter_mut().zip(row).for_each(|(s, &x)| *s += x / n as f32);
+        mean.iter_mut()
+            .zip(row)
+            .for_each(|(s, &x)| *s += x / n as f32);
     }
     let cases = [
         (Pooling::Mean, mean.clone()),
@@ -142,7 +154,10 @@ fn pooled_vectors_are_the_pooling_of_the_token_states() {
             .unwrap();
         assert_eq!(got.len(), 1, "{p:?}: one vector");
         for (i, (&g, &w)) in got[0].iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{p:?}[{i}]: {g} vs {w}");
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{p:?}[{i}]: {g} vs {w}"
+            );
         }
         let unit = Embedder::new(&m, Some(p), true)
             .unwrap()
@@ -195,10 +210,7 @@ fn non_causal_attention_lets_early_tokens_see_later_ones() {
     let mut other = TOKENS;
     other[5] = 200;
     // Causal: the first token's state ignores the last token.
-    assert_eq!(
-        hidden(&causal, &TOKENS)[..d],
-        hidden(&causal, &other)[..d]
-    );
+    assert_eq!(hidden(&causal, &TOKENS)[..d], hidden(&causal, &other)[..d]);
     // Non-causal: it sees it.
     assert_ne!(hidden(&open, &TOKENS)[..d], hidden(&open, &other)[..d]);
     // A single token sees only itself either way.
@@ -214,7 +226,11 @@ fn eos_ends_the_input_when_the_vocabulary_adds_it() {
         let e = Embedder::new(&m, None, true).unwrap();
         let ids = e.tokenize(&tok, "hello").unwrap();
         let eos = tok.eos_id().unwrap();
-        assert_eq!(ids.last() == Some(&eos), add, "add_eos_token {add}: {ids:?}");
+        assert_eq!(
+            ids.last() == Some(&eos),
+            add,
+            "add_eos_token {add}: {ids:?}"
+        );
         assert!(e.embed(&ids).is_ok());
     }
 }
@@ -230,14 +246,21 @@ fn an_f32_kv_cache_is_close_to_the_f16_one_and_twice_the_bytes() {
     );
     let run = |m: &Model| {
         let mut st = m.cpu_state(16);
-        let mut rows = m.forward_cpu(&TOKENS[..4], Logits::All, &mut st).unwrap().to_vec();
+        let mut rows = m
+            .forward_cpu(&TOKENS[..4], Logits::All, &mut st)
+            .unwrap()
+            .to_vec();
         for &t in &TOKENS[4..] {
             rows.extend_from_slice(m.forward_cpu(&[t], Logits::Last, &mut st).unwrap());
         }
         rows
     };
     let (a, b) = (run(&f16), run(&f32));
-    let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let max = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     let scale = a.iter().map(|x| x.abs()).fold(0f32, f32::max);
     assert!(
         max > 0.0 && max < 0.05 * scale,
@@ -271,7 +294,9 @@ fn bitnet_embedding_projection_norms_are_read_and_applied() {
             .map(|(l, p)| (format!("blk.{l}.{p}_norm_in.weight"), vec![1.5; width(p)]))
             .collect()
     };
-    let with = ternion::model::load(variant(&path, &[], &norms(None))).unwrap().1;
+    let with = ternion::model::load(variant(&path, &[], &norms(None)))
+        .unwrap()
+        .1;
     let extra = with.graph().weights.len() - plain.graph().weights.len();
     assert_eq!(extra, 7 * c.n_layer, "seven input norms per block");
     assert_ne!(hidden(&with, &TOKENS), hidden(&plain, &TOKENS));
