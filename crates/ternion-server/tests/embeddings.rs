@@ -15,6 +15,8 @@ use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use ternion_server::ServerConfig;
 
+#[path = "support/python.rs"]
+mod python;
 #[path = "../../ternion/tests/support/shared.rs"]
 mod support_shared;
 
@@ -154,19 +156,8 @@ fn embeddings_over_http_and_the_openai_client_equal_the_library() {
 
 /// The official client: default (base64) and float encodings, and token-id input.
 fn python_client(base: &str, want: &[Vec<f32>], n_tokens: usize) {
-    let importable = Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !importable {
-        if std::env::var("TERNION_SKIP_PYTHON").as_deref() == Ok("1") {
-            eprintln!("skipping the openai client: python3 cannot import openai");
-            return;
-        }
-        panic!(
-            "this test needs python3 with the `openai` package: run `pip install openai`, \
-             or set TERNION_SKIP_PYTHON=1 to skip it"
-        );
+    if !python::openai_available() {
+        return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_embeddings.py");
     let o = Command::new("python3")

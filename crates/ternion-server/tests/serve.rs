@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- fixtures
 
+#[path = "support/python.rs"]
+mod python;
 #[path = "../../ternion/tests/support/shared.rs"]
 mod support_shared;
 
@@ -846,19 +848,8 @@ fn sigterm_finishes_running_streams_then_exits() {
 
 #[test]
 fn official_openai_python_client() {
-    let importable = Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !importable {
-        if std::env::var("TERNION_SKIP_PYTHON").as_deref() == Ok("1") {
-            eprintln!("skipping: python3 cannot import openai (TERNION_SKIP_PYTHON=1)");
-            return;
-        }
-        panic!(
-            "this test needs python3 with the `openai` package: run `pip install openai`, \
-             or set TERNION_SKIP_PYTHON=1 to skip it"
-        );
+    if !python::openai_available() {
+        return;
     }
     let s = Server::start(&[]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");

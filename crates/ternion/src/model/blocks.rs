@@ -1,7 +1,7 @@
 //! Pieces of the forward pass several architecture files share.
 
 use super::config::Config;
-use super::graph::{ActId, AttnGeometry, Builder, Op, RopeMode, WeightId};
+use super::graph::{ActId, AttnGeometry, Builder, GluAct, Op, RopeMode, WeightId};
 
 /// The attention geometry of `cfg` with the given RoPE pairing and frequency factors.
 pub(crate) fn geometry(
@@ -68,6 +68,37 @@ pub(crate) fn projection(
         None => x,
     };
     b.linear(w, x, out, add);
+}
+
+/// `q, k, v = Wq·h, Wk·h, Wv·h` of block `l`, through [`projection`].
+pub(crate) fn qkv(
+    b: &mut Builder,
+    norms: Option<ProjNorms>,
+    l: usize,
+    (wq, wk, wv): (WeightId, WeightId, WeightId),
+    h: ActId,
+    (q, k, v): (ActId, ActId, ActId),
+) {
+    projection(b, norms, (l, "attn_q"), wq, h, q, false);
+    projection(b, norms, (l, "attn_k"), wk, h, k, false);
+    projection(b, norms, (l, "attn_v"), wv, h, v, false);
+}
+
+/// The gated FFN of block `l` through [`projection`]: `gate = act(W_gate·h) · (W_up·h)`,
+/// then `out = W_down · gate` (`out +=` when `add`).
+pub(crate) fn gated_ffn(
+    b: &mut Builder,
+    norms: Option<ProjNorms>,
+    (l, act): (usize, GluAct),
+    (w_gate, w_up, w_down): (WeightId, WeightId, WeightId),
+    (h, gate, up): (ActId, ActId, ActId),
+    out: ActId,
+    add: bool,
+) {
+    projection(b, norms, (l, "ffn_gate"), w_gate, h, gate, false);
+    projection(b, norms, (l, "ffn_up"), w_up, h, up, false);
+    b.op(Op::Glu { act, gate, up });
+    projection(b, norms, (l, "ffn_down"), w_down, gate, out, add);
 }
 
 /// The LM head matrix: `output.weight` when the file has one, else the token table (tied).

@@ -18,7 +18,7 @@
 //! more positions behind the query, and its RoPE base is `rope.freq_base_swa`. Norm weights
 //! are used as stored (the converter already added Gemma's +1).
 
-use super::blocks::{geometry, lm_head_weight, projection, rms_head, ProjNorms};
+use super::blocks::{gated_ffn, geometry, lm_head_weight, projection, qkv, rms_head, ProjNorms};
 use super::config::Config;
 use super::graph::{Builder, GluAct, Graph, Op, RopeMode, SlidingWindow};
 
@@ -70,9 +70,7 @@ pub fn graph(cfg: &Config) -> Graph {
         let post_ffw = b.vector(n("post_ffw_norm"), d);
 
         b.rms_norm(x, attn_norm, h);
-        projection(&mut b, pn, (l, "attn_q"), wq, h, q, false);
-        projection(&mut b, pn, (l, "attn_k"), wk, h, k, false);
-        projection(&mut b, pn, (l, "attn_v"), wv, h, v, false);
+        qkv(&mut b, pn, l, (wq, wk, wv), h, (q, k, v));
         b.head_rms_norm(q, q_norm, qn);
         b.head_rms_norm(k, k_norm, kn);
         b.rope_attention(l, qn, kn, v, att);
@@ -81,14 +79,16 @@ pub fn graph(cfg: &Config) -> Graph {
         b.op(Op::Add { x, y: h });
 
         b.rms_norm(x, ffn_norm, h);
-        projection(&mut b, pn, (l, "ffn_gate"), w_gate, h, gate, false);
-        projection(&mut b, pn, (l, "ffn_up"), w_up, h, up, false);
-        b.op(Op::Glu {
-            act: GluAct::GeluTanh,
-            gate,
-            up,
-        });
-        projection(&mut b, pn, (l, "ffn_down"), w_down, gate, o, false);
+        let ffn = (w_gate, w_up, w_down);
+        gated_ffn(
+            &mut b,
+            pn,
+            (l, GluAct::GeluTanh),
+            ffn,
+            (h, gate, up),
+            o,
+            false,
+        );
         b.rms_norm(o, post_ffw, h);
         b.op(Op::Add { x, y: h });
     }

@@ -14,7 +14,7 @@
 //! weights `blk.N.{attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down}_norm_in`
 //! (microsoft/BitNet `docs/bitnet-embeddings-i2s-guide.md`).
 
-use super::blocks::{geometry, lm_head_weight, projection, rms_head, ProjNorms};
+use super::blocks::{gated_ffn, geometry, lm_head_weight, projection, qkv, rms_head, ProjNorms};
 use super::config::Config;
 use super::graph::{Builder, GluAct, Graph, Op, RopeMode};
 
@@ -84,9 +84,7 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
         let w_down = b.matrix(n("ffn_down"), ff, d);
 
         b.rms_norm(x, attn_norm, h);
-        projection(&mut b, pn, (l, "attn_q"), wq, h, q, false);
-        projection(&mut b, pn, (l, "attn_k"), wk, h, k, false);
-        projection(&mut b, pn, (l, "attn_v"), wv, h, v, false);
+        qkv(&mut b, pn, l, (wq, wk, wv), h, (q, k, v));
         if var.qkv_bias {
             for (a, s, n) in [(q, "attn_q", hq), (k, "attn_k", kv), (v, "attn_v", kv)] {
                 let bias = b.vector(format!("blk.{l}.{s}.bias"), n);
@@ -103,14 +101,8 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
         projection(&mut b, pn, (l, "attn_output"), wo, att, x, true);
 
         b.rms_norm(x, ffn_norm, h);
-        projection(&mut b, pn, (l, "ffn_gate"), w_gate, h, gate, false);
-        projection(&mut b, pn, (l, "ffn_up"), w_up, h, up, false);
-        b.op(Op::Glu {
-            act: GluAct::Silu,
-            gate,
-            up,
-        });
-        projection(&mut b, pn, (l, "ffn_down"), w_down, gate, x, true);
+        let ffn = (w_gate, w_up, w_down);
+        gated_ffn(&mut b, pn, (l, GluAct::Silu), ffn, (h, gate, up), x, true);
     }
     let head = lm_head_weight(&mut b, cfg, embd);
     let logits = rms_head(&mut b, cfg, x, head);

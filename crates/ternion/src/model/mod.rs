@@ -170,7 +170,7 @@ impl Model {
         which: Logits,
         st: &'s mut CpuState,
     ) -> Result<&'s [f32]> {
-        self.cpu.forward(&self.graph, tokens, which, st)
+        self.forward_cpu_graph(&self.graph, tokens, which, st)
     }
 }
 
