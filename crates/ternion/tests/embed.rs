@@ -307,3 +307,34 @@ fn bitnet_embedding_projection_norms_are_read_and_applied() {
         .to_string();
     assert!(e.contains(missing), "{e}");
 }
+
+#[cfg(feature = "gpu")]
+#[test]
+fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
+    use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
+    let ctx = match GpuContext::new(&GpuOptions::default()) {
+        Ok(c) => Arc::new(c),
+        Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
+            return eprintln!("skipping GPU test (TERNION_SKIP_GPU_TESTS=1): {e}");
+        }
+        Err(e) => panic!(
+            "no usable GPU adapter: {e}. Install Mesa's lavapipe (mesa-vulkan-drivers) or \
+             set TERNION_SKIP_GPU_TESTS=1 to skip"
+        ),
+    };
+    let path = synth_model("gpu", "qwen3", GgmlType::Q2_0);
+    let gpu = |m: &Model| GpuModel::from_model(ctx.clone(), m, GpuModelOptions::default());
+    assert!(gpu(&load_with(&path, &[])).is_ok());
+    let f32 = load_with(&path, &[]).with_kv_type(KvType::F32);
+    let e = gpu(&f32).err().unwrap().to_string();
+    assert!(
+        e.contains("F32 KV cache is not supported on the GPU yet"),
+        "{e}"
+    );
+    let open = load_with(&path, &[("qwen3.attention.causal", Value::Bool(false))]);
+    let e = gpu(&open).err().unwrap().to_string();
+    assert!(
+        e.contains("qwen3.attention.causal = false") && e.contains("use the CPU"),
+        "{e}"
+    );
+}
