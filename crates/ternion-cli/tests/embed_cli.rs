@@ -14,22 +14,20 @@ fn ternion(args: &[&str]) -> Output {
         .expect("ternion runs")
 }
 
+/// `ternion synth` of a micro qwen3 with weights of type `ty`.
+fn synth(ty: &str, out: &std::path::Path) -> Output {
+    let out = out.to_str().unwrap();
+    ternion(&[
+        "synth", "--arch", "qwen3", "--shape", "micro", "--type", ty, "--out", out,
+    ])
+}
+
 /// A tiny qwen3 model with Q2_0 ternary codes and a byte vocabulary (one file per test).
 fn model(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ternion-embed-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.gguf"));
-    let o = ternion(&[
-        "synth",
-        "--arch",
-        "qwen3",
-        "--shape",
-        "micro",
-        "--type",
-        "q2_0",
-        "--out",
-        path.to_str().unwrap(),
-    ]);
+    let o = synth("q2_0", &path);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     path
 }
@@ -104,17 +102,7 @@ fn embed_errors_name_what_is_wrong() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("supported: none, mean, cls, last"));
     let other = path.with_extension("q4_0.gguf");
-    let o = ternion(&[
-        "synth",
-        "--arch",
-        "qwen3",
-        "--shape",
-        "micro",
-        "--type",
-        "q4_0",
-        "--out",
-        other.to_str().unwrap(),
-    ]);
+    let o = synth("q4_0", &other);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not ternary"));
 }
