@@ -6,6 +6,7 @@ mod chat;
 mod check;
 mod common;
 mod cores;
+mod embed;
 mod hub;
 mod inspect;
 mod logits;
@@ -36,6 +37,8 @@ enum Command {
     Logits(logits::LogitsArgs),
     /// Print the token ids of a text as a JSON list.
     Tokenize(inspect::TokenizeArgs),
+    /// Compute text embeddings (pooled final hidden states) on the CPU.
+    Embed(embed::EmbedArgs),
     /// Check the engine against a golden manifest.
     Validate(validate::ValidateArgs),
     /// Print a GGUF file's metadata and tensor table, and check that the model loads.
@@ -57,6 +60,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(a) => chat::chat(a),
         Command::Logits(a) => logits::run(a),
         Command::Tokenize(a) => inspect::tokenize(a),
+        Command::Embed(a) => embed::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Inspect(a) => inspect::inspect(a),
         Command::Synth(a) => synth::run(a),

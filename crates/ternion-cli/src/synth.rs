@@ -10,13 +10,13 @@ use ternion::synth::{self, Shape, Spec, Vocab};
 /// Arguments of `ternion synth`.
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Architecture: bitnet-b1.58, bitnet-25, bitnet, llama (ternary weights, Falcon3-1.58 / TriLM style), or gpt2 (dense weights).
+    /// Architecture: bitnet-b1.58, bitnet-25, bitnet, llama (ternary weights, Falcon3-1.58 / TriLM style), qwen3 (ternary, Ternary-Bonsai style), or gpt2 (dense weights).
     #[arg(long, default_value = "bitnet-b1.58")]
     arch: String,
-    /// Shape: 2b-4t (BitNet b1.58 2B-4T), small, tiny, gpt2-124m, or falcon3-1b (Falcon3-1B-1.58bit, with --arch llama).
+    /// Shape: 2b-4t (BitNet b1.58 2B-4T), small, tiny, gpt2-124m, falcon3-1b (Falcon3-1B-1.58bit, with --arch llama), or bonsai-1.7b (Ternary-Bonsai-1.7B, with --arch qwen3 --type q2_0).
     #[arg(long, default_value = "tiny")]
     shape: String,
-    /// Weight type: i2_s, tq2_0 or tq1_0 (BitNet); f32, f16, q8_0 or q4_0 (gpt2).
+    /// Weight type: i2_s, tq2_0, tq1_0 or q2_0 (ternary); f32, f16, q8_0 or q4_0 (gpt2).
     #[arg(long = "type", default_value = "i2_s")]
     ty: String,
     /// GGUF whose tokenizer to copy (e.g. ../shared/vocab/ggml-vocab-llama3.gguf);
@@ -47,11 +47,14 @@ pub fn run(a: SynthArgs) -> Result<()> {
         "i2_s" => GgmlType::I2_S,
         "tq2_0" => GgmlType::TQ2_0,
         "tq1_0" => GgmlType::TQ1_0,
+        "q2_0" => GgmlType::Q2_0,
         "f32" => GgmlType::F32,
         "f16" => GgmlType::F16,
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
-        other => bail!("unknown weight type '{other}' (i2_s, tq2_0, tq1_0, f32, f16, q8_0, q4_0)"),
+        other => {
+            bail!("unknown weight type '{other}' (i2_s, tq2_0, tq1_0, q2_0, f32, f16, q8_0, q4_0)")
+        }
     };
     let vocab = match &a.vocab {
         Some(p) => Vocab::File {

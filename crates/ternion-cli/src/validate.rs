@@ -18,7 +18,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
-use ternion::model::{self, LoadOptions};
+use std::sync::Arc;
+
+use ternion::gguf::GgufFile;
+use ternion::kv::KvType;
+use ternion::model::{self, LoadOptions, Model};
 use ternion::sample::argmax;
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
@@ -49,6 +53,30 @@ pub struct ValidateArgs {
     /// separated; multi-family manifests).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// KV cache element type (CPU): f16 (default) or f32, the golden2 oracle's.
+    #[arg(long, default_value = "f16", value_parser = parse_kv_type)]
+    kv_type: KvType,
+}
+
+fn parse_kv_type(name: &str) -> std::result::Result<KvType, String> {
+    KvType::parse(name).map_err(|e| e.to_string())
+}
+
+/// How `validate` loads each model: LM head storage and KV cache type.
+pub(crate) struct Load {
+    /// Load options.
+    pub opts: LoadOptions,
+    /// KV cache element type.
+    pub kv_type: KvType,
+}
+
+impl Load {
+    /// Loads `path` with these choices.
+    pub fn load(&self, path: &Path) -> Result<(Arc<GgufFile>, Model)> {
+        let (file, model) = model::load_with(path, &self.opts)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok((file, model.with_kv_type(self.kv_type)))
+    }
 }
 
 /// Comparison of two logit matrices.
@@ -110,11 +138,15 @@ pub fn run(a: ValidateArgs) -> Result<()> {
         .with_context(|| format!("reading {}", a.manifest.display()))?;
     let m: Value = serde_json::from_str(&text).context("parsing the manifest")?;
     let dir = a.manifest.parent().unwrap_or(Path::new("."));
+    let load = Load {
+        opts: a.lm_head.load_options(),
+        kv_type: a.kv_type,
+    };
+    println!("KV cache: {:?}", a.kv_type);
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
-        validate_bitnet(&m, dir, &a.lm_head.load_options(), &a.backend)
+        validate_bitnet(&m, dir, &load, &a.backend)
     } else if m.get("models").is_some() && m.get("cases").is_some() {
-        let opts = a.lm_head.load_options();
-        crate::validate_golden::validate(&m, dir, &opts, &a.backend, &a.only)
+        crate::validate_golden::validate(&m, dir, &load, &a.backend, &a.only)
     } else {
         bail!(
             "{}: unrecognised manifest schema (expected 'model_file' and 'prompts', or \
@@ -124,10 +156,9 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     }
 }
 
-fn validate_bitnet(m: &Value, dir: &Path, opts: &LoadOptions, backend: &BackendArgs) -> Result<()> {
+fn validate_bitnet(m: &Value, dir: &Path, load: &Load, backend: &BackendArgs) -> Result<()> {
     let model_path = dir.join(m["model_file"].as_str().context("manifest: model_file")?);
-    let (file, model) = model::load_with(&model_path, opts)
-        .with_context(|| format!("loading {}", model_path.display()))?;
+    let (file, model) = load.load(&model_path)?;
     let n_vocab = model.config().n_vocab;
     let n_ctx = 4096.min(model.config().n_ctx_train);
     let mut gpu = backend.gpu(&model, n_ctx)?;

@@ -43,6 +43,7 @@ pub fn router(state: Arc<AppState>, max_body: usize, access: Access) -> anyhow::
     let mut app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
@@ -85,7 +86,7 @@ impl AppState {
         z ^ (z >> 31)
     }
 
-    fn ready(&self) -> Result<&Ready, ApiError> {
+    pub(crate) fn ready(&self) -> Result<&Ready, ApiError> {
         if self.shared.shutdown.load(Relaxed) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
@@ -201,7 +202,7 @@ async fn early_length_check(req: Request, next: Next, max_body: usize) -> Respon
 }
 
 /// The body, or 413 when it is over the limit (other read failures keep their status).
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {

@@ -3,6 +3,7 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI request and response
 //!   shapes, whole or streamed as server-sent events (`data: {...}` chunks, then
 //!   `data: [DONE]`).
+//! - `POST /v1/embeddings`: pooled, normalised vectors ([`embeddings`]; on the CPU).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the one served model.
 //! - `GET /health`: 200 while the engine serves, 503 after it stopped (a GPU fault).
 //! - `GET /metrics`: Prometheus text (queue length, active sequences, tokens, tokens/s,
@@ -16,6 +17,7 @@
 
 pub mod access;
 pub mod api;
+pub mod embeddings;
 pub mod engine;
 pub mod http;
 pub mod metrics;

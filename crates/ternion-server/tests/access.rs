@@ -7,6 +7,8 @@
 mod gguf_gen;
 #[path = "support/server.rs"]
 mod server;
+#[path = "support/python.rs"]
+mod python;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -43,7 +45,7 @@ fn api_key_is_required_and_the_openai_client_passes_with_it() {
     // Probes and scrapers need no key unless --api-key-all.
     assert_eq!(get(&s.url("/health")).0, 200);
     assert_eq!(get(&s.url("/metrics")).0, 200);
-    if openai_python() {
+    if python::openai_available() {
         python_checks(&s, "openai_auth.py", &["tiny", KEY], "all checks passed");
     }
 }

@@ -15,6 +15,9 @@ use serde_json::{json, Value};
 #[path = "support/server.rs"]
 mod server;
 
+#[path = "support/python.rs"]
+mod python;
+
 use server::*;
 
 // ---------------------------------------------------------------- tests
@@ -569,7 +572,7 @@ fn sigterm_finishes_running_streams_then_exits() {
 
 #[test]
 fn official_openai_python_client() {
-    if !openai_python() {
+    if !python::openai_available() {
         return;
     }
     let s = Server::start(&[]);

@@ -7,8 +7,9 @@
 //! dropped. The pool's capacity in pages bounds the memory of every cache together; a
 //! sequence that needs a page when none is left gets [`Error::KvPoolExhausted`].
 //!
-//! Page layout (F16 bit patterns), the same for every page: for layer `l`, keys then
-//! values, each `page_size × kv_dim` values, so position slot `s` of layer `l`'s keys starts
+//! Values are stored as F16 (the default) or F32 ([`KvType`]: the reference engine's KV
+//! cache type when logits are compared tightly). Page layout, the same for every page of a
+//! pool: for layer `l`, keys then values, each `page_size × kv_dim` values, so position slot `s` of layer `l`'s keys starts
 //! at `((2·l) · page_size + s) · kv_dim` and its values at `((2·l + 1) · page_size + s) ·
 //! kv_dim`. The GPU backend pages its caches the same way (same page size, a page table per
 //! sequence: `backend/gpu/seqs.rs`) but keeps one buffer per layer, since a device binding
@@ -27,6 +28,64 @@ use crate::{Error, Result};
 /// Positions per page.
 pub const PAGE_POSITIONS: usize = 32;
 
+/// The element type of a KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// Half precision (keys and values rounded to F16 when stored).
+    #[default]
+    F16,
+    /// Single precision (stored as computed).
+    F32,
+}
+
+impl KvType {
+    /// Bytes of one value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+
+    /// Parses `f16` or `f32`.
+    pub fn parse(name: &str) -> Result<KvType> {
+        match name {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            _ => Err(Error::Request(format!(
+                "unknown KV cache type '{name}' (supported: f16, f32)"
+            ))),
+        }
+    }
+}
+
+/// One stored row of keys or values, in the cache's element type.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRow<'a> {
+    /// An F16 row.
+    F16(&'a [f16]),
+    /// An F32 row.
+    F32(&'a [f32]),
+}
+
+impl<'a> KvRow<'a> {
+    /// The `len` values from `start`.
+    pub fn slice(self, start: usize, len: usize) -> KvRow<'a> {
+        match self {
+            KvRow::F16(r) => KvRow::F16(&r[start..start + len]),
+            KvRow::F32(r) => KvRow::F32(&r[start..start + len]),
+        }
+    }
+
+    /// Value `i` as f32.
+    pub fn get(self, i: usize) -> f32 {
+        match self {
+            KvRow::F16(r) => r[i].to_f32(),
+            KvRow::F32(r) => r[i],
+        }
+    }
+}
+
 /// The shape of every page of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvGeometry {
@@ -36,17 +95,19 @@ pub struct KvGeometry {
     pub kv_dim: usize,
     /// Positions per page.
     pub page_size: usize,
+    /// Element type.
+    pub ty: KvType,
 }
 
 impl KvGeometry {
-    /// F16 values in one page.
+    /// Values in one page.
     pub fn page_values(&self) -> usize {
         self.n_layer * 2 * self.page_size * self.kv_dim
     }
 
     /// Bytes of one page.
     pub fn page_bytes(&self) -> usize {
-        self.page_values() * 2
+        self.page_values() * self.ty.bytes()
     }
 
     /// Pages needed to hold `positions` positions.
@@ -55,10 +116,10 @@ impl KvGeometry {
     }
 }
 
-/// One page: its id in the pool and its values.
+/// One page: its id in the pool and its values (F16 or F32 bit patterns, in 32-bit words).
 struct Page {
     id: u32,
-    data: Box<[u16]>,
+    data: Box<[u32]>,
 }
 
 /// Pages made and not in use.
@@ -96,14 +157,9 @@ impl KvPool {
         })
     }
 
-    /// A pool with room for `n_seq` sequences of `n_ctx` positions each, in pages of
-    /// [`PAGE_POSITIONS`].
-    pub fn for_sequences(n_layer: usize, kv_dim: usize, n_ctx: usize, n_seq: usize) -> Arc<KvPool> {
-        let geo = KvGeometry {
-            n_layer,
-            kv_dim,
-            page_size: PAGE_POSITIONS,
-        };
+    /// A pool of pages shaped `geo` with room for `n_seq` sequences of `n_ctx` positions
+    /// each.
+    pub fn for_sequences(geo: KvGeometry, n_ctx: usize, n_seq: usize) -> Arc<KvPool> {
         KvPool::new(geo, geo.pages_for(n_ctx).saturating_mul(n_seq))
     }
 
@@ -133,12 +189,14 @@ impl KvPool {
 
     /// Takes `n` pages (reused ones first), or none when fewer than `n` are left.
     fn take(&self, n: usize, out: &mut Vec<Page>) -> Result<()> {
-        let values = self
+        let words = self
             .geo
             .n_layer
             .checked_mul(2 * self.geo.page_size)
             .and_then(|v| v.checked_mul(self.geo.kv_dim))
-            .filter(|v| v.checked_mul(2).is_some_and(|b| b <= isize::MAX as usize))
+            .and_then(|v| v.checked_mul(self.geo.ty.bytes()))
+            .filter(|&b| b <= isize::MAX as usize)
+            .map(|b| b / 4)
             .ok_or_else(|| Error::Request(format!("a KV page of {:?} is too large", self.geo)))?;
         let mut f = self.lock();
         let used = self.in_use.load(Relaxed);
@@ -156,7 +214,7 @@ impl KvPool {
                     f.made += 1;
                     Page {
                         id: (f.made - 1) as u32,
-                        data: vec![0u16; values].into_boxed_slice(),
+                        data: vec![0u32; words].into_boxed_slice(),
                     }
                 }
             };
@@ -192,11 +250,6 @@ impl KvSeq {
             len: 0,
             n_ctx,
         }
-    }
-
-    /// A sequence with a pool of its own, just large enough for `n_ctx` positions.
-    pub fn standalone(n_layer: usize, kv_dim: usize, n_ctx: usize) -> KvSeq {
-        KvSeq::new(KvPool::for_sequences(n_layer, kv_dim, n_ctx, 1), n_ctx)
     }
 
     /// The pool the pages come from.
@@ -256,20 +309,30 @@ impl KvSeq {
         Ok(())
     }
 
-    /// Stores keys and values (`n × kv_dim` each, rounded to F16) of layer `layer` for the
+    /// Stores keys and values (`n × kv_dim` each, rounded to the cache's type) of layer `layer` for the
     /// `n` positions after the filled ones; [`KvSeq::reserve`] must have made room for them.
     /// Call [`KvSeq::advance`] after the last layer.
     pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32]) {
         let KvGeometry {
-            kv_dim, page_size, ..
+            kv_dim,
+            page_size,
+            ty,
+            ..
         } = self.pool.geo;
         for (half, src) in [k, v].into_iter().enumerate() {
             for (i, row) in src.chunks_exact(kv_dim).enumerate() {
                 let p = self.len + i;
                 let at = ((2 * layer + half) * page_size + p % page_size) * kv_dim;
-                let dst = &mut self.pages[p / page_size].data[at..at + kv_dim];
-                for (d, &s) in dst.iter_mut().zip(row) {
-                    *d = f16::from_f32(s).to_bits();
+                let data = &mut self.pages[p / page_size].data;
+                match ty {
+                    KvType::F16 => {
+                        let dst = &mut bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim];
+                        for (d, &s) in dst.iter_mut().zip(row) {
+                            *d = f16::from_f32(s);
+                        }
+                    }
+                    KvType::F32 => bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + kv_dim]
+                        .copy_from_slice(row),
                 }
             }
         }
@@ -300,21 +363,33 @@ pub struct KvLayer<'a> {
 }
 
 impl<'a> KvLayer<'a> {
-    fn row(&self, half: usize, p: usize) -> &'a [f16] {
+    fn row(&self, half: usize, p: usize) -> KvRow<'a> {
         let KvGeometry {
-            kv_dim, page_size, ..
+            kv_dim,
+            page_size,
+            ty,
+            ..
         } = self.seq.pool.geo;
         let at = ((2 * self.layer + half) * page_size + p % page_size) * kv_dim;
-        bytemuck::cast_slice(&self.seq.pages[p / page_size].data[at..at + kv_dim])
+        let data = &self.seq.pages[p / page_size].data;
+        match ty {
+            KvType::F16 => KvRow::F16(&bytemuck::cast_slice(data)[at..at + kv_dim]),
+            KvType::F32 => KvRow::F32(&bytemuck::cast_slice(data)[at..at + kv_dim]),
+        }
+    }
+
+    /// The element type of the rows.
+    pub fn ty(&self) -> KvType {
+        self.seq.pool.geo.ty
     }
 
     /// The key row (all kv heads) of position `p`.
-    pub fn key(&self, p: usize) -> &'a [f16] {
+    pub fn key(&self, p: usize) -> KvRow<'a> {
         self.row(0, p)
     }
 
     /// The value row (all kv heads) of position `p`.
-    pub fn value(&self, p: usize) -> &'a [f16] {
+    pub fn value(&self, p: usize) -> KvRow<'a> {
         self.row(1, p)
     }
 }
@@ -328,19 +403,28 @@ mod tests {
             n_layer: 2,
             kv_dim: 3,
             page_size: 4,
+            ty: KvType::F16,
         }
     }
 
     #[test]
     fn rows_round_trip_across_pages() {
-        let pool = KvPool::new(geo(), 8);
+        for ty in [KvType::F16, KvType::F32] {
+            round_trip(ty);
+        }
+    }
+
+    /// Integers below 2048 are exact in F16; the F32 cache also keeps fractions.
+    fn round_trip(ty: KvType) {
+        let frac = if ty == KvType::F32 { 0.1 } else { 0.0 };
+        let pool = KvPool::new(KvGeometry { ty, ..geo() }, 8);
         let mut s = KvSeq::new(pool.clone(), 32);
         for step in [5usize, 1, 4] {
             s.reserve(step).unwrap();
             for layer in 0..2 {
                 let base = s.len();
                 let k: Vec<f32> = (0..step * 3)
-                    .map(|i| (layer * 1000 + base * 3 + i) as f32)
+                    .map(|i| (layer * 1000 + base * 3 + i) as f32 + frac)
                     .collect();
                 let v: Vec<f32> = k.iter().map(|x| -x).collect();
                 s.write(layer, &k, &v);
@@ -350,13 +434,14 @@ mod tests {
         assert_eq!(s.len(), 10);
         assert_eq!(s.n_pages(), 3);
         assert_eq!(pool.pages_in_use(), 3);
+        assert_eq!(pool.geometry().page_bytes(), 2 * 2 * 4 * 3 * ty.bytes());
         for layer in 0..2 {
             let l = s.layer(layer);
             for p in 0..10 {
                 for c in 0..3 {
-                    let want = (layer * 1000 + p * 3 + c) as f32;
-                    assert_eq!(l.key(p)[c].to_f32(), want, "layer {layer} pos {p}");
-                    assert_eq!(l.value(p)[c].to_f32(), -want);
+                    let want = (layer * 1000 + p * 3 + c) as f32 + frac;
+                    assert_eq!(l.key(p).get(c), want, "{ty:?} layer {layer} pos {p}");
+                    assert_eq!(l.value(p).get(c), -want);
                 }
             }
         }

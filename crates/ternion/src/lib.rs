@@ -3,11 +3,13 @@
 //! The path of a token: [`gguf`] reads the file, [`model`] validates the hyper-parameters
 //! and runs the forward pass on a backend ([`backend`]), [`tokenizer`] turns text into ids
 //! and back, [`sample`] picks the next id, and [`session`] drives prefill and decode;
-//! [`chat`] renders conversations with the model's template. [`mlc`] converts MLC
+//! [`chat`] renders conversations with the model's template; [`embed`] pools hidden states
+//! into text embeddings. [`mlc`] converts MLC
 //! `q4f16_1` weight directories into GGUF at load.
 
 pub mod backend;
 pub mod chat;
+pub mod embed;
 pub mod error;
 pub mod generate;
 pub mod gguf;

@@ -1,6 +1,8 @@
 //! Random-weight GGUF models of real shapes, for tests and benchmarks where real weights
 //! cannot be downloaded. Ternary weights are drawn with p(−1) = p(+1) = ¼, p(0) = ½ and
-//! stored in the requested ternary format; the embedding is F16; norms are U(0.5, 1.5).
+//! stored in the requested ternary format (I2_S, TQ1_0, TQ2_0, or Q2_0 codes with one scale
+//! per block, as Ternary-Bonsai files hold them); the embedding is F16; norms are
+//! U(0.5, 1.5).
 
 use std::path::Path;
 
@@ -46,13 +48,23 @@ impl Shape {
             "gpt2-124m" => s(768, 12, 12, 12, 3072),
             // Falcon3-1B-1.58bit (with --arch llama --type i2_s): head_dim 256, GQA 8/4.
             "falcon3-1b" => s(2048, 18, 8, 4, 8192),
+            // Ternary-Bonsai-1.7B = Qwen3-1.7B (with --arch qwen3 --type q2_0): head_dim
+            // 128, GQA 16/8, tied embeddings.
+            "bonsai-1.7b" => s(2048, 28, 16, 8, 6144),
             _ => return None,
         })
     }
 
     /// Names accepted by [`Shape::named`].
-    pub const NAMES: &'static [&'static str] =
-        &["2b-4t", "small", "tiny", "micro", "gpt2-124m", "falcon3-1b"];
+    pub const NAMES: &'static [&'static str] = &[
+        "2b-4t",
+        "small",
+        "tiny",
+        "micro",
+        "gpt2-124m",
+        "falcon3-1b",
+        "bonsai-1.7b",
+    ];
 }
 
 /// Where the tokenizer metadata comes from.
@@ -90,22 +102,28 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
     if spec.arch == "gpt2" {
         return write_gpt2(spec, out);
     }
-    if !quant::is_ternary(spec.weight_type) {
+    if !quant::is_ternary(spec.weight_type) && spec.weight_type != GgmlType::Q2_0 {
         return Err(Error::Request(format!(
-            "synth: weight type {} is not ternary (use I2_S, TQ1_0 or TQ2_0)",
+            "synth: weight type {} is not ternary (use I2_S, TQ1_0, TQ2_0 or Q2_0)",
             spec.weight_type
         )));
     }
     use crate::model::Arch;
     let arch = Arch::from_name(spec.arch);
-    if !matches!(arch, Some(Arch::BitNet | Arch::BitNetB158 | Arch::Llama)) {
+    if !matches!(
+        arch,
+        Some(Arch::BitNet | Arch::BitNetB158 | Arch::Llama | Arch::Qwen3)
+    ) {
         return Err(Error::Request(format!(
-            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet, llama, gpt2)",
+            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet, llama, qwen3, \
+             gpt2)",
             spec.arch
         )));
     }
-    // Falcon3-1.58 / TriLM style: the llama block (no sub-norms) with ternary weights.
-    let sub_norms = arch != Some(Arch::Llama);
+    // Falcon3-1.58 / TriLM style: the llama block (no sub-norms) with ternary weights;
+    // Ternary-Bonsai: the qwen3 block (per-head q/k norms).
+    let sub_norms = !matches!(arch, Some(Arch::Llama | Arch::Qwen3));
+    let qk_norms = arch == Some(Arch::Qwen3);
     let sh = &spec.shape;
     let block = spec.weight_type.block_elems();
     if !sh.n_embd.is_multiple_of(block) || !sh.n_ff.is_multiple_of(block) {
@@ -146,6 +164,12 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
             Value::F32(1e-5),
         )
         .add(&format!("{a}.rope.freq_base"), Value::F32(500_000.0));
+    if qk_norms {
+        w.add(
+            &format!("{a}.attention.key_length"),
+            Value::U32(head_dim as u32),
+        );
+    }
     let n_vocab = add_vocab(&mut w, &spec.vocab)?;
 
     let (d, ff, kv) = (
@@ -163,6 +187,10 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
         w.declare(&n("attn_k"), wt, &[d, kv])?;
         w.declare(&n("attn_v"), wt, &[d, kv])?;
         w.declare(&n("attn_output"), wt, &[d, d])?;
+        if qk_norms {
+            w.declare(&n("attn_q_norm"), GgmlType::F32, &[head_dim as u64])?;
+            w.declare(&n("attn_k_norm"), GgmlType::F32, &[head_dim as u64])?;
+        }
         if sub_norms {
             w.declare(&n("attn_sub_norm"), GgmlType::F32, &[d])?;
         }
@@ -192,6 +220,8 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
         if name.ends_with("norm.weight") {
             let n = if name.contains("ffn_sub_norm") {
                 sh.n_ff
+            } else if name.contains("attn_q_norm") || name.contains("attn_k_norm") {
+                head_dim
             } else {
                 sh.n_embd
             };
@@ -363,9 +393,28 @@ fn ternary_tensor(rng: &mut StdRng, ty: GgmlType, k: usize, m: usize) -> Vec<u8>
     match ty {
         GgmlType::I2_S => quant::i2s::quantize_tensor(&vals, &mut out),
         GgmlType::TQ1_0 => quant::tq1_0::quantize_row(&vals, &mut out),
+        GgmlType::Q2_0 => q2_0_ternary(&vals, scale, &mut out),
         _ => quant::tq2_0::quantize_row(&vals, &mut out),
     }
     out
+}
+
+/// Packs values in {−scale, 0, +scale} as Q2_0 blocks: `d` = scale, code = value/d + 1 at
+/// bits 2(j % 4) of byte j / 4 (the layout of `quant::q2_0`).
+fn q2_0_ternary(vals: &[f32], scale: f32, out: &mut [u8]) {
+    use quant::q2_0::{BLOCK_BYTES, BLOCK_ELEMS};
+    let d = f16::from_f32(scale);
+    for (v, b) in vals
+        .chunks_exact(BLOCK_ELEMS)
+        .zip(out.chunks_exact_mut(BLOCK_BYTES))
+    {
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        b[2..].fill(0);
+        for (j, &x) in v.iter().enumerate() {
+            let code = (x / scale).round() as i32 + 1;
+            b[2 + j / 4] |= (code as u8) << (2 * (j % 4));
+        }
+    }
 }
 
 /// Copies (and optionally truncates) tokenizer metadata; returns the vocabulary size.

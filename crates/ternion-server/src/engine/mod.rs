@@ -113,6 +113,8 @@ pub struct Ready {
     pub n_ctx: usize,
     /// Vocabulary size (token ids given in a request must be below it).
     pub n_vocab: usize,
+    /// The model (embeddings run on the CPU beside the engine: `crate::embeddings`).
+    pub model: Arc<Model>,
     /// The bounded request queue.
     pub jobs: SyncSender<Job>,
 }
@@ -281,12 +283,13 @@ impl Drop for LoadedFlag<'_> {
     }
 }
 
-type LoadedModel = (Model, Arc<Tokenizer>, Receiver<Job>, usize);
+type LoadedModel = (Arc<Model>, Arc<Tokenizer>, Receiver<Job>, usize);
 
 fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, String> {
     let path = cfg.model_path.display();
     let (file, model) =
         ternion::model::load(&cfg.model_path).map_err(|e| format!("loading {path}: {e}"))?;
+    let model = Arc::new(model);
     let tokenizer = Tokenizer::from_gguf(&file, &cfg.tokenizer)
         .map_err(|e| format!("reading the tokenizer of {path}: {e}"))?;
     let template = file
@@ -310,6 +313,7 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, String> {
         template,
         n_ctx,
         n_vocab: model.config().n_vocab,
+        model: model.clone(),
         jobs,
     };
     let tokenizer = ready.tokenizer.clone();

@@ -308,25 +308,6 @@ pub fn chat_body(content: &str, max_tokens: u64) -> Value {
     })
 }
 
-/// Whether python3 can import `openai`; without it the test fails, unless
-/// `TERNION_SKIP_PYTHON=1` asks to skip it (then `false`).
-pub fn openai_python() -> bool {
-    let importable = Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !importable {
-        if std::env::var("TERNION_SKIP_PYTHON").as_deref() == Ok("1") {
-            eprintln!("skipping: python3 cannot import openai (TERNION_SKIP_PYTHON=1)");
-            return false;
-        }
-        panic!(
-            "this test needs python3 with the `openai` package: run `pip install openai`, \
-             or set TERNION_SKIP_PYTHON=1 to skip it"
-        );
-    }
-    true
-}
 
 /// Runs `tests/SCRIPT` with python3 against `s` (`http://ADDR` first, then `args`) and
 /// checks that it prints `done` and succeeds.

@@ -1,7 +1,7 @@
 //! Pieces of the forward pass several architecture files share.
 
 use super::config::Config;
-use super::graph::{ActId, AttnGeometry, Builder, Op, RopeMode, WeightId};
+use super::graph::{ActId, AttnGeometry, Builder, GluAct, Op, RopeMode, WeightId};
 
 /// The attention geometry of `cfg` with the given RoPE pairing and frequency factors.
 pub(crate) fn geometry(
@@ -18,7 +18,87 @@ pub(crate) fn geometry(
         rope_mode,
         rope_freqs,
         sliding: None,
+        causal: cfg.causal,
     }
+}
+
+/// Scratch rows for the per-projection input norms of BitNet-embedding models, one per
+/// input width: the model width, the attention output and the FFN's inner width.
+#[derive(Clone, Copy)]
+pub(crate) struct ProjNorms {
+    d: ActId,
+    attn: ActId,
+    ff: ActId,
+}
+
+impl ProjNorms {
+    /// Scratch rows for `cfg` when its file has per-projection input norms.
+    pub(crate) fn new(b: &mut Builder, cfg: &Config) -> Option<ProjNorms> {
+        cfg.proj_norms.then(|| ProjNorms {
+            d: b.act("proj_in", cfg.n_embd),
+            attn: b.act("proj_in_attn", cfg.n_head * cfg.head_dim),
+            ff: b.act("proj_in_ffn", cfg.n_ff),
+        })
+    }
+}
+
+/// `out (+)= W · x` for projection `name` of block `l` (`attn_q`, …, `ffn_down`), whose
+/// input is first RMS-normalised with `blk.l.{name}_norm_in.weight` when the model has
+/// per-projection input norms (BitNet-embedding: RMSNorm, then the ternary matmul).
+pub(crate) fn projection(
+    b: &mut Builder,
+    norms: Option<ProjNorms>,
+    (l, name): (usize, &str),
+    w: WeightId,
+    x: ActId,
+    out: ActId,
+    add: bool,
+) {
+    let x = match norms {
+        Some(n) => {
+            let (tmp, width) = match name {
+                "attn_output" => (n.attn, b.width(n.attn)),
+                "ffn_down" => (n.ff, b.width(n.ff)),
+                _ => (n.d, b.width(n.d)),
+            };
+            let nw = b.vector(format!("blk.{l}.{name}_norm_in.weight"), width);
+            b.rms_norm(x, nw, tmp);
+            tmp
+        }
+        None => x,
+    };
+    b.linear(w, x, out, add);
+}
+
+/// `q, k, v = Wq·h, Wk·h, Wv·h` of block `l`, through [`projection`].
+pub(crate) fn qkv(
+    b: &mut Builder,
+    norms: Option<ProjNorms>,
+    l: usize,
+    (wq, wk, wv): (WeightId, WeightId, WeightId),
+    h: ActId,
+    (q, k, v): (ActId, ActId, ActId),
+) {
+    projection(b, norms, (l, "attn_q"), wq, h, q, false);
+    projection(b, norms, (l, "attn_k"), wk, h, k, false);
+    projection(b, norms, (l, "attn_v"), wv, h, v, false);
+}
+
+/// The gated FFN of block `l` through [`projection`]: `gate = act(W_gate·h) · (W_up·h)`,
+/// then `out = W_down · gate` (`out +=` when `add`).
+pub(crate) fn gated_ffn(
+    b: &mut Builder,
+    norms: Option<ProjNorms>,
+    (l, act): (usize, GluAct),
+    (w_gate, w_up, w_down): (WeightId, WeightId, WeightId),
+    (h, gate, up): (ActId, ActId, ActId),
+    out: ActId,
+    add: bool,
+) {
+    projection(b, norms, (l, "ffn_gate"), w_gate, h, gate, false);
+    projection(b, norms, (l, "ffn_up"), w_up, h, up, false);
+    b.op(Op::Glu { act, gate, up });
+    projection(b, norms, (l, "ffn_down"), w_down, gate, out, add);
 }
 
 /// The LM head matrix: `output.weight` when the file has one, else the token table (tied).

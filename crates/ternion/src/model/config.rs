@@ -92,6 +92,9 @@ pub struct Config {
     pub has_output: bool,
     /// Whether the file has RoPE frequency factors (`rope_freqs.weight`, Llama-3.1 style).
     pub has_rope_freqs: bool,
+    /// Whether every projection has an RMSNorm of its input (`blk.N.attn_q_norm_in.weight`
+    /// and the like: BitNet-embedding models).
+    pub proj_norms: bool,
     /// `attention.sliding_window`, when given. Phi-3: accepted (contexts here never
     /// exceed it, and attention is causal over the whole cache); Gemma 3: the window of its
     /// local layers.
@@ -103,6 +106,9 @@ pub struct Config {
     pub rope_base_swa: f32,
     /// `final_logit_softcapping`, when the file has it: logits = cap · tanh(logits / cap).
     pub logit_softcap: Option<f32>,
+    /// `attention.causal` (default true): false for embedding models whose tokens attend to
+    /// the whole input.
+    pub causal: bool,
 }
 
 /// Largest value accepted for any single dimension: guards against absurd metadata
@@ -176,6 +182,7 @@ impl Config {
             .get_f32(&key("rope.freq_base_swa"))?
             .unwrap_or(10_000.0);
         let logit_softcap = file.get_f32(&key("final_logit_softcapping"))?;
+        let causal = file.get_bool(&key("attention.causal"))?.unwrap_or(true);
         if arch == Arch::Gemma3 && sliding_window.is_none() {
             return Err(Error::Model(format!(
                 "metadata '{}' is missing (required for gemma3)",
@@ -184,6 +191,7 @@ impl Config {
         }
         let has_output = file.tensor("output.weight").is_some();
         let has_rope_freqs = file.tensor("rope_freqs.weight").is_some();
+        let proj_norms = file.tensor("blk.0.attn_q_norm_in.weight").is_some();
         let embd = file
             .tensor("token_embd.weight")
             .ok_or_else(|| Error::Model("tensor 'token_embd.weight' is missing".into()))?;
@@ -212,10 +220,12 @@ impl Config {
             ln_eps,
             has_output,
             has_rope_freqs,
+            proj_norms,
             sliding_window,
             swa_pattern,
             rope_base_swa,
             logit_softcap,
+            causal,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -12,11 +12,13 @@
 //! ```
 //! and `logits = token_embd · (rmsnorm(x)·output_norm)` (tied, unscaled), then
 //! `cap · tanh(logits / cap)` when the file has `final_logit_softcapping`.
+//! BitNet-embedding files add an RMSNorm of each projection's input
+//! (`blk.N.{attn_q,…,ffn_down}_norm_in.weight`; see [`super::llama`]).
 //! Layer i is local when `i % pattern < pattern − 1`: its mask also hides keys `window` or
 //! more positions behind the query, and its RoPE base is `rope.freq_base_swa`. Norm weights
 //! are used as stored (the converter already added Gemma's +1).
 
-use super::blocks::{geometry, lm_head_weight, rms_head};
+use super::blocks::{gated_ffn, geometry, lm_head_weight, projection, qkv, rms_head, ProjNorms};
 use super::config::Config;
 use super::graph::{Builder, GluAct, Graph, Op, RopeMode, SlidingWindow};
 
@@ -42,6 +44,7 @@ pub fn graph(cfg: &Config) -> Graph {
     let att = b.act("attn", hq);
     let gate = b.act("gate", ff);
     let up = b.act("up", ff);
+    let pn = ProjNorms::new(&mut b, cfg);
     b.op(Op::Embed {
         table: embd,
         out: x,
@@ -67,19 +70,25 @@ pub fn graph(cfg: &Config) -> Graph {
         let post_ffw = b.vector(n("post_ffw_norm"), d);
 
         b.rms_norm(x, attn_norm, h);
-        b.linear(wq, h, q, false);
-        b.linear(wk, h, k, false);
-        b.linear(wv, h, v, false);
+        qkv(&mut b, pn, l, (wq, wk, wv), h, (q, k, v));
         b.head_rms_norm(q, q_norm, qn);
         b.head_rms_norm(k, k_norm, kn);
         b.rope_attention(l, qn, kn, v, att);
-        b.linear(wo, att, o, false);
+        projection(&mut b, pn, (l, "attn_output"), wo, att, o, false);
         b.rms_norm(o, post_attn, h);
         b.op(Op::Add { x, y: h });
 
         b.rms_norm(x, ffn_norm, h);
-        b.gated(GluAct::GeluTanh, (w_gate, w_up), h, gate, up);
-        b.linear(w_down, gate, o, false);
+        let ffn = (w_gate, w_up, w_down);
+        gated_ffn(
+            &mut b,
+            pn,
+            (l, GluAct::GeluTanh),
+            ffn,
+            (h, gate, up),
+            o,
+            false,
+        );
         b.rms_norm(o, post_ffw, h);
         b.op(Op::Add { x, y: h });
     }

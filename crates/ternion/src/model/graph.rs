@@ -138,8 +138,9 @@ pub enum Op {
         /// Values.
         v: ActId,
     },
-    /// Causal attention of `q` over the cache of `layer` (which already holds this step),
-    /// limited to the layer's window when [`AttnGeometry::window_of`] gives one.
+    /// Attention of `q` over the cache of `layer` (which already holds this step): causal,
+    /// or over the whole step when [`AttnGeometry::causal`] is false; limited to the
+    /// layer's window when [`AttnGeometry::window_of`] gives one.
     Attention {
         /// Layer index.
         layer: usize,
@@ -264,6 +265,9 @@ pub struct AttnGeometry {
     pub rope_freqs: Option<WeightId>,
     /// Sliding-window layers, when the architecture has them (Gemma 3).
     pub sliding: Option<SlidingWindow>,
+    /// Whether a token sees only the positions up to its own (`false`: every position of
+    /// its step and before; embedding models with `attention.causal = false`).
+    pub causal: bool,
 }
 
 /// Layers whose attention sees only the last `window` positions (the query's included),
@@ -347,6 +351,11 @@ impl Builder {
     pub fn act(&mut self, name: &'static str, width: usize) -> ActId {
         self.acts.push(ActDesc { name, width });
         ActId(self.acts.len() - 1)
+    }
+
+    /// The width of activation `a`.
+    pub fn width(&self, a: ActId) -> usize {
+        self.acts[a.0].width
     }
 
     /// Appends an op.

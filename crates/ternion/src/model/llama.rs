@@ -9,9 +9,12 @@
 //! x = x + Wdown · (silu(Wgate h) ⊙ Wup h)
 //! ```
 //! and `logits = output · (rmsnorm(x)·output_norm)`, with `output` = `token_embd` when the
-//! file has no `output.weight` (tied embeddings).
+//! file has no `output.weight` (tied embeddings). BitNet-embedding files (qwen3) add an
+//! RMSNorm of every projection's input, `W · (rmsnorm(in)·{proj}_norm_in)`, with the
+//! weights `blk.N.{attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down}_norm_in`
+//! (microsoft/BitNet `docs/bitnet-embeddings-i2s-guide.md`).
 
-use super::blocks::{geometry, lm_head_weight, rms_head};
+use super::blocks::{gated_ffn, geometry, lm_head_weight, projection, qkv, rms_head, ProjNorms};
 use super::config::Config;
 use super::graph::{Builder, GluAct, Graph, Op, RopeMode};
 
@@ -63,6 +66,7 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
     };
     let gate = b.act("gate", ff);
     let up = b.act("up", ff);
+    let pn = ProjNorms::new(&mut b, cfg);
     b.op(Op::Embed {
         table: embd,
         out: x,
@@ -80,9 +84,7 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
         let w_down = b.matrix(n("ffn_down"), ff, d);
 
         b.rms_norm(x, attn_norm, h);
-        b.linear(wq, h, q, false);
-        b.linear(wk, h, k, false);
-        b.linear(wv, h, v, false);
+        qkv(&mut b, pn, l, (wq, wk, wv), h, (q, k, v));
         if var.qkv_bias {
             for (a, s, n) in [(q, "attn_q", hq), (k, "attn_k", kv), (v, "attn_v", kv)] {
                 let bias = b.vector(format!("blk.{l}.{s}.bias"), n);
@@ -96,11 +98,11 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
             b.head_rms_norm(k, k_norm, kn);
         }
         b.rope_attention(l, qn, kn, v, att);
-        b.linear(wo, att, x, true);
+        projection(&mut b, pn, (l, "attn_output"), wo, att, x, true);
 
         b.rms_norm(x, ffn_norm, h);
-        b.gated(GluAct::Silu, (w_gate, w_up), h, gate, up);
-        b.linear(w_down, gate, x, true);
+        let ffn = (w_gate, w_up, w_down);
+        gated_ffn(&mut b, pn, (l, GluAct::Silu), ffn, (h, gate, up), x, true);
     }
     let head = lm_head_weight(&mut b, cfg, embd);
     let logits = rms_head(&mut b, cfg, x, head);

@@ -22,7 +22,7 @@ pub use graph::Graph;
 
 use crate::backend::cpu::{CpuModel, CpuState, SeqStep, Workspace};
 use crate::gguf::GgufFile;
-use crate::kv::{KvGeometry, KvPool};
+use crate::kv::{KvGeometry, KvPool, KvType};
 use crate::Result;
 
 /// Which rows of logits a forward pass returns.
@@ -59,6 +59,7 @@ pub struct Model {
     graph: Graph,
     file: Arc<GgufFile>,
     cpu: CpuModel,
+    kv_type: KvType,
 }
 
 impl Model {
@@ -88,7 +89,19 @@ impl Model {
             graph,
             file,
             cpu,
+            kv_type: KvType::default(),
         })
+    }
+
+    /// The model with CPU KV caches of element type `ty` (F16 unless set).
+    pub fn with_kv_type(mut self, ty: KvType) -> Model {
+        self.kv_type = ty;
+        self
+    }
+
+    /// The element type of this model's CPU KV caches.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// Hyper-parameters.
@@ -111,20 +124,19 @@ impl Model {
         self.cpu.weight_bytes_per_token(&self.graph)
     }
 
-    /// A fresh CPU sequence state with room for `n_ctx` positions.
+    /// A fresh CPU sequence state with room for `n_ctx` positions, in a pool of its own.
     pub fn cpu_state(&self, n_ctx: usize) -> CpuState {
-        self.cpu.new_state(&self.graph, n_ctx)
+        self.cpu_state_in(self.kv_pool(n_ctx, 1), n_ctx)
     }
 
     /// The shape of this model's KV-cache pages.
     pub fn kv_geometry(&self) -> KvGeometry {
-        CpuModel::kv_geometry(&self.graph)
+        CpuModel::kv_geometry(&self.graph, self.kv_type)
     }
 
     /// A KV page pool for this model with room for `n_seq` sequences of `n_ctx` positions.
     pub fn kv_pool(&self, n_ctx: usize, n_seq: usize) -> Arc<KvPool> {
-        let g = self.kv_geometry();
-        KvPool::for_sequences(g.n_layer, g.kv_dim, n_ctx, n_seq)
+        KvPool::for_sequences(self.kv_geometry(), n_ctx, n_seq)
     }
 
     /// A fresh CPU sequence state with room for `n_ctx` positions whose pages come from
@@ -139,6 +151,18 @@ impl Model {
         self.cpu.forward_batch(&self.graph, steps, ws)
     }
 
+    /// Runs a CPU forward pass of `graph`, a variant of [`Model::graph`] over the same
+    /// weights (the embedding graph of [`crate::embed`]).
+    pub(crate) fn forward_cpu_graph<'s>(
+        &self,
+        graph: &Graph,
+        tokens: &[u32],
+        which: Logits,
+        st: &'s mut CpuState,
+    ) -> Result<&'s [f32]> {
+        self.cpu.forward(graph, tokens, which, st)
+    }
+
     /// Runs a CPU forward pass (see [`CpuModel::forward`]).
     pub fn forward_cpu<'s>(
         &self,
@@ -146,7 +170,7 @@ impl Model {
         which: Logits,
         st: &'s mut CpuState,
     ) -> Result<&'s [f32]> {
-        self.cpu.forward(&self.graph, tokens, which, st)
+        self.forward_cpu_graph(&self.graph, tokens, which, st)
     }
 }
 

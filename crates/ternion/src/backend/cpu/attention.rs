@@ -1,14 +1,16 @@
-//! Causal multi-head attention over an F16 KV cache, with grouped-query heads:
+//! Causal multi-head attention over an F16 (or F32) KV cache, with grouped-query heads:
 //! [`attention_rows`] runs the query rows of several sequences at once, each row reading
 //! its own sequence's cache (the paged [`crate::kv::KvSeq`] through [`KvRows`]);
 //! [`attention`] is the same computation over one contiguous cache.
 //!
 //! Numerics follow the reference engines: Q is rounded to F16 for QKᵀ, scores are scaled
 //! by 1/√head_dim, the softmax sums in f64, and for single-token decode the
-//! probabilities are rounded to F16 before P·V (a batch keeps them in f32).
+//! probabilities are rounded to F16 before P·V (a batch keeps them in f32). Over an F32
+//! cache nothing is rounded (ggml keeps Q and the probabilities in f32 against F32 K/V).
 
 use super::pool::{self, SharedMut};
 use super::simd;
+use crate::kv::{KvRow, KvType};
 use half::f16;
 
 /// Shape of one attention call.
@@ -36,10 +38,12 @@ pub fn scratch_per_thread(capacity: usize, head_dim: usize) -> usize {
 /// Where the keys and values of one sequence's cache are read, one position at a time
 /// (a row holds every kv head of that position).
 pub trait KvRows: Sync {
+    /// The element type of every row.
+    fn ty(&self) -> KvType;
     /// The key row of position `p`.
-    fn key(&self, p: usize) -> &[f16];
+    fn key(&self, p: usize) -> KvRow<'_>;
     /// The value row of position `p`.
-    fn value(&self, p: usize) -> &[f16];
+    fn value(&self, p: usize) -> KvRow<'_>;
 }
 
 /// A cache laid out contiguously: row `p` at `p · kv_dim`.
@@ -53,29 +57,55 @@ pub struct Contiguous<'a> {
 }
 
 impl KvRows for Contiguous<'_> {
-    fn key(&self, p: usize) -> &[f16] {
-        &self.k[p * self.kv_dim..][..self.kv_dim]
+    fn ty(&self) -> KvType {
+        KvType::F16
     }
-    fn value(&self, p: usize) -> &[f16] {
-        &self.v[p * self.kv_dim..][..self.kv_dim]
+    fn key(&self, p: usize) -> KvRow<'_> {
+        KvRow::F16(&self.k[p * self.kv_dim..][..self.kv_dim])
+    }
+    fn value(&self, p: usize) -> KvRow<'_> {
+        KvRow::F16(&self.v[p * self.kv_dim..][..self.kv_dim])
     }
 }
 
 impl<T: KvRows> KvRows for &T {
-    fn key(&self, p: usize) -> &[f16] {
+    fn ty(&self) -> KvType {
+        (**self).ty()
+    }
+    fn key(&self, p: usize) -> KvRow<'_> {
         (**self).key(p)
     }
-    fn value(&self, p: usize) -> &[f16] {
+    fn value(&self, p: usize) -> KvRow<'_> {
         (**self).value(p)
     }
 }
 
 impl KvRows for crate::kv::KvLayer<'_> {
-    fn key(&self, p: usize) -> &[f16] {
+    fn ty(&self) -> KvType {
+        crate::kv::KvLayer::ty(self)
+    }
+    fn key(&self, p: usize) -> KvRow<'_> {
         crate::kv::KvLayer::key(self, p)
     }
-    fn value(&self, p: usize) -> &[f16] {
+    fn value(&self, p: usize) -> KvRow<'_> {
         crate::kv::KvLayer::value(self, p)
+    }
+}
+
+/// `q · k` for one head: against F16 keys with `q` already rounded to F16 (SIMD), against
+/// F32 keys in f32.
+fn dot(level: simd::Level, k: KvRow<'_>, q: &[f32]) -> f32 {
+    match k {
+        KvRow::F16(k) => simd::f16_dot_halves(level, k, q),
+        KvRow::F32(k) => k.iter().zip(q).map(|(&a, &b)| a * b).sum(),
+    }
+}
+
+/// `out += w · v` for one head.
+fn axpy(level: simd::Level, out: &mut [f32], w: f32, v: KvRow<'_>) {
+    match v {
+        KvRow::F16(v) => simd::f16_axpy(level, out, w, v),
+        KvRow::F32(v) => out.iter_mut().zip(v).for_each(|(o, &x)| *o += w * x),
     }
 }
 
@@ -173,17 +203,17 @@ pub fn attention_rows<C: KvRows>(
             let (qh, scores) = mine.split_at_mut(hd);
             let (row, h) = (rows[i / s.n_head], i % s.n_head);
             let cache = cache(row.seq);
+            let half = cache.ty() == KvType::F16;
             let n_keys = row.pos + 1;
             let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
             let kvh = h / group;
             for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
-                *d = f16::from_f32(x).to_f32();
+                *d = if half { f16::from_f32(x).to_f32() } else { x };
             }
             let scores = &mut scores[..n_keys - first];
             let mut max = f32::NEG_INFINITY;
             for (p, sc) in (first..).zip(scores.iter_mut()) {
-                let kr = &cache.key(p)[kvh * hd..][..hd];
-                *sc = simd::f16_dot_halves(level, kr, qh) * scale;
+                *sc = dot(level, cache.key(p).slice(kvh * hd, hd), qh) * scale;
                 max = max.max(*sc);
             }
             let mut sum = 0f64;
@@ -194,13 +224,13 @@ pub fn attention_rows<C: KvRows>(
             let inv = (1.0 / sum) as f32;
             for sc in scores.iter_mut() {
                 *sc *= inv;
-                if row.round_probs {
+                if row.round_probs && half {
                     *sc = f16::from_f32(*sc).to_f32();
                 }
             }
             o.fill(0.0);
             for (p, &w) in (first..).zip(scores.iter()) {
-                simd::f16_axpy(level, o, w, &cache.value(p)[kvh * hd..][..hd]);
+                axpy(level, o, w, cache.value(p).slice(kvh * hd, hd));
             }
         }
     });

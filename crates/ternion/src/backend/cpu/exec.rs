@@ -16,7 +16,7 @@ use super::{
 };
 use crate::generate::{check_step, StepLimits};
 use crate::gguf::GgufFile;
-use crate::kv::{KvGeometry, KvPool, KvSeq, PAGE_POSITIONS};
+use crate::kv::{KvGeometry, KvPool, KvSeq, KvType, PAGE_POSITIONS};
 use crate::model::graph::{GluAct, Graph, Op, UnaryAct, WeightKind};
 use crate::model::{LmHead, LoadOptions, Logits};
 use crate::quant;
@@ -61,6 +61,8 @@ pub struct Workspace {
     tokens: Vec<u32>,
     /// Sequence, position and decode flag of every row.
     rows: Vec<QueryRow>,
+    /// Non-causal attention: `rows` with every position set to its step's last.
+    att_rows: Vec<QueryRow>,
     /// Per step: first row and row count.
     spans: Vec<(usize, usize)>,
     /// The row each logits row comes from.
@@ -110,6 +112,20 @@ impl CpuState {
     pub fn truncate(&mut self, len: usize) {
         self.kv.truncate(len);
     }
+}
+
+/// The attention rows of a non-causal pass: each row of a step sees every position of the
+/// step (and the cached ones before it).
+fn whole_step_rows<'a>(
+    rows: &'a [QueryRow],
+    spans: &'a [(usize, usize)],
+) -> impl Iterator<Item = QueryRow> + 'a {
+    spans.iter().flat_map(move |&(start, len)| {
+        let last = rows[start + len - 1].pos;
+        rows[start..start + len]
+            .iter()
+            .map(move |r| QueryRow { pos: last, ..*r })
+    })
 }
 
 fn load_vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
@@ -196,21 +212,13 @@ impl CpuModel {
             .sum()
     }
 
-    /// The shape of this model's KV pages.
-    pub fn kv_geometry(graph: &Graph) -> KvGeometry {
+    /// The shape of this model's KV pages, holding values of type `ty`.
+    pub fn kv_geometry(graph: &Graph, ty: KvType) -> KvGeometry {
         KvGeometry {
             n_layer: graph.n_layer,
             kv_dim: graph.attn.n_head_kv * graph.attn.head_dim,
             page_size: PAGE_POSITIONS,
-        }
-    }
-
-    /// A fresh sequence state with room for `n_ctx` positions, in a pool of its own.
-    pub fn new_state(&self, graph: &Graph, n_ctx: usize) -> CpuState {
-        let geo = CpuModel::kv_geometry(graph);
-        CpuState {
-            kv: KvSeq::standalone(geo.n_layer, geo.kv_dim, n_ctx),
-            ws: Workspace::default(),
+            ty,
         }
     }
 
@@ -307,6 +315,7 @@ impl CpuModel {
             attn_scratch,
             tokens,
             rows,
+            att_rows,
             spans,
             sel_src,
             sel_spans,
@@ -314,6 +323,7 @@ impl CpuModel {
         acts.ensure(graph.acts.len());
         tokens.clear();
         rows.clear();
+        att_rows.clear();
         spans.clear();
         sel_src.clear();
         sel_spans.clear();
@@ -478,10 +488,13 @@ impl CpuModel {
                     let w = graph.acts[out.0].width;
                     let o = acts.write(out, n, w);
                     let seqs: &[SeqStep<'_>] = steps;
+                    if !g.causal && att_rows.is_empty() {
+                        att_rows.extend(whole_step_rows(rows, spans));
+                    }
                     attention_rows(
                         &qs[..n * g.n_head * g.head_dim],
                         |i| seqs[i].kv.layer(layer),
-                        rows,
+                        if g.causal { rows } else { att_rows },
                         heads,
                         capacity,
                         o,

@@ -133,6 +133,12 @@ impl GpuModel {
         model: &Model,
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
+        if model.kv_type() != crate::kv::KvType::F16 {
+            return Err(Error::Gpu(format!(
+                "a {:?} KV cache is not supported on the GPU yet (it keeps F16)",
+                model.kv_type()
+            )));
+        }
         GpuUpload::from_file(ctx, model.file(), opts)
     }
 
@@ -144,6 +150,13 @@ impl GpuModel {
         weights: Vec<GpuWeight>,
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
+        if !graph.attn.causal {
+            return Err(Error::Gpu(format!(
+                "non-causal attention ({}.attention.causal = false) is not supported on the \
+                 GPU yet; use the CPU",
+                cfg.arch_name
+            )));
+        }
         if opts.max_batch == 0 || opts.n_ctx == 0 {
             return Err(Error::Gpu(
                 "GPU plan: max_batch and n_ctx must be ≥ 1".into(),

@@ -1,0 +1,180 @@
+//! `POST /v1/embeddings` end to end: the server runs in this process on 127.0.0.1 (a free
+//! port) over a tiny synthetic model, and its vectors are compared with the library's
+//! `Embedder` — over raw HTTP and through the official `openai` Python client
+//! (`tests/openai_embeddings.py`; set `TERNION_SKIP_PYTHON=1` to skip that part where the
+//! package is missing). `../shared` must hold the Llama-3 vocabulary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use ternion::embed::Embedder;
+use ternion::quant::GgmlType;
+use ternion::synth::{self, Shape, Spec, Vocab};
+use ternion::tokenizer::{Tokenizer, TokenizerOptions};
+use ternion_server::ServerConfig;
+
+#[path = "support/python.rs"]
+mod python;
+#[path = "../../ternion/tests/support/shared.rs"]
+mod support_shared;
+
+fn tiny_model() -> PathBuf {
+    let vocab = support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");
+    let dir = std::env::temp_dir().join(format!("ternion-embeddings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    let spec = Spec {
+        arch: "bitnet-b1.58",
+        shape: Shape::named("tiny").unwrap(),
+        weight_type: GgmlType::I2_S,
+        vocab: Vocab::File {
+            path: &vocab,
+            limit: None,
+        },
+        seed: 3,
+    };
+    synth::write(&spec, &path).unwrap();
+    path
+}
+
+/// The library's vectors for `texts` (and the tokens they took).
+fn reference(model: &Path, texts: &[&str]) -> (Vec<Vec<f32>>, usize) {
+    let (file, m) = ternion::model::load(model).unwrap();
+    let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default()).unwrap();
+    let e = Embedder::new(&m, None, true).unwrap();
+    let mut n = 0;
+    let vs = texts
+        .iter()
+        .map(|t| {
+            let ids = e.tokenize(&tok, t).unwrap();
+            n += ids.len();
+            e.embed(&ids).unwrap().remove(0)
+        })
+        .collect();
+    (vs, n)
+}
+
+fn post(base: &str, body: &Value) -> (u16, Value) {
+    let r = ureq::post(&format!("{base}/v1/embeddings")).send_json(body.clone());
+    let resp = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("request failed: {e}"),
+    };
+    (resp.status(), resp.into_json().unwrap())
+}
+
+fn vectors(v: &Value) -> Vec<Vec<f32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let e = if e.get("embedding").is_some() {
+                &e["embedding"]
+            } else {
+                e
+            };
+            e.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect()
+}
+
+fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: vector count");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.len(), w.len(), "{what}: length");
+        let max = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(max <= 1e-6, "{what}: max |diff| {max}");
+    }
+}
+
+#[test]
+fn embeddings_over_http_and_the_openai_client_equal_the_library() {
+    let model = tiny_model();
+    let texts = ["hello world", "a second input"];
+    let (want, n_tokens) = reference(&model, &texts);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut cfg = ServerConfig::new(&model);
+    cfg.model_id = Some("tiny".into());
+    let server = rt.spawn(ternion_server::run(cfg, listener, async {
+        let _ = stopped.await;
+    }));
+    let t0 = Instant::now();
+    while ureq::get(&format!("{base}/health")).call().is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never became healthy"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let (status, v) = post(&base, &json!({"model": "tiny", "input": texts}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["model"], "tiny");
+    assert_eq!(v["usage"]["prompt_tokens"], n_tokens);
+    assert_eq!(v["usage"]["total_tokens"], n_tokens);
+    assert_close(&vectors(&v["data"]), &want, "raw float");
+    let (status, one) = post(&base, &json!({"input": texts[1]}));
+    assert_eq!(status, 200, "{one}");
+    assert_close(&vectors(&one["data"]), &want[1..], "one string");
+
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({"input": ""}), "input"),
+        (json!({"input": [[1, 2], [999999999]]}), "input"),
+        (
+            json!({"input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
+        (json!({"input": "x", "dimensions": 3}), "dimensions"),
+    ] {
+        let (status, e) = post(&base, &body);
+        assert_eq!(status, 400, "{body}: {e}");
+        assert_eq!(e["error"]["param"], param, "{body}: {e}");
+    }
+
+    python_client(&base, &want, n_tokens);
+    let _ = stop.send(());
+    rt.block_on(server).unwrap().unwrap();
+}
+
+/// The official client: default (base64) and float encodings, and token-id input.
+fn python_client(base: &str, want: &[Vec<f32>], n_tokens: usize) {
+    if !python::openai_available() {
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_embeddings.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(base)
+        .arg("tiny")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "openai_embeddings.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_close(&vectors(&v["default"]), want, "openai client, base64");
+    assert_close(&vectors(&v["float"]), want, "openai client, float");
+    assert_eq!(vectors(&v["tokens"]).len(), 1);
+    assert_eq!(v["usage"], json!([n_tokens, n_tokens]));
+}

@@ -1,0 +1,212 @@
+//! Text embeddings: the model's final hidden states — after the output norm, before the LM
+//! head (llama.cpp's `result_norm` / `t_embd`) — pooled over the tokens of one input.
+//!
+//! Pooling comes from `{arch}.pooling_type` (0 none: one vector per token, 1 mean, 2 CLS:
+//! the first token, 3 last; 4 rank is a reranker head and is refused). A file without the
+//! key is pooled by the mean here; llama.cpp would leave it unpooled (`none`) and its
+//! `/v1/embeddings` then refuses the model, so the mean is the choice that serves it.
+//! Vectors are L2-normalised by default, as llama.cpp's embedding example and server do
+//! (`--embd-normalize 2`). Attention is causal unless the file says
+//! `{arch}.attention.causal = false`; the whole input then runs as one pass so every token
+//! sees every other. When the vocabulary asks for it (`tokenizer.ggml.add_eos_token`), the
+//! EOS token ends each input, as last-token pooling expects.
+
+use crate::model::graph::{Graph, Op};
+use crate::model::{Logits, Model};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// How the per-token hidden states of one input become its embedding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// No pooling: one vector per token.
+    None,
+    /// The mean over the tokens.
+    Mean,
+    /// The first token's state.
+    Cls,
+    /// The last token's state.
+    Last,
+}
+
+/// Names accepted by [`Pooling::parse`].
+pub const POOLING_NAMES: &[&str] = &["none", "mean", "cls", "last"];
+
+impl Pooling {
+    /// The pooling of a GGUF `pooling_type` code.
+    pub fn from_code(code: u32) -> Result<Pooling> {
+        match code {
+            0 => Ok(Pooling::None),
+            1 => Ok(Pooling::Mean),
+            2 => Ok(Pooling::Cls),
+            3 => Ok(Pooling::Last),
+            4 => Err(Error::Model(
+                "pooling_type 4 (rank: a reranker head) is not supported (supported: 0 none, \
+                 1 mean, 2 cls, 3 last)"
+                    .into(),
+            )),
+            other => Err(Error::Model(format!(
+                "pooling_type {other} is unknown (supported: 0 none, 1 mean, 2 cls, 3 last)"
+            ))),
+        }
+    }
+
+    /// The pooling `model`'s file asks for; mean when it has no `{arch}.pooling_type`.
+    pub fn of_model(model: &Model) -> Result<Pooling> {
+        let key = format!("{}.pooling_type", model.config().arch_name);
+        match model.file().get_u32(&key)? {
+            Some(code) => Pooling::from_code(code).map_err(|e| Error::Model(format!("{key}: {e}"))),
+            None => Ok(Pooling::Mean),
+        }
+    }
+
+    /// Parses one of [`POOLING_NAMES`].
+    pub fn parse(name: &str) -> Result<Pooling> {
+        match name {
+            "none" => Ok(Pooling::None),
+            "mean" => Ok(Pooling::Mean),
+            "cls" => Ok(Pooling::Cls),
+            "last" => Ok(Pooling::Last),
+            _ => Err(Error::Request(format!(
+                "unknown pooling '{name}' (supported: {})",
+                POOLING_NAMES.join(", ")
+            ))),
+        }
+    }
+
+    /// Pools `hidden` (`n × width`, one row per token, n ≥ 1) into one vector, or into
+    /// `n` vectors for [`Pooling::None`].
+    pub fn apply(self, hidden: &[f32], width: usize) -> Vec<Vec<f32>> {
+        let rows = hidden.chunks_exact(width);
+        let n = rows.len();
+        match self {
+            Pooling::None => rows.map(<[f32]>::to_vec).collect(),
+            Pooling::Cls => rows.take(1).map(<[f32]>::to_vec).collect(),
+            Pooling::Last => rows
+                .skip(n.saturating_sub(1))
+                .map(<[f32]>::to_vec)
+                .collect(),
+            Pooling::Mean => {
+                let mut sum = vec![0f64; width];
+                for r in rows {
+                    sum.iter_mut().zip(r).for_each(|(s, &x)| *s += f64::from(x));
+                }
+                vec![sum.iter().map(|s| (s / n as f64) as f32).collect()]
+            }
+        }
+    }
+}
+
+/// Scales `v` to unit Euclidean length (a zero vector stays zero).
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        let inv = (1.0 / norm) as f32;
+        v.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// `graph` without its LM head: the ops up to the matrix product that writes the logits,
+/// whose input (the normed final hidden state) becomes the output. The weights are kept,
+/// so the graph runs over the weights bound for `graph`.
+pub fn embedding_graph(graph: &Graph) -> Result<Graph> {
+    let head = graph
+        .ops
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, op)| match op {
+            Op::Linear { x, out, .. } if *out == graph.logits => Some((i, *x)),
+            _ => None,
+        });
+    let (at, hidden) =
+        head.ok_or_else(|| Error::Model("the forward pass has no LM head to strip".into()))?;
+    let mut g = graph.clone();
+    g.ops.truncate(at);
+    g.logits = hidden;
+    Ok(g)
+}
+
+/// Computes embeddings with a model on the CPU.
+pub struct Embedder<'m> {
+    model: &'m Model,
+    graph: Graph,
+    pooling: Pooling,
+    normalize: bool,
+    add_eos: bool,
+}
+
+impl<'m> Embedder<'m> {
+    /// An embedder for `model`: pooling as the file says unless `pooling` is given, and
+    /// L2-normalised vectors when `normalize`.
+    pub fn new(model: &'m Model, pooling: Option<Pooling>, normalize: bool) -> Result<Self> {
+        let pooling = match pooling {
+            Some(p) => p,
+            None => Pooling::of_model(model)?,
+        };
+        let add_eos = model
+            .file()
+            .get_bool("tokenizer.ggml.add_eos_token")?
+            .unwrap_or(false);
+        Ok(Embedder {
+            model,
+            graph: embedding_graph(model.graph())?,
+            pooling,
+            normalize,
+            add_eos,
+        })
+    }
+
+    /// The pooling used.
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
+    }
+
+    /// Values per vector.
+    pub fn dim(&self) -> usize {
+        self.graph.acts[self.graph.logits.0].width
+    }
+
+    /// The token ids of `text`: BOS when the vocabulary adds one, EOS at the end when
+    /// `tokenizer.ggml.add_eos_token` says so (special-token text is not parsed).
+    pub fn tokenize(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+        let mut ids = tok.encode(text, tok.add_bos(), false)?;
+        if let Some(eos) = tok.eos_id().filter(|_| self.add_eos) {
+            ids.push(eos);
+        }
+        Ok(ids)
+    }
+
+    /// The per-token hidden states of `tokens` (`n × dim`), unpooled and unnormalised.
+    pub fn hidden_states(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let limit = self.model.config().n_ctx_train;
+        if tokens.is_empty() {
+            return Err(Error::Request("cannot embed an empty input".into()));
+        }
+        if tokens.len() > limit {
+            return Err(Error::Request(format!(
+                "the input has {} tokens; the model's context is {limit}",
+                tokens.len()
+            )));
+        }
+        let mut st = self.model.cpu_state(tokens.len());
+        let rows = self
+            .model
+            .forward_cpu_graph(&self.graph, tokens, Logits::All, &mut st)?;
+        Ok(rows.to_vec())
+    }
+
+    /// The embedding of `tokens`: one vector, or one per token for [`Pooling::None`].
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let hidden = self.hidden_states(tokens)?;
+        let mut out = self.pooling.apply(&hidden, self.dim());
+        if self.normalize {
+            out.iter_mut().for_each(|v| l2_normalize(v));
+        }
+        Ok(out)
+    }
+}

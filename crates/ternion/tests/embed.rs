@@ -1,0 +1,340 @@
+//! Embeddings: the per-token hidden states are what the LM head of the ordinary forward
+//! pass reads, pooled vectors are the mean / first / last of those states, the file's
+//! `pooling_type`, `attention.causal` and `add_eos_token` keys are honoured, BitNet-embedding
+//! per-projection input norms are read and applied, and an F32 KV cache stays close to the
+//! F16 one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use half::f16;
+use ternion::embed::{l2_normalize, Embedder, Pooling};
+use ternion::gguf::{GgufFile, GgufWriter, Value};
+use ternion::kv::KvType;
+use ternion::model::{LoadOptions, Logits, Model};
+use ternion::quant::GgmlType;
+use ternion::synth::{self, Shape, Spec, Vocab};
+use ternion::tokenizer::{Tokenizer, TokenizerOptions};
+
+const TOKENS: [u32; 6] = [1, 72, 101, 108, 108, 111];
+
+/// A synthetic `arch` model with ternary weights of type `ty` (written once per test).
+fn synth_model(name: &str, arch: &str, ty: GgmlType) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ternion-embed-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.gguf"));
+    let spec = Spec {
+        arch,
+        shape: Shape::named("micro").unwrap(),
+        weight_type: ty,
+        vocab: Vocab::Bytes { n_vocab: 300 },
+        seed: 7,
+    };
+    synth::write(&spec, &path).unwrap();
+    path
+}
+
+/// The model at `path` with the metadata `keys` added (written to a new file beside it).
+fn load_with(path: &Path, keys: &[(&str, Value)]) -> Model {
+    if keys.is_empty() {
+        return Model::from_file(
+            Arc::new(GgufFile::open(path).unwrap()),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+    }
+    ternion::model::load(variant(path, keys, &[])).unwrap().1
+}
+
+/// A copy of the file at `path` with the metadata `keys` and the F32 vectors `extra` added.
+fn variant(path: &Path, keys: &[(&str, Value)], extra: &[(String, Vec<f32>)]) -> PathBuf {
+    let src = GgufFile::open(path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src
+        .metadata
+        .iter()
+        .cloned()
+        .chain(keys.iter().map(|(k, v)| (k.to_string(), v.clone())))
+    {
+        w.add(&k, v);
+    }
+    for t in &src.tensors {
+        w.declare(&t.name, t.ty, &t.shape).unwrap();
+    }
+    for (name, v) in extra {
+        w.declare(name, GgmlType::F32, &[v.len() as u64]).unwrap();
+    }
+    let mut tag: String = keys.iter().map(|(k, v)| format!("{k}={v:?};")).collect();
+    tag.extend(extra.iter().map(|(n, v)| format!("{n}={};", v[0])));
+    let out = path.with_extension(format!("{:x}.gguf", fnv1a(&tag)));
+    let n = src.tensors.len();
+    w.write(&out, |i, _| {
+        Ok(match i.checked_sub(n) {
+            None => src.tensor_data(&src.tensors[i]).to_vec(),
+            Some(j) => extra[j].1.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        })
+    })
+    .unwrap();
+    out
+}
+
+/// FNV-1a of `s` (file names of the variants).
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn hidden(m: &Model, tokens: &[u32]) -> Vec<f32> {
+    Embedder::new(m, Some(Pooling::None), false)
+        .unwrap()
+        .hidden_states(tokens)
+        .unwrap()
+}
+
+#[test]
+fn hidden_states_are_what_the_lm_head_reads() {
+    for (arch, ty) in [("llama", GgmlType::I2_S), ("qwen3", GgmlType::Q2_0)] {
+        let m = load_with(&synth_model(arch, arch, ty), &[]);
+        let d = m.config().n_embd;
+        let h = hidden(&m, &TOKENS);
+        assert_eq!(h.len(), TOKENS.len() * d);
+        let mut st = m.cpu_state(16);
+        let logits = m
+            .forward_cpu(&TOKENS, Logits::All, &mut st)
+            .unwrap()
+            .to_vec();
+        let nv = m.config().n_vocab;
+        // The LM head is the tied F16 token table.
+        let info = m.file().tensor("token_embd.weight").unwrap();
+        let table: Vec<f32> = m
+            .file()
+            .tensor_data(info)
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        for (t, row) in h.chunks_exact(d).enumerate() {
+            for v in [0, 7, 99, nv - 1] {
+                let want: f32 = table[v * d..(v + 1) * d]
+                    .iter()
+                    .zip(row)
+                    .map(|(a, b)| a * b)
+                    .sum();
+                let got = logits[t * nv + v];
+                assert!(
+                    (got - want).abs() <= 1e-3 * want.abs().max(1.0),
+                    "{arch} token {t} vocab {v}: logit {got}, head · hidden {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn pooled_vectors_are_the_pooling_of_the_token_states() {
+    let m = load_with(&synth_model("pool", "llama", GgmlType::I2_S), &[]);
+    let d = m.config().n_embd;
+    let h = hidden(&m, &TOKENS);
+    let n = TOKENS.len();
+    let mut mean = vec![0f32; d];
+    for row in h.chunks_exact(d) {
+        mean.iter_mut()
+            .zip(row)
+            .for_each(|(s, &x)| *s += x / n as f32);
+    }
+    let cases = [
+        (Pooling::Mean, mean.clone()),
+        (Pooling::Cls, h[..d].to_vec()),
+        (Pooling::Last, h[(n - 1) * d..].to_vec()),
+    ];
+    for (p, want) in cases {
+        let got = Embedder::new(&m, Some(p), false)
+            .unwrap()
+            .embed(&TOKENS)
+            .unwrap();
+        assert_eq!(got.len(), 1, "{p:?}: one vector");
+        for (i, (&g, &w)) in got[0].iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                "{p:?}[{i}]: {g} vs {w}"
+            );
+        }
+        let unit = Embedder::new(&m, Some(p), true)
+            .unwrap()
+            .embed(&TOKENS)
+            .unwrap();
+        let norm: f32 = unit[0].iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{p:?}: |v| = {norm}");
+        let mut scaled = got[0].clone();
+        l2_normalize(&mut scaled);
+        assert_eq!(unit[0], scaled, "{p:?}: normalised = pooled / |pooled|");
+    }
+    let each = Embedder::new(&m, Some(Pooling::None), false)
+        .unwrap()
+        .embed(&TOKENS)
+        .unwrap();
+    assert_eq!(each.concat(), h, "pooling none gives every token's state");
+}
+
+#[test]
+fn pooling_comes_from_the_file() {
+    let path = synth_model("keys", "llama", GgmlType::I2_S);
+    let pooling = |code: Option<u32>| {
+        let keys: Vec<(&str, Value)> = code
+            .map(|c| ("llama.pooling_type", Value::U32(c)))
+            .into_iter()
+            .collect();
+        let m = load_with(&path, &keys);
+        Embedder::new(&m, None, true).map(|e| e.pooling())
+    };
+    assert_eq!(pooling(None).unwrap(), Pooling::Mean, "no key: mean");
+    assert_eq!(pooling(Some(0)).unwrap(), Pooling::None);
+    assert_eq!(pooling(Some(2)).unwrap(), Pooling::Cls);
+    assert_eq!(pooling(Some(3)).unwrap(), Pooling::Last);
+    let rank = pooling(Some(4)).unwrap_err().to_string();
+    assert!(
+        rank.contains("llama.pooling_type") && rank.contains("rank") && rank.contains("3 last"),
+        "{rank}"
+    );
+    let unknown = pooling(Some(9)).unwrap_err().to_string();
+    assert!(unknown.contains("pooling_type 9 is unknown"), "{unknown}");
+}
+
+#[test]
+fn non_causal_attention_lets_early_tokens_see_later_ones() {
+    let path = synth_model("causal", "qwen3", GgmlType::Q2_0);
+    let causal = load_with(&path, &[]);
+    let open = load_with(&path, &[("qwen3.attention.causal", Value::Bool(false))]);
+    assert!(causal.graph().attn.causal && !open.graph().attn.causal);
+    let d = causal.config().n_embd;
+    let mut other = TOKENS;
+    other[5] = 200;
+    // Causal: the first token's state ignores the last token.
+    assert_eq!(hidden(&causal, &TOKENS)[..d], hidden(&causal, &other)[..d]);
+    // Non-causal: it sees it.
+    assert_ne!(hidden(&open, &TOKENS)[..d], hidden(&open, &other)[..d]);
+    // A single token sees only itself either way.
+    assert_eq!(hidden(&causal, &TOKENS[..1]), hidden(&open, &TOKENS[..1]));
+}
+
+#[test]
+fn eos_ends_the_input_when_the_vocabulary_adds_it() {
+    let path = synth_model("eos", "llama", GgmlType::I2_S);
+    for add in [false, true] {
+        let m = load_with(&path, &[("tokenizer.ggml.add_eos_token", Value::Bool(add))]);
+        let tok = Tokenizer::from_gguf(m.file(), &TokenizerOptions::default()).unwrap();
+        let e = Embedder::new(&m, None, true).unwrap();
+        let ids = e.tokenize(&tok, "hello").unwrap();
+        let eos = tok.eos_id().unwrap();
+        assert_eq!(
+            ids.last() == Some(&eos),
+            add,
+            "add_eos_token {add}: {ids:?}"
+        );
+        assert!(e.embed(&ids).is_ok());
+    }
+}
+
+#[test]
+fn an_f32_kv_cache_is_close_to_the_f16_one_and_twice_the_bytes() {
+    let path = synth_model("kv", "llama", GgmlType::I2_S);
+    let f16 = load_with(&path, &[]);
+    let f32 = load_with(&path, &[]).with_kv_type(KvType::F32);
+    assert_eq!(
+        f32.kv_geometry().page_bytes(),
+        2 * f16.kv_geometry().page_bytes()
+    );
+    let run = |m: &Model| {
+        let mut st = m.cpu_state(16);
+        let mut rows = m
+            .forward_cpu(&TOKENS[..4], Logits::All, &mut st)
+            .unwrap()
+            .to_vec();
+        for &t in &TOKENS[4..] {
+            rows.extend_from_slice(m.forward_cpu(&[t], Logits::Last, &mut st).unwrap());
+        }
+        rows
+    };
+    let (a, b) = (run(&f16), run(&f32));
+    let max = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let scale = a.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    assert!(
+        max > 0.0 && max < 0.05 * scale,
+        "F16 vs F32 KV: max |diff| {max}, logits up to {scale}"
+    );
+}
+
+#[test]
+fn bitnet_embedding_projection_norms_are_read_and_applied() {
+    let path = synth_model("proj", "qwen3", GgmlType::Q2_0);
+    let plain = load_with(&path, &[]);
+    let c = plain.config().clone();
+    let width = |p: &str| match p {
+        "attn_output" => c.n_head * c.head_dim,
+        "ffn_down" => c.n_ff,
+        _ => c.n_embd,
+    };
+    let projs = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    let norms = |skip: Option<&str>| -> Vec<(String, Vec<f32>)> {
+        (0..c.n_layer)
+            .flat_map(|l| projs.iter().map(move |p| (l, *p)))
+            .filter(|(l, p)| skip != Some(&format!("blk.{l}.{p}_norm_in.weight")))
+            .map(|(l, p)| (format!("blk.{l}.{p}_norm_in.weight"), vec![1.5; width(p)]))
+            .collect()
+    };
+    let with = ternion::model::load(variant(&path, &[], &norms(None)))
+        .unwrap()
+        .1;
+    let extra = with.graph().weights.len() - plain.graph().weights.len();
+    assert_eq!(extra, 7 * c.n_layer, "seven input norms per block");
+    assert_ne!(hidden(&with, &TOKENS), hidden(&plain, &TOKENS));
+    let missing = "blk.1.ffn_down_norm_in.weight";
+    let e = ternion::model::load(variant(&path, &[], &norms(Some(missing))))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains(missing), "{e}");
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
+    use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
+    let ctx = match GpuContext::new(&GpuOptions::default()) {
+        Ok(c) => Arc::new(c),
+        Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
+            return eprintln!("skipping GPU test (TERNION_SKIP_GPU_TESTS=1): {e}");
+        }
+        Err(e) => panic!(
+            "no usable GPU adapter: {e}. Install Mesa's lavapipe (mesa-vulkan-drivers) or \
+             set TERNION_SKIP_GPU_TESTS=1 to skip"
+        ),
+    };
+    let path = synth_model("gpu", "qwen3", GgmlType::Q2_0);
+    let gpu = |m: &Model| GpuModel::from_model(ctx.clone(), m, GpuModelOptions::default());
+    assert!(gpu(&load_with(&path, &[])).is_ok());
+    let f32 = load_with(&path, &[]).with_kv_type(KvType::F32);
+    let e = gpu(&f32).err().unwrap().to_string();
+    assert!(
+        e.contains("F32 KV cache is not supported on the GPU yet"),
+        "{e}"
+    );
+    let open = load_with(&path, &[("qwen3.attention.causal", Value::Bool(false))]);
+    let e = gpu(&open).err().unwrap().to_string();
+    assert!(
+        e.contains("qwen3.attention.causal = false") && e.contains("use the CPU"),
+        "{e}"
+    );
+}
