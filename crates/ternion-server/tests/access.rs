@@ -5,10 +5,10 @@
 
 #[path = "../../ternion/tests/support/gguf_gen.rs"]
 mod gguf_gen;
-#[path = "support/server.rs"]
-mod server;
 #[path = "support/python.rs"]
 mod python;
+#[path = "support/server.rs"]
+mod server;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -308,7 +308,6 @@ pub fn chat_body(content: &str, max_tokens: u64) -> Value {
     })
 }
 
-
 /// Runs `tests/SCRIPT` with python3 against `s` (`http://ADDR` first, then `args`) and
 /// checks that it prints `done` and succeeds.
 pub fn python_checks(s: &Server, script: &str, args: &[&str], done: &str) {
