@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use super::pool::{self, SharedMut};
 use super::simd;
+use super::ternary::TernaryPack;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType, RefDot};
 use crate::{Error, Result};
@@ -36,6 +37,8 @@ pub struct Linear {
     tensor_scale: f32,
     /// Extra scale multiplied into the output (1bitLLM `.scale` tensors).
     post_scale: f32,
+    /// Ternary weights repacked for the AVX-512 kernels (used instead of the rows).
+    pack: Option<TernaryPack>,
 }
 
 impl Linear {
@@ -72,6 +75,8 @@ impl Linear {
             GgmlType::I2_S => quant::i2s::tensor_scale(file.tensor_data(&info), k * m),
             _ => 1.0,
         };
+        let pack = simd::Vnni::get()
+            .and_then(|v| TernaryPack::new(v, info.ty, file.tensor_data(&info), k, m));
         Ok(Linear {
             file: file.clone(),
             ty: info.ty,
@@ -82,6 +87,7 @@ impl Linear {
             row_bytes,
             tensor_scale,
             post_scale: 1.0,
+            pack,
         })
     }
 
@@ -126,6 +132,7 @@ impl Linear {
             row_bytes,
             tensor_scale: 1.0,
             post_scale: self.post_scale,
+            pack: None,
         })
     }
 
@@ -168,7 +175,10 @@ impl Linear {
 
     /// Bytes of weights read by one product.
     pub fn weight_bytes(&self) -> u64 {
-        self.data().len() as u64
+        match &self.pack {
+            Some(p) => p.bytes(),
+            None => self.data().len() as u64,
+        }
     }
 
     fn row<'a>(&self, data: &'a [u8], j: usize) -> &'a [u8] {
@@ -187,6 +197,21 @@ impl Linear {
         let level = simd::Level::detect();
         let fmt = quant::format(self.ty).expect("format checked in Linear::load");
         let post_scale = self.post_scale;
+        if let Some(p) = &self.pack {
+            match fmt.dot {
+                RefDot::PerToken(_) => {
+                    qi.ensure_per_token(x, k);
+                    p.forward_per_token(&qi.q, &qi.token_scale, &qi.token_sum, post, out);
+                    return;
+                }
+                RefDot::Q8K(_) => {
+                    qi.ensure_q8k(x, k);
+                    p.forward_q8k(&qi.q8k, &qi.q8k_d, &qi.q8k_bsum, post_scale, out);
+                    return;
+                }
+                _ => {}
+            }
+        }
         match fmt.dot {
             RefDot::PerToken(_) => {
                 qi.ensure_per_token(x, k);

@@ -1,0 +1,145 @@
+//! The AVX-512 VNNI ternary kernels behind a capability token: a [`Vnni`] exists only where
+//! [`Level::detect`] chose [`Level::Avx512`], so its methods are safe to call.
+//!
+//! They read ternary weights in the 16-row interleaved layout of docs/FORMATS.md ("CPU
+//! ternary layout"): a group of [`GROUP_ROWS`] rows is a run of [`Chunk`]s; chunk c holds
+//! elements 16c..16c+16 of the 16 rows, and its byte 4r + i holds the codes (t + 1, 0..=3)
+//! of row r at elements 16c + 4s + i in bits 2s..2s+2 (s = 0..3).
+
+#[cfg(target_arch = "x86_64")]
+use super::{avx512, Level};
+
+/// Rows per interleaved group.
+pub const GROUP_ROWS: usize = 16;
+/// Elements of each row held by one chunk.
+pub const CHUNK_ELEMS: usize = 16;
+/// Elements per block of the per-block-scaled formats (TQ2_0, TQ1_0: Q8_K blocks).
+pub const SCALE_BLOCK: usize = 256;
+
+/// 64 bytes of codes: 16 elements of each of 16 rows (aligned to a cache line).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Chunk(pub [u8; 64]);
+
+/// Proof that the CPU has AVX-512 F, BW and VNNI and that they were chosen.
+#[derive(Clone, Copy, Debug)]
+pub struct Vnni(Features);
+
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug)]
+struct Features;
+
+/// No AVX-512 off x86-64: the token cannot exist.
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Clone, Copy, Debug)]
+enum Features {}
+
+/// Largest token tile of [`Vnni::code_sums`] (accumulators held in registers).
+const SUM_TILE: usize = 16;
+/// Largest token tile of [`Vnni::block_dots`] (integer and float accumulators).
+const DOT_TILE: usize = 8;
+
+/// The largest power of two ≤ `n`, capped at `cap`.
+fn tile(n: usize, cap: usize) -> usize {
+    let mut t = cap;
+    while t > n {
+        t /= 2;
+    }
+    t
+}
+
+impl Vnni {
+    /// The token, when [`Level::detect`] chose the AVX-512 kernels.
+    pub fn get() -> Option<Vnni> {
+        #[cfg(target_arch = "x86_64")]
+        if Level::detect() == Level::Avx512 {
+            return Some(Vnni(Features));
+        }
+        None
+    }
+
+    /// `out[t][r] = Σ_e code(r, e)·q_t[e]` for the 16 rows r of `group` and the token rows
+    /// q_t of `q` (one per entry of `out`, each `16 · group.len()` values). The exact
+    /// integer sums: subtracting Σq_t gives Σ (code − 1)·q.
+    ///
+    /// # Panics
+    /// If `q` does not hold `out.len()` rows of the group's width.
+    pub fn code_sums(self, group: &[Chunk], q: &[i8], out: &mut [[i32; 16]]) {
+        let k = group.len() * CHUNK_ELEMS;
+        assert_eq!(q.len(), out.len() * k, "code_sums: activations length");
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (w, n) = (group.as_ptr(), group.len());
+            let mut t0 = 0;
+            while t0 < out.len() {
+                let tn = tile(out.len() - t0, SUM_TILE);
+                let qt = q[t0 * k..].as_ptr();
+                let o = &mut out[t0..t0 + tn];
+                // SAFETY: the token proves the features; `q` holds `out.len()` rows of
+                // `k = 16 · n` values (asserted) and tokens t0..t0+tn are among them.
+                unsafe {
+                    match tn {
+                        16 => o.copy_from_slice(&avx512::code_sums::<16>(w, n, qt, k)),
+                        8 => o.copy_from_slice(&avx512::code_sums::<8>(w, n, qt, k)),
+                        4 => o.copy_from_slice(&avx512::code_sums::<4>(w, n, qt, k)),
+                        2 => o.copy_from_slice(&avx512::code_sums::<2>(w, n, qt, k)),
+                        _ => o[0] = avx512::code_sums1(w, n, qt),
+                    }
+                }
+                t0 += tn;
+            }
+        }
+    }
+
+    /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
+    /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against Q8_K
+    /// activations (`d`, `bsum`: per-token block scales and sums, token-major; `scales`:
+    /// the group's weight scales, block-major, 16 per block).
+    ///
+    /// # Panics
+    /// If the lengths do not agree with the group's width and `out.len()` tokens.
+    pub fn block_dots(
+        self,
+        group: &[Chunk],
+        scales: &[f32],
+        q: &[i8],
+        d: &[f32],
+        bsum: &[i32],
+        out: &mut [[f32; 16]],
+    ) {
+        let k = group.len() * CHUNK_ELEMS;
+        let nb = k / SCALE_BLOCK;
+        let n = out.len();
+        assert_eq!(k, nb * SCALE_BLOCK, "block_dots: width of whole blocks");
+        assert_eq!(scales.len(), nb * GROUP_ROWS, "block_dots: weight scales");
+        assert_eq!(q.len(), n * k, "block_dots: activations length");
+        assert_eq!(d.len(), n * nb, "block_dots: activation scales");
+        assert_eq!(bsum.len(), n * nb, "block_dots: block sums");
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (w, s) = (group.as_ptr(), scales.as_ptr());
+            let mut t0 = 0;
+            while t0 < n {
+                let tn = tile(n - t0, DOT_TILE);
+                let qt = q[t0 * k..].as_ptr();
+                let (dt, bt) = (d[t0 * nb..].as_ptr(), bsum[t0 * nb..].as_ptr());
+                let o = &mut out[t0..t0 + tn];
+                // SAFETY: the token proves the features; every length was asserted above
+                // and tokens t0..t0+tn are among the `n` rows.
+                unsafe {
+                    match tn {
+                        8 => o.copy_from_slice(&avx512::block_dots::<8>(w, s, nb, qt, k, dt, bt)),
+                        4 => o.copy_from_slice(&avx512::block_dots::<4>(w, s, nb, qt, k, dt, bt)),
+                        2 => o.copy_from_slice(&avx512::block_dots::<2>(w, s, nb, qt, k, dt, bt)),
+                        _ => o[0] = avx512::block_dots1(w, s, nb, qt, dt, bt),
+                    }
+                }
+                t0 += tn;
+            }
+        }
+    }
+}
