@@ -427,15 +427,22 @@ impl QuantInput {
         self.q.resize(x.len(), 0);
         self.token_scale.resize(rows, 0.0);
         self.token_sum.resize(rows, 0);
-        for (t, (xr, qr)) in x
-            .chunks_exact(k)
-            .zip(self.q.chunks_exact_mut(k))
-            .enumerate()
-        {
-            let p = act::quantize_per_token(xr, qr);
-            self.token_scale[t] = p.scale;
-            self.token_sum[t] = p.sum;
-        }
+        let (scale, sum) = (
+            SharedMut(self.token_scale.as_mut_ptr()),
+            SharedMut(self.token_sum.as_mut_ptr()),
+        );
+        // One token row per task: the rows are independent, so any thread count gives the
+        // same values.
+        pool::global().for_each_chunk_mut(&mut self.q, k, |t, qr, _| {
+            let (scale, sum) = (&scale, &sum);
+            let p = act::quantize_per_token(&x[t * k..(t + 1) * k], qr);
+            // SAFETY: t < rows = the length of both buffers, and row t belongs to this
+            // task alone.
+            unsafe {
+                *scale.0.add(t) = p.scale;
+                *sum.0.add(t) = p.sum;
+            }
+        });
     }
 
     fn ensure_q8k(&mut self, x: &[f32], k: usize) {

@@ -4,8 +4,8 @@
 //! dot bit for bit.
 //!
 //! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
-//! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for
-//! the single token of a decode step.
+//! chunk are unpacked once per tile of up to 16 tokens (prompt processing; 8 for the
+//! per-block-scaled formats) or once for the single token of a decode step.
 
 use super::pool::{self, SharedMut};
 use super::simd::{Chunk, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
@@ -95,20 +95,12 @@ impl TernaryPack {
         post: f32,
         out: &mut [f32],
     ) {
-        let rows = q.len() / self.k;
-        self.par_groups(out, |g, tile| {
-            let mut acc = [[0i32; 16]; 16];
-            let mut t0 = 0;
-            while t0 < rows {
-                let n = (rows - t0).min(16);
-                let q = &q[t0 * self.k..(t0 + n) * self.k];
-                self.vnni.code_sums(self.group(g), q, &mut acc[..n]);
-                for (i, a) in acc[..n].iter().enumerate() {
-                    let t = t0 + i;
-                    tile(t, &a.map(|v| ((v - sum[t]) as f32 / scale[t]) * post));
-                }
-                t0 += n;
-            }
+        let k = self.k;
+        self.par_tiles(out, 16, |g, t, o| {
+            let q = &q[t.start * k..t.end * k];
+            let (sum, scale) = (&sum[t.clone()], &scale[t]);
+            self.vnni
+                .per_token_dots(self.group(g), q, sum, scale, post, o);
         });
     }
 
@@ -117,52 +109,49 @@ impl TernaryPack {
     /// block order.
     pub fn forward_q8k(&self, q: &[i8], d: &[f32], bsum: &[i32], post: f32, out: &mut [f32]) {
         let (k, nb) = (self.k, self.k / SCALE_BLOCK);
-        let rows = q.len() / k;
         let per_group = nb * GROUP_ROWS;
-        self.par_groups(out, |g, tile| {
+        self.par_tiles(out, 8, |g, t, o| {
             let scales = &self.scales[g * per_group..(g + 1) * per_group];
-            let mut acc = [[0f32; 16]; 8];
-            let mut t0 = 0;
-            while t0 < rows {
-                let n = (rows - t0).min(8);
-                let (q, d, bsum) = (
-                    &q[t0 * k..(t0 + n) * k],
-                    &d[t0 * nb..(t0 + n) * nb],
-                    &bsum[t0 * nb..(t0 + n) * nb],
-                );
-                self.vnni
-                    .block_dots(self.group(g), scales, q, d, bsum, &mut acc[..n]);
-                for (i, a) in acc[..n].iter().enumerate() {
-                    tile(t0 + i, &a.map(|v| v * post));
-                }
-                t0 += n;
-            }
+            let q = &q[t.start * k..t.end * k];
+            let (d, bsum) = (
+                &d[t.start * nb..t.end * nb],
+                &bsum[t.start * nb..t.end * nb],
+            );
+            self.vnni
+                .block_dots(self.group(g), scales, q, d, bsum, post, o);
         });
     }
 
-    /// Runs `f(g, store)` for every group g in parallel; `store(t, values)` writes the
-    /// group's outputs of token row t (`out` is `rows × m`, row-major; padding rows
-    /// dropped).
-    fn par_groups(&self, out: &mut [f32], f: impl Fn(usize, &dyn Fn(usize, &[f32; 16])) + Sync) {
+    /// Runs `f(g, tokens, tile)` for every group g (in parallel) and every run of at most
+    /// `tile_len` token rows, then copies the group's columns of `tile` into `out`
+    /// (`rows × m`, row-major; padding rows dropped).
+    fn par_tiles(
+        &self,
+        out: &mut [f32],
+        tile_len: usize,
+        f: impl Fn(usize, std::ops::Range<usize>, &mut [[f32; 16]]) + Sync,
+    ) {
         let m = self.m;
-        let ptr = SharedMut(out.as_mut_ptr());
         let rows = out.len() / m;
+        let ptr = SharedMut(out.as_mut_ptr());
         pool::global().run(m.div_ceil(GROUP_ROWS), &|g, _| {
             let ptr = &ptr;
             let j0 = g * GROUP_ROWS;
             let n = GROUP_ROWS.min(m - j0);
-            f(g, &|t, v| {
-                assert!(t < rows, "token row {t} of {rows}");
-                for (r, &val) in v[..n].iter().enumerate() {
-                    // SAFETY: (t, j0 + r) lies inside the rows × m output (t < rows
-                    // checked, j0 + r < m), and column j0 + r belongs to group g alone.
-                    unsafe { *ptr.0.add(t * m + j0 + r) = val };
+            let mut tile = [[0f32; 16]; 16];
+            for t0 in (0..rows).step_by(tile_len) {
+                let t1 = (t0 + tile_len).min(rows);
+                let tile = &mut tile[..t1 - t0];
+                f(g, t0..t1, tile);
+                for (t, v) in (t0..t1).zip(tile.iter()) {
+                    // SAFETY: row t < rows and columns j0..j0 + n < m lie inside the
+                    // rows × m output; those columns belong to group g alone.
+                    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), ptr.0.add(t * m + j0), n) };
                 }
-            });
+            }
         });
     }
 }
-
 /// Writes the codes of row `r` (0..16) of a group into its chunks.
 fn pack_row(group: &mut [Chunk], r: usize, codes: &[u8]) {
     for (chunk, c) in group.iter_mut().zip(codes.chunks_exact(CHUNK_ELEMS)) {

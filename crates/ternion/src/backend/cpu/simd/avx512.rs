@@ -48,57 +48,98 @@ unsafe fn chunk_dots<const T: usize>(
     }
 }
 
-/// Σ_e code(r, e)·q_t[e] over `n_chunks` chunks at `w`, for the 16 rows r and T tokens
-/// (token t's activations at `q + t·stride`).
+/// The I2_S epilogue of token t: `((acc − sum) as f32 / scale) · post` per lane, stored
+/// to `out` (the scalar path's operations, so the same roundings).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_per_token(acc: __m512i, sum: i32, scale: f32, post: f32, out: *mut [f32; 16]) {
+    let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(sum)));
+    let v = _mm512_mul_ps(
+        _mm512_div_ps(v, _mm512_set1_ps(scale)),
+        _mm512_set1_ps(post),
+    );
+    _mm512_storeu_ps(out.cast(), v);
+}
+
+/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with T tokens (token t's
+/// activations at `q + t·stride`, its Σq at `sum[t]`, its scale at `scale[t]`):
+/// `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) · post`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; `w` points at `n_chunks` chunks and every token row at
-/// `16 · n_chunks` readable bytes.
+/// AVX-512 F/BW/VNNI; `w` points at `n_chunks` chunks, every token row at
+/// `16 · n_chunks` readable bytes, `sum`, `scale` and `out` at T values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn code_sums<const T: usize>(
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn per_token_dots<const T: usize>(
     w: *const Chunk,
     n_chunks: usize,
     q: *const i8,
     stride: usize,
-) -> [[i32; 16]; T] {
+    sum: *const i32,
+    scale: *const f32,
+    post: f32,
+    out: *mut [f32; 16],
+) {
     let mut acc = [_mm512_setzero_si512(); T];
     for c in 0..n_chunks {
         chunk_dots(&planes(w.add(c)), q.add(16 * c), stride, &mut acc);
     }
-    acc.map(|a| std::mem::transmute::<__m512i, [i32; 16]>(a))
+    for (t, a) in acc.iter().enumerate() {
+        store_per_token(*a, *sum.add(t), *scale.add(t), post, out.add(t));
+    }
 }
 
-/// [`code_sums`] for one token, with one accumulator per plane (four independent
+/// [`per_token_dots`] for one token, with one accumulator per plane (four independent
 /// `vpdpbusd` chains instead of one).
 ///
 /// # Safety
-/// As [`code_sums`].
+/// As [`per_token_dots`] with T = 1.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn code_sums1(w: *const Chunk, n_chunks: usize, q: *const i8) -> [i32; 16] {
+pub unsafe fn per_token_dot1(
+    w: *const Chunk,
+    n_chunks: usize,
+    q: *const i8,
+    sum: i32,
+    scale: f32,
+    post: f32,
+    out: *mut [f32; 16],
+) {
     let mut acc = [_mm512_setzero_si512(); 4];
     for c in 0..n_chunks {
-        let u = planes(w.add(c));
-        let qc = q.add(16 * c);
-        for (s, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_dpbusd_epi32(*a, u[s], quad(qc.add(4 * s)));
-        }
+        plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
     }
-    let sum = _mm512_add_epi32(
+    store_per_token(sum4(&acc), sum, scale, post, out);
+}
+
+/// `acc[s] += planes[s] · q[4s..4s+4]`: one token, one accumulator per plane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
+    for (s, a) in acc.iter_mut().enumerate() {
+        *a = _mm512_dpbusd_epi32(*a, u[s], quad(q.add(4 * s)));
+    }
+}
+
+/// The lane-wise sum of four accumulators.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
+    _mm512_add_epi32(
         _mm512_add_epi32(acc[0], acc[1]),
         _mm512_add_epi32(acc[2], acc[3]),
-    );
-    std::mem::transmute::<__m512i, [i32; 16]>(sum)
+    )
 }
 
 /// Per-block scaled dots against Q8_K activations: for every 256-element block b,
 /// `sum_t += ((Σ code·q − bsum[t][b]) as f32) · (d[t][b] · scale[b][r])`, block after
-/// block, the float order of the TQ2_0 / TQ1_0 reference dots.
+/// block, the float order of the TQ2_0 / TQ1_0 reference dots; `out[t] = sum_t · post`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; `w` points at `16 · n_blocks` chunks, `scales` at `16 · n_blocks`
-/// floats, every token row at `256 · n_blocks` bytes, and `d` / `bsum` at
-/// `T · n_blocks` values.
+/// floats, every token row at `256 · n_blocks` bytes, `d` / `bsum` at `T · n_blocks`
+/// values and `out` at T values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn block_dots<const T: usize>(
     w: *const Chunk,
     scales: *const f32,
@@ -107,7 +148,9 @@ pub unsafe fn block_dots<const T: usize>(
     stride: usize,
     d: *const f32,
     bsum: *const i32,
-) -> [[f32; 16]; T] {
+    post: f32,
+    out: *mut [f32; 16],
+) {
     let mut sum = [_mm512_setzero_ps(); T];
     for b in 0..n_blocks {
         let mut acc = [_mm512_setzero_si512(); T];
@@ -120,7 +163,9 @@ pub unsafe fn block_dots<const T: usize>(
             *s = scaled_add(*s, *a, *bsum.add(i), *d.add(i), dw);
         }
     }
-    sum.map(|s| std::mem::transmute::<__m512, [f32; 16]>(s))
+    for (t, s) in sum.iter().enumerate() {
+        _mm512_storeu_ps(out.add(t).cast(), _mm512_mul_ps(*s, _mm512_set1_ps(post)));
+    }
 }
 
 /// [`block_dots`] for one token, with one accumulator per plane.
@@ -128,32 +173,27 @@ pub unsafe fn block_dots<const T: usize>(
 /// # Safety
 /// As [`block_dots`] with T = 1.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn block_dots1(
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn block_dot1(
     w: *const Chunk,
     scales: *const f32,
     n_blocks: usize,
     q: *const i8,
     d: *const f32,
     bsum: *const i32,
-) -> [f32; 16] {
+    post: f32,
+    out: *mut [f32; 16],
+) {
     let mut sum = _mm512_setzero_ps();
     for b in 0..n_blocks {
         let mut acc = [_mm512_setzero_si512(); 4];
         for c in 16 * b..16 * (b + 1) {
-            let u = planes(w.add(c));
-            let qc = q.add(16 * c);
-            for (s, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_dpbusd_epi32(*a, u[s], quad(qc.add(4 * s)));
-            }
+            plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
         }
-        let a = _mm512_add_epi32(
-            _mm512_add_epi32(acc[0], acc[1]),
-            _mm512_add_epi32(acc[2], acc[3]),
-        );
         let dw = _mm512_loadu_ps(scales.add(16 * b));
-        sum = scaled_add(sum, a, *bsum.add(b), *d.add(b), dw);
+        sum = scaled_add(sum, sum4(&acc), *bsum.add(b), *d.add(b), dw);
     }
-    std::mem::transmute::<__m512, [f32; 16]>(sum)
+    _mm512_storeu_ps(out.cast(), _mm512_mul_ps(sum, _mm512_set1_ps(post)));
 }
 
 /// `sum + ((acc − bsum) as f32) · (d · dw)`, lane by lane, rounding as the scalar code.

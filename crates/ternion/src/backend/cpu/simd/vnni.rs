@@ -34,7 +34,7 @@ struct Features;
 #[derive(Clone, Copy, Debug)]
 enum Features {}
 
-/// Largest token tile of [`Vnni::code_sums`] (accumulators held in registers).
+/// Largest token tile of [`Vnni::per_token_dots`] (accumulators held in registers).
 const SUM_TILE: usize = 16;
 /// Largest token tile of [`Vnni::block_dots`] (integer and float accumulators).
 const DOT_TILE: usize = 8;
@@ -58,34 +58,47 @@ impl Vnni {
         None
     }
 
-    /// `out[t][r] = Σ_e code(r, e)·q_t[e]` for the 16 rows r of `group` and the token rows
-    /// q_t of `q` (one per entry of `out`, each `16 · group.len()` values). The exact
-    /// integer sums: subtracting Σq_t gives Σ (code − 1)·q.
+    /// I2_S products of the 16 rows of `group` with the token rows q_t of `q` (one per
+    /// entry of `out`, each `16 · group.len()` values; `sum[t]` = Σq_t, `scale[t]` their
+    /// per-token scale): `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) ·
+    /// post`, with the exact integer sum.
     ///
     /// # Panics
-    /// If `q` does not hold `out.len()` rows of the group's width.
-    pub fn code_sums(self, group: &[Chunk], q: &[i8], out: &mut [[i32; 16]]) {
+    /// If `q`, `sum` or `scale` do not hold `out.len()` tokens of the group's width.
+    pub fn per_token_dots(
+        self,
+        group: &[Chunk],
+        q: &[i8],
+        sum: &[i32],
+        scale: &[f32],
+        post: f32,
+        out: &mut [[f32; 16]],
+    ) {
         let k = group.len() * CHUNK_ELEMS;
-        assert_eq!(q.len(), out.len() * k, "code_sums: activations length");
+        let n = out.len();
+        assert_eq!(q.len(), n * k, "per_token_dots: activations length");
+        assert_eq!(sum.len(), n, "per_token_dots: token sums");
+        assert_eq!(scale.len(), n, "per_token_dots: token scales");
         #[cfg(not(target_arch = "x86_64"))]
         match self.0 {}
         #[cfg(target_arch = "x86_64")]
         {
-            let (w, n) = (group.as_ptr(), group.len());
+            let (w, nc) = (group.as_ptr(), group.len());
             let mut t0 = 0;
-            while t0 < out.len() {
-                let tn = tile(out.len() - t0, SUM_TILE);
+            while t0 < n {
+                let tn = tile(n - t0, SUM_TILE);
                 let qt = q[t0 * k..].as_ptr();
-                let o = &mut out[t0..t0 + tn];
-                // SAFETY: the token proves the features; `q` holds `out.len()` rows of
-                // `k = 16 · n` values (asserted) and tokens t0..t0+tn are among them.
+                let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
+                let o = out[t0..].as_mut_ptr();
+                // SAFETY: the token proves the features; `q`, `sum`, `scale` and `out` hold
+                // `n` tokens (asserted) and tokens t0..t0+tn are among them.
                 unsafe {
                     match tn {
-                        16 => o.copy_from_slice(&avx512::code_sums::<16>(w, n, qt, k)),
-                        8 => o.copy_from_slice(&avx512::code_sums::<8>(w, n, qt, k)),
-                        4 => o.copy_from_slice(&avx512::code_sums::<4>(w, n, qt, k)),
-                        2 => o.copy_from_slice(&avx512::code_sums::<2>(w, n, qt, k)),
-                        _ => o[0] = avx512::code_sums1(w, n, qt),
+                        16 => avx512::per_token_dots::<16>(w, nc, qt, k, st, ct, post, o),
+                        8 => avx512::per_token_dots::<8>(w, nc, qt, k, st, ct, post, o),
+                        4 => avx512::per_token_dots::<4>(w, nc, qt, k, st, ct, post, o),
+                        2 => avx512::per_token_dots::<2>(w, nc, qt, k, st, ct, post, o),
+                        _ => avx512::per_token_dot1(w, nc, qt, *st, *ct, post, o),
                     }
                 }
                 t0 += tn;
@@ -96,7 +109,7 @@ impl Vnni {
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
     /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against Q8_K
     /// activations (`d`, `bsum`: per-token block scales and sums, token-major; `scales`:
-    /// the group's weight scales, block-major, 16 per block).
+    /// the group's weight scales, block-major, 16 per block), times `post`.
     ///
     /// # Panics
     /// If the lengths do not agree with the group's width and `out.len()` tokens.
@@ -107,6 +120,7 @@ impl Vnni {
         q: &[i8],
         d: &[f32],
         bsum: &[i32],
+        post: f32,
         out: &mut [[f32; 16]],
     ) {
         let k = group.len() * CHUNK_ELEMS;
@@ -127,15 +141,15 @@ impl Vnni {
                 let tn = tile(n - t0, DOT_TILE);
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, bt) = (d[t0 * nb..].as_ptr(), bsum[t0 * nb..].as_ptr());
-                let o = &mut out[t0..t0 + tn];
+                let o = out[t0..].as_mut_ptr();
                 // SAFETY: the token proves the features; every length was asserted above
                 // and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
                     match tn {
-                        8 => o.copy_from_slice(&avx512::block_dots::<8>(w, s, nb, qt, k, dt, bt)),
-                        4 => o.copy_from_slice(&avx512::block_dots::<4>(w, s, nb, qt, k, dt, bt)),
-                        2 => o.copy_from_slice(&avx512::block_dots::<2>(w, s, nb, qt, k, dt, bt)),
-                        _ => o[0] = avx512::block_dots1(w, s, nb, qt, dt, bt),
+                        8 => avx512::block_dots::<8>(w, s, nb, qt, k, dt, bt, post, o),
+                        4 => avx512::block_dots::<4>(w, s, nb, qt, k, dt, bt, post, o),
+                        2 => avx512::block_dots::<2>(w, s, nb, qt, k, dt, bt, post, o),
+                        _ => avx512::block_dot1(w, s, nb, qt, dt, bt, post, o),
                     }
                 }
                 t0 += tn;
