@@ -77,6 +77,10 @@ impl Linear {
         };
         let pack = simd::Vnni::get()
             .and_then(|v| TernaryPack::new(v, info.ty, file.tensor_data(&info), k, m));
+        if pack.is_some() {
+            // The repacked copy replaces the mapped rows: keep the resident set at one copy.
+            file.release(&info);
+        }
         Ok(Linear {
             file: file.clone(),
             ty: info.ty,
