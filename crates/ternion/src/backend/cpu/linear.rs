@@ -95,17 +95,28 @@ impl Linear {
         })
     }
 
-    /// The same weights requantized to Q8_0 (rows dequantized to f32 and quantized as ggml
-    /// does), held in memory; used for the opt-in Q8_0 LM head.
-    pub fn requantized_q8_0(&self) -> Result<Linear> {
+    /// The same weights requantized to Q8_0 or Q6_K (rows dequantized to f32 and quantized
+    /// as ggml's reference quantizers do), held in memory; used for the opt-in quantized LM
+    /// heads.
+    pub fn requantized(&self, ty: GgmlType) -> Result<Linear> {
         let (k, m) = (self.in_features, self.out_features);
-        if !k.is_multiple_of(32) || self.tensor_scale != 1.0 {
+        let (quantize, block): (quant::format::Quantizer, usize) = match ty {
+            GgmlType::Q8_0 => (quant::q8_0::quantize_row, 32),
+            GgmlType::Q6_K => (quant::q6_k::quantize_row, 256),
+            other => {
+                return Err(Error::Model(format!(
+                    "tensor '{}': requantizing to {other} is not supported (Q8_0, Q6_K are)",
+                    self.info.name
+                )))
+            }
+        };
+        if !k.is_multiple_of(block) || self.tensor_scale != 1.0 {
             return Err(Error::Model(format!(
-                "tensor '{}': cannot requantize {} rows of {k} to Q8_0",
+                "tensor '{}': cannot requantize {} rows of {k} to {ty}",
                 self.info.name, self.ty
             )));
         }
-        let row_bytes = k / 32 * 34;
+        let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
         let mut out = vec![0u8; m * row_bytes];
         let data = self.data();
         let failed = std::sync::atomic::AtomicBool::new(false);
@@ -117,7 +128,7 @@ impl Linear {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
-                quant::q8_0::quantize_row(&row, d);
+                quantize(&row, d);
             }
         });
         if failed.into_inner() {
@@ -129,7 +140,7 @@ impl Linear {
         Ok(Linear {
             file: self.file.clone(),
             info: self.info.clone(),
-            ty: GgmlType::Q8_0,
+            ty,
             owned: Some(out),
             in_features: k,
             out_features: m,
@@ -210,7 +221,12 @@ impl Linear {
                 }
                 RefDot::Q8K(_) => {
                     qi.ensure_q8k(x, k);
-                    p.forward_q8k(&qi.q8k, &qi.q8k_d, &qi.q8k_bsum, post_scale, out);
+                    let x = simd::Q8kRows {
+                        q: &qi.q8k,
+                        d: &qi.q8k_d,
+                        bsum: &qi.q8k_bsum,
+                    };
+                    p.forward_q8k(x, post_scale, out);
                     return;
                 }
                 _ => {}

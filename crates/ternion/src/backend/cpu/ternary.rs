@@ -8,7 +8,7 @@
 //! per-block-scaled formats) or once for the single token of a decode step.
 
 use super::pool::{self, SharedMut};
-use super::simd::{Chunk, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
+use super::simd::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
@@ -104,21 +104,19 @@ impl TernaryPack {
         });
     }
 
-    /// TQ2_0 / TQ1_0 product against Q8_K activations (`q`: rows of `k`; `d`, `bsum`: per
-    /// token, per block scales and sums): `out[t][j] = dot · post`, the reference dot's
-    /// block order.
-    pub fn forward_q8k(&self, q: &[i8], d: &[f32], bsum: &[i32], post: f32, out: &mut [f32]) {
+    /// TQ2_0 / TQ1_0 product against the Q8_K activations `x` (rows of `k`):
+    /// `out[t][j] = dot · post`, the reference dot's block order.
+    pub fn forward_q8k(&self, x: Q8kRows<'_>, post: f32, out: &mut [f32]) {
         let (k, nb) = (self.k, self.k / SCALE_BLOCK);
         let per_group = nb * GROUP_ROWS;
         self.par_tiles(out, 8, |g, t, o| {
             let scales = &self.scales[g * per_group..(g + 1) * per_group];
-            let q = &q[t.start * k..t.end * k];
-            let (d, bsum) = (
-                &d[t.start * nb..t.end * nb],
-                &bsum[t.start * nb..t.end * nb],
-            );
-            self.vnni
-                .block_dots(self.group(g), scales, q, d, bsum, post, o);
+            let rows = Q8kRows {
+                q: &x.q[t.start * k..t.end * k],
+                d: &x.d[t.start * nb..t.end * nb],
+                bsum: &x.bsum[t.start * nb..t.end * nb],
+            };
+            self.vnni.block_dots(self.group(g), scales, rows, post, o);
         });
     }
 

@@ -17,7 +17,7 @@ mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use vnni::{Chunk, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
+pub use vnni::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 
 /// The instruction set the kernels use on this machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

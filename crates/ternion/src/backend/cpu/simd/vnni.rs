@@ -4,7 +4,7 @@
 //! They read ternary weights in the 16-row interleaved layout of docs/FORMATS.md ("CPU
 //! ternary layout"): a group of [`GROUP_ROWS`] rows is a run of [`Chunk`]s; chunk c holds
 //! elements 16c..16c+16 of the 16 rows, and its byte 4r + i holds the codes (t + 1, 0..=3)
-//! of row r at elements 16c + 4s + i in bits 2s..2s+2 (s = 0..3).
+//! of row r at elements 16c + 4s + i in bits 2s..2s+1 (s = 0..3).
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx512, Level};
@@ -20,6 +20,18 @@ pub const SCALE_BLOCK: usize = 256;
 #[repr(C, align(64))]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Chunk(pub [u8; 64]);
+
+/// Token rows of Q8_K activations: `q` (rows of the product's width), per token and block
+/// the scale `d` and Σq `bsum` (token-major).
+#[derive(Clone, Copy)]
+pub struct Q8kRows<'a> {
+    /// Int8 values.
+    pub q: &'a [i8],
+    /// Block scales.
+    pub d: &'a [f32],
+    /// Block sums of `q`.
+    pub bsum: &'a [i32],
+}
 
 /// Proof that the CPU has AVX-512 F, BW and VNNI and that they were chosen.
 #[derive(Clone, Copy, Debug)]
@@ -107,9 +119,9 @@ impl Vnni {
     }
 
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
-    /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against Q8_K
-    /// activations (`d`, `bsum`: per-token block scales and sums, token-major; `scales`:
-    /// the group's weight scales, block-major, 16 per block), times `post`.
+    /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against the Q8_K
+    /// activations `x` (one token per entry of `out`; `scales`: the group's weight scales,
+    /// block-major, 16 per block), times `post`.
     ///
     /// # Panics
     /// If the lengths do not agree with the group's width and `out.len()` tokens.
@@ -117,12 +129,11 @@ impl Vnni {
         self,
         group: &[Chunk],
         scales: &[f32],
-        q: &[i8],
-        d: &[f32],
-        bsum: &[i32],
+        x: Q8kRows<'_>,
         post: f32,
         out: &mut [[f32; 16]],
     ) {
+        let Q8kRows { q, d, bsum } = x;
         let k = group.len() * CHUNK_ELEMS;
         let nb = k / SCALE_BLOCK;
         let n = out.len();

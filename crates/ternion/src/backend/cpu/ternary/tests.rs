@@ -109,7 +109,12 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
                 .map(|b| b.iter().map(|&v| i32::from(v)).sum())
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
-            pack.forward_q8k(&q, &d, &bsum, 1.5, &mut out);
+            let x = Q8kRows {
+                q: &q,
+                d: &d,
+                bsum: &bsum,
+            };
+            pack.forward_q8k(x, 1.5, &mut out);
             for t in 0..rows {
                 for j in 0..m {
                     let row = &data[j * rb..(j + 1) * rb];
