@@ -137,6 +137,11 @@ impl Linear {
                 self.info.name
             )));
         }
+        if self.owned.is_none() {
+            // The mapped rows were all read once; the few an embedding lookup reads again
+            // come back from the file.
+            self.file.release(&self.info);
+        }
         Ok(Linear {
             file: self.file.clone(),
             info: self.info.clone(),
