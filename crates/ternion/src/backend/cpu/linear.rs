@@ -9,7 +9,7 @@
 //! Rows of the output are computed in parallel blocks; every output element depends only on
 //! its weight row and token row, so results are identical for any thread count.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::pool::{self, SharedMut};
 use super::simd;
@@ -37,8 +37,9 @@ pub struct Linear {
     tensor_scale: f32,
     /// Extra scale multiplied into the output (1bitLLM `.scale` tensors).
     post_scale: f32,
-    /// Ternary weights repacked for the AVX-512 kernels (used instead of the rows).
-    pack: Option<TernaryPack>,
+    /// Ternary weights repacked for the AVX-512 kernels (used instead of the rows), built
+    /// by the first CPU product (sessions on other backends never pay for it).
+    pack: OnceLock<Option<TernaryPack>>,
 }
 
 impl Linear {
@@ -75,12 +76,6 @@ impl Linear {
             GgmlType::I2_S => quant::i2s::tensor_scale(file.tensor_data(&info), k * m),
             _ => 1.0,
         };
-        let pack = simd::Vnni::get()
-            .and_then(|v| TernaryPack::new(v, info.ty, file.tensor_data(&info), k, m));
-        if pack.is_some() {
-            // The repacked copy replaces the mapped rows: keep the resident set at one copy.
-            file.release(&info);
-        }
         Ok(Linear {
             file: file.clone(),
             ty: info.ty,
@@ -91,7 +86,7 @@ impl Linear {
             row_bytes,
             tensor_scale,
             post_scale: 1.0,
-            pack,
+            pack: OnceLock::new(),
         })
     }
 
@@ -152,7 +147,7 @@ impl Linear {
             row_bytes,
             tensor_scale: 1.0,
             post_scale: self.post_scale,
-            pack: None,
+            pack: OnceLock::from(None),
         })
     }
 
@@ -195,10 +190,24 @@ impl Linear {
 
     /// Bytes of weights read by one product.
     pub fn weight_bytes(&self) -> u64 {
-        match &self.pack {
-            Some(p) => p.bytes(),
-            None => self.data().len() as u64,
+        match self.pack.get() {
+            Some(Some(p)) => p.bytes(),
+            _ => self.data().len() as u64,
         }
+    }
+
+    /// The repacked ternary weights, built on first use where the AVX-512 kernels run.
+    fn pack(&self) -> Option<&TernaryPack> {
+        self.pack
+            .get_or_init(|| {
+                let data = self.file.tensor_data(&self.info);
+                let (k, m) = (self.in_features, self.out_features);
+                let pack = TernaryPack::new(simd::Vnni::get()?, self.ty, data, k, m)?;
+                // The repacked copy replaces the mapped rows: keep one copy resident.
+                self.file.release(&self.info);
+                Some(pack)
+            })
+            .as_ref()
     }
 
     fn row<'a>(&self, data: &'a [u8], j: usize) -> &'a [u8] {
@@ -217,7 +226,7 @@ impl Linear {
         let level = simd::Level::detect();
         let fmt = quant::format(self.ty).expect("format checked in Linear::load");
         let post_scale = self.post_scale;
-        if let Some(p) = &self.pack {
+        if let Some(p) = self.pack() {
             match fmt.dot {
                 RefDot::PerToken(_) => {
                     qi.ensure_per_token(x, k);
