@@ -122,9 +122,28 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 /// Sub-blocks whose largest |x| is below this quantize to zeros (ggml's `GROUP_MAX_EPS`).
 const GROUP_MAX_EPS: f32 = 1e-15;
 
+/// Inverse scales tried by [`make_qx_quants`]: −(32 + 0.1·is)/max for is = 0, then
+/// −9..=−1 and 1..=9, in ggml's order.
+fn trial_iscales(max: f32) -> [f32; 19] {
+    std::array::from_fn(|j| {
+        let is = match j {
+            0 => 0,
+            1..=9 => j as i32 - 10,
+            _ => j as i32 - 9,
+        };
+        if is == 0 {
+            -32.0 / max
+        } else {
+            -(32.0 + 0.1 * is as f32) / max
+        }
+    })
+}
+
 /// ggml's `make_qx_quants` for 6 bits without importance weights (`nmax` = 32, rmse type
 /// 1: errors weighted by x²): the codes l + 32 (l ∈ −32..=31) of one 16-element sub-block
-/// and its scale, the best of 19 trial scales around −32/max.
+/// and its scale, the best of 19 trial scales around −32/max. The sums of all trials are
+/// accumulated side by side (each in element order, as ggml's loop), then compared in
+/// ggml's order.
 fn make_qx_quants(x: &[f32], codes: &mut [i8]) -> f32 {
     const NMAX: i32 = 32;
     let (mut max, mut amax) = (0f32, 0f32);
@@ -139,33 +158,28 @@ fn make_qx_quants(x: &[f32], codes: &mut [i8]) -> f32 {
         return 0.0;
     }
     let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-NMAX, NMAX - 1);
-    let sums = |iscale: f32| {
-        let (mut lx, mut l2) = (0f32, 0f32);
-        for &v in x {
-            let (l, w) = (quant(iscale, v) as f32, v * v);
-            lx += w * v * l;
-            l2 += w * l * l;
+    let iscales = trial_iscales(max);
+    let (mut lx, mut l2) = ([0f32; 19], [0f32; 19]);
+    for &v in x {
+        let w = v * v;
+        for ((sx, s2), &is) in lx.iter_mut().zip(&mut l2).zip(&iscales) {
+            let l = quant(is, v) as f32;
+            *sx += w * v * l;
+            *s2 += w * l * l;
         }
-        (lx, l2)
-    };
-    let set = |codes: &mut [i8], iscale: f32| {
-        for (c, &v) in codes.iter_mut().zip(x) {
-            *c = (quant(iscale, v) + NMAX) as i8;
+    }
+    let mut chosen = 0;
+    let mut scale = if l2[0] != 0.0 { lx[0] / l2[0] } else { 0.0 };
+    let mut best = scale * lx[0];
+    for j in 1..19 {
+        if l2[j] > 0.0 && lx[j] * lx[j] > best * l2[j] {
+            chosen = j;
+            scale = lx[j] / l2[j];
+            best = scale * lx[j];
         }
-    };
-    let iscale = -(NMAX as f32) / max;
-    set(codes, iscale);
-    let (sumlx, suml2) = sums(iscale);
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
-    for is in (-9..=9).filter(|&i| i != 0) {
-        let iscale = -(NMAX as f32 + 0.1 * is as f32) / max;
-        let (sumlx, suml2) = sums(iscale);
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            set(codes, iscale);
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
+    }
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = (quant(iscales[chosen], v) + NMAX) as i8;
     }
     scale
 }
@@ -251,6 +265,51 @@ block_format!(
 mod tests {
     use super::*;
     use crate::quant::float::f16_bytes;
+
+    #[test]
+    fn trials_side_by_side_equal_trials_one_by_one() {
+        use rand::{Rng, SeedableRng};
+        // ggml's loop: one trial after the other, the codes rewritten at each improvement.
+        fn one_by_one(x: &[f32], codes: &mut [i8]) -> f32 {
+            let max = x
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let quant = |is: f32, v: f32| nearest_int(is * v).clamp(-32, 31);
+            let sums = |is: f32| {
+                x.iter().fold((0f32, 0f32), |(lx, l2), &v| {
+                    let (l, w) = (quant(is, v) as f32, v * v);
+                    (lx + w * v * l, l2 + w * l * l)
+                })
+            };
+            let set = |c: &mut [i8], is: f32| {
+                c.iter_mut()
+                    .zip(x)
+                    .for_each(|(c, &v)| *c = (quant(is, v) + 32) as i8)
+            };
+            set(codes, -32.0 / max);
+            let (lx, l2) = sums(-32.0 / max);
+            let mut scale = if l2 != 0.0 { lx / l2 } else { 0.0 };
+            let mut best = scale * lx;
+            for is in (-9..=9).filter(|&i| i != 0) {
+                let iscale = -(32.0 + 0.1 * is as f32) / max;
+                let (lx, l2) = sums(iscale);
+                if l2 > 0.0 && lx * lx > best * l2 {
+                    set(codes, iscale);
+                    scale = lx / l2;
+                    best = scale * lx;
+                }
+            }
+            scale
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..2000 {
+            let spread = rng.random_range(0.01f32..10.0);
+            let x: Vec<f32> = (0..16).map(|_| rng.random_range(-spread..spread)).collect();
+            let (mut a, mut b) = ([0i8; 16], [0i8; 16]);
+            let (sa, sb) = (make_qx_quants(&x, &mut a), one_by_one(&x, &mut b));
+            assert_eq!((sa.to_bits(), a), (sb.to_bits(), b), "{x:?}");
+        }
+    }
 
     #[test]
     fn quantize_round_trip_is_within_one_step() {
