@@ -1,7 +1,7 @@
-//! Ternary weights (I2_S, TQ2_0, TQ1_0) repacked at load into the 16-row interleaved
-//! layout of the AVX-512 VNNI kernels ([`simd::Vnni`]; docs/FORMATS.md, "CPU ternary
-//! layout"). The repacking is lossless: every product equals the file format's reference
-//! dot bit for bit.
+//! Ternary weights (I2_S, TQ2_0, TQ1_0) repacked once (by [`super::Linear`], at the
+//! matrix's first CPU product) into the 16-row interleaved layout of the AVX-512 VNNI
+//! kernels ([`Vnni`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is
+//! lossless: every product equals the file format's reference dot bit for bit.
 //!
 //! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
 //! chunk are unpacked once per tile of up to 16 tokens (prompt processing; 8 for the

@@ -46,12 +46,15 @@ struct Features;
 #[derive(Clone, Copy, Debug)]
 enum Features {}
 
+#[cfg(target_arch = "x86_64")]
 /// Largest token tile of [`Vnni::per_token_dots`] (accumulators held in registers).
 const SUM_TILE: usize = 16;
+#[cfg(target_arch = "x86_64")]
 /// Largest token tile of [`Vnni::block_dots`] (integer and float accumulators).
 const DOT_TILE: usize = 8;
 
 /// The largest power of two ≤ `n`, capped at `cap`.
+#[cfg(target_arch = "x86_64")]
 fn tile(n: usize, cap: usize) -> usize {
     let mut t = cap;
     while t > n {
@@ -77,6 +80,8 @@ impl Vnni {
     ///
     /// # Panics
     /// If `q`, `sum` or `scale` do not hold `out.len()` tokens of the group's width.
+    // Off x86-64 the token cannot exist: the body ends at `match self.0 {}`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub fn per_token_dots(
         self,
         group: &[Chunk],
@@ -125,6 +130,7 @@ impl Vnni {
     ///
     /// # Panics
     /// If the lengths do not agree with the group's width and `out.len()` tokens.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub fn block_dots(
         self,
         group: &[Chunk],
