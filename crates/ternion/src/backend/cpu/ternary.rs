@@ -4,8 +4,8 @@
 //! lossless: every product equals the file format's reference dot bit for bit.
 //!
 //! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
-//! chunk are unpacked once per tile of up to 16 tokens (prompt processing; 8 for the
-//! per-block-scaled formats) or once for the single token of a decode step.
+//! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for the
+//! single token of a decode step.
 
 use super::pool::{self, SharedMut};
 use super::simd::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
@@ -109,7 +109,7 @@ impl TernaryPack {
     pub fn forward_q8k(&self, x: Q8kRows<'_>, post: f32, out: &mut [f32]) {
         let (k, nb) = (self.k, self.k / SCALE_BLOCK);
         let per_group = nb * GROUP_ROWS;
-        self.par_tiles(out, 8, |g, t, o| {
+        self.par_tiles(out, 16, |g, t, o| {
             let scales = &self.scales[g * per_group..(g + 1) * per_group];
             let rows = Q8kRows {
                 q: &x.q[t.start * k..t.end * k],

@@ -50,8 +50,9 @@ enum Features {}
 /// Largest token tile of [`Vnni::per_token_dots`] (accumulators held in registers).
 const SUM_TILE: usize = 16;
 #[cfg(target_arch = "x86_64")]
-/// Largest token tile of [`Vnni::block_dots`] (integer and float accumulators).
-const DOT_TILE: usize = 8;
+/// Largest token tile of [`Vnni::block_dots`] (its float sums are touched once per
+/// 256-element block; 16 measured ~5 % faster than 8).
+const DOT_TILE: usize = 16;
 
 /// The largest power of two ≤ `n`, capped at `cap`.
 #[cfg(target_arch = "x86_64")]
@@ -163,6 +164,7 @@ impl Vnni {
                 // and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
                     match tn {
+                        16 => avx512::block_dots::<16>(w, s, nb, qt, k, dt, bt, post, o),
                         8 => avx512::block_dots::<8>(w, s, nb, qt, k, dt, bt, post, o),
                         4 => avx512::block_dots::<4>(w, s, nb, qt, k, dt, bt, post, o),
                         2 => avx512::block_dots::<2>(w, s, nb, qt, k, dt, bt, post, o),
