@@ -144,6 +144,9 @@ pub enum LmHeadArg {
     /// Requantized to Q8_0 at load: fewer bytes per token, approximate logits.
     #[value(name = "q8_0")]
     Q8_0,
+    /// Requantized to Q6_K at load: fewer bytes still, approximate logits.
+    #[value(name = "q6_k")]
+    Q6K,
 }
 
 impl LmHeadArg {
@@ -153,6 +156,7 @@ impl LmHeadArg {
             lm_head: match self {
                 LmHeadArg::Stored => LmHead::AsStored,
                 LmHeadArg::Q8_0 => LmHead::Q8_0,
+                LmHeadArg::Q6K => LmHead::Q6K,
             },
         }
     }

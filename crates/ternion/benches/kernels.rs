@@ -107,3 +107,45 @@ fn quantize_per_token(bencher: Bencher, k: usize) {
     let mut q = vec![0i8; k];
     bencher.bench_local(|| quant::act::quantize_per_token(black_box(&x), &mut q));
 }
+
+/// 16 weight rows of `k` codes in the CPU ternary layout (codes 0..=2) and 16 token rows.
+fn ternary_tile(rng: &mut StdRng, k: usize) -> (Vec<simd::Chunk>, Vec<i8>) {
+    let group = (0..k / simd::CHUNK_ELEMS)
+        .map(|_| simd::Chunk(std::array::from_fn(|_| rng.random::<u8>() & 0b1001_1001)))
+        .collect();
+    (group, q_row(rng, 16 * k))
+}
+
+/// One 16-row group against 16 tokens with the AVX-512 VNNI kernel (counter: multiply-adds).
+#[divan::bench(args = SIZES)]
+fn vnni_per_token_dots_16x16(bencher: Bencher, k: usize) {
+    let Some(v) = simd::Vnni::get() else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(1);
+    let (group, q) = ternary_tile(&mut rng, k);
+    let (sum, scale) = ([0i32; 16], [1f32; 16]);
+    let mut out = [[0f32; 16]; 16];
+    bencher
+        .counter(divan::counter::ItemsCount::new(16 * 16 * k))
+        .bench_local(|| v.per_token_dots(black_box(&group), &q, &sum, &scale, 1.0, &mut out));
+}
+
+/// The same work (16 rows × 16 tokens) with the AVX2 / scalar `i2s_dot4`.
+#[divan::bench(args = SIZES)]
+fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let rows: Vec<Vec<u8>> = (0..16).map(|_| i2s_row(&mut rng, k)).collect();
+    let qs: Vec<Vec<i8>> = (0..16).map(|_| q_row(&mut rng, k)).collect();
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::ItemsCount::new(16 * 16 * k))
+        .bench_local(|| {
+            for row in &rows {
+                for t in qs.chunks_exact(4) {
+                    let q = [&t[0][..], &t[1], &t[2], &t[3]];
+                    black_box(simd::i2s_dot4(level, black_box(row), q, [0; 4]));
+                }
+            }
+        });
+}

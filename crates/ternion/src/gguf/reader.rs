@@ -325,6 +325,23 @@ impl GgufFile {
         }
     }
 
+    /// Tells the kernel that this process no longer reads a tensor's pages (mapped files
+    /// only), e.g. once it has been repacked into memory: they leave the resident set and
+    /// are read back from the file if touched again.
+    pub fn release(&self, info: &TensorInfo) {
+        #[cfg(all(unix, not(target_arch = "wasm32")))]
+        if let Bytes::Mapped(m) = &self.bytes {
+            let (start, end) = (info.offset as usize, (info.offset + info.size) as usize);
+            // SAFETY: the mapping is read-only and file-backed, so dropping its pages loses
+            // nothing: a later read faults the same bytes back in from the file. The range
+            // lies inside the map (checked when the file was opened).
+            // Advice only: failure changes nothing but memory use.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+
     fn meta_err(&self, key: &str, what: &str) -> Error {
         let found = match self.get(key) {
             None => "nothing".to_string(),

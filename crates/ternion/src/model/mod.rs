@@ -43,6 +43,9 @@ pub enum LmHead {
     /// Requantized to Q8_0 at load, with Q8_0 activations: about half the bytes per token
     /// (an approximation; its effect on the golden sets is recorded in BENCHMARKS.md).
     Q8_0,
+    /// Requantized to Q6_K at load (ggml's reference quantizer), with Q8_K activations:
+    /// about 0.41× the F16 bytes (an approximation, as Q8_0; see BENCHMARKS.md).
+    Q6K,
 }
 
 /// Choices made when binding a file to its architecture.

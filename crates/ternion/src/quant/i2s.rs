@@ -69,6 +69,24 @@ pub fn dequantize_row(row: &[u8], scale: f32, dst: &mut [f32]) {
     }
 }
 
+/// The codes (0..=3; the value is code − 1) of one row, in element order.
+///
+/// # Panics
+/// If `row` is not whole 32-byte blocks or `codes.len() != 4 * row.len()`.
+pub fn codes_row(row: &[u8], codes: &mut [u8]) {
+    check_row(row.len(), codes.len());
+    for (block, out) in row
+        .chunks_exact(BLOCK_BYTES)
+        .zip(codes.chunks_exact_mut(BLOCK_ELEMS))
+    {
+        for (group, &shift) in out.chunks_exact_mut(BLOCK_BYTES).zip(&SHIFTS) {
+            for (o, &b) in group.iter_mut().zip(block) {
+                *o = (b >> shift) & 3;
+            }
+        }
+    }
+}
+
 /// Quantizes a whole tensor (all rows, then the tail) the way bitnet.cpp's `quantize_i2_s`
 /// does: scale = max|w| over the tensor (in f64, stored as f32); code 1 where |w| < 1e-6,
 /// else 2 for positive and 0 for negative w. Only the sign is kept, so the result is exact

@@ -1,4 +1,5 @@
-//! Q6_K: ggml's 6-bit k-quant (dequantization, and the dot product against Q8_K). 256-element super-blocks of 210
+//! Q6_K: ggml's 6-bit k-quant (dequantization, the dot product against Q8_K, and the
+//! reference quantizer, used for the opt-in Q6_K LM head). 256-element super-blocks of 210
 //! bytes: `ql[128]` (low 4 bits), `qh[64]` (high 2 bits), `scales[16]` (i8), F16 `d`.
 //! Each 128-element half h uses ql[64h..64h+64], qh[32h..32h+32] and scales[8h..8h+8];
 //! within it, for l < 32, elements l, l+32, l+64, l+96 take the low nibbles of ql[l] and
@@ -6,7 +7,8 @@
 //! Element value = d·scale·(q − 32), the scale indexed by element / 16.
 //! Sources: docs/FORMATS.md.
 
-use super::float::f16_at;
+use super::act::nearest_int;
+use super::float::{f16_at, f16_bytes};
 use super::format::{block_format, RefDot};
 
 /// Elements per super-block.
@@ -117,6 +119,139 @@ pub fn dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     sum
 }
 
+/// Sub-blocks whose largest |x| is below this quantize to zeros (ggml's `GROUP_MAX_EPS`).
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// Inverse scales tried by [`make_qx_quants`]: −(32 + 0.1·is)/max for is = 0, then
+/// −9..=−1 and 1..=9, in ggml's order.
+fn trial_iscales(max: f32) -> [f32; 19] {
+    std::array::from_fn(|j| {
+        let is = match j {
+            0 => 0,
+            1..=9 => j as i32 - 10,
+            _ => j as i32 - 9,
+        };
+        if is == 0 {
+            -32.0 / max
+        } else {
+            -(32.0 + 0.1 * is as f32) / max
+        }
+    })
+}
+
+/// ggml's `make_qx_quants` for 6 bits without importance weights (`nmax` = 32, rmse type
+/// 1: errors weighted by x²): the codes l + 32 (l ∈ −32..=31) of one 16-element sub-block
+/// and its scale, the best of 19 trial scales around −32/max. The sums of all trials are
+/// accumulated side by side (each in element order, as ggml's loop), then compared in
+/// ggml's order.
+fn make_qx_quants(x: &[f32], codes: &mut [i8]) -> f32 {
+    const NMAX: i32 = 32;
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        codes.fill(0);
+        return 0.0;
+    }
+    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-NMAX, NMAX - 1);
+    let iscales = trial_iscales(max);
+    let (mut lx, mut l2) = ([0f32; 19], [0f32; 19]);
+    for &v in x {
+        let w = v * v;
+        for ((sx, s2), &is) in lx.iter_mut().zip(&mut l2).zip(&iscales) {
+            let l = quant(is, v) as f32;
+            *sx += w * v * l;
+            *s2 += w * l * l;
+        }
+    }
+    let mut chosen = 0;
+    let mut scale = if l2[0] != 0.0 { lx[0] / l2[0] } else { 0.0 };
+    let mut best = scale * lx[0];
+    for j in 1..19 {
+        if l2[j] > 0.0 && lx[j] * lx[j] > best * l2[j] {
+            chosen = j;
+            scale = lx[j] / l2[j];
+            best = scale * lx[j];
+        }
+    }
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = (quant(iscales[chosen], v) + NMAX) as i8;
+    }
+    scale
+}
+
+/// ggml's reference quantizer (`quantize_row_q6_K_ref`, no importance matrix): per
+/// sub-block of 16 a scale from [`make_qx_quants`]; the super-block scale d maps the
+/// largest one to −128; sub-block scales are round(scale·(−128/max)) ≤ 127 (i8), and the
+/// codes are round(x / (d·scale)) clamped to −32..=31, stored + 32.
+///
+/// # Panics
+/// If `src.len()` is not a multiple of 256 or `dst` is not `src.len()/256` super-blocks.
+pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
+    assert_eq!(
+        src.len() % BLOCK_ELEMS,
+        0,
+        "Q6_K: length not a multiple of 256"
+    );
+    assert_eq!(
+        dst.len(),
+        src.len() / BLOCK_ELEMS * BLOCK_BYTES,
+        "Q6_K: output is not whole blocks"
+    );
+    for (x, block) in src
+        .chunks_exact(BLOCK_ELEMS)
+        .zip(dst.chunks_exact_mut(BLOCK_BYTES))
+    {
+        let mut codes = [0i8; BLOCK_ELEMS];
+        let mut scales = [0f32; 16];
+        let (mut max_scale, mut max_abs) = (0f32, 0f32);
+        for ((xs, cs), s) in x
+            .chunks_exact(16)
+            .zip(codes.chunks_exact_mut(16))
+            .zip(&mut scales)
+        {
+            *s = make_qx_quants(xs, cs);
+            if s.abs() > max_abs {
+                max_abs = s.abs();
+                max_scale = *s;
+            }
+        }
+        block.fill(0);
+        if max_abs < GROUP_MAX_EPS {
+            continue;
+        }
+        let iscale = -128.0 / max_scale;
+        block[208..210].copy_from_slice(&f16_bytes(1.0 / iscale));
+        let d = f16_at(block, 208);
+        for (j, &s) in scales.iter().enumerate() {
+            let sc = nearest_int(iscale * s).min(127) as i8;
+            block[192 + j] = sc as u8;
+            let dj = d * f32::from(sc);
+            if dj == 0.0 {
+                continue;
+            }
+            for (c, &v) in codes[16 * j..16 * (j + 1)].iter_mut().zip(&x[16 * j..]) {
+                *c = (nearest_int(v / dj).clamp(-32, 31) + 32) as i8;
+            }
+        }
+        for (h, half) in codes.chunks_exact(128).enumerate() {
+            let c = |i: usize| half[i] as u8;
+            for l in 0..32 {
+                block[64 * h + l] = (c(l) & 0xF) | ((c(l + 64) & 0xF) << 4);
+                block[64 * h + l + 32] = (c(l + 32) & 0xF) | ((c(l + 96) & 0xF) << 4);
+                block[128 + 32 * h + l] = (c(l) >> 4)
+                    | ((c(l + 32) >> 4) << 2)
+                    | ((c(l + 64) >> 4) << 4)
+                    | ((c(l + 96) >> 4) << 6);
+            }
+        }
+    }
+}
+
 block_format!(
     /// The Q6_K format for the registry ([`super::format`]).
     Q6K,
@@ -130,6 +265,74 @@ block_format!(
 mod tests {
     use super::*;
     use crate::quant::float::f16_bytes;
+
+    #[test]
+    fn trials_side_by_side_equal_trials_one_by_one() {
+        use rand::{Rng, SeedableRng};
+        // ggml's loop: one trial after the other, the codes rewritten at each improvement.
+        fn one_by_one(x: &[f32], codes: &mut [i8]) -> f32 {
+            let max = x
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let quant = |is: f32, v: f32| nearest_int(is * v).clamp(-32, 31);
+            let sums = |is: f32| {
+                x.iter().fold((0f32, 0f32), |(lx, l2), &v| {
+                    let (l, w) = (quant(is, v) as f32, v * v);
+                    (lx + w * v * l, l2 + w * l * l)
+                })
+            };
+            let set = |c: &mut [i8], is: f32| {
+                c.iter_mut()
+                    .zip(x)
+                    .for_each(|(c, &v)| *c = (quant(is, v) + 32) as i8)
+            };
+            set(codes, -32.0 / max);
+            let (lx, l2) = sums(-32.0 / max);
+            let mut scale = if l2 != 0.0 { lx / l2 } else { 0.0 };
+            let mut best = scale * lx;
+            for is in (-9..=9).filter(|&i| i != 0) {
+                let iscale = -(32.0 + 0.1 * is as f32) / max;
+                let (lx, l2) = sums(iscale);
+                if l2 > 0.0 && lx * lx > best * l2 {
+                    set(codes, iscale);
+                    scale = lx / l2;
+                    best = scale * lx;
+                }
+            }
+            scale
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..2000 {
+            let spread = rng.random_range(0.01f32..10.0);
+            let x: Vec<f32> = (0..16).map(|_| rng.random_range(-spread..spread)).collect();
+            let (mut a, mut b) = ([0i8; 16], [0i8; 16]);
+            let (sa, sb) = (make_qx_quants(&x, &mut a), one_by_one(&x, &mut b));
+            assert_eq!((sa.to_bits(), a), (sb.to_bits(), b), "{x:?}");
+        }
+    }
+
+    #[test]
+    fn quantize_round_trip_is_within_one_step() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        let mut x: Vec<f32> = (0..512).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        x[300..316].fill(0.0); // an all-zero sub-block
+        let mut b = vec![0u8; 2 * BLOCK_BYTES];
+        quantize_row(&x, &mut b);
+        let mut y = vec![0f32; 512];
+        dequantize_row(&b, &mut y);
+        for (i, (&a, &v)) in x.iter().zip(&y).enumerate() {
+            let block = &b[(i / 256) * BLOCK_BYTES..];
+            let step = f16_at(block, 208) * f32::from(block[192 + (i % 256) / 16] as i8);
+            assert!(
+                (a - v).abs() <= 1.01 * step.abs() + 1e-7,
+                "element {i}: {a} → {v}"
+            );
+        }
+        assert!(y[300..316].iter().all(|&v| v == 0.0));
+        quantize_row(&[0.0; 256], &mut b[..BLOCK_BYTES]);
+        assert!(b[..BLOCK_BYTES].iter().all(|&v| v == 0));
+    }
 
     #[test]
     fn dot_matches_dequantized_product() {

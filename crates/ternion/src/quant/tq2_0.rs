@@ -36,6 +36,27 @@ fn ternary(block: &[u8]) -> [i8; BLOCK_ELEMS] {
     t
 }
 
+/// The codes (t + 1, 0..=3) of a row of whole blocks in element order, and the block
+/// scales: element = (code − 1)·scale of its block.
+///
+/// # Panics
+/// If `codes.len()` is not a multiple of 256, `src` is not `codes.len()/256` blocks or
+/// `scales` does not hold one value per block.
+pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
+    check(src.len(), codes.len());
+    assert_eq!(scales.len(), codes.len() / BLOCK_ELEMS, "block scale count");
+    for ((block, out), s) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(codes.chunks_exact_mut(BLOCK_ELEMS))
+        .zip(scales.iter_mut())
+    {
+        *s = f16_at(block, QS_BYTES);
+        for (o, &t) in out.iter_mut().zip(ternary(block).iter()) {
+            *o = (t + 1) as u8;
+        }
+    }
+}
+
 /// Dequantizes a row of whole blocks: element = (code − 1)·d.
 ///
 /// # Panics

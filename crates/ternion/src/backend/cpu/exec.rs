@@ -171,13 +171,18 @@ impl CpuModel {
             weights,
             lm_head: None,
         };
-        if opts.lm_head == LmHead::Q8_0 {
+        let head_ty = match opts.lm_head {
+            LmHead::AsStored => None,
+            LmHead::Q8_0 => Some(quant::GgmlType::Q8_0),
+            LmHead::Q6K => Some(quant::GgmlType::Q6_K),
+        };
+        if let Some(ty) = head_ty {
             let head = graph.ops.iter().find_map(|op| match op {
                 Op::Linear { w, out, .. } if *out == graph.logits => Some(*w),
                 _ => None,
             });
             if let Some(w) = head {
-                model.lm_head = Some(model.matrix(w.0)?.requantized_q8_0()?);
+                model.lm_head = Some(model.matrix(w.0)?.requantized(ty)?);
             }
         }
         Ok(model)

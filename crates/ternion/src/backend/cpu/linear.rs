@@ -9,10 +9,11 @@
 //! Rows of the output are computed in parallel blocks; every output element depends only on
 //! its weight row and token row, so results are identical for any thread count.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::pool::{self, SharedMut};
 use super::simd;
+use super::ternary::TernaryPack;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType, RefDot};
 use crate::{Error, Result};
@@ -36,6 +37,9 @@ pub struct Linear {
     tensor_scale: f32,
     /// Extra scale multiplied into the output (1bitLLM `.scale` tensors).
     post_scale: f32,
+    /// Ternary weights repacked for the AVX-512 kernels (used instead of the rows), built
+    /// by the first CPU product (sessions on other backends never pay for it).
+    pack: OnceLock<Option<TernaryPack>>,
 }
 
 impl Linear {
@@ -82,20 +86,32 @@ impl Linear {
             row_bytes,
             tensor_scale,
             post_scale: 1.0,
+            pack: OnceLock::new(),
         })
     }
 
-    /// The same weights requantized to Q8_0 (rows dequantized to f32 and quantized as ggml
-    /// does), held in memory; used for the opt-in Q8_0 LM head.
-    pub fn requantized_q8_0(&self) -> Result<Linear> {
+    /// The same weights requantized to Q8_0 or Q6_K (rows dequantized to f32 and quantized
+    /// as ggml's reference quantizers do), held in memory; used for the opt-in quantized LM
+    /// heads.
+    pub fn requantized(&self, ty: GgmlType) -> Result<Linear> {
         let (k, m) = (self.in_features, self.out_features);
-        if !k.is_multiple_of(32) || self.tensor_scale != 1.0 {
+        let (quantize, block): (quant::format::Quantizer, usize) = match ty {
+            GgmlType::Q8_0 => (quant::q8_0::quantize_row, 32),
+            GgmlType::Q6_K => (quant::q6_k::quantize_row, 256),
+            other => {
+                return Err(Error::Model(format!(
+                    "tensor '{}': requantizing to {other} is not supported (Q8_0, Q6_K are)",
+                    self.info.name
+                )))
+            }
+        };
+        if !k.is_multiple_of(block) || self.tensor_scale != 1.0 {
             return Err(Error::Model(format!(
-                "tensor '{}': cannot requantize {} rows of {k} to Q8_0",
+                "tensor '{}': cannot requantize {} rows of {k} to {ty}",
                 self.info.name, self.ty
             )));
         }
-        let row_bytes = k / 32 * 34;
+        let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
         let mut out = vec![0u8; m * row_bytes];
         let data = self.data();
         let failed = std::sync::atomic::AtomicBool::new(false);
@@ -107,7 +123,7 @@ impl Linear {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
-                quant::q8_0::quantize_row(&row, d);
+                quantize(&row, d);
             }
         });
         if failed.into_inner() {
@@ -116,16 +132,22 @@ impl Linear {
                 self.info.name
             )));
         }
+        if self.owned.is_none() {
+            // The mapped rows were all read once; the few an embedding lookup reads again
+            // come back from the file.
+            self.file.release(&self.info);
+        }
         Ok(Linear {
             file: self.file.clone(),
             info: self.info.clone(),
-            ty: GgmlType::Q8_0,
+            ty,
             owned: Some(out),
             in_features: k,
             out_features: m,
             row_bytes,
             tensor_scale: 1.0,
             post_scale: self.post_scale,
+            pack: OnceLock::from(None),
         })
     }
 
@@ -168,7 +190,24 @@ impl Linear {
 
     /// Bytes of weights read by one product.
     pub fn weight_bytes(&self) -> u64 {
-        self.data().len() as u64
+        match self.pack.get() {
+            Some(Some(p)) => p.bytes(),
+            _ => self.data().len() as u64,
+        }
+    }
+
+    /// The repacked ternary weights, built on first use where the AVX-512 kernels run.
+    fn pack(&self) -> Option<&TernaryPack> {
+        self.pack
+            .get_or_init(|| {
+                let data = self.file.tensor_data(&self.info);
+                let (k, m) = (self.in_features, self.out_features);
+                let pack = TernaryPack::new(simd::Vnni::get()?, self.ty, data, k, m)?;
+                // The repacked copy replaces the mapped rows: keep one copy resident.
+                self.file.release(&self.info);
+                Some(pack)
+            })
+            .as_ref()
     }
 
     fn row<'a>(&self, data: &'a [u8], j: usize) -> &'a [u8] {
@@ -187,6 +226,26 @@ impl Linear {
         let level = simd::Level::detect();
         let fmt = quant::format(self.ty).expect("format checked in Linear::load");
         let post_scale = self.post_scale;
+        if let Some(p) = self.pack() {
+            match fmt.dot {
+                RefDot::PerToken(_) => {
+                    qi.ensure_per_token(x, k);
+                    p.forward_per_token(&qi.q, &qi.token_scale, &qi.token_sum, post, out);
+                    return;
+                }
+                RefDot::Q8K(_) => {
+                    qi.ensure_q8k(x, k);
+                    let x = simd::Q8kRows {
+                        q: &qi.q8k,
+                        d: &qi.q8k_d,
+                        bsum: &qi.q8k_bsum,
+                    };
+                    p.forward_q8k(x, post_scale, out);
+                    return;
+                }
+                _ => {}
+            }
+        }
         match fmt.dot {
             RefDot::PerToken(_) => {
                 qi.ensure_per_token(x, k);
@@ -402,15 +461,22 @@ impl QuantInput {
         self.q.resize(x.len(), 0);
         self.token_scale.resize(rows, 0.0);
         self.token_sum.resize(rows, 0);
-        for (t, (xr, qr)) in x
-            .chunks_exact(k)
-            .zip(self.q.chunks_exact_mut(k))
-            .enumerate()
-        {
-            let p = act::quantize_per_token(xr, qr);
-            self.token_scale[t] = p.scale;
-            self.token_sum[t] = p.sum;
-        }
+        let (scale, sum) = (
+            SharedMut(self.token_scale.as_mut_ptr()),
+            SharedMut(self.token_sum.as_mut_ptr()),
+        );
+        // One token row per task: the rows are independent, so any thread count gives the
+        // same values.
+        pool::global().for_each_chunk_mut(&mut self.q, k, |t, qr, _| {
+            let (scale, sum) = (&scale, &sum);
+            let p = act::quantize_per_token(&x[t * k..(t + 1) * k], qr);
+            // SAFETY: t < rows = the length of both buffers, and row t belongs to this
+            // task alone.
+            unsafe {
+                *scale.0.add(t) = p.scale;
+                *sum.0.add(t) = p.sum;
+            }
+        });
     }
 
     fn ensure_q8k(&mut self, x: &[f32], k: usize) {

@@ -9,6 +9,7 @@ mod norm;
 pub mod pool;
 mod rope;
 pub mod simd;
+mod ternary;
 mod unary;
 
 pub use attention::{

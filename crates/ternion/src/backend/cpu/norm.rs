@@ -2,8 +2,24 @@
 //! in f32, then `(x · scale) · w`; and LayerNorm, as ggml's `norm` then `mul` and `add`:
 //! the mean in f64, `y = x − mean`, Σy² in f64, `y · 1/sqrt(var + eps)`, then `· w + b`.
 
-/// Normalises each row of `x` (`rows × w.len()`) into `out`, multiplied by the weight `w`.
+/// Rows normalised by one parallel task (rows are independent: the result does not depend
+/// on the thread count).
+const ROWS_PER_TASK: usize = 4;
+
+/// Normalises each row of `x` (`rows × w.len()`) into `out`, multiplied by the weight `w`;
+/// several rows run in parallel.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    if out.len() <= n {
+        return rms_norm_rows(x, w, eps, out);
+    }
+    let per_task = n * ROWS_PER_TASK;
+    super::pool::global().for_each_chunk_mut(out, per_task, |c, o, _| {
+        rms_norm_rows(&x[c * per_task..][..o.len()], w, eps, o)
+    });
+}
+
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
         let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();

@@ -9,10 +9,15 @@ use half::f16;
 
 use crate::quant;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+pub use vnni::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 
 /// The instruction set the kernels use on this machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,17 +26,21 @@ pub enum Level {
     Scalar,
     /// x86-64 AVX2 with FMA and F16C.
     Avx2,
+    /// x86-64 AVX2 (as above) plus AVX-512 F, BW and VNNI: the ternary formats run the
+    /// kernels of [`Vnni`] on weights repacked at load; every other kernel is the AVX2 one.
+    Avx512,
     /// aarch64 NEON.
     Neon,
 }
 
 impl Level {
     /// The best level this CPU supports (detected once). `TERNION_SIMD=scalar` forces the
-    /// portable kernels (for testing and comparison).
+    /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones (for testing and comparison).
     pub fn detect() -> Level {
         static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
         *LEVEL.get_or_init(|| {
-            if std::env::var("TERNION_SIMD").is_ok_and(|v| v == "scalar") {
+            let cap = std::env::var("TERNION_SIMD").unwrap_or_default();
+            if cap == "scalar" {
                 return Level::Scalar;
             }
             #[cfg(target_arch = "x86_64")]
@@ -39,6 +48,13 @@ impl Level {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
             {
+                if cap != "avx2"
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    return Level::Avx512;
+                }
                 return Level::Avx2;
             }
             #[cfg(target_arch = "aarch64")]
@@ -54,6 +70,7 @@ impl Level {
         match self {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
             Level::Neon => "neon",
         }
     }
@@ -63,10 +80,10 @@ impl Level {
 #[inline]
 pub fn i2s_dot(level: Level, row: &[u8], q: &[i8], q_sum: i32) -> i32 {
     match level {
-        // SAFETY: Avx2 is only returned by `detect` when the CPU has AVX2, FMA and F16C;
-        // the kernel checks the slice lengths it reads.
+        // SAFETY: Avx2 and Avx512 are only returned by `detect` when the CPU has AVX2, FMA
+        // and F16C; the kernel checks the slice lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::i2s_dot(row, q, q_sum) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::i2s_dot(row, q, q_sum) },
         // SAFETY: Neon is only returned when the CPU has NEON.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon::i2s_dot(row, q, q_sum) },
@@ -84,7 +101,7 @@ pub fn i2s_dot4(level: Level, row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i3
     match level {
         // SAFETY: as in `i2s_dot`.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::i2s_dot4(row, q, q_sum) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::i2s_dot4(row, q, q_sum) },
         _ => std::array::from_fn(|i| i2s_dot(level, row, q[i], q_sum[i])),
     }
 }
@@ -96,7 +113,7 @@ pub fn tq2_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32])
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::tq2_dot_q8k(row, q, d, bsums) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::tq2_dot_q8k(row, q, d, bsums) },
         _ => {
             let _ = bsums;
             quant::tq2_0::dot_q8k(row, q, d)
@@ -111,7 +128,7 @@ pub fn q8_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::q8_0_dot(row, q, d) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::q8_0_dot(row, q, d) },
         _ => quant::q8_0::dot_q8_0(row, q, d),
     }
 }
@@ -123,7 +140,7 @@ pub fn q4_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::q4_0_dot(row, q, d) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::q4_0_dot(row, q, d) },
         _ => quant::q4_0::dot_q8_0(row, q, d),
     }
 }
@@ -135,7 +152,7 @@ pub fn q5_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::q5_0_dot(row, q, d) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::q5_0_dot(row, q, d) },
         _ => quant::q5_0::dot_q8_0(row, q, d),
     }
 }
@@ -147,7 +164,7 @@ pub fn q4_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::q4_k_dot_q8k(row, q, d) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::q4_k_dot_q8k(row, q, d) },
         _ => quant::q4_k::dot_q8k(row, q, d),
     }
 }
@@ -159,7 +176,7 @@ pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
         _ => quant::q6_k::dot_q8k(row, q, d),
     }
 }
@@ -171,7 +188,7 @@ pub fn q8_0_dot4(level: Level, row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f3
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::q8_0_dot4(row, q, d) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::q8_0_dot4(row, q, d) },
         _ => std::array::from_fn(|t| q8_0_dot(level, row, q[t], d[t])),
     }
 }
@@ -185,7 +202,7 @@ pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::f16_dot(w.as_ptr(), x) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(w.as_ptr(), x) },
         _ => quant::float::dot_f16(w, x),
     }
 }
@@ -200,7 +217,7 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
     match level {
         // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
         _ => x.map(|xt| f16_dot(level, w, xt)),
     }
 }
@@ -212,7 +229,7 @@ pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
         _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
     }
 }
@@ -224,7 +241,7 @@ pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
     match level {
         // SAFETY: as in `i2s_dot`; lengths asserted equal.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
         _ => out
             .iter_mut()
             .zip(v)

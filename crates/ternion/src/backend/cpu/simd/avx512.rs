@@ -1,0 +1,206 @@
+//! AVX-512 (F, BW, VNNI) kernels over the interleaved ternary layout of [`super::vnni`].
+//! Callers guarantee the features and the lengths (see [`super::vnni::Vnni`]).
+//!
+//! Each 32-bit lane of an accumulator is one weight row; `vpdpbusd` multiplies four codes
+//! of that row (unsigned bytes 0..=3) by four activations of one token (signed bytes,
+//! broadcast to every lane) and adds the four products into the lane, exactly.
+
+use std::arch::x86_64::*;
+
+use super::vnni::Chunk;
+
+/// The four code planes of one chunk: byte 4r + i of plane s is the code of row r at
+/// element 4s + i of the chunk.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn planes(p: *const Chunk) -> [__m512i; 4] {
+    let w = _mm512_load_si512(p.cast());
+    let m = _mm512_set1_epi8(3);
+    [
+        _mm512_and_si512(w, m),
+        _mm512_and_si512(_mm512_srli_epi16::<2>(w), m),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(w), m),
+        _mm512_and_si512(_mm512_srli_epi16::<6>(w), m),
+    ]
+}
+
+/// Four activations at `q`, broadcast to every lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn quad(q: *const i8) -> __m512i {
+    _mm512_set1_epi32(q.cast::<i32>().read_unaligned())
+}
+
+/// `acc[t] += Σ_s planes[s] · q_t[4s..4s+4]` for the T tokens at `q + t·stride`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn chunk_dots<const T: usize>(
+    u: &[__m512i; 4],
+    q: *const i8,
+    stride: usize,
+    acc: &mut [__m512i; T],
+) {
+    for (t, a) in acc.iter_mut().enumerate() {
+        let qt = q.add(t * stride);
+        for (s, us) in u.iter().enumerate() {
+            *a = _mm512_dpbusd_epi32(*a, *us, quad(qt.add(4 * s)));
+        }
+    }
+}
+
+/// The I2_S epilogue of token t: `((acc − sum) as f32 / scale) · post` per lane, stored
+/// to `out` (the scalar path's operations, so the same roundings).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_per_token(acc: __m512i, sum: i32, scale: f32, post: f32, out: *mut [f32; 16]) {
+    let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(sum)));
+    let v = _mm512_mul_ps(
+        _mm512_div_ps(v, _mm512_set1_ps(scale)),
+        _mm512_set1_ps(post),
+    );
+    _mm512_storeu_ps(out.cast(), v);
+}
+
+/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with T tokens (token t's
+/// activations at `q + t·stride`, its Σq at `sum[t]`, its scale at `scale[t]`):
+/// `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) · post`.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; `w` points at `n_chunks` chunks, every token row at
+/// `16 · n_chunks` readable bytes, `sum`, `scale` and `out` at T values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn per_token_dots<const T: usize>(
+    w: *const Chunk,
+    n_chunks: usize,
+    q: *const i8,
+    stride: usize,
+    sum: *const i32,
+    scale: *const f32,
+    post: f32,
+    out: *mut [f32; 16],
+) {
+    let mut acc = [_mm512_setzero_si512(); T];
+    for c in 0..n_chunks {
+        chunk_dots(&planes(w.add(c)), q.add(16 * c), stride, &mut acc);
+    }
+    for (t, a) in acc.iter().enumerate() {
+        store_per_token(*a, *sum.add(t), *scale.add(t), post, out.add(t));
+    }
+}
+
+/// [`per_token_dots`] for one token, with one accumulator per plane (four independent
+/// `vpdpbusd` chains instead of one).
+///
+/// # Safety
+/// As [`per_token_dots`] with T = 1.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn per_token_dot1(
+    w: *const Chunk,
+    n_chunks: usize,
+    q: *const i8,
+    sum: i32,
+    scale: f32,
+    post: f32,
+    out: *mut [f32; 16],
+) {
+    let mut acc = [_mm512_setzero_si512(); 4];
+    for c in 0..n_chunks {
+        plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
+    }
+    store_per_token(sum4(&acc), sum, scale, post, out);
+}
+
+/// `acc[s] += planes[s] · q[4s..4s+4]`: one token, one accumulator per plane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
+    for (s, a) in acc.iter_mut().enumerate() {
+        *a = _mm512_dpbusd_epi32(*a, u[s], quad(q.add(4 * s)));
+    }
+}
+
+/// The lane-wise sum of four accumulators.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
+    _mm512_add_epi32(
+        _mm512_add_epi32(acc[0], acc[1]),
+        _mm512_add_epi32(acc[2], acc[3]),
+    )
+}
+
+/// Per-block scaled dots against Q8_K activations: for every 256-element block b,
+/// `sum_t += ((Σ code·q − bsum[t][b]) as f32) · (d[t][b] · scale[b][r])`, block after
+/// block, the float order of the TQ2_0 / TQ1_0 reference dots; `out[t] = sum_t · post`.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; `w` points at `16 · n_blocks` chunks, `scales` at `16 · n_blocks`
+/// floats, every token row at `256 · n_blocks` bytes, `d` / `bsum` at `T · n_blocks`
+/// values and `out` at T values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn block_dots<const T: usize>(
+    w: *const Chunk,
+    scales: *const f32,
+    n_blocks: usize,
+    q: *const i8,
+    stride: usize,
+    d: *const f32,
+    bsum: *const i32,
+    post: f32,
+    out: *mut [f32; 16],
+) {
+    let mut sum = [_mm512_setzero_ps(); T];
+    for b in 0..n_blocks {
+        let mut acc = [_mm512_setzero_si512(); T];
+        for c in 16 * b..16 * (b + 1) {
+            chunk_dots(&planes(w.add(c)), q.add(16 * c), stride, &mut acc);
+        }
+        let dw = _mm512_loadu_ps(scales.add(16 * b));
+        for (t, (s, a)) in sum.iter_mut().zip(&acc).enumerate() {
+            let i = t * n_blocks + b;
+            *s = scaled_add(*s, *a, *bsum.add(i), *d.add(i), dw);
+        }
+    }
+    for (t, s) in sum.iter().enumerate() {
+        _mm512_storeu_ps(out.add(t).cast(), _mm512_mul_ps(*s, _mm512_set1_ps(post)));
+    }
+}
+
+/// [`block_dots`] for one token, with one accumulator per plane.
+///
+/// # Safety
+/// As [`block_dots`] with T = 1.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn block_dot1(
+    w: *const Chunk,
+    scales: *const f32,
+    n_blocks: usize,
+    q: *const i8,
+    d: *const f32,
+    bsum: *const i32,
+    post: f32,
+    out: *mut [f32; 16],
+) {
+    let mut sum = _mm512_setzero_ps();
+    for b in 0..n_blocks {
+        let mut acc = [_mm512_setzero_si512(); 4];
+        for c in 16 * b..16 * (b + 1) {
+            plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
+        }
+        let dw = _mm512_loadu_ps(scales.add(16 * b));
+        sum = scaled_add(sum, sum4(&acc), *bsum.add(b), *d.add(b), dw);
+    }
+    _mm512_storeu_ps(out.cast(), _mm512_mul_ps(sum, _mm512_set1_ps(post)));
+}
+
+/// `sum + ((acc − bsum) as f32) · (d · dw)`, lane by lane, rounding as the scalar code.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn scaled_add(sum: __m512, acc: __m512i, bsum: i32, d: f32, dw: __m512) -> __m512 {
+    let sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(bsum)));
+    let scale = _mm512_mul_ps(_mm512_set1_ps(d), dw);
+    _mm512_add_ps(sum, _mm512_mul_ps(sumi, scale))
+}

@@ -1,0 +1,163 @@
+//! Ternary weights (I2_S, TQ2_0, TQ1_0) repacked once (by [`super::Linear`], at the
+//! matrix's first CPU product) into the 16-row interleaved layout of the AVX-512 VNNI
+//! kernels ([`Vnni`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is
+//! lossless: every product equals the file format's reference dot bit for bit.
+//!
+//! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
+//! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for the
+//! single token of a decode step.
+
+use super::pool::{self, SharedMut};
+use super::simd::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
+use crate::quant::{self, GgmlType};
+
+/// A ternary weight matrix in the interleaved layout.
+pub struct TernaryPack {
+    vnni: Vnni,
+    /// Groups of 16 rows one after the other, `k / 16` chunks each (the last group padded
+    /// with code 1, i.e. zeros).
+    chunks: Vec<Chunk>,
+    /// Per-block weight scales of TQ2_0 / TQ1_0: per group, per 256-element block, the 16
+    /// rows' scales (0 for padding rows); empty for I2_S.
+    scales: Vec<f32>,
+    k: usize,
+    m: usize,
+}
+
+/// The codes (and block scales) of one row, in element order.
+type RowCodes = fn(&[u8], &mut [u8], &mut [f32]);
+
+impl TernaryPack {
+    /// `data` (the tensor's rows, `m` of `k` elements, stored as `ty`) repacked, when `ty`
+    /// is a ternary format whose width the layout takes; None otherwise.
+    pub fn new(vnni: Vnni, ty: GgmlType, data: &[u8], k: usize, m: usize) -> Option<TernaryPack> {
+        let codes: RowCodes = match ty {
+            GgmlType::I2_S => |row, c, _| quant::i2s::codes_row(row, c),
+            GgmlType::TQ2_0 => quant::tq2_0::codes_row,
+            GgmlType::TQ1_0 => quant::tq1_0::codes_row,
+            _ => return None,
+        };
+        let per_block = ty != GgmlType::I2_S;
+        if !k.is_multiple_of(CHUNK_ELEMS) || (per_block && !k.is_multiple_of(SCALE_BLOCK)) {
+            return None;
+        }
+        let row_bytes = ty.row_bytes(k as u64)? as usize;
+        let (n_chunks, nb) = (k / CHUNK_ELEMS, if per_block { k / SCALE_BLOCK } else { 0 });
+        let groups = m.div_ceil(GROUP_ROWS);
+        let mut chunks = vec![Chunk([0x55; 64]); groups * n_chunks];
+        let mut scales = vec![0f32; groups * nb * GROUP_ROWS];
+        let scales_ptr = SharedMut(scales.as_mut_ptr());
+        pool::global().for_each_chunk_mut(&mut chunks, n_chunks, |g, group, _| {
+            let scales_ptr = &scales_ptr;
+            let (mut row_codes, mut row_scales) = (vec![0u8; k], vec![0f32; nb]);
+            for r in 0..GROUP_ROWS.min(m - g * GROUP_ROWS) {
+                let j = g * GROUP_ROWS + r;
+                codes(
+                    &data[j * row_bytes..(j + 1) * row_bytes],
+                    &mut row_codes,
+                    &mut row_scales,
+                );
+                pack_row(group, r, &row_codes);
+                for (b, &s) in row_scales.iter().enumerate() {
+                    // SAFETY: index (g·nb + b)·16 + r < groups·nb·16 = scales.len(), and
+                    // group g is packed by one task only: no two writes alias.
+                    unsafe { *scales_ptr.0.add((g * nb + b) * GROUP_ROWS + r) = s };
+                }
+            }
+        });
+        Some(TernaryPack {
+            vnni,
+            chunks,
+            scales,
+            k,
+            m,
+        })
+    }
+
+    /// Bytes read by one product (codes and scales).
+    pub fn bytes(&self) -> u64 {
+        (std::mem::size_of_val(self.chunks.as_slice()) + 4 * self.scales.len()) as u64
+    }
+
+    fn group(&self, g: usize) -> &[Chunk] {
+        let n = self.k / CHUNK_ELEMS;
+        &self.chunks[g * n..(g + 1) * n]
+    }
+
+    /// I2_S product against per-token int8 activations (`q`: rows of `k`; `scale`, `sum`:
+    /// per-token scale and Σq): `out[t][j] = ((Σ (code − 1)·q) as f32 / scale[t]) · post`,
+    /// the order of the AVX2 and scalar paths.
+    pub fn forward_per_token(
+        &self,
+        q: &[i8],
+        scale: &[f32],
+        sum: &[i32],
+        post: f32,
+        out: &mut [f32],
+    ) {
+        let k = self.k;
+        self.par_tiles(out, 16, |g, t, o| {
+            let q = &q[t.start * k..t.end * k];
+            let (sum, scale) = (&sum[t.clone()], &scale[t]);
+            self.vnni
+                .per_token_dots(self.group(g), q, sum, scale, post, o);
+        });
+    }
+
+    /// TQ2_0 / TQ1_0 product against the Q8_K activations `x` (rows of `k`):
+    /// `out[t][j] = dot · post`, the reference dot's block order.
+    pub fn forward_q8k(&self, x: Q8kRows<'_>, post: f32, out: &mut [f32]) {
+        let (k, nb) = (self.k, self.k / SCALE_BLOCK);
+        let per_group = nb * GROUP_ROWS;
+        self.par_tiles(out, 16, |g, t, o| {
+            let scales = &self.scales[g * per_group..(g + 1) * per_group];
+            let rows = Q8kRows {
+                q: &x.q[t.start * k..t.end * k],
+                d: &x.d[t.start * nb..t.end * nb],
+                bsum: &x.bsum[t.start * nb..t.end * nb],
+            };
+            self.vnni.block_dots(self.group(g), scales, rows, post, o);
+        });
+    }
+
+    /// Runs `f(g, tokens, tile)` for every group g (in parallel) and every run of at most
+    /// `tile_len` token rows, then copies the group's columns of `tile` into `out`
+    /// (`rows × m`, row-major; padding rows dropped).
+    fn par_tiles(
+        &self,
+        out: &mut [f32],
+        tile_len: usize,
+        f: impl Fn(usize, std::ops::Range<usize>, &mut [[f32; 16]]) + Sync,
+    ) {
+        let m = self.m;
+        let rows = out.len() / m;
+        let ptr = SharedMut(out.as_mut_ptr());
+        pool::global().run(m.div_ceil(GROUP_ROWS), &|g, _| {
+            let ptr = &ptr;
+            let j0 = g * GROUP_ROWS;
+            let n = GROUP_ROWS.min(m - j0);
+            let mut tile = [[0f32; 16]; 16];
+            for t0 in (0..rows).step_by(tile_len) {
+                let t1 = (t0 + tile_len).min(rows);
+                let tile = &mut tile[..t1 - t0];
+                f(g, t0..t1, tile);
+                for (t, v) in (t0..t1).zip(tile.iter()) {
+                    // SAFETY: row t < rows and columns j0..j0 + n < m lie inside the
+                    // rows × m output; those columns belong to group g alone.
+                    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), ptr.0.add(t * m + j0), n) };
+                }
+            }
+        });
+    }
+}
+/// Writes the codes of row `r` (0..16) of a group into its chunks.
+fn pack_row(group: &mut [Chunk], r: usize, codes: &[u8]) {
+    for (chunk, c) in group.iter_mut().zip(codes.chunks_exact(CHUNK_ELEMS)) {
+        for i in 0..4 {
+            chunk.0[4 * r + i] = (0..4).fold(0u8, |b, s| b | (c[4 * s + i] << (2 * s)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,173 @@
+//! The repacked AVX-512 products against the file formats' scalar reference dots, bit for
+//! bit, on random weights and activations of odd sizes (row counts that leave a partial
+//! group, token counts that leave partial tiles).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::backend::cpu::simd::Level;
+use crate::quant::act;
+
+/// The token, or None after checking that this CPU indeed lacks (or was told not to use)
+/// the AVX-512 kernels.
+fn vnni() -> Option<Vnni> {
+    let v = Vnni::get();
+    assert_eq!(v.is_some(), Level::detect() == Level::Avx512);
+    v
+}
+
+fn random_x(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect()
+}
+
+/// `rows × k` ternary weights of the given format, some rows holding code 3 (read as +2).
+fn random_tensor(rng: &mut StdRng, ty: GgmlType, k: usize, m: usize) -> Vec<u8> {
+    let w = random_x(rng, k * m);
+    let mut data = match ty {
+        GgmlType::I2_S => {
+            let mut t = vec![0u8; k * m / 4 + quant::i2s::TAIL_BYTES];
+            let ternary: Vec<f32> = w.iter().map(|v| v.round().clamp(-1.0, 1.0)).collect();
+            quant::i2s::quantize_tensor(&ternary, &mut t);
+            t
+        }
+        _ => {
+            let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+            let mut t = vec![0u8; rb * m];
+            for (src, dst) in w.chunks_exact(k).zip(t.chunks_exact_mut(rb)) {
+                match ty {
+                    GgmlType::TQ2_0 => quant::tq2_0::quantize_row(src, dst),
+                    _ => quant::tq1_0::quantize_row(src, dst),
+                }
+            }
+            t
+        }
+    };
+    if ty != GgmlType::TQ1_0 {
+        // TQ1_0 cannot hold code 3; the 2-bit formats can.
+        data[0] = 0xFF;
+        data[5] |= 0b11;
+    }
+    data
+}
+
+#[test]
+fn i2s_products_equal_the_reference() {
+    let Some(v) = vnni() else { return };
+    let mut rng = StdRng::seed_from_u64(16);
+    for (k, m) in [(128, 16), (384, 37), (2560, 21)] {
+        let data = random_tensor(&mut rng, GgmlType::I2_S, k, m);
+        let pack = TernaryPack::new(v, GgmlType::I2_S, &data, k, m).expect("I2_S packs");
+        for rows in [1, 3, 16, 21, 40] {
+            let x = random_x(&mut rng, rows * k);
+            let mut q = vec![0i8; rows * k];
+            let p: Vec<act::PerToken> = x
+                .chunks_exact(k)
+                .zip(q.chunks_exact_mut(k))
+                .map(|(x, q)| act::quantize_per_token(x, q))
+                .collect();
+            let (scale, sum): (Vec<f32>, Vec<i32>) = p.iter().map(|p| (p.scale, p.sum)).unzip();
+            let post = 0.73f32;
+            let mut out = vec![f32::NAN; rows * m];
+            pack.forward_per_token(&q, &scale, &sum, post, &mut out);
+            for t in 0..rows {
+                for j in 0..m {
+                    let dot = quant::i2s::dot(&data[j * k / 4..(j + 1) * k / 4], &q[t * k..][..k]);
+                    let want = (dot as f32 / scale[t]) * post;
+                    let got = out[t * m + j];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "k={k} m={m} rows={rows} t={t} j={j}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
+    let Some(v) = vnni() else { return };
+    let mut rng = StdRng::seed_from_u64(17);
+    for (k, m) in [(256, 16), (768, 21), (2560, 35)] {
+        let data = random_tensor(&mut rng, ty, k, m);
+        let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+        let pack = TernaryPack::new(v, ty, &data, k, m).expect("ternary packs");
+        let nb = k / 256;
+        for rows in [1, 2, 7, 8, 19] {
+            let x = random_x(&mut rng, rows * k);
+            let (mut q, mut d) = (vec![0i8; rows * k], vec![0f32; rows * nb]);
+            for ((x, q), d) in x
+                .chunks_exact(k)
+                .zip(q.chunks_exact_mut(k))
+                .zip(d.chunks_exact_mut(nb))
+            {
+                act::quantize_q8k(x, q, d);
+            }
+            let bsum: Vec<i32> = q
+                .chunks_exact(256)
+                .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+                .collect();
+            let mut out = vec![f32::NAN; rows * m];
+            let x = Q8kRows {
+                q: &q,
+                d: &d,
+                bsum: &bsum,
+            };
+            pack.forward_q8k(x, 1.5, &mut out);
+            for t in 0..rows {
+                for j in 0..m {
+                    let row = &data[j * rb..(j + 1) * rb];
+                    let want = reference(row, &q[t * k..][..k], &d[t * nb..][..nb]) * 1.5;
+                    let got = out[t * m + j];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{ty} k={k} m={m} rows={rows} t={t} j={j}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tq2_0_products_equal_the_reference() {
+    check_q8k(GgmlType::TQ2_0, quant::tq2_0::dot_q8k);
+}
+
+#[test]
+fn tq1_0_products_equal_the_reference() {
+    check_q8k(GgmlType::TQ1_0, quant::tq1_0::dot_q8k);
+}
+
+#[test]
+fn other_formats_and_widths_are_not_packed() {
+    let Some(v) = vnni() else { return };
+    assert!(TernaryPack::new(v, GgmlType::Q8_0, &[0; 34], 32, 1).is_none());
+    // TQ2_0 rows must be whole 256-element blocks.
+    assert!(TernaryPack::new(v, GgmlType::TQ2_0, &[0; 66], 128, 1).is_none());
+}
+
+#[test]
+fn packed_codes_sit_where_the_layout_says() {
+    // Row r, element e: chunk e / 16, byte 4r + e % 4, bits 2·((e % 16) / 4).
+    let Some(v) = vnni() else { return };
+    let mut rng = StdRng::seed_from_u64(18);
+    let (k, m) = (256, 19);
+    let data = random_tensor(&mut rng, GgmlType::I2_S, k, m);
+    let pack = TernaryPack::new(v, GgmlType::I2_S, &data, k, m).expect("I2_S packs");
+    let mut codes = vec![0u8; k];
+    for j in 0..32 {
+        let (g, r) = (j / 16, j % 16);
+        if j < m {
+            quant::i2s::codes_row(&data[j * k / 4..(j + 1) * k / 4], &mut codes);
+        } else {
+            codes.fill(1);
+        }
+        for (e, &c) in codes.iter().enumerate() {
+            let byte = pack.group(g)[e / 16].0[4 * r + e % 4];
+            assert_eq!((byte >> (2 * ((e % 16) / 4))) & 3, c, "row {j} element {e}");
+        }
+    }
+}
