@@ -328,6 +328,7 @@ impl GgufFile {
     /// Tells the kernel that this process no longer reads a tensor's pages (mapped files
     /// only), e.g. once it has been repacked into memory: they leave the resident set and
     /// are read back from the file if touched again.
+    #[cfg_attr(not(all(unix, not(target_arch = "wasm32"))), allow(unused_variables))]
     pub fn release(&self, info: &TensorInfo) {
         #[cfg(all(unix, not(target_arch = "wasm32")))]
         if let Bytes::Mapped(m) = &self.bytes {

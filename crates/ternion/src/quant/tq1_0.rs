@@ -63,17 +63,7 @@ fn ternary(block: &[u8]) -> [i8; BLOCK_ELEMS] {
 /// `scales` does not hold one value per block.
 pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
     check(src.len(), codes.len());
-    assert_eq!(scales.len(), codes.len() / BLOCK_ELEMS, "block scale count");
-    for ((block, out), s) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(codes.chunks_exact_mut(BLOCK_ELEMS))
-        .zip(scales.iter_mut())
-    {
-        *s = f16_at(block, D_OFFSET);
-        for (o, &t) in out.iter_mut().zip(ternary(block).iter()) {
-            *o = (t + 1) as u8;
-        }
-    }
+    super::tq2_0::ternary_codes(src, BLOCK_BYTES, D_OFFSET, ternary, codes, scales);
 }
 
 /// Dequantizes a row of whole blocks: element = t·d.

@@ -44,13 +44,27 @@ fn ternary(block: &[u8]) -> [i8; BLOCK_ELEMS] {
 /// `scales` does not hold one value per block.
 pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
     check(src.len(), codes.len());
+    ternary_codes(src, BLOCK_BYTES, QS_BYTES, ternary, codes, scales);
+}
+
+/// The codes t + 1 and the f32 scale of each 256-element block of `src` (blocks of
+/// `block_bytes`, the F16 scale at `d_offset`, `ternary` unpacking one block), for the
+/// TQ formats' `codes_row`.
+pub(super) fn ternary_codes(
+    src: &[u8],
+    block_bytes: usize,
+    d_offset: usize,
+    ternary: fn(&[u8]) -> [i8; BLOCK_ELEMS],
+    codes: &mut [u8],
+    scales: &mut [f32],
+) {
     assert_eq!(scales.len(), codes.len() / BLOCK_ELEMS, "block scale count");
     for ((block, out), s) in src
-        .chunks_exact(BLOCK_BYTES)
+        .chunks_exact(block_bytes)
         .zip(codes.chunks_exact_mut(BLOCK_ELEMS))
         .zip(scales.iter_mut())
     {
-        *s = f16_at(block, QS_BYTES);
+        *s = f16_at(block, d_offset);
         for (o, &t) in out.iter_mut().zip(ternary(block).iter()) {
             *o = (t + 1) as u8;
         }

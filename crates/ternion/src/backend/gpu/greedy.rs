@@ -82,7 +82,6 @@ impl GpuModel {
     }
 
     /// Blocking [`GpuModel::greedy_async`].
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn greedy(
         &mut self,
         first: u32,
