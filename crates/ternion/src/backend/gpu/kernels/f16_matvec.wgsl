@@ -167,10 +167,15 @@ fn decode(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: v
     }
     workgroupBarrier();
     let lane = li % TPR;
-    for (var r = li / TPR; r < DECODE_ROWS; r += WG / TPR) {
+    // A uniform trip count (the reductions hold barriers): row group j takes rows
+    // j·(WG/TPR) + li/TPR.
+    let groups = WG / TPR;
+    for (var j = 0u; j < (DECODE_ROWS + groups - 1u) / groups; j++) {
+        let r = j * groups + li / TPR;
         let row = wg.x * DECODE_ROWS + r;
+        let live = r < DECODE_ROWS && row < p.rows;
         var acc = 0.0;
-        if (row < p.rows) {
+        if (live) {
             let wbase = row * k4;
             var i = lane;
             for (; i + 3u * TPR < k4; i += 4u * TPR) {
@@ -188,7 +193,7 @@ fn decode(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: v
             }
         }
         let s = reduce(acc, li);
-        if (lane == 0u && row < p.rows) {
+        if (lane == 0u && live) {
             out[p.row0 + row] = s;
         }
     }

@@ -73,7 +73,9 @@ impl FastSplit {
             &bindings,
             n_head_kv,
         )?;
-        let split_rope = match rope {
+        // The rotating split binds 9 storage buffers (WebGPU's default limit is 8).
+        let fits = ctx.device.limits().max_storage_buffers_per_shader_stage >= 9;
+        let split_rope = match rope.filter(|_| fits) {
             Some(r) => {
                 let mut b = bindings.to_vec();
                 b.extend([
