@@ -13,9 +13,6 @@ use rand::Rng;
 fn bench_fused_decode_kernels() {
     let Some(ctx) = ctx() else { return };
     eprintln!("{:?}", ctx.caps());
-    let time = |label: &str, bytes: f64, f: &dyn Fn(&mut wgpu::ComputePass<'_>)| {
-        time_launches(&ctx, label, bytes, f)
-    };
     let mut r = rng(9);
     let mut weights = |rows: usize, k: usize| {
         let data = ternary_tensor(&mut r, rows, k);
@@ -56,7 +53,7 @@ fn bench_fused_decode_kernels() {
     while warm.elapsed().as_secs_f32() < 1.5 {
         run(&ctx, |p| (0..200).for_each(|_| qkv.record(p)));
     }
-    time("norm + q/k/v 3840x2560", bytes(d + 2 * kv, d), &|p| {
+    time_launches(&ctx, "norm + q/k/v 3840x2560", bytes(d + 2 * kv, d), &|p| {
         qkv.record(p)
     });
     let glu = NormMatvec::new(
@@ -70,7 +67,7 @@ fn bench_fused_decode_kernels() {
         },
     )
     .unwrap();
-    time("norm + gate/up 2x6912x2560", bytes(2 * ff, d), &|p| {
+    time_launches(&ctx, "norm + gate/up 2x6912x2560", bytes(2 * ff, d), &|p| {
         glu.record(p)
     });
     let o = NormMatvec::new(
@@ -83,7 +80,7 @@ fn bench_fused_decode_kernels() {
         },
     )
     .unwrap();
-    time("norm + o 2560x2560", bytes(d, d), &|p| o.record(p));
+    time_launches(&ctx, "norm + o 2560x2560", bytes(d, d), &|p| o.record(p));
     let dn = NormMatvec::new(
         &ctx,
         &nff,
@@ -94,15 +91,23 @@ fn bench_fused_decode_kernels() {
         },
     )
     .unwrap();
-    time("norm + down 2560x6912", bytes(d, ff), &|p| dn.record(p));
+    time_launches(&ctx, "norm + down 2560x6912", bytes(d, ff), &|p| {
+        dn.record(p)
+    });
     let qa = QuantAct::new(&ctx, ff, 1).unwrap();
     let nq = NormQuant::new(&ctx, &nff, &qa).unwrap();
-    time("norm_quant 6912 (prologue alone)", (ff * 4) as f64, &|p| {
-        nq.record(p, 1)
-    });
+    time_launches(
+        &ctx,
+        "norm_quant 6912 (prologue alone)",
+        (ff * 4) as f64,
+        &|p| nq.record(p, 1),
+    );
     let qa = QuantAct::new(&ctx, d, 1).unwrap();
     let nq = NormQuant::new(&ctx, &nd, &qa).unwrap();
-    time("norm_quant 2560 (prologue alone)", (d * 4) as f64, &|p| {
-        nq.record(p, 1)
-    });
+    time_launches(
+        &ctx,
+        "norm_quant 2560 (prologue alone)",
+        (d * 4) as f64,
+        &|p| nq.record(p, 1),
+    );
 }

@@ -91,9 +91,20 @@ impl Elementwise {
 
     /// `x *= s` over rows of `n`.
     pub fn scale(ctx: &GpuContext, x: &GpuBuffer, n: usize, s: f32) -> Result<Elementwise> {
+        Self::in_place(ctx, ElemKind::Scale, x, n, s)
+    }
+
+    /// An element-wise op on `x` in place with one f32 parameter `s`, a thread per element.
+    fn in_place(
+        ctx: &GpuContext,
+        op: ElemKind,
+        x: &GpuBuffer,
+        n: usize,
+        s: f32,
+    ) -> Result<Elementwise> {
         Self::build(
             ctx,
-            ElemKind::Scale,
+            op,
             [n as u32, 0, s.to_bits(), 0],
             (n as u32).div_ceil(WG),
             &[(1, x.binding())],
@@ -102,13 +113,7 @@ impl Elementwise {
 
     /// `x = tanh(x / cap) · cap` over rows of `n`.
     pub fn softcap(ctx: &GpuContext, x: &GpuBuffer, n: usize, cap: f32) -> Result<Elementwise> {
-        Self::build(
-            ctx,
-            ElemKind::SoftCap,
-            [n as u32, 0, cap.to_bits(), 0],
-            (n as u32).div_ceil(WG),
-            &[(1, x.binding())],
-        )
+        Self::in_place(ctx, ElemKind::SoftCap, x, n, cap)
     }
 
     /// `x += y` over rows of `n`.
