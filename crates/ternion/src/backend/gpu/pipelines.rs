@@ -126,11 +126,11 @@ pub enum Kernel {
         round_p: bool,
         /// The "fast" numerics policy: `prefill` leaves decode rows to [`Kernel::AttentionFast`].
         fast: bool,
-        /// `prefill` leaves every other row to [`Kernel::AttentionTiled`].
+        /// `prefill` leaves every other row to [`Kernel::AttentionPrompt`].
         tiled: bool,
     },
-    /// `attention_tiled.wgsl`: a prompt step's attention as tiled flash attention.
-    AttentionTiled,
+    /// `attention_prompt.wgsl`: a prompt step's attention over 32 × 32 tiles.
+    AttentionPrompt,
     /// `attention_fast.wgsl`: decode rows, split over KV pages (`split`) then merged.
     AttentionFast {
         /// The merge entry point.
@@ -250,7 +250,7 @@ enum Source {
     AttentionFast,
     /// attention_fast.wgsl with `#if ROPE` on.
     AttentionFastRope,
-    AttentionTiled,
+    AttentionPrompt,
     Glu,
     Select,
     ReadProbe,
@@ -279,9 +279,9 @@ impl Source {
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
-            Source::AttentionTiled => (
-                "attention_tiled.wgsl",
-                include_str!("kernels/attention_tiled.wgsl"),
+            Source::AttentionPrompt => (
+                "attention_prompt.wgsl",
+                include_str!("kernels/attention_prompt.wgsl"),
             ),
             Source::AttentionFast | Source::AttentionFastRope => (
                 "attention_fast.wgsl",
@@ -320,7 +320,7 @@ impl Kernel {
             Kernel::Attention { .. } => Source::Attention,
             Kernel::AttentionFast { rope: true, .. } => Source::AttentionFastRope,
             Kernel::AttentionFast { .. } => Source::AttentionFast,
-            Kernel::AttentionTiled => Source::AttentionTiled,
+            Kernel::AttentionPrompt => Source::AttentionPrompt,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
@@ -358,7 +358,7 @@ impl Kernel {
             Kernel::RopeKv
             | Kernel::Glu { .. }
             | Kernel::ReadProbe
-            | Kernel::AttentionTiled
+            | Kernel::AttentionPrompt
             | Kernel::WindowAttention => "main",
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
@@ -447,7 +447,7 @@ impl Kernel {
             Kernel::QuantAct { .. }
             | Kernel::RowOp { .. }
             | Kernel::AttentionFast { .. }
-            | Kernel::AttentionTiled
+            | Kernel::AttentionPrompt
             | Kernel::Elementwise { .. }
             | Kernel::WindowAttention => vec![],
         }

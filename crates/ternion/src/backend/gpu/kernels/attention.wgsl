@@ -38,7 +38,7 @@
 //   sequences) instead repeats the decode split's arithmetic (`decode_row`): bit-identical
 //   to decoding it alone.
 // Under FAST (numerics "fast"), `prefill` leaves the decode rows of up to FAST_KEYS keys
-// to attention_fast.wgsl, and under TILED every other row to attention_tiled.wgsl.
+// to attention_fast.wgsl, and under TILED every other row to attention_prompt.wgsl.
 // In P·V a thread owns one word (2 dims) of the head and one of 256 / (head_dim/2) key
 // groups; the groups are summed through shared memory. head_dim must be even and ≤ 512.
 //
@@ -56,7 +56,7 @@ const NEG: f32 = -3.0e38;
 override ROUND_P: bool = false;
 // Numerics "fast": decode rows of up to FAST_KEYS keys belong to attention_fast.wgsl.
 override FAST: bool = false;
-// attention_tiled.wgsl takes the rows that are not decode rows.
+// attention_prompt.wgsl takes the rows that are not decode rows.
 override TILED: bool = false;
 const FAST_KEYS: u32 = 2048u;
 

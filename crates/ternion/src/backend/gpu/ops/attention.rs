@@ -1,123 +1,13 @@
 //! RoPE + KV-cache store, and causal attention over the cache.
 
 use super::attention_fast::FastSplit;
+use super::paged::{prompt_kernel_fits, GpuKv, KvIndex, ATTN_PROMPT_QUERIES};
 use super::{uniform, Dispatch, StepUniform, WG};
 use crate::backend::gpu::buffers::GpuBuffer;
 use crate::backend::gpu::context::GpuContext;
 use crate::backend::gpu::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
-use crate::kv::PAGE_POSITIONS;
 use crate::model::graph::RopeMode;
 use crate::{Error, Result};
-
-/// One layer's paged F16 KV cache on the GPU: `n_pages` pages of [`PAGE_POSITIONS`] rows of
-/// `kv_dim` halves for keys and for values (two halves per u32 word), written by [`RopeKv`]
-/// and read by [`Attention`] through the page tables of a [`KvIndex`].
-#[derive(Clone, Debug)]
-pub struct GpuKv {
-    /// Keys.
-    pub k: GpuBuffer,
-    /// Values.
-    pub v: GpuBuffer,
-    /// Pages held.
-    pub n_pages: usize,
-    /// Halves per position (n_head_kv · head_dim).
-    pub kv_dim: usize,
-}
-
-impl GpuKv {
-    /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) halves.
-    pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize) -> Result<GpuKv> {
-        if !kv_dim.is_multiple_of(2) {
-            return Err(Error::Gpu(format!("KV cache: kv_dim {kv_dim} is odd")));
-        }
-        let bytes = n_pages
-            .checked_mul(PAGE_POSITIONS * kv_dim * 2)
-            .ok_or_else(|| Error::Gpu(format!("KV cache: {n_pages} pages overflow")))?;
-        Ok(GpuKv {
-            k: GpuBuffer::zeroed(ctx, "kv.k", bytes as u64)?,
-            v: GpuBuffer::zeroed(ctx, "kv.v", bytes as u64)?,
-            n_pages,
-            kv_dim,
-        })
-    }
-}
-
-/// Where each token of a step goes in the paged caches: its (position, sequence slot)
-/// pair, and every slot's page table. Shared by all layers; written once per step.
-#[derive(Clone, Debug)]
-pub struct KvIndex {
-    /// `max_batch` × (position, slot), u32 pairs.
-    pub toks: GpuBuffer,
-    /// `slots × pps` page ids.
-    pub pages: GpuBuffer,
-    /// Page-table entries per slot (pages of the longest sequence).
-    pub pps: usize,
-    /// Most positions of one sequence.
-    pub n_ctx: usize,
-    /// Sequence slots.
-    pub slots: usize,
-    /// Most tokens of one step.
-    pub max_batch: usize,
-    /// The step's query blocks for `attention_tiled.wgsl`: word pair 0 = (count, 0), then
-    /// (first token, tokens) of each block of at most [`ATTN_TILE_QUERIES`] tokens of one
-    /// sequence (decode rows excluded). Written by the step.
-    pub blocks: GpuBuffer,
-}
-
-impl KvIndex {
-    /// Most query blocks of a step of `max_batch` tokens over `slots` sequences.
-    pub fn max_blocks(max_batch: usize, slots: usize) -> usize {
-        max_batch.div_ceil(ATTN_TILE_QUERIES as usize) + slots
-    }
-
-    /// The query blocks of a step whose sequences hold `lens` consecutive tokens each, in
-    /// order (`out` is cleared; pair 0 is the count): blocks of [`ATTN_TILE_QUERIES`] from
-    /// the start of each sequence's tokens; a sequence's single token beside others is a
-    /// decode row and gets none.
-    pub fn write_blocks(
-        &self,
-        ctx: &GpuContext,
-        lens: impl ExactSizeIterator<Item = usize>,
-        out: &mut Vec<[u32; 2]>,
-    ) {
-        out.clear();
-        out.push([0, 0]);
-        let several = lens.len() > 1;
-        let mut t0 = 0;
-        for len in lens {
-            if !(several && len == 1) {
-                let bq = ATTN_TILE_QUERIES as usize;
-                out.extend(
-                    (0..len)
-                        .step_by(bq)
-                        .map(|b| [(t0 + b) as u32, bq.min(len - b) as u32]),
-                );
-            }
-            t0 += len;
-        }
-        out[0][0] = (out.len() - 1) as u32;
-        self.blocks.write(ctx, 0, bytemuck::cast_slice(out));
-    }
-
-    /// Zeroed buffers for steps of up to `max_batch` tokens over `slots` sequences of up to
-    /// `n_ctx` positions.
-    pub fn new(ctx: &GpuContext, max_batch: usize, slots: usize, n_ctx: usize) -> Result<KvIndex> {
-        let pps = n_ctx.div_ceil(PAGE_POSITIONS).max(1);
-        Ok(KvIndex {
-            toks: GpuBuffer::zeroed(ctx, "kv.toks", (max_batch.max(1) * 8) as u64)?,
-            pages: GpuBuffer::zeroed(ctx, "kv.pages", (slots.max(1) * pps * 4) as u64)?,
-            pps,
-            n_ctx,
-            slots,
-            max_batch: max_batch.max(1),
-            blocks: GpuBuffer::zeroed(
-                ctx,
-                "kv.blocks",
-                (Self::max_blocks(max_batch, slots) + 1) as u64 * 8,
-            )?,
-        })
-    }
-}
 
 /// Attention geometry shared by [`RopeKv`] and [`Attention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -323,8 +213,6 @@ pub struct FusedRope {
 
 /// Keys per chunk of the decode split (`attention.wgsl` CHUNK).
 pub const ATTN_CHUNK: u32 = 256;
-/// Queries per workgroup of the tiled prompt kernel (`attention_tiled.wgsl` BQ).
-pub const ATTN_TILE_QUERIES: u32 = 16;
 
 /// How [`Attention`] computes: the reference's decode rounding, and the "fast" numerics
 /// (with the step uniform its tiled prompt kernel reads).
@@ -352,7 +240,7 @@ pub struct Attention {
     prefill: Dispatch,
     /// The decode rows' split-K kernels of the "fast" numerics.
     split: Option<Box<FastSplit>>,
-    /// The tiled prompt kernel of the "fast" numerics.
+    /// The tiled prompt kernel of the "fast" numerics (`attention_prompt.wgsl`).
     tiled: Option<Dispatch>,
     /// Sequence slots (bound on the blocks a step adds for partial ones).
     slots: u32,
@@ -369,7 +257,8 @@ impl Attention {
     /// kv head), every decode row whose context fits [`ATTN_FAST_KEYS`] keys — a single
     /// token, or the one token of a sequence in a multi-sequence step — runs split over the
     /// KV pages and merged (`attention_fast.wgsl`); and a prompt step of one sequence
-    /// (head width 64 or 128) runs as tiled flash attention (`attention_tiled.wgsl`).
+    /// (head width 64 or 128) runs as tiled flash attention (`attention_prompt.wgsl`,
+    /// where the device allows its workgroup memory).
     pub fn new(
         ctx: &GpuContext,
         dims: AttnDims,
@@ -385,7 +274,7 @@ impl Attention {
             && dims.head_dim.is_multiple_of(8)
             && group <= 32
             && group * dims.head_dim <= 2048;
-        let tiled_ok = fast && matches!(dims.head_dim, 64 | 128);
+        let tiled_ok = fast && matches!(dims.head_dim, 64 | 128) && prompt_kernel_fits(ctx);
         let n_ctx = index.n_ctx;
         let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
         let hq = dims.n_head * dims.head_dim;
@@ -504,10 +393,10 @@ impl Attention {
             Some(_) if tiled_ok => Some(Dispatch::new(
                 ctx,
                 PipelineKey {
-                    kernel: Kernel::AttentionTiled,
+                    kernel: Kernel::AttentionPrompt,
                     variant: Variant::default(),
                 },
-                "attention_tiled",
+                "attention_prompt",
                 &[
                     (0, params.binding()),
                     (1, index.blocks.binding()),
@@ -564,7 +453,7 @@ impl Attention {
                     Some(d) => {
                         // Blocks of each sequence's tokens; beside them, `prefill` only for
                         // decode rows too long for the split.
-                        let blocks = n_tokens.div_ceil(ATTN_TILE_QUERIES)
+                        let blocks = n_tokens.div_ceil(ATTN_PROMPT_QUERIES)
                             + if decode_rows { self.slots } else { 0 };
                         d.record_grid(pass, [blocks, self.n_head, 1]);
                         if decode_rows && n_kv > ATTN_FAST_KEYS {

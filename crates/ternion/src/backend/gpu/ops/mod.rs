@@ -11,12 +11,13 @@ mod glu;
 mod matmul;
 mod matvec;
 mod norm;
+mod paged;
 mod qmatvec;
 mod rowops;
 mod select;
 mod window_attention;
 
-pub use attention::{Attention, AttnDims, AttnOpts, GpuKv, KvIndex, RopeKv, RopeOpts, ATTN_CHUNK};
+pub use attention::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, ATTN_CHUNK};
 pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};
@@ -25,6 +26,7 @@ pub use glu::Glu;
 pub use matmul::{MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS};
 pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};
 pub use norm::{NormOut, QuantAct, RmsNorm};
+pub use paged::{GpuKv, KvIndex};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
 };
