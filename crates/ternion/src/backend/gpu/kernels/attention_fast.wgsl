@@ -106,13 +106,27 @@ fn dot8(w: vec4<u32>, o: u32) -> f32 {
 }
 
 // f16(q)·k · scale of query head g of the group (q_sh) against key row `row` of kv head
-// kvh, four 16-byte loads in flight at a time.
+// kvh: eight 16-byte loads in flight at a time (a 128-wide head in two round trips),
+// summed four at a time in order.
 fn score(row: u32, kvh: u32, g: u32) -> f32 {
     let hv = p.head_dim / 8u;
     let base = (row * p.n_head_kv + kvh) * hv;
     let q0 = g * p.head_dim;
     var acc = 0.0;
     var i = 0u;
+    for (; i + 8u <= hv; i += 8u) {
+        let w0 = k4[base + i];
+        let w1 = k4[base + i + 1u];
+        let w2 = k4[base + i + 2u];
+        let w3 = k4[base + i + 3u];
+        let w4 = k4[base + i + 4u];
+        let w5 = k4[base + i + 5u];
+        let w6 = k4[base + i + 6u];
+        let w7 = k4[base + i + 7u];
+        let o = q0 + 8u * i;
+        acc += dot8(w0, o) + dot8(w1, o + 8u) + dot8(w2, o + 16u) + dot8(w3, o + 24u);
+        acc += dot8(w4, o + 32u) + dot8(w5, o + 40u) + dot8(w6, o + 48u) + dot8(w7, o + 56u);
+    }
     for (; i + 4u <= hv; i += 4u) {
         let w0 = k4[base + i];
         let w1 = k4[base + i + 1u];
@@ -182,6 +196,12 @@ fn store_kv(t: u32, kvh: u32, slot: u32, pos: u32, li: u32) {
 }
 #endif
 
+// acc + e · the value pair `v` when the key exists (rows past cnt exist, whole pages, but
+// hold no key of this sequence).
+fn pv(acc: vec2<f32>, e: f32, v: u32, live: bool) -> vec2<f32> {
+    return acc + e * select(vec2<f32>(0.0), unpack2x16float(v), live);
+}
+
 @compute @workgroup_size(256)
 fn split(
     @builtin(local_invocation_index) li: u32,
@@ -244,24 +264,33 @@ fn split(
         ml_sh[g] = vec2<f32>(m, l);
     }
     workgroupBarrier();
-    // Σ e·v: a thread per (head g, word w of the head), keys in order, four loads at a time.
+    // Σ e·v: a thread per (head g, word w of the head), keys in order, eight loads in
+    // flight at a time.
     let hw = hd / 2u;
+    let rs = p.n_head_kv * hw;
     for (var pw = li; pw < gq * hw; pw += WG) {
         let g = pw / hw;
         let w = pw % hw;
         var acc = vec2<f32>(0.0);
-        for (var j = 0u; j < PAGE; j += 4u) {
-            let r = (row0 + j) * p.n_head_kv + kvh;
-            let v0 = unpack2x16float(v_cache[r * hw + w]);
-            let v1 = unpack2x16float(v_cache[(r + p.n_head_kv) * hw + w]);
-            let v2 = unpack2x16float(v_cache[(r + 2u * p.n_head_kv) * hw + w]);
-            let v3 = unpack2x16float(v_cache[(r + 3u * p.n_head_kv) * hw + w]);
-            // Rows past cnt exist (whole pages) but hold no key of this sequence.
-            let z = vec2<f32>(0.0);
-            acc += e_sh[g * PAGE + j] * select(z, v0, j < cnt);
-            acc += e_sh[g * PAGE + j + 1u] * select(z, v1, j + 1u < cnt);
-            acc += e_sh[g * PAGE + j + 2u] * select(z, v2, j + 2u < cnt);
-            acc += e_sh[g * PAGE + j + 3u] * select(z, v3, j + 3u < cnt);
+        for (var j = 0u; j < PAGE; j += 8u) {
+            let a = ((row0 + j) * p.n_head_kv + kvh) * hw + w;
+            let v0 = v_cache[a];
+            let v1 = v_cache[a + rs];
+            let v2 = v_cache[a + 2u * rs];
+            let v3 = v_cache[a + 3u * rs];
+            let v4 = v_cache[a + 4u * rs];
+            let v5 = v_cache[a + 5u * rs];
+            let v6 = v_cache[a + 6u * rs];
+            let v7 = v_cache[a + 7u * rs];
+            let e = g * PAGE + j;
+            acc = pv(acc, e_sh[e], v0, j < cnt);
+            acc = pv(acc, e_sh[e + 1u], v1, j + 1u < cnt);
+            acc = pv(acc, e_sh[e + 2u], v2, j + 2u < cnt);
+            acc = pv(acc, e_sh[e + 3u], v3, j + 3u < cnt);
+            acc = pv(acc, e_sh[e + 4u], v4, j + 4u < cnt);
+            acc = pv(acc, e_sh[e + 5u], v5, j + 5u < cnt);
+            acc = pv(acc, e_sh[e + 6u], v6, j + 6u < cnt);
+            acc = pv(acc, e_sh[e + 7u], v7, j + 7u < cnt);
         }
         let b = part_base(slot, kvh * gq + g, c);
         part[b + 2u * w] = acc.x;
