@@ -1,4 +1,4 @@
-//! Ternary weights (I2_S, TQ2_0, TQ1_0) repacked once (by [`super::Linear`], at the
+//! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0) repacked once (by [`super::Linear`], at the
 //! matrix's first CPU product) into the 16-row interleaved layout of the AVX-512 VNNI
 //! kernels ([`Vnni`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is
 //! lossless: every product equals the file format's reference dot bit for bit.
@@ -8,7 +8,7 @@
 //! single token of a decode step.
 
 use super::pool::{self, SharedMut};
-use super::simd::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
+use super::simd::{Chunk, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
@@ -17,9 +17,12 @@ pub struct TernaryPack {
     /// Groups of 16 rows one after the other, `k / 16` chunks each (the last group padded
     /// with code 1, i.e. zeros).
     chunks: Vec<Chunk>,
-    /// Per-block weight scales of TQ2_0 / TQ1_0: per group, per 256-element block, the 16
-    /// rows' scales (0 for padding rows); empty for I2_S.
+    /// Per-block weight scales of the formats that have them: per group, per block of
+    /// `scale_block` elements, the 16 rows' scales (0 for padding rows); empty for I2_S.
     scales: Vec<f32>,
+    /// Elements per scaled block (256 for TQ2_0 / TQ1_0, 64 for Q2_0, 128 for Q1_0; 0 for
+    /// I2_S, whose scale is per tensor).
+    scale_block: usize,
     k: usize,
     m: usize,
 }
@@ -31,18 +34,20 @@ impl TernaryPack {
     /// `data` (the tensor's rows, `m` of `k` elements, stored as `ty`) repacked, when `ty`
     /// is a ternary format whose width the layout takes; None otherwise.
     pub fn new(vnni: Vnni, ty: GgmlType, data: &[u8], k: usize, m: usize) -> Option<TernaryPack> {
-        let codes: RowCodes = match ty {
-            GgmlType::I2_S => |row, c, _| quant::i2s::codes_row(row, c),
-            GgmlType::TQ2_0 => quant::tq2_0::codes_row,
-            GgmlType::TQ1_0 => quant::tq1_0::codes_row,
+        let (codes, scale_block): (RowCodes, usize) = match ty {
+            GgmlType::I2_S => (|row, c, _| quant::i2s::codes_row(row, c), 0),
+            GgmlType::TQ2_0 => (quant::tq2_0::codes_row, quant::tq2_0::BLOCK_ELEMS),
+            GgmlType::TQ1_0 => (quant::tq1_0::codes_row, quant::tq1_0::BLOCK_ELEMS),
+            GgmlType::Q2_0 => (quant::q2_0::codes_row, quant::q2_0::BLOCK_ELEMS),
+            GgmlType::Q1_0 => (quant::q1_0::codes_row, quant::q1_0::BLOCK_ELEMS),
             _ => return None,
         };
-        let per_block = ty != GgmlType::I2_S;
-        if !k.is_multiple_of(CHUNK_ELEMS) || (per_block && !k.is_multiple_of(SCALE_BLOCK)) {
+        if !k.is_multiple_of(CHUNK_ELEMS) || (scale_block > 0 && !k.is_multiple_of(scale_block)) {
             return None;
         }
         let row_bytes = ty.row_bytes(k as u64)? as usize;
-        let (n_chunks, nb) = (k / CHUNK_ELEMS, if per_block { k / SCALE_BLOCK } else { 0 });
+        let n_chunks = k / CHUNK_ELEMS;
+        let nb = k.checked_div(scale_block).unwrap_or(0);
         let groups = m.div_ceil(GROUP_ROWS);
         let mut chunks = vec![Chunk([0x55; 64]); groups * n_chunks];
         let mut scales = vec![0f32; groups * nb * GROUP_ROWS];
@@ -69,6 +74,7 @@ impl TernaryPack {
             vnni,
             chunks,
             scales,
+            scale_block,
             k,
             m,
         })
@@ -107,7 +113,7 @@ impl TernaryPack {
     /// TQ2_0 / TQ1_0 product against the Q8_K activations `x` (rows of `k`):
     /// `out[t][j] = dot · post`, the reference dot's block order.
     pub fn forward_q8k(&self, x: Q8kRows<'_>, post: f32, out: &mut [f32]) {
-        let (k, nb) = (self.k, self.k / SCALE_BLOCK);
+        let (k, nb) = (self.k, self.k / self.scale_block);
         let per_group = nb * GROUP_ROWS;
         self.par_tiles(out, 16, |g, t, o| {
             let scales = &self.scales[g * per_group..(g + 1) * per_group];
@@ -117,6 +123,24 @@ impl TernaryPack {
                 bsum: &x.bsum[t.start * nb..t.end * nb],
             };
             self.vnni.block_dots(self.group(g), scales, rows, post, o);
+        });
+    }
+
+    /// Q2_0 / Q1_0 product against the Q8_0 activations `x` (rows of `k`; `planes`
+    /// unused): `out[t][j] = dot · post`, the reference dot's order.
+    pub fn forward_q8_0(&self, x: Q80Rows<'_>, post: f32, out: &mut [f32]) {
+        let (k, ns) = (self.k, self.k / 32);
+        let per_group = k / self.scale_block * GROUP_ROWS;
+        self.par_tiles(out, 16, |g, t, o| {
+            let scales = &self.scales[g * per_group..(g + 1) * per_group];
+            let rows = Q80Rows {
+                q: &x.q[t.start * k..t.end * k],
+                planes: &[],
+                d: &x.d[t.start * ns..t.end * ns],
+                sum: &x.sum[t.start * ns..t.end * ns],
+            };
+            self.vnni
+                .sub_block_dots(self.group(g), self.scale_block, scales, rows, post, o);
         });
     }
 

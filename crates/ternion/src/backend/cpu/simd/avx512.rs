@@ -13,7 +13,7 @@ use super::vnni::Chunk;
 /// element 4s + i of the chunk.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn planes(p: *const Chunk) -> [__m512i; 4] {
+pub(super) unsafe fn planes(p: *const Chunk) -> [__m512i; 4] {
     let w = _mm512_load_si512(p.cast());
     let m = _mm512_set1_epi8(3);
     [
@@ -34,7 +34,7 @@ unsafe fn quad(q: *const i8) -> __m512i {
 /// `acc[t] += Σ_s planes[s] · q_t[4s..4s+4]` for the T tokens at `q + t·stride`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn chunk_dots<const T: usize>(
+pub(super) unsafe fn chunk_dots<const T: usize>(
     u: &[__m512i; 4],
     q: *const i8,
     stride: usize,
@@ -114,7 +114,7 @@ pub unsafe fn per_token_dot1(
 /// `acc[s] += planes[s] · q[4s..4s+4]`: one token, one accumulator per plane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
+pub(super) unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
     for (s, a) in acc.iter_mut().enumerate() {
         *a = _mm512_dpbusd_epi32(*a, u[s], quad(q.add(4 * s)));
     }
@@ -123,7 +123,7 @@ unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
 /// The lane-wise sum of four accumulators.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
+pub(super) unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
     _mm512_add_epi32(
         _mm512_add_epi32(acc[0], acc[1]),
         _mm512_add_epi32(acc[2], acc[3]),
