@@ -52,15 +52,29 @@ unsafe fn products(codes: __m256i, q: *const i8) -> __m256i {
 /// The sums of the i32 lanes of each of four vectors.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn hsum4(p: &[__m256i; 4]) -> [i32; 4] {
+unsafe fn hsum4(p: &[__m256i; 4]) -> __m128i {
     let ab = _mm256_hadd_epi32(p[0], p[1]);
     let cd = _mm256_hadd_epi32(p[2], p[3]);
     let abcd = _mm256_hadd_epi32(ab, cd);
-    let s = _mm_add_epi32(
+    _mm_add_epi32(
         _mm256_castsi256_si128(abcd),
         _mm256_extracti128_si256::<1>(abcd),
-    );
-    std::mem::transmute::<__m128i, [i32; 4]>(s)
+    )
+}
+
+/// d_k · f32(sums_k − qsum_k) for the `n` (2 or 4) sub-blocks at `qsum`, `d` (lanes past
+/// `n` are 0 and nothing past them is read).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scaled(sums: __m128i, qsum: *const i32, d: *const f32, n: usize) -> [f32; 4] {
+    let (qs, dv) = if n == 4 {
+        (_mm_loadu_si128(qsum.cast()), _mm_loadu_ps(d))
+    } else {
+        let dv = _mm_castpd_ps(_mm_load_sd(d.cast()));
+        (_mm_loadl_epi64(qsum.cast()), dv)
+    };
+    let v = _mm_mul_ps(dv, _mm_cvtepi32_ps(_mm_sub_epi32(sums, qs)));
+    std::mem::transmute::<__m128, [f32; 4]>(v)
 }
 
 /// The F16 scale of block `b` of a row.
@@ -114,13 +128,9 @@ pub unsafe fn bits_dots<const BITS: usize, const T: usize>(
                     zero
                 }
             });
-            let sums = hsum4(&p);
+            let v = scaled(hsum4(&p), xt.sum.as_ptr().add(j0), xt.d.as_ptr().add(j0), n);
             for b0 in (0..n).step_by(per_block) {
-                let mut s = 0f32;
-                for (i, &si) in sums.iter().enumerate().skip(b0).take(per_block) {
-                    let j = j0 + i;
-                    s += *xt.d.get_unchecked(j) * (si - *xt.sum.get_unchecked(j)) as f32;
-                }
+                let s = v[b0..b0 + per_block].iter().fold(0f32, |s, &vi| s + vi);
                 *tot += scale(w, (j0 + b0) / per_block) * s;
             }
         }
