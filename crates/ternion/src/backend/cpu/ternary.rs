@@ -7,6 +7,8 @@
 //! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for the
 //! single token of a decode step.
 
+use half::f16;
+
 use super::pool::{self, SharedMut};
 use super::simd::{Chunk, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
@@ -18,8 +20,9 @@ pub struct TernaryPack {
     /// with code 1, i.e. zeros).
     chunks: Vec<Chunk>,
     /// Per-block weight scales of the formats that have them: per group, per block of
-    /// `scale_block` elements, the 16 rows' scales (0 for padding rows); empty for I2_S.
-    scales: Vec<f32>,
+    /// `scale_block` elements, the 16 rows' F16 scales (0 for padding rows; the files'
+    /// values, so exact); empty for I2_S.
+    scales: Vec<f16>,
     /// Elements per scaled block (256 for TQ2_0 / TQ1_0, 64 for Q2_0, 128 for Q1_0; 0 for
     /// I2_S, whose scale is per tensor).
     scale_block: usize,
@@ -50,7 +53,7 @@ impl TernaryPack {
         let nb = k.checked_div(scale_block).unwrap_or(0);
         let groups = m.div_ceil(GROUP_ROWS);
         let mut chunks = vec![Chunk([0x55; 64]); groups * n_chunks];
-        let mut scales = vec![0f32; groups * nb * GROUP_ROWS];
+        let mut scales = vec![f16::ZERO; groups * nb * GROUP_ROWS];
         let scales_ptr = SharedMut(scales.as_mut_ptr());
         pool::global().for_each_chunk_mut(&mut chunks, n_chunks, |g, group, _| {
             let scales_ptr = &scales_ptr;
@@ -66,7 +69,7 @@ impl TernaryPack {
                 for (b, &s) in row_scales.iter().enumerate() {
                     // SAFETY: index (g·nb + b)·16 + r < groups·nb·16 = scales.len(), and
                     // group g is packed by one task only: no two writes alias.
-                    unsafe { *scales_ptr.0.add((g * nb + b) * GROUP_ROWS + r) = s };
+                    unsafe { *scales_ptr.0.add((g * nb + b) * GROUP_ROWS + r) = f16::from_f32(s) };
                 }
             }
         });
@@ -82,7 +85,7 @@ impl TernaryPack {
 
     /// Bytes read by one product (codes and scales).
     pub fn bytes(&self) -> u64 {
-        (std::mem::size_of_val(self.chunks.as_slice()) + 4 * self.scales.len()) as u64
+        (std::mem::size_of_val(self.chunks.as_slice()) + 2 * self.scales.len()) as u64
     }
 
     fn group(&self, g: usize) -> &[Chunk] {

@@ -8,7 +8,9 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk_dots, plane_dots, planes, sum4};
+use half::f16;
+
+use super::avx512::{chunk_dots, plane_dots, planes, scales16, sum4};
 use super::vnni::Chunk;
 
 /// The weights of one group of 16 rows: `n_blocks` blocks of `subs` sub-blocks (2·subs
@@ -18,7 +20,7 @@ pub struct Shape {
     /// The group's chunks.
     pub w: *const Chunk,
     /// The group's block scales, block-major.
-    pub scales: *const f32,
+    pub scales: *const f16,
     /// Weight blocks per row.
     pub n_blocks: usize,
     /// 32-element sub-blocks per weight block.
@@ -82,7 +84,7 @@ pub unsafe fn sub_block_dots<const T: usize>(
                 *st = _mm512_add_ps(*st, _mm512_mul_ps(_mm512_set1_ps(*d.add(i)), sumi));
             }
         }
-        let dw = _mm512_loadu_ps(shape.scales.add(16 * b));
+        let dw = scales16(shape.scales.add(16 * b));
         for (tot, st) in total.iter_mut().zip(&s) {
             *tot = _mm512_add_ps(*tot, _mm512_mul_ps(dw, *st));
         }

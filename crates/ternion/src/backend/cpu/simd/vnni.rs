@@ -6,6 +6,8 @@
 //! elements 16c..16c+16 of the 16 rows, and its byte 4r + i holds the codes (t + 1, 0..=3)
 //! of row r at elements 16c + 4s + i in bits 2s..2s+1 (s = 0..3).
 
+use half::f16;
+
 #[cfg(target_arch = "x86_64")]
 use super::{avx512, avx512_bits, Level};
 
@@ -156,7 +158,7 @@ impl Vnni {
     pub fn block_dots(
         self,
         group: &[Chunk],
-        scales: &[f32],
+        scales: &[f16],
         x: Q8kRows<'_>,
         post: f32,
         out: &mut [[f32; 16]],
@@ -211,7 +213,7 @@ impl Vnni {
         self,
         group: &[Chunk],
         block_elems: usize,
-        scales: &[f32],
+        scales: &[f16],
         x: Q80Rows<'_>,
         post: f32,
         out: &mut [[f32; 16]],
