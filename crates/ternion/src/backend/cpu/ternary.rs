@@ -10,7 +10,7 @@
 use half::f16;
 
 use super::pool::{self, SharedMut};
-use super::simd::{Chunk, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
+use super::simd::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
@@ -25,7 +25,9 @@ pub struct TernaryPack {
     scales: Vec<f16>,
     /// Elements per scaled block (256 for TQ2_0 / TQ1_0, 64 for Q2_0, 128 for Q1_0; 0 for
     /// I2_S, whose scale is per tensor).
-    scale_block: usize,
+    scale_block: u32,
+    /// How the chunks hold the codes (Q1_0: one bit per weight).
+    layout: Codes,
     k: usize,
     m: usize,
 }
@@ -45,14 +47,23 @@ impl TernaryPack {
             GgmlType::Q1_0 => (quant::q1_0::codes_row, quant::q1_0::BLOCK_ELEMS),
             _ => return None,
         };
-        if !k.is_multiple_of(CHUNK_ELEMS) || (scale_block > 0 && !k.is_multiple_of(scale_block)) {
+        let layout = match ty {
+            GgmlType::Q1_0 => Codes::OneBit,
+            _ => Codes::TwoBit,
+        };
+        let chunk_elems = layout.chunk_elems();
+        if !k.is_multiple_of(chunk_elems) || (scale_block > 0 && !k.is_multiple_of(scale_block)) {
             return None;
         }
         let row_bytes = ty.row_bytes(k as u64)? as usize;
-        let n_chunks = k / CHUNK_ELEMS;
+        let n_chunks = k / chunk_elems;
         let nb = k.checked_div(scale_block).unwrap_or(0);
         let groups = m.div_ceil(GROUP_ROWS);
-        let mut chunks = vec![Chunk([0x55; 64]); groups * n_chunks];
+        let fill = match layout {
+            Codes::TwoBit => 0x55,
+            Codes::OneBit => 0,
+        };
+        let mut chunks = vec![Chunk([fill; 64]); groups * n_chunks];
         let mut scales = vec![f16::ZERO; groups * nb * GROUP_ROWS];
         let scales_ptr = SharedMut(scales.as_mut_ptr());
         pool::global().for_each_chunk_mut(&mut chunks, n_chunks, |g, group, _| {
@@ -65,7 +76,10 @@ impl TernaryPack {
                     &mut row_codes,
                     &mut row_scales,
                 );
-                pack_row(group, r, &row_codes);
+                match layout {
+                    Codes::TwoBit => pack_row(group, r, &row_codes),
+                    Codes::OneBit => pack_row_bits(group, r, &row_codes),
+                }
                 for (b, &s) in row_scales.iter().enumerate() {
                     // SAFETY: index (g·nb + b)·16 + r < groups·nb·16 = scales.len(), and
                     // group g is packed by one task only: no two writes alias.
@@ -77,7 +91,9 @@ impl TernaryPack {
             vnni,
             chunks,
             scales,
-            scale_block,
+            // At most 256 (the match above).
+            scale_block: scale_block as u32,
+            layout,
             k,
             m,
         })
@@ -88,8 +104,12 @@ impl TernaryPack {
         (std::mem::size_of_val(self.chunks.as_slice()) + 2 * self.scales.len()) as u64
     }
 
+    fn scale_block(&self) -> usize {
+        self.scale_block as usize
+    }
+
     fn group(&self, g: usize) -> &[Chunk] {
-        let n = self.k / CHUNK_ELEMS;
+        let n = self.k / self.layout.chunk_elems();
         &self.chunks[g * n..(g + 1) * n]
     }
 
@@ -116,7 +136,7 @@ impl TernaryPack {
     /// TQ2_0 / TQ1_0 product against the Q8_K activations `x` (rows of `k`):
     /// `out[t][j] = dot · post`, the reference dot's block order.
     pub fn forward_q8k(&self, x: Q8kRows<'_>, post: f32, out: &mut [f32]) {
-        let (k, nb) = (self.k, self.k / self.scale_block);
+        let (k, nb) = (self.k, self.k / self.scale_block());
         let per_group = nb * GROUP_ROWS;
         self.par_tiles(out, 16, |g, t, o| {
             let scales = &self.scales[g * per_group..(g + 1) * per_group];
@@ -133,7 +153,7 @@ impl TernaryPack {
     /// unused): `out[t][j] = dot · post`, the reference dot's order.
     pub fn forward_q8_0(&self, x: Q80Rows<'_>, post: f32, out: &mut [f32]) {
         let (k, ns) = (self.k, self.k / 32);
-        let per_group = k / self.scale_block * GROUP_ROWS;
+        let per_group = k / self.scale_block() * GROUP_ROWS;
         self.par_tiles(out, 16, |g, t, o| {
             let scales = &self.scales[g * per_group..(g + 1) * per_group];
             let rows = Q80Rows {
@@ -142,8 +162,9 @@ impl TernaryPack {
                 d: &x.d[t.start * ns..t.end * ns],
                 sum: &x.sum[t.start * ns..t.end * ns],
             };
+            let shape = (self.layout, self.scale_block());
             self.vnni
-                .sub_block_dots(self.group(g), self.scale_block, scales, rows, post, o);
+                .sub_block_dots(self.group(g), shape, scales, rows, post, o);
         });
     }
 
@@ -182,6 +203,23 @@ fn pack_row(group: &mut [Chunk], r: usize, codes: &[u8]) {
     for (chunk, c) in group.iter_mut().zip(codes.chunks_exact(CHUNK_ELEMS)) {
         for i in 0..4 {
             chunk.0[4 * r + i] = (0..4).fold(0u8, |b, s| b | (c[4 * s + i] << (2 * s)));
+        }
+    }
+}
+
+/// Writes the codes (0 or 2) of row `r` (0..16) of a group into its one-bit chunks: bit
+/// 4r + i of 64-bit word 4h + s of chunk c is set when element 32c + 16h + 4s + i is +1.
+fn pack_row_bits(group: &mut [Chunk], r: usize, codes: &[u8]) {
+    for (chunk, c) in group
+        .iter_mut()
+        .zip(codes.chunks_exact(Codes::OneBit.chunk_elems()))
+    {
+        for (word, plane) in chunk.0.chunks_exact_mut(8).zip(c.chunks_exact(4)) {
+            let mut w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+            for (i, &code) in plane.iter().enumerate() {
+                w |= u64::from(code == 2) << (4 * r + i);
+            }
+            word.copy_from_slice(&w.to_le_bytes());
         }
     }
 }

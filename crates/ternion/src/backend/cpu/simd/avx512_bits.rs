@@ -1,10 +1,12 @@
 //! AVX-512 (F, BW, VNNI) kernel of Q1_0 and Q2_0 weights repacked into the interleaved
-//! ternary layout of [`super::vnni`] (codes 0..=3, value = code − 1; Q1_0's bits as 0 or
-//! 2), against Q8_0 activations. Callers guarantee the features and the lengths (see
+//! ternary layout of [`super::vnni`] (Q2_0: 2-bit codes 0..=3, value = code − 1; Q1_0:
+//! one bit per weight, expanded to codes 0 / 2 by a masked byte move), against Q8_0
+//! activations. Callers guarantee the features and the lengths (see
 //! [`super::vnni::Vnni::sub_block_dots`]).
 //!
-//! A 32-element sub-block (one Q8_0 activation block) is two chunks; its exact integer
-//! sums (one lane per weight row) become floats in the reference dot's order.
+//! A 32-element sub-block (one Q8_0 activation block) is two 2-bit chunks or one 1-bit
+//! chunk; its exact integer sums (one lane per weight row) become floats in the
+//! reference dot's order.
 
 use std::arch::x86_64::*;
 
@@ -27,11 +29,26 @@ pub struct Shape {
     pub subs: usize,
 }
 
-/// Σ code·q over sub-block `k` (chunks 2k, 2k + 1) for T tokens at `q + t·stride`, one
-/// lane per row (one token: four accumulators, one per plane).
+/// The four code planes of 16 elements (half `h` of sub-block `k`): 2-bit codes from
+/// chunk 2k + h ([`planes`]), or (`BITS` = 1) bytes 0 / 2 from the four 64-bit masks of
+/// half h of chunk k.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn half_planes<const BITS: usize>(w: *const Chunk, k: usize, h: usize) -> [__m512i; 4] {
+    if BITS == 1 {
+        let masks = w.add(k).cast::<u64>().add(4 * h);
+        let two = _mm512_set1_epi8(2);
+        std::array::from_fn(|s| _mm512_maskz_mov_epi8(masks.add(s).read(), two))
+    } else {
+        planes(w.add(2 * k + h))
+    }
+}
+
+/// Σ code·q over sub-block `k` (elements 32k..32k + 32) for T tokens at `q + t·stride`,
+/// one lane per row (one token: four accumulators, one per plane).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn sub_block<const T: usize>(
+unsafe fn sub_block<const T: usize, const BITS: usize>(
     w: *const Chunk,
     k: usize,
     q: *const i8,
@@ -40,13 +57,18 @@ unsafe fn sub_block<const T: usize>(
     let mut acc = [_mm512_setzero_si512(); T];
     if T == 1 {
         let mut a4 = [_mm512_setzero_si512(); 4];
-        for c in 2 * k..2 * k + 2 {
-            plane_dots(&planes(w.add(c)), q.add(16 * c), &mut a4);
+        for h in 0..2 {
+            plane_dots(
+                &half_planes::<BITS>(w, k, h),
+                q.add(32 * k + 16 * h),
+                &mut a4,
+            );
         }
         acc[0] = sum4(&a4);
     } else {
-        for c in 2 * k..2 * k + 2 {
-            chunk_dots(&planes(w.add(c)), q.add(16 * c), stride, &mut acc);
+        for h in 0..2 {
+            let u = half_planes::<BITS>(w, k, h);
+            chunk_dots(&u, q.add(32 * k + 16 * h), stride, &mut acc);
         }
     }
     acc
@@ -63,7 +85,7 @@ unsafe fn sub_block<const T: usize>(
 /// `q` holds `32 · subs · n_blocks` bytes, `d` and `sum` hold T rows of
 /// `subs · n_blocks` values and `out` T rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn sub_block_dots<const T: usize>(
+pub unsafe fn sub_block_dots<const T: usize, const BITS: usize>(
     shape: Shape,
     q: *const i8,
     stride: usize,
@@ -77,7 +99,7 @@ pub unsafe fn sub_block_dots<const T: usize>(
     for b in 0..shape.n_blocks {
         let mut s = [_mm512_setzero_ps(); T];
         for k in b * shape.subs..(b + 1) * shape.subs {
-            let acc = sub_block::<T>(shape.w, k, q, stride);
+            let acc = sub_block::<T, BITS>(shape.w, k, q, stride);
             for (t, (st, a)) in s.iter_mut().zip(&acc).enumerate() {
                 let i = t * ns + k;
                 let sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(*a, _mm512_set1_epi32(*sum.add(i))));

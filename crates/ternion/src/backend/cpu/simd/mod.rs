@@ -21,7 +21,7 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_bits;
 
-pub use vnni::{Chunk, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
+pub use vnni::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 
 /// The instruction set the kernels use on this machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

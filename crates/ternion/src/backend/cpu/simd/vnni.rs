@@ -35,6 +35,27 @@ pub struct Q8kRows<'a> {
     pub bsum: &'a [i32],
 }
 
+/// How a group's chunks hold the codes of its 16 rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codes {
+    /// 2-bit codes, [`CHUNK_ELEMS`] elements of each row per chunk (the layout above).
+    TwoBit,
+    /// One bit per weight (set: code 2, i.e. +1; clear: code 0, −1), 32 elements of each
+    /// row per chunk: bit 4r + i of 64-bit word 4h + s of chunk c is row r's element
+    /// 32c + 16h + 4s + i (Q1_0).
+    OneBit,
+}
+
+impl Codes {
+    /// Elements of each row per chunk.
+    pub const fn chunk_elems(self) -> usize {
+        match self {
+            Codes::TwoBit => CHUNK_ELEMS,
+            Codes::OneBit => 32,
+        }
+    }
+}
+
 /// Token rows of Q8_0 activations for the Q1_0 / Q2_0 products: `q` (rows of the
 /// product's width), per token and 32-element block the scale `d` and Σq `sum`
 /// (token-major), and `planes`, the values of `q` in Q2_0 plane order (within each block,
@@ -202,8 +223,9 @@ impl Vnni {
     /// `out[t][r] = (Σ_b scales[b][r] · (Σ_{k∈b} d[t][k] · f32(Σ_{e∈k} code(r, e)·q_t[e] −
     /// sum[t][k]))) · post` over the weight blocks b of `block_elems` elements in order and
     /// their 32-element sub-blocks k in order (each inner sum from 0): the Q1_0 / Q2_0 dot
-    /// against the Q8_0 activations `x` (one token per entry of `out`; `scales`: the
-    /// group's weight scales, block-major, 16 per block).
+    /// against the Q8_0 activations `x` (one token per entry of `out`; `shape`: how the
+    /// chunks hold the codes and `block_elems`; `scales`: the group's weight scales,
+    /// block-major, 16 per block).
     ///
     /// # Panics
     /// If `block_elems` is not a multiple of 32 or the lengths do not agree with the
@@ -212,14 +234,15 @@ impl Vnni {
     pub fn sub_block_dots(
         self,
         group: &[Chunk],
-        block_elems: usize,
+        shape: (Codes, usize),
         scales: &[f16],
         x: Q80Rows<'_>,
         post: f32,
         out: &mut [[f32; 16]],
     ) {
         let Q80Rows { q, d, sum, .. } = x;
-        let k = group.len() * CHUNK_ELEMS;
+        let (codes, block_elems) = shape;
+        let k = group.len() * codes.chunk_elems();
         assert!(
             block_elems > 0 && block_elems.is_multiple_of(32) && k.is_multiple_of(block_elems),
             "sub_block_dots: width of whole blocks"
@@ -237,7 +260,7 @@ impl Vnni {
         match self.0 {}
         #[cfg(target_arch = "x86_64")]
         {
-            let shape = avx512_bits::Shape {
+            let w = avx512_bits::Shape {
                 w: group.as_ptr(),
                 scales: scales.as_ptr(),
                 n_blocks: nb,
@@ -252,11 +275,16 @@ impl Vnni {
                 // SAFETY: the token proves the features; every length was asserted above
                 // and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
-                    match tn {
-                        8 => avx512_bits::sub_block_dots::<8>(shape, qt, k, dt, st, post, o),
-                        4 => avx512_bits::sub_block_dots::<4>(shape, qt, k, dt, st, post, o),
-                        2 => avx512_bits::sub_block_dots::<2>(shape, qt, k, dt, st, post, o),
-                        _ => avx512_bits::sub_block_dots::<1>(shape, qt, k, dt, st, post, o),
+                    use avx512_bits::sub_block_dots as f;
+                    match (tn, codes) {
+                        (8, Codes::TwoBit) => f::<8, 2>(w, qt, k, dt, st, post, o),
+                        (4, Codes::TwoBit) => f::<4, 2>(w, qt, k, dt, st, post, o),
+                        (2, Codes::TwoBit) => f::<2, 2>(w, qt, k, dt, st, post, o),
+                        (_, Codes::TwoBit) => f::<1, 2>(w, qt, k, dt, st, post, o),
+                        (8, Codes::OneBit) => f::<8, 1>(w, qt, k, dt, st, post, o),
+                        (4, Codes::OneBit) => f::<4, 1>(w, qt, k, dt, st, post, o),
+                        (2, Codes::OneBit) => f::<2, 1>(w, qt, k, dt, st, post, o),
+                        (_, Codes::OneBit) => f::<1, 1>(w, qt, k, dt, st, post, o),
                     }
                 }
                 t0 += tn;

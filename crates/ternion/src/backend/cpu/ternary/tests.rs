@@ -231,3 +231,33 @@ fn packed_codes_sit_where_the_layout_says() {
         }
     }
 }
+
+#[test]
+fn q1_0_bits_sit_where_the_layout_says() {
+    // Row r, element e: chunk e / 32, 64-bit word (e % 32) / 4, bit 4r + e % 4.
+    let Some(v) = vnni() else { return };
+    let mut rng = StdRng::seed_from_u64(20);
+    let (k, m) = (256, 19);
+    let rb = GgmlType::Q1_0.row_bytes(k as u64).expect("whole blocks") as usize;
+    let mut data = vec![0u8; rb * m];
+    let w = random_x(&mut rng, k * m);
+    for (src, dst) in w.chunks_exact(k).zip(data.chunks_exact_mut(rb)) {
+        quant::q1_0::quantize_row(src, dst);
+    }
+    let pack = TernaryPack::new(v, GgmlType::Q1_0, &data, k, m).expect("Q1_0 packs");
+    let (mut codes, mut scales) = (vec![0u8; k], vec![0f32; k / 128]);
+    for j in 0..m {
+        let (g, r) = (j / 16, j % 16);
+        quant::q1_0::codes_row(&data[j * rb..(j + 1) * rb], &mut codes, &mut scales);
+        for (e, &c) in codes.iter().enumerate() {
+            let chunk = &pack.group(g)[e / 32].0;
+            let word = (e % 32) / 4;
+            let bits = u64::from_le_bytes(chunk[8 * word..8 * word + 8].try_into().unwrap());
+            assert_eq!(
+                (bits >> (4 * r + e % 4)) & 1 == 1,
+                c == 2,
+                "row {j} element {e}"
+            );
+        }
+    }
+}
