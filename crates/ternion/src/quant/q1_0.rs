@@ -38,6 +38,19 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// The codes of a row of whole blocks in element order, 2 for a set bit and 0 otherwise
+/// (element = (code − 1)·scale, as the 2-bit ternary codes), and the block scales (the
+/// CPU's repacked ternary layout reads them).
+///
+/// # Panics
+/// If `codes.len()` is not a multiple of 128, `src` is not `codes.len()/128` blocks or
+/// `scales` does not hold one value per block.
+pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
+    check(src.len(), codes.len());
+    let code = |block: &[u8], j| 2 * u8::from(bit(block, j));
+    super::q2_0::block_codes(src, BLOCK_ELEMS, code, codes, scales);
+}
+
 /// ggml's reference quantizer (`quantize_row_q1_0_ref`): d = Σ|x| / 128 (summed in
 /// order, stored as F16), bit j set when x_j ≥ 0.
 ///

@@ -17,9 +17,48 @@ fn check(bytes: usize, elems: usize) {
     super::format::check_row(GgmlType::Q2_0, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
+/// The 2-bit code (0..=3) of element j of a block.
+fn code(block: &[u8], j: usize) -> u8 {
+    (block[2 + j / 4] >> (2 * (j % 4))) & 3
+}
+
 /// code − 1 of element j of a block.
 fn value(block: &[u8], j: usize) -> i32 {
-    i32::from((block[2 + j / 4] >> (2 * (j % 4))) & 3) - 1
+    i32::from(code(block, j)) - 1
+}
+
+/// The codes (0..=3, element = (code − 1)·scale) of a row of whole blocks in element
+/// order, and the block scales (the CPU's repacked ternary layout reads them).
+///
+/// # Panics
+/// If `codes.len()` is not a multiple of 64, `src` is not `codes.len()/64` blocks or
+/// `scales` does not hold one value per block.
+pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
+    check(src.len(), codes.len());
+    block_codes(src, BLOCK_ELEMS, code, codes, scales);
+}
+
+/// The codes `code(block, j)` of every block of `src` (18-byte blocks of `block_elems`
+/// elements, F16 scale first) in element order, and the block scales: the `codes_row` of
+/// Q1_0 and Q2_0.
+pub(super) fn block_codes(
+    src: &[u8],
+    block_elems: usize,
+    code: impl Fn(&[u8], usize) -> u8,
+    codes: &mut [u8],
+    scales: &mut [f32],
+) {
+    assert_eq!(scales.len(), codes.len() / block_elems, "block scale count");
+    for ((block, out), s) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(codes.chunks_exact_mut(block_elems))
+        .zip(scales.iter_mut())
+    {
+        *s = f16_at(block, 0);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = code(block, j);
+        }
+    }
 }
 
 /// Dequantizes a row of whole blocks: element = (code − 1)·d.

@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 use super::pool::{self, SharedMut};
 use super::simd;
 use super::ternary::TernaryPack;
+use super::QuantInput;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType, RefDot};
 use crate::{Error, Result};
@@ -243,6 +244,10 @@ impl Linear {
                     p.forward_q8k(x, post_scale, out);
                     return;
                 }
+                RefDot::Q8_0(_) => {
+                    p.forward_q8_0(qi.ensure_q8_0_rows(x, k), post_scale, out);
+                    return;
+                }
                 _ => {}
             }
         }
@@ -281,6 +286,35 @@ impl Linear {
                         None => reference(w, qt, dt),
                     };
                     y * post_scale
+                });
+            }
+            RefDot::Q8_0(_) if matches!(self.ty, GgmlType::Q1_0 | GgmlType::Q2_0) => {
+                let xr = qi.ensure_q8_0_rows(x, k);
+                let nb = k / act::Q8_0_BLOCK;
+                let token = |t: usize| simd::Q80Rows {
+                    q: &xr.q[t * k..(t + 1) * k],
+                    planes: &xr.planes[t * k..(t + 1) * k],
+                    d: &xr.d[t * nb..(t + 1) * nb],
+                    sum: &xr.sum[t * nb..(t + 1) * nb],
+                };
+                let (dot1, dot4): (BitsDots<1>, BitsDots<4>) = match self.ty {
+                    GgmlType::Q1_0 => (simd::q1_0_dots, simd::q1_0_dots),
+                    _ => (simd::q2_0_dots, simd::q2_0_dots),
+                };
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let y = if n == 4 {
+                        dot4(level, w, std::array::from_fn(|i| token(t0 + i)))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                dot1(level, w, [token(t0 + i)])[0]
+                            } else {
+                                0.0
+                            }
+                        })
+                    };
+                    y.map(|v| v * post_scale)
                 });
             }
             RefDot::Q8_0(reference) => {
@@ -360,6 +394,8 @@ impl Linear {
 
 /// A SIMD dot against Q8_K activations: `(level, row, q, d, block sums)`.
 type Q8kKernel = fn(simd::Level, &[u8], &[i8], &[f32], &[i32]) -> f32;
+/// A Q1_0 / Q2_0 dot against T token rows of Q8_0 activations.
+type BitsDots<const T: usize> = fn(simd::Level, &[u8], [simd::Q80Rows<'_>; T]) -> [f32; T];
 /// A SIMD dot against Q8_0 activations: `(level, row, q, d)`.
 type Q8_0Kernel = fn(simd::Level, &[u8], &[i8], &[f32]) -> f32;
 
@@ -412,137 +448,4 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
     par_rows(out, m, |j, t0, n| {
         std::array::from_fn(|i| if i < n { f(j, t0 + i) } else { 0.0 })
     });
-}
-
-/// The activation rows of one product in the quantized forms the weight formats need,
-/// computed at most once per input and reused by every weight that reads the same input
-/// (q, k and v; gate and up). Buffers are kept between calls so the hot path does not
-/// allocate once warm.
-#[derive(Default)]
-pub struct QuantInput {
-    fresh: [bool; 6],
-    q: Vec<i8>,
-    token_scale: Vec<f32>,
-    token_sum: Vec<i32>,
-    q8k: Vec<i8>,
-    q8k_d: Vec<f32>,
-    q8k_bsum: Vec<i32>,
-    x16: Vec<f32>,
-    xbf: Vec<f32>,
-    q80: Vec<i8>,
-    q80_d: Vec<f32>,
-    q81: Vec<i8>,
-    q81_d: Vec<f32>,
-    q81_s: Vec<f32>,
-    /// Per input row: round its float activations to F16 before F16 products (rows of a
-    /// single-token decode step).
-    round_f16: Vec<bool>,
-}
-
-impl QuantInput {
-    /// Forgets the cached forms: call whenever the input changes.
-    pub fn reset(&mut self) {
-        self.fresh = [false; 6];
-    }
-
-    /// Sets, row by row, which input rows are rounded to F16 before F16 products (rows
-    /// past the end are not).
-    pub fn set_round_f16(&mut self, rows: impl Iterator<Item = bool>) {
-        self.round_f16.clear();
-        self.round_f16.extend(rows);
-        self.fresh[2] = false;
-    }
-
-    fn ensure_per_token(&mut self, x: &[f32], k: usize) {
-        if std::mem::replace(&mut self.fresh[0], true) {
-            return;
-        }
-        let rows = x.len() / k;
-        self.q.resize(x.len(), 0);
-        self.token_scale.resize(rows, 0.0);
-        self.token_sum.resize(rows, 0);
-        let (scale, sum) = (
-            SharedMut(self.token_scale.as_mut_ptr()),
-            SharedMut(self.token_sum.as_mut_ptr()),
-        );
-        // One token row per task: the rows are independent, so any thread count gives the
-        // same values.
-        pool::global().for_each_chunk_mut(&mut self.q, k, |t, qr, _| {
-            let (scale, sum) = (&scale, &sum);
-            let p = act::quantize_per_token(&x[t * k..(t + 1) * k], qr);
-            // SAFETY: t < rows = the length of both buffers, and row t belongs to this
-            // task alone.
-            unsafe {
-                *scale.0.add(t) = p.scale;
-                *sum.0.add(t) = p.sum;
-            }
-        });
-    }
-
-    fn ensure_q8k(&mut self, x: &[f32], k: usize) {
-        if std::mem::replace(&mut self.fresh[1], true) {
-            return;
-        }
-        let nb = k / act::Q8K_BLOCK;
-        self.q8k.resize(x.len(), 0);
-        self.q8k_d.resize(x.len() / k * nb, 0.0);
-        for ((xr, qr), dr) in x
-            .chunks_exact(k)
-            .zip(self.q8k.chunks_exact_mut(k))
-            .zip(self.q8k_d.chunks_exact_mut(nb))
-        {
-            act::quantize_q8k(xr, qr, dr);
-        }
-        self.q8k_bsum.clear();
-        self.q8k_bsum.extend(
-            self.q8k
-                .chunks_exact(act::Q8K_BLOCK)
-                .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
-        );
-    }
-
-    fn ensure_q8_0(&mut self, x: &[f32], k: usize) {
-        if std::mem::replace(&mut self.fresh[3], true) {
-            return;
-        }
-        let nb = k / act::Q8_0_BLOCK;
-        self.q80.resize(x.len(), 0);
-        self.q80_d.resize(x.len() / k * nb, 0.0);
-        act::quantize_q8_0(x, &mut self.q80, &mut self.q80_d);
-    }
-
-    fn ensure_q8_1(&mut self, x: &[f32], k: usize) {
-        if std::mem::replace(&mut self.fresh[5], true) {
-            return;
-        }
-        let nb = x.len() / k * (k / act::Q8_0_BLOCK);
-        self.q81.resize(x.len(), 0);
-        self.q81_d.resize(nb, 0.0);
-        self.q81_s.resize(nb, 0.0);
-        act::quantize_q8_1(x, &mut self.q81, &mut self.q81_d, &mut self.q81_s);
-    }
-
-    fn ensure_bf16(&mut self, x: &[f32]) {
-        if std::mem::replace(&mut self.fresh[4], true) {
-            return;
-        }
-        self.xbf.clear();
-        self.xbf
-            .extend(x.iter().map(|&v| half::bf16::from_f32(v).to_f32()));
-    }
-
-    fn ensure_f16(&mut self, x: &[f32], k: usize) {
-        if std::mem::replace(&mut self.fresh[2], true) {
-            return;
-        }
-        self.x16.clear();
-        for (t, row) in x.chunks_exact(k).enumerate() {
-            if self.round_f16.get(t).copied().unwrap_or(false) {
-                self.x16
-                    .extend(row.iter().map(|&v| half::f16::from_f32(v).to_f32()));
-            } else {
-                self.x16.extend_from_slice(row);
-            }
-        }
-    }
 }

@@ -7,6 +7,7 @@ mod exec;
 mod linear;
 mod norm;
 pub mod pool;
+mod quant_input;
 mod rope;
 pub mod simd;
 mod ternary;
@@ -16,7 +17,8 @@ pub use attention::{
     attention, attention_rows, scratch_per_thread, AttnShape, Contiguous, Heads, KvRows, QueryRow,
 };
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
-pub use linear::{Linear, QuantInput};
+pub use linear::Linear;
 pub use norm::{layer_norm, rms_norm};
+pub use quant_input::QuantInput;
 pub use rope::{rope, rope_neox, MAX_ROT};
 pub use unary::{add_rows, gelu_ggml, gelu_tanh_f32};

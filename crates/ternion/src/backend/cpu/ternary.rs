@@ -1,4 +1,4 @@
-//! Ternary weights (I2_S, TQ2_0, TQ1_0) repacked once (by [`super::Linear`], at the
+//! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0) repacked once (by [`super::Linear`], at the
 //! matrix's first CPU product) into the 16-row interleaved layout of the AVX-512 VNNI
 //! kernels ([`Vnni`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is
 //! lossless: every product equals the file format's reference dot bit for bit.
@@ -7,8 +7,10 @@
 //! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for the
 //! single token of a decode step.
 
+use half::f16;
+
 use super::pool::{self, SharedMut};
-use super::simd::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
+use super::simd::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
@@ -17,9 +19,15 @@ pub struct TernaryPack {
     /// Groups of 16 rows one after the other, `k / 16` chunks each (the last group padded
     /// with code 1, i.e. zeros).
     chunks: Vec<Chunk>,
-    /// Per-block weight scales of TQ2_0 / TQ1_0: per group, per 256-element block, the 16
-    /// rows' scales (0 for padding rows); empty for I2_S.
-    scales: Vec<f32>,
+    /// Per-block weight scales of the formats that have them: per group, per block of
+    /// `scale_block` elements, the 16 rows' F16 scales (0 for padding rows; the files'
+    /// values, so exact); empty for I2_S.
+    scales: Vec<f16>,
+    /// Elements per scaled block (256 for TQ2_0 / TQ1_0, 64 for Q2_0, 128 for Q1_0; 0 for
+    /// I2_S, whose scale is per tensor).
+    scale_block: u32,
+    /// How the chunks hold the codes (Q1_0: one bit per weight).
+    layout: Codes,
     k: usize,
     m: usize,
 }
@@ -31,21 +39,32 @@ impl TernaryPack {
     /// `data` (the tensor's rows, `m` of `k` elements, stored as `ty`) repacked, when `ty`
     /// is a ternary format whose width the layout takes; None otherwise.
     pub fn new(vnni: Vnni, ty: GgmlType, data: &[u8], k: usize, m: usize) -> Option<TernaryPack> {
-        let codes: RowCodes = match ty {
-            GgmlType::I2_S => |row, c, _| quant::i2s::codes_row(row, c),
-            GgmlType::TQ2_0 => quant::tq2_0::codes_row,
-            GgmlType::TQ1_0 => quant::tq1_0::codes_row,
+        let (codes, scale_block): (RowCodes, usize) = match ty {
+            GgmlType::I2_S => (|row, c, _| quant::i2s::codes_row(row, c), 0),
+            GgmlType::TQ2_0 => (quant::tq2_0::codes_row, quant::tq2_0::BLOCK_ELEMS),
+            GgmlType::TQ1_0 => (quant::tq1_0::codes_row, quant::tq1_0::BLOCK_ELEMS),
+            GgmlType::Q2_0 => (quant::q2_0::codes_row, quant::q2_0::BLOCK_ELEMS),
+            GgmlType::Q1_0 => (quant::q1_0::codes_row, quant::q1_0::BLOCK_ELEMS),
             _ => return None,
         };
-        let per_block = ty != GgmlType::I2_S;
-        if !k.is_multiple_of(CHUNK_ELEMS) || (per_block && !k.is_multiple_of(SCALE_BLOCK)) {
+        let layout = match ty {
+            GgmlType::Q1_0 => Codes::OneBit,
+            _ => Codes::TwoBit,
+        };
+        let chunk_elems = layout.chunk_elems();
+        if !k.is_multiple_of(chunk_elems) || (scale_block > 0 && !k.is_multiple_of(scale_block)) {
             return None;
         }
         let row_bytes = ty.row_bytes(k as u64)? as usize;
-        let (n_chunks, nb) = (k / CHUNK_ELEMS, if per_block { k / SCALE_BLOCK } else { 0 });
+        let n_chunks = k / chunk_elems;
+        let nb = k.checked_div(scale_block).unwrap_or(0);
         let groups = m.div_ceil(GROUP_ROWS);
-        let mut chunks = vec![Chunk([0x55; 64]); groups * n_chunks];
-        let mut scales = vec![0f32; groups * nb * GROUP_ROWS];
+        let fill = match layout {
+            Codes::TwoBit => 0x55,
+            Codes::OneBit => 0,
+        };
+        let mut chunks = vec![Chunk([fill; 64]); groups * n_chunks];
+        let mut scales = vec![f16::ZERO; groups * nb * GROUP_ROWS];
         let scales_ptr = SharedMut(scales.as_mut_ptr());
         pool::global().for_each_chunk_mut(&mut chunks, n_chunks, |g, group, _| {
             let scales_ptr = &scales_ptr;
@@ -57,11 +76,14 @@ impl TernaryPack {
                     &mut row_codes,
                     &mut row_scales,
                 );
-                pack_row(group, r, &row_codes);
+                match layout {
+                    Codes::TwoBit => pack_row(group, r, &row_codes),
+                    Codes::OneBit => pack_row_bits(group, r, &row_codes),
+                }
                 for (b, &s) in row_scales.iter().enumerate() {
                     // SAFETY: index (g·nb + b)·16 + r < groups·nb·16 = scales.len(), and
                     // group g is packed by one task only: no two writes alias.
-                    unsafe { *scales_ptr.0.add((g * nb + b) * GROUP_ROWS + r) = s };
+                    unsafe { *scales_ptr.0.add((g * nb + b) * GROUP_ROWS + r) = f16::from_f32(s) };
                 }
             }
         });
@@ -69,6 +91,9 @@ impl TernaryPack {
             vnni,
             chunks,
             scales,
+            // At most 256 (the match above).
+            scale_block: scale_block as u32,
+            layout,
             k,
             m,
         })
@@ -76,11 +101,15 @@ impl TernaryPack {
 
     /// Bytes read by one product (codes and scales).
     pub fn bytes(&self) -> u64 {
-        (std::mem::size_of_val(self.chunks.as_slice()) + 4 * self.scales.len()) as u64
+        (std::mem::size_of_val(self.chunks.as_slice()) + 2 * self.scales.len()) as u64
+    }
+
+    fn scale_block(&self) -> usize {
+        self.scale_block as usize
     }
 
     fn group(&self, g: usize) -> &[Chunk] {
-        let n = self.k / CHUNK_ELEMS;
+        let n = self.k / self.layout.chunk_elems();
         &self.chunks[g * n..(g + 1) * n]
     }
 
@@ -107,7 +136,7 @@ impl TernaryPack {
     /// TQ2_0 / TQ1_0 product against the Q8_K activations `x` (rows of `k`):
     /// `out[t][j] = dot · post`, the reference dot's block order.
     pub fn forward_q8k(&self, x: Q8kRows<'_>, post: f32, out: &mut [f32]) {
-        let (k, nb) = (self.k, self.k / SCALE_BLOCK);
+        let (k, nb) = (self.k, self.k / self.scale_block());
         let per_group = nb * GROUP_ROWS;
         self.par_tiles(out, 16, |g, t, o| {
             let scales = &self.scales[g * per_group..(g + 1) * per_group];
@@ -117,6 +146,25 @@ impl TernaryPack {
                 bsum: &x.bsum[t.start * nb..t.end * nb],
             };
             self.vnni.block_dots(self.group(g), scales, rows, post, o);
+        });
+    }
+
+    /// Q2_0 / Q1_0 product against the Q8_0 activations `x` (rows of `k`; `planes`
+    /// unused): `out[t][j] = dot · post`, the reference dot's order.
+    pub fn forward_q8_0(&self, x: Q80Rows<'_>, post: f32, out: &mut [f32]) {
+        let (k, ns) = (self.k, self.k / 32);
+        let per_group = k / self.scale_block() * GROUP_ROWS;
+        self.par_tiles(out, 16, |g, t, o| {
+            let scales = &self.scales[g * per_group..(g + 1) * per_group];
+            let rows = Q80Rows {
+                q: &x.q[t.start * k..t.end * k],
+                planes: &[],
+                d: &x.d[t.start * ns..t.end * ns],
+                sum: &x.sum[t.start * ns..t.end * ns],
+            };
+            let shape = (self.layout, self.scale_block());
+            self.vnni
+                .sub_block_dots(self.group(g), shape, scales, rows, post, o);
         });
     }
 
@@ -155,6 +203,23 @@ fn pack_row(group: &mut [Chunk], r: usize, codes: &[u8]) {
     for (chunk, c) in group.iter_mut().zip(codes.chunks_exact(CHUNK_ELEMS)) {
         for i in 0..4 {
             chunk.0[4 * r + i] = (0..4).fold(0u8, |b, s| b | (c[4 * s + i] << (2 * s)));
+        }
+    }
+}
+
+/// Writes the codes (0 or 2) of row `r` (0..16) of a group into its one-bit chunks: bit
+/// 4r + i of 64-bit word 4h + s of chunk c is set when element 32c + 16h + 4s + i is +1.
+fn pack_row_bits(group: &mut [Chunk], r: usize, codes: &[u8]) {
+    for (chunk, c) in group
+        .iter_mut()
+        .zip(codes.chunks_exact(Codes::OneBit.chunk_elems()))
+    {
+        for (word, plane) in chunk.0.chunks_exact_mut(8).zip(c.chunks_exact(4)) {
+            let mut w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+            for (i, &code) in plane.iter().enumerate() {
+                w |= u64::from(code == 2) << (4 * r + i);
+            }
+            word.copy_from_slice(&w.to_le_bytes());
         }
     }
 }

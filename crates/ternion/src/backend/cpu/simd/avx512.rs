@@ -7,13 +7,15 @@
 
 use std::arch::x86_64::*;
 
+use half::f16;
+
 use super::vnni::Chunk;
 
 /// The four code planes of one chunk: byte 4r + i of plane s is the code of row r at
 /// element 4s + i of the chunk.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn planes(p: *const Chunk) -> [__m512i; 4] {
+pub(super) unsafe fn planes(p: *const Chunk) -> [__m512i; 4] {
     let w = _mm512_load_si512(p.cast());
     let m = _mm512_set1_epi8(3);
     [
@@ -34,7 +36,7 @@ unsafe fn quad(q: *const i8) -> __m512i {
 /// `acc[t] += Σ_s planes[s] · q_t[4s..4s+4]` for the T tokens at `q + t·stride`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn chunk_dots<const T: usize>(
+pub(super) unsafe fn chunk_dots<const T: usize>(
     u: &[__m512i; 4],
     q: *const i8,
     stride: usize,
@@ -114,7 +116,7 @@ pub unsafe fn per_token_dot1(
 /// `acc[s] += planes[s] · q[4s..4s+4]`: one token, one accumulator per plane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
+pub(super) unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
     for (s, a) in acc.iter_mut().enumerate() {
         *a = _mm512_dpbusd_epi32(*a, u[s], quad(q.add(4 * s)));
     }
@@ -123,7 +125,7 @@ unsafe fn plane_dots(u: &[__m512i; 4], q: *const i8, acc: &mut [__m512i; 4]) {
 /// The lane-wise sum of four accumulators.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
+pub(super) unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
     _mm512_add_epi32(
         _mm512_add_epi32(acc[0], acc[1]),
         _mm512_add_epi32(acc[2], acc[3]),
@@ -142,7 +144,7 @@ unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_dots<const T: usize>(
     w: *const Chunk,
-    scales: *const f32,
+    scales: *const f16,
     n_blocks: usize,
     q: *const i8,
     stride: usize,
@@ -157,7 +159,7 @@ pub unsafe fn block_dots<const T: usize>(
         for c in 16 * b..16 * (b + 1) {
             chunk_dots(&planes(w.add(c)), q.add(16 * c), stride, &mut acc);
         }
-        let dw = _mm512_loadu_ps(scales.add(16 * b));
+        let dw = scales16(scales.add(16 * b));
         for (t, (s, a)) in sum.iter_mut().zip(&acc).enumerate() {
             let i = t * n_blocks + b;
             *s = scaled_add(*s, *a, *bsum.add(i), *d.add(i), dw);
@@ -176,7 +178,7 @@ pub unsafe fn block_dots<const T: usize>(
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_dot1(
     w: *const Chunk,
-    scales: *const f32,
+    scales: *const f16,
     n_blocks: usize,
     q: *const i8,
     d: *const f32,
@@ -190,10 +192,17 @@ pub unsafe fn block_dot1(
         for c in 16 * b..16 * (b + 1) {
             plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
         }
-        let dw = _mm512_loadu_ps(scales.add(16 * b));
+        let dw = scales16(scales.add(16 * b));
         sum = scaled_add(sum, sum4(&acc), *bsum.add(b), *d.add(b), dw);
     }
     _mm512_storeu_ps(out.cast(), _mm512_mul_ps(sum, _mm512_set1_ps(post)));
+}
+
+/// The 16 F16 scales at `p` as f32 (exact).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn scales16(p: *const f16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
 }
 
 /// `sum + ((acc − bsum) as f32) · (d · dw)`, lane by lane, rounding as the scalar code.

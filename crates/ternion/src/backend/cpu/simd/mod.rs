@@ -11,13 +11,17 @@ use crate::quant;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bits;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_bits;
 
-pub use vnni::{Chunk, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
+pub use vnni::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 
 /// The instruction set the kernels use on this machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +194,47 @@ pub fn q8_0_dot4(level: Level, row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f3
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q8_0_dot4(row, q, d) },
         _ => std::array::from_fn(|t| q8_0_dot(level, row, q[t], d[t])),
+    }
+}
+
+/// Q1_0 row · T token rows of Q8_0 activations (one token each; `q`, `d`, `sum` read),
+/// equal to [`quant::q1_0::dot_q8_0`] bit for bit.
+#[inline]
+pub fn q1_0_dots<const T: usize>(level: Level, row: &[u8], x: [Q80Rows<'_>; T]) -> [f32; T] {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 | Level::Avx512 => unsafe { x86_bits::bits_dots::<1, T>(row, x) },
+        _ => x.map(|x| quant::q1_0::dot_q8_0(row, x.q, x.d)),
+    }
+}
+
+/// Q2_0 row · T token rows of Q8_0 activations (one token each; the AVX2 kernel reads
+/// `planes`, the reference `q`), equal to [`quant::q2_0::dot_q8_0`] bit for bit.
+#[inline]
+pub fn q2_0_dots<const T: usize>(level: Level, row: &[u8], x: [Q80Rows<'_>; T]) -> [f32; T] {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 | Level::Avx512 => unsafe { x86_bits::bits_dots::<2, T>(row, x) },
+        _ => x.map(|x| quant::q2_0::dot_q8_0(row, x.q, x.d)),
+    }
+}
+
+/// Writes `q` (whole 32-element blocks) to `out` in Q2_0 plane order: within each block,
+/// `out[8s + i] = q[4i + s]` ([`Q80Rows::planes`]).
+///
+/// # Panics
+/// If the lengths differ or are not a multiple of 32.
+pub fn q2_0_planes(q: &[i8], out: &mut [i8]) {
+    assert!(
+        q.len() == out.len() && q.len().is_multiple_of(32),
+        "q2_0_planes: lengths"
+    );
+    for (qb, ob) in q.chunks_exact(32).zip(out.chunks_exact_mut(32)) {
+        for (p, o) in ob.iter_mut().enumerate() {
+            *o = qb[4 * (p % 8) + p / 8];
+        }
     }
 }
 

@@ -274,3 +274,99 @@ fn f16_dot4_equals_four_dots() {
         }
     }
 }
+
+/// Every level this CPU can run, the portable one included.
+fn levels() -> Vec<Level> {
+    let mut v = vec![Level::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+    {
+        v.push(Level::Avx2);
+    }
+    if !v.contains(&Level::detect()) {
+        v.push(Level::detect());
+    }
+    v
+}
+
+/// `k / block_elems` random 18-byte blocks (every code, 3 included) with random positive
+/// and negative F16 scales.
+fn random_bits_row(rng: &mut StdRng, k: usize, block_elems: usize) -> Vec<u8> {
+    let mut row: Vec<u8> = (0..k / block_elems * 18).map(|_| rng.random()).collect();
+    for b in row.chunks_exact_mut(18) {
+        b[..2].copy_from_slice(&f16::from_f32(rng.random_range(-0.2..0.2)).to_le_bytes());
+    }
+    row
+}
+
+/// Q8_0 activations of one token: quantized random floats, or raw int8 (−128 included)
+/// with random scales.
+fn random_q80(rng: &mut StdRng, k: usize, raw: bool) -> (Vec<i8>, Vec<f32>, Vec<i32>, Vec<i8>) {
+    let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / 32]);
+    if raw {
+        q = random_q(rng, k);
+        d.iter_mut().for_each(|v| *v = rng.random_range(0.001..0.1));
+    } else {
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        quant::act::quantize_q8_0(&x, &mut q, &mut d);
+    }
+    let sum = q
+        .chunks(32)
+        .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+        .collect();
+    let mut planes = vec![0i8; k];
+    q2_0_planes(&q, &mut planes);
+    (q, d, sum, planes)
+}
+
+#[test]
+fn q1_0_and_q2_0_dots_are_bit_identical_at_every_level() {
+    type Reference = fn(&[u8], &[i8], &[f32]) -> f32;
+    let mut rng = StdRng::seed_from_u64(41);
+    let formats: [(usize, Reference, &[usize]); 2] = [
+        (128, quant::q1_0::dot_q8_0, &[128, 384, 2048, 6144]),
+        (64, quant::q2_0::dot_q8_0, &[64, 192, 320, 2048, 6144]),
+    ];
+    for level in levels() {
+        for &(block, reference, widths) in &formats {
+            for &k in widths {
+                let row = random_bits_row(&mut rng, k, block);
+                let acts: Vec<_> = (0..4)
+                    .map(|t| random_q80(&mut rng, k, t % 2 == 1))
+                    .collect();
+                let rows: Vec<Q80Rows> = acts
+                    .iter()
+                    .map(|(q, d, sum, planes)| Q80Rows { q, planes, d, sum })
+                    .collect();
+                let x4: [Q80Rows; 4] = std::array::from_fn(|t| rows[t]);
+                let four = if block == 128 {
+                    q1_0_dots(level, &row, x4)
+                } else {
+                    q2_0_dots(level, &row, x4)
+                };
+                for (t, (q, d, ..)) in acts.iter().enumerate() {
+                    let want = reference(&row, q, d);
+                    let one = if block == 128 {
+                        q1_0_dots(level, &row, [rows[t]])
+                    } else {
+                        q2_0_dots(level, &row, [rows[t]])
+                    };
+                    let ctx = format!("{level:?} block={block} k={k} t={t}");
+                    assert_eq!(one[0].to_bits(), want.to_bits(), "{ctx}");
+                    assert_eq!(four[t].to_bits(), want.to_bits(), "{ctx} (4 tokens)");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q2_0_planes_reorder_within_blocks() {
+    let q: Vec<i8> = (0..64).map(|v| v as i8).collect();
+    let mut out = vec![0i8; 64];
+    q2_0_planes(&q, &mut out);
+    assert_eq!(&out[..10], &[0, 4, 8, 12, 16, 20, 24, 28, 1, 5]);
+    assert_eq!((out[31], out[32], out[63]), (31, 32, 63));
+}

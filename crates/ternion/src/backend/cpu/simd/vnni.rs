@@ -6,8 +6,10 @@
 //! elements 16c..16c+16 of the 16 rows, and its byte 4r + i holds the codes (t + 1, 0..=3)
 //! of row r at elements 16c + 4s + i in bits 2s..2s+1 (s = 0..3).
 
+use half::f16;
+
 #[cfg(target_arch = "x86_64")]
-use super::{avx512, Level};
+use super::{avx512, avx512_bits, Level};
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 16;
@@ -33,6 +35,43 @@ pub struct Q8kRows<'a> {
     pub bsum: &'a [i32],
 }
 
+/// How a group's chunks hold the codes of its 16 rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codes {
+    /// 2-bit codes, [`CHUNK_ELEMS`] elements of each row per chunk (the layout above).
+    TwoBit,
+    /// One bit per weight (set: code 2, i.e. +1; clear: code 0, −1), 32 elements of each
+    /// row per chunk: bit 4r + i of 64-bit word 4h + s of chunk c is row r's element
+    /// 32c + 16h + 4s + i (Q1_0).
+    OneBit,
+}
+
+impl Codes {
+    /// Elements of each row per chunk.
+    pub const fn chunk_elems(self) -> usize {
+        match self {
+            Codes::TwoBit => CHUNK_ELEMS,
+            Codes::OneBit => 32,
+        }
+    }
+}
+
+/// Token rows of Q8_0 activations for the Q1_0 / Q2_0 products: `q` (rows of the
+/// product's width), per token and 32-element block the scale `d` and Σq `sum`
+/// (token-major), and `planes`, the values of `q` in Q2_0 plane order (within each block,
+/// byte 8s + i holds element 4i + s), which only the AVX2 Q2_0 kernel reads.
+#[derive(Clone, Copy)]
+pub struct Q80Rows<'a> {
+    /// Int8 values in element order.
+    pub q: &'a [i8],
+    /// `q` in Q2_0 plane order (may be empty where no Q2_0 AVX2 kernel runs).
+    pub planes: &'a [i8],
+    /// Block scales.
+    pub d: &'a [f32],
+    /// Block sums of `q`.
+    pub sum: &'a [i32],
+}
+
 /// Proof that the CPU has AVX-512 F, BW and VNNI and that they were chosen.
 #[derive(Clone, Copy, Debug)]
 pub struct Vnni(Features);
@@ -53,6 +92,11 @@ const SUM_TILE: usize = 16;
 /// Largest token tile of [`Vnni::block_dots`] (its float sums are touched once per
 /// 256-element block; 16 measured ~5 % faster than 8).
 const DOT_TILE: usize = 16;
+
+#[cfg(target_arch = "x86_64")]
+/// Largest token tile of [`Vnni::sub_block_dots`] (three accumulators per token: integer,
+/// block and row sums, all in registers).
+const SUB_TILE: usize = 8;
 
 /// The largest power of two ≤ `n`, capped at `cap`.
 #[cfg(target_arch = "x86_64")]
@@ -135,7 +179,7 @@ impl Vnni {
     pub fn block_dots(
         self,
         group: &[Chunk],
-        scales: &[f32],
+        scales: &[f16],
         x: Q8kRows<'_>,
         post: f32,
         out: &mut [[f32; 16]],
@@ -169,6 +213,78 @@ impl Vnni {
                         4 => avx512::block_dots::<4>(w, s, nb, qt, k, dt, bt, post, o),
                         2 => avx512::block_dots::<2>(w, s, nb, qt, k, dt, bt, post, o),
                         _ => avx512::block_dot1(w, s, nb, qt, dt, bt, post, o),
+                    }
+                }
+                t0 += tn;
+            }
+        }
+    }
+
+    /// `out[t][r] = (Σ_b scales[b][r] · (Σ_{k∈b} d[t][k] · f32(Σ_{e∈k} code(r, e)·q_t[e] −
+    /// sum[t][k]))) · post` over the weight blocks b of `block_elems` elements in order and
+    /// their 32-element sub-blocks k in order (each inner sum from 0): the Q1_0 / Q2_0 dot
+    /// against the Q8_0 activations `x` (one token per entry of `out`; `shape`: how the
+    /// chunks hold the codes and `block_elems`; `scales`: the group's weight scales,
+    /// block-major, 16 per block).
+    ///
+    /// # Panics
+    /// If `block_elems` is not a multiple of 32 or the lengths do not agree with the
+    /// group's width and `out.len()` tokens.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    pub fn sub_block_dots(
+        self,
+        group: &[Chunk],
+        shape: (Codes, usize),
+        scales: &[f16],
+        x: Q80Rows<'_>,
+        post: f32,
+        out: &mut [[f32; 16]],
+    ) {
+        let Q80Rows { q, d, sum, .. } = x;
+        let (codes, block_elems) = shape;
+        let k = group.len() * codes.chunk_elems();
+        assert!(
+            block_elems > 0 && block_elems.is_multiple_of(32) && k.is_multiple_of(block_elems),
+            "sub_block_dots: width of whole blocks"
+        );
+        let (nb, ns, n) = (k / block_elems, k / 32, out.len());
+        assert_eq!(
+            scales.len(),
+            nb * GROUP_ROWS,
+            "sub_block_dots: weight scales"
+        );
+        assert_eq!(q.len(), n * k, "sub_block_dots: activations length");
+        assert_eq!(d.len(), n * ns, "sub_block_dots: activation scales");
+        assert_eq!(sum.len(), n * ns, "sub_block_dots: block sums");
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+        #[cfg(target_arch = "x86_64")]
+        {
+            let w = avx512_bits::Shape {
+                w: group.as_ptr(),
+                scales: scales.as_ptr(),
+                n_blocks: nb,
+                subs: block_elems / 32,
+            };
+            let mut t0 = 0;
+            while t0 < n {
+                let tn = tile(n - t0, SUB_TILE);
+                let qt = q[t0 * k..].as_ptr();
+                let (dt, st) = (d[t0 * ns..].as_ptr(), sum[t0 * ns..].as_ptr());
+                let o = out[t0..].as_mut_ptr();
+                // SAFETY: the token proves the features; every length was asserted above
+                // and tokens t0..t0+tn are among the `n` rows.
+                unsafe {
+                    use avx512_bits::sub_block_dots as f;
+                    match (tn, codes) {
+                        (8, Codes::TwoBit) => f::<8, 2>(w, qt, k, dt, st, post, o),
+                        (4, Codes::TwoBit) => f::<4, 2>(w, qt, k, dt, st, post, o),
+                        (2, Codes::TwoBit) => f::<2, 2>(w, qt, k, dt, st, post, o),
+                        (_, Codes::TwoBit) => f::<1, 2>(w, qt, k, dt, st, post, o),
+                        (8, Codes::OneBit) => f::<8, 1>(w, qt, k, dt, st, post, o),
+                        (4, Codes::OneBit) => f::<4, 1>(w, qt, k, dt, st, post, o),
+                        (2, Codes::OneBit) => f::<2, 1>(w, qt, k, dt, st, post, o),
+                        (_, Codes::OneBit) => f::<1, 1>(w, qt, k, dt, st, post, o),
                     }
                 }
                 t0 += tn;

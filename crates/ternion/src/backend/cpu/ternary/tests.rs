@@ -51,6 +51,16 @@ fn random_tensor(rng: &mut StdRng, ty: GgmlType, k: usize, m: usize) -> Vec<u8> 
     data
 }
 
+/// Asserts that `out` (`rows × m`) equals `want(t, j)` bit for bit at every token t and
+/// row j.
+fn assert_bits(out: &[f32], m: usize, want: impl Fn(usize, usize) -> f32, what: &str) {
+    for (t, o) in out.chunks_exact(m).enumerate() {
+        for (j, got) in o.iter().enumerate() {
+            assert_eq!(got.to_bits(), want(t, j).to_bits(), "{what} t={t} j={j}");
+        }
+    }
+}
+
 #[test]
 fn i2s_products_equal_the_reference() {
     let Some(v) = vnni() else { return };
@@ -70,18 +80,11 @@ fn i2s_products_equal_the_reference() {
             let post = 0.73f32;
             let mut out = vec![f32::NAN; rows * m];
             pack.forward_per_token(&q, &scale, &sum, post, &mut out);
-            for t in 0..rows {
-                for j in 0..m {
-                    let dot = quant::i2s::dot(&data[j * k / 4..(j + 1) * k / 4], &q[t * k..][..k]);
-                    let want = (dot as f32 / scale[t]) * post;
-                    let got = out[t * m + j];
-                    assert_eq!(
-                        got.to_bits(),
-                        want.to_bits(),
-                        "k={k} m={m} rows={rows} t={t} j={j}"
-                    );
-                }
-            }
+            let want = |t: usize, j: usize| {
+                let dot = quant::i2s::dot(&data[j * k / 4..(j + 1) * k / 4], &q[t * k..][..k]);
+                (dot as f32 / scale[t]) * post
+            };
+            assert_bits(&out, m, want, &format!("k={k} m={m} rows={rows}"));
         }
     }
 }
@@ -115,18 +118,10 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
                 bsum: &bsum,
             };
             pack.forward_q8k(x, 1.5, &mut out);
-            for t in 0..rows {
-                for j in 0..m {
-                    let row = &data[j * rb..(j + 1) * rb];
-                    let want = reference(row, &q[t * k..][..k], &d[t * nb..][..nb]) * 1.5;
-                    let got = out[t * m + j];
-                    assert_eq!(
-                        got.to_bits(),
-                        want.to_bits(),
-                        "{ty} k={k} m={m} rows={rows} t={t} j={j}"
-                    );
-                }
-            }
+            let want = |t: usize, j: usize| {
+                reference(&data[j * rb..][..rb], &q[t * k..][..k], &d[t * nb..][..nb]) * 1.5
+            };
+            assert_bits(&out, m, want, &format!("{ty} k={k} m={m} rows={rows}"));
         }
     }
 }
@@ -141,12 +136,77 @@ fn tq1_0_products_equal_the_reference() {
     check_q8k(GgmlType::TQ1_0, quant::tq1_0::dot_q8k);
 }
 
+/// Q1_0 (Q2_0) products against the reference dot, bit for bit: random sign bits with
+/// quantized scales (random codes, 3 included, with random F16 scales of both signs).
+fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &[(usize, usize)]) {
+    let Some(v) = vnni() else { return };
+    let mut rng = StdRng::seed_from_u64(19);
+    for &(k, m) in sizes {
+        let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+        let data: Vec<u8> = match ty {
+            GgmlType::Q1_0 => {
+                let mut t = vec![0u8; rb * m];
+                let w = random_x(&mut rng, k * m);
+                for (src, dst) in w.chunks_exact(k).zip(t.chunks_exact_mut(rb)) {
+                    quant::q1_0::quantize_row(src, dst);
+                }
+                t
+            }
+            _ => {
+                let mut t: Vec<u8> = (0..rb * m).map(|_| rng.random()).collect();
+                for b in t.chunks_exact_mut(18) {
+                    let d = half::f16::from_f32(rng.random_range(-0.2f32..0.2));
+                    b[..2].copy_from_slice(&d.to_le_bytes());
+                }
+                t
+            }
+        };
+        let pack = TernaryPack::new(v, ty, &data, k, m).expect("1- and 2-bit formats pack");
+        let ns = k / 32;
+        for rows in [1, 2, 3, 7, 8, 9, 19] {
+            let x = random_x(&mut rng, rows * k);
+            let (mut q, mut d) = (vec![0i8; rows * k], vec![0f32; rows * ns]);
+            act::quantize_q8_0(&x, &mut q, &mut d);
+            let sum: Vec<i32> = q
+                .chunks_exact(32)
+                .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+                .collect();
+            let mut out = vec![f32::NAN; rows * m];
+            let x = Q80Rows {
+                q: &q,
+                planes: &[],
+                d: &d,
+                sum: &sum,
+            };
+            pack.forward_q8_0(x, 0.625, &mut out);
+            let want = |t: usize, j: usize| {
+                reference(&data[j * rb..][..rb], &q[t * k..][..k], &d[t * ns..][..ns]) * 0.625
+            };
+            assert_bits(&out, m, want, &format!("{ty} k={k} m={m} rows={rows}"));
+        }
+    }
+}
+
+#[test]
+fn q1_0_products_equal_the_reference() {
+    let sizes = [(128, 16), (384, 21), (2048, 35)];
+    check_q8_0(GgmlType::Q1_0, quant::q1_0::dot_q8_0, &sizes);
+}
+
+#[test]
+fn q2_0_products_equal_the_reference() {
+    let sizes = [(64, 5), (192, 16), (320, 21), (2048, 35)];
+    check_q8_0(GgmlType::Q2_0, quant::q2_0::dot_q8_0, &sizes);
+}
+
 #[test]
 fn other_formats_and_widths_are_not_packed() {
     let Some(v) = vnni() else { return };
     assert!(TernaryPack::new(v, GgmlType::Q8_0, &[0; 34], 32, 1).is_none());
     // TQ2_0 rows must be whole 256-element blocks.
     assert!(TernaryPack::new(v, GgmlType::TQ2_0, &[0; 66], 128, 1).is_none());
+    // Q1_0 rows must be whole 128-element blocks.
+    assert!(TernaryPack::new(v, GgmlType::Q1_0, &[0; 18], 64, 1).is_none());
 }
 
 #[test]
@@ -168,6 +228,36 @@ fn packed_codes_sit_where_the_layout_says() {
         for (e, &c) in codes.iter().enumerate() {
             let byte = pack.group(g)[e / 16].0[4 * r + e % 4];
             assert_eq!((byte >> (2 * ((e % 16) / 4))) & 3, c, "row {j} element {e}");
+        }
+    }
+}
+
+#[test]
+fn q1_0_bits_sit_where_the_layout_says() {
+    // Row r, element e: chunk e / 32, 64-bit word (e % 32) / 4, bit 4r + e % 4.
+    let Some(v) = vnni() else { return };
+    let mut rng = StdRng::seed_from_u64(20);
+    let (k, m) = (256, 19);
+    let rb = GgmlType::Q1_0.row_bytes(k as u64).expect("whole blocks") as usize;
+    let mut data = vec![0u8; rb * m];
+    let w = random_x(&mut rng, k * m);
+    for (src, dst) in w.chunks_exact(k).zip(data.chunks_exact_mut(rb)) {
+        quant::q1_0::quantize_row(src, dst);
+    }
+    let pack = TernaryPack::new(v, GgmlType::Q1_0, &data, k, m).expect("Q1_0 packs");
+    let (mut codes, mut scales) = (vec![0u8; k], vec![0f32; k / 128]);
+    for j in 0..m {
+        let (g, r) = (j / 16, j % 16);
+        quant::q1_0::codes_row(&data[j * rb..(j + 1) * rb], &mut codes, &mut scales);
+        for (e, &c) in codes.iter().enumerate() {
+            let chunk = &pack.group(g)[e / 32].0;
+            let word = (e % 32) / 4;
+            let bits = u64::from_le_bytes(chunk[8 * word..8 * word + 8].try_into().unwrap());
+            assert_eq!(
+                (bits >> (4 * r + e % 4)) & 1 == 1,
+                c == 2,
+                "row {j} element {e}"
+            );
         }
     }
 }

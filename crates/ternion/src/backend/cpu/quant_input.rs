@@ -1,0 +1,165 @@
+//! [`QuantInput`]: the activation rows of one product in the quantized forms the weight
+//! formats read ([`crate::quant::act`]), each computed once per input.
+
+use super::pool::{self, SharedMut};
+use super::simd;
+use crate::quant::act;
+
+/// The activation rows of one product in the quantized forms the weight formats need,
+/// computed at most once per input and reused by every weight that reads the same input
+/// (q, k and v; gate and up). Buffers are kept between calls so the hot path does not
+/// allocate once warm.
+#[derive(Default)]
+pub struct QuantInput {
+    fresh: [bool; 7],
+    pub(super) q: Vec<i8>,
+    pub(super) token_scale: Vec<f32>,
+    pub(super) token_sum: Vec<i32>,
+    pub(super) q8k: Vec<i8>,
+    pub(super) q8k_d: Vec<f32>,
+    pub(super) q8k_bsum: Vec<i32>,
+    pub(super) x16: Vec<f32>,
+    pub(super) xbf: Vec<f32>,
+    pub(super) q80: Vec<i8>,
+    pub(super) q80_d: Vec<f32>,
+    /// Per Q8_0 block: Σq.
+    pub(super) q80_sum: Vec<i32>,
+    /// The Q8_0 values in Q2_0 plane order ([`simd::Q80Rows::planes`]).
+    pub(super) q80_planes: Vec<i8>,
+    pub(super) q81: Vec<i8>,
+    pub(super) q81_d: Vec<f32>,
+    pub(super) q81_s: Vec<f32>,
+    /// Per input row: round its float activations to F16 before F16 products (rows of a
+    /// single-token decode step).
+    pub(super) round_f16: Vec<bool>,
+}
+
+impl QuantInput {
+    /// Forgets the cached forms: call whenever the input changes.
+    pub fn reset(&mut self) {
+        self.fresh = [false; 7];
+    }
+
+    /// Sets, row by row, which input rows are rounded to F16 before F16 products (rows
+    /// past the end are not).
+    pub fn set_round_f16(&mut self, rows: impl Iterator<Item = bool>) {
+        self.round_f16.clear();
+        self.round_f16.extend(rows);
+        self.fresh[2] = false;
+    }
+
+    pub(super) fn ensure_per_token(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[0], true) {
+            return;
+        }
+        let rows = x.len() / k;
+        self.q.resize(x.len(), 0);
+        self.token_scale.resize(rows, 0.0);
+        self.token_sum.resize(rows, 0);
+        let (scale, sum) = (
+            SharedMut(self.token_scale.as_mut_ptr()),
+            SharedMut(self.token_sum.as_mut_ptr()),
+        );
+        // One token row per task: the rows are independent, so any thread count gives the
+        // same values.
+        pool::global().for_each_chunk_mut(&mut self.q, k, |t, qr, _| {
+            let (scale, sum) = (&scale, &sum);
+            let p = act::quantize_per_token(&x[t * k..(t + 1) * k], qr);
+            // SAFETY: t < rows = the length of both buffers, and row t belongs to this
+            // task alone.
+            unsafe {
+                *scale.0.add(t) = p.scale;
+                *sum.0.add(t) = p.sum;
+            }
+        });
+    }
+
+    pub(super) fn ensure_q8k(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[1], true) {
+            return;
+        }
+        let nb = k / act::Q8K_BLOCK;
+        self.q8k.resize(x.len(), 0);
+        self.q8k_d.resize(x.len() / k * nb, 0.0);
+        for ((xr, qr), dr) in x
+            .chunks_exact(k)
+            .zip(self.q8k.chunks_exact_mut(k))
+            .zip(self.q8k_d.chunks_exact_mut(nb))
+        {
+            act::quantize_q8k(xr, qr, dr);
+        }
+        self.q8k_bsum.clear();
+        self.q8k_bsum.extend(
+            self.q8k
+                .chunks_exact(act::Q8K_BLOCK)
+                .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
+        );
+    }
+
+    pub(super) fn ensure_q8_0(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[3], true) {
+            return;
+        }
+        let nb = k / act::Q8_0_BLOCK;
+        self.q80.resize(x.len(), 0);
+        self.q80_d.resize(x.len() / k * nb, 0.0);
+        act::quantize_q8_0(x, &mut self.q80, &mut self.q80_d);
+    }
+
+    /// The Q8_0 form with the block sums and the Q2_0 plane order, for the Q1_0 / Q2_0
+    /// kernels.
+    pub(super) fn ensure_q8_0_rows(&mut self, x: &[f32], k: usize) -> simd::Q80Rows<'_> {
+        self.ensure_q8_0(x, k);
+        if !std::mem::replace(&mut self.fresh[6], true) {
+            self.q80_sum.clear();
+            self.q80_sum.extend(
+                self.q80
+                    .chunks_exact(act::Q8_0_BLOCK)
+                    .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
+            );
+            self.q80_planes.resize(self.q80.len(), 0);
+            simd::q2_0_planes(&self.q80, &mut self.q80_planes);
+        }
+        simd::Q80Rows {
+            q: &self.q80,
+            planes: &self.q80_planes,
+            d: &self.q80_d,
+            sum: &self.q80_sum,
+        }
+    }
+
+    pub(super) fn ensure_q8_1(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[5], true) {
+            return;
+        }
+        let nb = x.len() / k * (k / act::Q8_0_BLOCK);
+        self.q81.resize(x.len(), 0);
+        self.q81_d.resize(nb, 0.0);
+        self.q81_s.resize(nb, 0.0);
+        act::quantize_q8_1(x, &mut self.q81, &mut self.q81_d, &mut self.q81_s);
+    }
+
+    pub(super) fn ensure_bf16(&mut self, x: &[f32]) {
+        if std::mem::replace(&mut self.fresh[4], true) {
+            return;
+        }
+        self.xbf.clear();
+        self.xbf
+            .extend(x.iter().map(|&v| half::bf16::from_f32(v).to_f32()));
+    }
+
+    pub(super) fn ensure_f16(&mut self, x: &[f32], k: usize) {
+        if std::mem::replace(&mut self.fresh[2], true) {
+            return;
+        }
+        self.x16.clear();
+        for (t, row) in x.chunks_exact(k).enumerate() {
+            if self.round_f16.get(t).copied().unwrap_or(false) {
+                self.x16
+                    .extend(row.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+            } else {
+                self.x16.extend_from_slice(row);
+            }
+        }
+    }
+}
