@@ -89,6 +89,8 @@ mod tests_decode;
 mod tests_fam;
 #[cfg(test)]
 mod tests_mm;
+#[cfg(test)]
+mod tests_plan;
 mod upload;
 
 pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
