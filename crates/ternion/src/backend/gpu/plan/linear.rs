@@ -147,6 +147,17 @@ impl Compiler<'_> {
         Ok(Int8In { q, norm: None })
     }
 
+    /// Under the fast numerics, the single-token launch of I2_S matvecs `kind` with the
+    /// norm of `input` in its prologue.
+    pub(super) fn single(
+        &self,
+        input: &Int8In,
+        kind: NormMatvecKind<'_>,
+    ) -> Result<Option<NormMatvec>> {
+        let norm = input.norm.as_ref();
+        norm.map(|n| NormMatvec::new(self.g, n, kind)).transpose()
+    }
+
     /// One I2_S matvec; under the fast numerics single-token steps run it with the norm in
     /// its prologue.
     fn ternary_one(
@@ -158,18 +169,12 @@ impl Compiler<'_> {
     ) -> Result<()> {
         let (g, s) = (self.g, self.steps);
         let ob = self.acts.f32(out)?;
-        let single = input
-            .norm
-            .as_ref()
-            .map(|n| {
-                let kind = NormMatvecKind::One {
-                    w: tw,
-                    out: &ob,
-                    epilogue,
-                };
-                NormMatvec::new(g, n, kind)
-            })
-            .transpose()?;
+        let kind = NormMatvecKind::One {
+            w: tw,
+            out: &ob,
+            epilogue,
+        };
+        let single = self.single(input, kind)?;
         let mv = TernaryLinear::new(g, self.variant, TPR, tw, &input.q, &ob, epilogue, &s.step)?;
         self.push(Launch::decode(single, Launch::Ternary(mv)))
     }
@@ -212,6 +217,27 @@ impl Compiler<'_> {
         Ok(q)
     }
 
+    /// A GGUF-format matvec over the rows of `src` (`width` each; `picked`: the picked
+    /// ones), quantized first by their own launch when the format reads Q8 activations;
+    /// `opts` for Q8 and for f32 inputs.
+    fn q_rows(
+        &mut self,
+        qw: &QWeights,
+        (src, width): (&GpuBuffer, usize),
+        ob: &GpuBuffer,
+        (opts_q8, opts_f32): (QMatvecOpts, QMatvecOpts),
+        picked: bool,
+    ) -> Result<(Option<QuantizeAct>, QMatvec)> {
+        let Some(kind) = qw.fmt.act() else {
+            let mv = self.qmatvec(qw, MatIn::F32(src), ob, opts_f32, picked)?;
+            return Ok((None, mv));
+        };
+        let q = self.new_qact(kind, width, self.acts.max_batch)?;
+        let quantize = QuantizeAct::new(self.g, src, &q)?;
+        let mv = self.qmatvec(qw, MatIn::Quant(&q), ob, opts_q8, picked)?;
+        Ok((Some(quantize), mv))
+    }
+
     /// A GGUF-format LM head over the selected rows of `x`: decode and last-row modes copy
     /// the step's last row out first, then quantize it when the format asks.
     fn q_head(
@@ -241,38 +267,15 @@ impl Compiler<'_> {
         let decode = self.qmatvec(qw, in_one(), &ob, opts(true), false)?;
         let last = self.qmatvec(qw, in_one(), &ob, opts(false), false)?;
         let xb = self.acts.f32(x)?;
-        let (quant_all, all) = match kind {
-            Some(k) => {
-                let q = self.new_qact(k, width, max_batch)?;
-                let qa = QuantizeAct::new(g, &xb, &q)?;
-                (
-                    Some(qa),
-                    self.qmatvec(qw, MatIn::Quant(&q), &ob, opts(false), false)?,
-                )
-            }
-            None => (
-                None,
-                self.qmatvec(qw, MatIn::F32(&xb), &ob, opts(true), false)?,
-            ),
-        };
+        // F32 rows of a batch round like the per-token matvec (round_x).
+        let (quant_all, all) =
+            self.q_rows(qw, (&xb, width), &ob, (opts(false), opts(true)), false)?;
         let pb = picked_rows(g, width, max_batch)?;
         // F32-input formats round a decode row's input like `decode` (round_x); Q8 inputs
         // are quantized unrounded.
         let gather = RowOp::gather(g, &xb, width, &s.picks, &pb, kind.is_none())?;
-        let (quant_picked, picked) = match kind {
-            Some(k) => {
-                let q = self.new_qact(k, width, max_batch)?;
-                let qa = QuantizeAct::new(g, &pb, &q)?;
-                (
-                    Some(qa),
-                    self.qmatvec(qw, MatIn::Quant(&q), &ob, opts(false), true)?,
-                )
-            }
-            None => (
-                None,
-                self.qmatvec(qw, MatIn::F32(&pb), &ob, opts(false), true)?,
-            ),
-        };
+        let (quant_picked, picked) =
+            self.q_rows(qw, (&pb, width), &ob, (opts(false), opts(false)), true)?;
         self.acts.keep.push(pb);
         self.push(Launch::QHead(Box::new(QHead {
             select,

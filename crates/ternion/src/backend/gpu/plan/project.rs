@@ -7,7 +7,7 @@ use super::launch::{FusedGlu, Launch};
 use super::linear::ternary;
 use super::TPR;
 use crate::backend::gpu::ops::{
-    kernel_glu, Glu, NormMatvec, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear,
+    kernel_glu, Glu, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear,
 };
 use crate::backend::gpu::pipelines::Epilogue;
 use crate::model::graph::{ActId, GluAct, InNorm, Op, WeightId};
@@ -53,14 +53,8 @@ impl Compiler<'_> {
                     TernaryLinear::new(g, v, TPR, ws[i], &input.q, &ob[i], Epilogue::Store, &s.step)
                 };
                 let each = [mv(0)?, mv(1)?, mv(2)?];
-                let single = input
-                    .norm
-                    .as_ref()
-                    .map(|n| {
-                        let out = [&ob[0], &ob[1], &ob[2]];
-                        NormMatvec::new(g, n, NormMatvecKind::Three { w: ws, out })
-                    })
-                    .transpose()?;
+                let out = [&ob[0], &ob[1], &ob[2]];
+                let single = self.single(&input, NormMatvecKind::Three { w: ws, out })?;
                 self.push(Launch::decode(
                     single,
                     Launch::Ternary3(Box::new((fused, each))),
@@ -94,19 +88,13 @@ impl Compiler<'_> {
                 let input = self.norm_i8(x, norm)?;
                 let act = kernel_glu(act);
                 let (gb, ub) = (self.acts.f32(gate)?, self.acts.f32(up)?);
-                let single = input
-                    .norm
-                    .as_ref()
-                    .map(|n| {
-                        let kind = NormMatvecKind::Glu {
-                            gate: gw,
-                            up: uw,
-                            out: &gb,
-                            act,
-                        };
-                        NormMatvec::new(g, n, kind)
-                    })
-                    .transpose()?;
+                let kind = NormMatvecKind::Glu {
+                    gate: gw,
+                    up: uw,
+                    out: &gb,
+                    act,
+                };
+                let single = self.single(&input, kind)?;
                 let mv = |w, out| {
                     TernaryLinear::new(g, v, TPR, w, &input.q, out, Epilogue::Store, &s.step)
                 };
