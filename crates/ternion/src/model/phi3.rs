@@ -9,7 +9,7 @@
 //! [g | u] = Wup h (rows gate | up); x = x + Wdown · (silu(g) ⊙ u)
 //! ```
 //! and `logits = output · (rmsnorm(x)·output_norm)`. The fused projections stay one
-//! [`Op::Linear`] each; [`Op::Slice`] splits their outputs. Files with separate
+//! [`Op::NormLinear`] each; [`Op::Slice`] splits their outputs. Files with separate
 //! `attn_q/k/v` are accepted too. The sliding window (`attention.sliding_window`) is not
 //! applied: it only matters past that many positions.
 
