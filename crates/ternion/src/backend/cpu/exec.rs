@@ -1,4 +1,6 @@
-//! The CPU runs a model's [`Graph`] op by op with the kernels of this module.
+//! The CPU runs a model's [`Graph`] op by op with the kernels of this module: this file
+//! binds the weights and admits the steps, `pass.rs` runs each op (a fused op as the
+//! primitive ops it stands for).
 //!
 //! A forward pass takes the new tokens of one or several sequences ([`SeqStep`]s) and runs
 //! them as one stack of rows: every row-wise op (norms, every [`Op::Linear`], activations)
