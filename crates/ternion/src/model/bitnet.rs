@@ -66,18 +66,12 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
         let ffn_sub_norm = b.vector(n("ffn_sub_norm"), ff);
         let w_down = matrix(&mut b, n("ffn_down"), ff, d);
 
-        b.rms_norm(x, attn_norm, h);
-        b.linear(wq, h, q, false);
-        b.linear(wk, h, k, false);
-        b.linear(wv, h, v, false);
-        b.rope_attention(l, q, k, v, att);
-        b.rms_norm(att, attn_sub_norm, h);
-        b.linear(wo, h, x, true);
+        b.norm_qkv((x, attn_norm, h), [wq, wk, wv], [q, k, v]);
+        b.attention((l, true), [q, k, v], att);
+        b.norm_linear((att, attn_sub_norm, h), wo, x, true);
 
-        b.rms_norm(x, ffn_norm, h);
-        b.gated(glu, (w_gate, w_up), h, gate, up);
-        b.rms_norm(gate, ffn_sub_norm, hf);
-        b.linear(w_down, hf, x, true);
+        b.norm_glu((x, ffn_norm, h), glu, [w_gate, w_up], (gate, up));
+        b.norm_linear((gate, ffn_sub_norm, hf), w_down, x, true);
     }
     // The LM head is the token table even when the file also has `output.weight`.
     let logits = rms_head(&mut b, cfg, x, embd);

@@ -44,7 +44,8 @@ impl ProjNorms {
 
 /// `out (+)= W · x` for projection `name` of block `l` (`attn_q`, …, `ffn_down`), whose
 /// input is first RMS-normalised with `blk.l.{name}_norm_in.weight` when the model has
-/// per-projection input norms (BitNet-embedding: RMSNorm, then the ternary matmul).
+/// per-projection input norms (BitNet-embedding: RMSNorm, then the ternary matmul, as one
+/// [`Op::NormLinear`]).
 pub(crate) fn projection(
     b: &mut Builder,
     norms: Option<ProjNorms>,
@@ -54,7 +55,7 @@ pub(crate) fn projection(
     out: ActId,
     add: bool,
 ) {
-    let x = match norms {
+    match norms {
         Some(n) => {
             let (tmp, width) = match name {
                 "attn_output" => (n.attn, b.width(n.attn)),
@@ -62,42 +63,54 @@ pub(crate) fn projection(
                 _ => (n.d, b.width(n.d)),
             };
             let nw = b.vector(format!("blk.{l}.{name}_norm_in.weight"), width);
-            b.rms_norm(x, nw, tmp);
-            tmp
+            b.norm_linear((x, nw, tmp), w, out, add);
         }
-        None => x,
-    };
-    b.linear(w, x, out, add);
+        None => b.linear(w, x, out, add),
+    }
 }
 
-/// `q, k, v = Wq·h, Wk·h, Wv·h` of block `l`, through [`projection`].
+/// `q, k, v = Wq·h, Wk·h, Wv·h` of block `l` with `h = rmsnorm(x) · attn_norm` (in
+/// `h`): one [`Op::NormQkv`], or the norm and then a [`projection`] each when the model
+/// has per-projection input norms.
 pub(crate) fn qkv(
     b: &mut Builder,
     norms: Option<ProjNorms>,
     l: usize,
+    (x, attn_norm, h): (ActId, WeightId, ActId),
     (wq, wk, wv): (WeightId, WeightId, WeightId),
-    h: ActId,
     (q, k, v): (ActId, ActId, ActId),
 ) {
+    if norms.is_none() {
+        b.norm_qkv((x, attn_norm, h), [wq, wk, wv], [q, k, v]);
+        return;
+    }
+    b.rms_norm(x, attn_norm, h);
     projection(b, norms, (l, "attn_q"), wq, h, q, false);
     projection(b, norms, (l, "attn_k"), wk, h, k, false);
     projection(b, norms, (l, "attn_v"), wv, h, v, false);
 }
 
-/// The gated FFN of block `l` through [`projection`]: `gate = act(W_gate·h) · (W_up·h)`,
-/// then `out = W_down · gate` (`out +=` when `add`).
+/// The gated FFN of block `l` over `h = rmsnorm(x) · ffn_norm` (in `h`): `gate =
+/// act(W_gate·h) · (W_up·h)` (one [`Op::NormGlu`], or the norm, a [`projection`] each and
+/// the GLU when the model has per-projection input norms), then `out = W_down · gate`
+/// (`out +=` when `add`).
 pub(crate) fn gated_ffn(
     b: &mut Builder,
     norms: Option<ProjNorms>,
     (l, act): (usize, GluAct),
     (w_gate, w_up, w_down): (WeightId, WeightId, WeightId),
-    (h, gate, up): (ActId, ActId, ActId),
-    out: ActId,
+    (x, ffn_norm, h): (ActId, WeightId, ActId),
+    (gate, up, out): (ActId, ActId, ActId),
     add: bool,
 ) {
-    projection(b, norms, (l, "ffn_gate"), w_gate, h, gate, false);
-    projection(b, norms, (l, "ffn_up"), w_up, h, up, false);
-    b.op(Op::Glu { act, gate, up });
+    if norms.is_none() {
+        b.norm_glu((x, ffn_norm, h), act, [w_gate, w_up], (gate, up));
+    } else {
+        b.rms_norm(x, ffn_norm, h);
+        projection(b, norms, (l, "ffn_gate"), w_gate, h, gate, false);
+        projection(b, norms, (l, "ffn_up"), w_up, h, up, false);
+        b.op(Op::Glu { act, gate, up });
+    }
     projection(b, norms, (l, "ffn_down"), w_down, gate, out, add);
 }
 

@@ -69,24 +69,23 @@ pub fn graph(cfg: &Config) -> Graph {
         let w_down = b.matrix(n("ffn_down"), ff, d);
         let post_ffw = b.vector(n("post_ffw_norm"), d);
 
-        b.rms_norm(x, attn_norm, h);
-        qkv(&mut b, pn, l, (wq, wk, wv), h, (q, k, v));
+        qkv(&mut b, pn, l, (x, attn_norm, h), (wq, wk, wv), (q, k, v));
         b.head_rms_norm(q, q_norm, qn);
         b.head_rms_norm(k, k_norm, kn);
-        b.rope_attention(l, qn, kn, v, att);
+        b.attention((l, true), [qn, kn, v], att);
         projection(&mut b, pn, (l, "attn_output"), wo, att, o, false);
         b.rms_norm(o, post_attn, h);
         b.op(Op::Add { x, y: h });
 
-        b.rms_norm(x, ffn_norm, h);
         let ffn = (w_gate, w_up, w_down);
+        let normed = (x, ffn_norm, h);
         gated_ffn(
             &mut b,
             pn,
             (l, GluAct::GeluTanh),
             ffn,
-            (h, gate, up),
-            o,
+            normed,
+            (gate, up, o),
             false,
         );
         b.rms_norm(o, post_ffw, h);

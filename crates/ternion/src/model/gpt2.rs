@@ -82,7 +82,7 @@ pub fn graph(cfg: &Config) -> Graph {
             start: hq + kv,
             out: v,
         });
-        b.cached_attention(l, q, k, v, att);
+        b.attention((l, false), [q, k, v], att);
         b.linear(wo, att, x, true);
         b.op(Op::AddBias { x, b: bo });
 

@@ -3,8 +3,15 @@
 //! An architecture file builds a [`Graph`] once from the model's configuration: the weights
 //! it reads (by tensor name), the activation buffers a step uses (by width), and the ops in
 //! order. Every backend runs the same list: the CPU interprets it op by op, the GPU compiles
-//! it once into a plan of dispatches. A backend may fuse neighbouring ops (RMSNorm followed
-//! by the int8 quantization of a ternary matmul), never change their meaning.
+//! it once into a plan of dispatches, one builder per op.
+//!
+//! Fusions are ops of their own, which the architecture files call explicitly:
+//! [`Op::NormLinear`], [`Op::NormQkv`] and [`Op::NormGlu`] (an RMSNorm and the projections
+//! that read it; its rows are scratch, so the GPU may keep them as int8 activations only),
+//! [`Op::SelfAttention`] (RoPE, KV store and attention), and [`Op::Linear`]'s `add` (the
+//! residual add). The CPU runs a fused op as the primitive ops it stands for, in order; the
+//! GPU picks its fused kernels from the op and its weights' formats alone, never from the
+//! ops around it.
 //!
 //! Rows: every activation holds one row per token of the step, except the output of
 //! [`Op::SelectRows`], which holds the rows whose logits were asked for (the last one, or
@@ -79,13 +86,25 @@ pub enum UnaryAct {
     GeluTanh,
 }
 
-/// How [`Op::Rope`] pairs the rotated dimensions of a head.
+/// How [`Op::SelfAttention`] pairs the rotated dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeMode {
     /// GPT-NeoX / ggml `NEOX`: dimension i pairs with i + n_rot/2 (BitNet, Phi-3).
     Neox,
     /// ggml `NORM` (original LLaMA layout): dimension 2i pairs with 2i + 1 (llama).
     Norm,
+}
+
+/// The RMSNorm a projection op applies to its input first: `rmsnorm(x) · w`, with the
+/// graph's [`Graph::rms_eps`], into `scratch`. The scratch holds nothing after the op: a
+/// backend may keep the normalised rows in another form (the GPU's int8 activations of an
+/// I2_S matvec), so no later op reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InNorm {
+    /// Norm weight (vector).
+    pub w: WeightId,
+    /// Rows of the normalised input (the input's width).
+    pub scratch: ActId,
 }
 
 /// One op of the forward pass.
@@ -118,36 +137,67 @@ pub enum Op {
         /// Accumulate into `out` instead of overwriting it.
         add: bool,
     },
-    /// Rotary embedding of `q` and `k` in place, at the step's positions; the pairing is
-    /// [`AttnGeometry::rope_mode`], the frequencies `pos·base^(−2i/n_rot)`, each divided by
-    /// factor i of [`AttnGeometry::rope_freqs`] when present (Llama-3 `rope_freqs`).
-    Rope {
-        /// Layer index (its RoPE base: [`AttnGeometry::rope_base_of`]).
+    /// Self-attention of `layer`: RoPE of `q` and `k` in place at the step's positions
+    /// (when `rope`: the pairing is [`AttnGeometry::rope_mode`], the frequencies
+    /// `pos·base^(−2i/n_rot)` with the base [`AttnGeometry::rope_base_of`], each divided by
+    /// factor i of [`AttnGeometry::rope_freqs`] when present), then the step's `k` and `v`
+    /// rows appended to the layer's cache, then `out` = attention of `q` over the cache:
+    /// causal, or over the whole step when [`AttnGeometry::causal`] is false; limited to
+    /// the layer's window when [`AttnGeometry::window_of`] gives one.
+    SelfAttention {
+        /// Layer index.
         layer: usize,
+        /// Whether `q` and `k` are rotated first.
+        rope: bool,
         /// Query rows (n_head heads).
         q: ActId,
         /// Key rows (n_head_kv heads).
         k: ActId,
-    },
-    /// Appends the step's `k` and `v` rows to the cache of `layer`.
-    KvStore {
-        /// Layer index.
-        layer: usize,
-        /// Keys.
-        k: ActId,
-        /// Values.
+        /// Value rows.
         v: ActId,
-    },
-    /// Attention of `q` over the cache of `layer` (which already holds this step): causal,
-    /// or over the whole step when [`AttnGeometry::causal`] is false; limited to the
-    /// layer's window when [`AttnGeometry::window_of`] gives one.
-    Attention {
-        /// Layer index.
-        layer: usize,
-        /// Queries.
-        q: ActId,
         /// Destination (head outputs concatenated).
         out: ActId,
+    },
+    /// `out = W · (rmsnorm(x) · norm.w)`, or `out +=` when `add`: a projection of a
+    /// normalised input.
+    NormLinear {
+        /// Input (before the norm).
+        x: ActId,
+        /// The input norm.
+        norm: InNorm,
+        /// Weight matrix.
+        w: WeightId,
+        /// Destination.
+        out: ActId,
+        /// Accumulate into `out` instead of overwriting it.
+        add: bool,
+    },
+    /// `h = rmsnorm(x) · norm.w; out[i] = W[i] · h` for the query, key and value
+    /// projections `i` = 0, 1, 2.
+    NormQkv {
+        /// Input (before the norm).
+        x: ActId,
+        /// The input norm.
+        norm: InNorm,
+        /// Q, K and V matrices.
+        w: [WeightId; 3],
+        /// Q, K and V destinations.
+        out: [ActId; 3],
+    },
+    /// The gated half of an FFN: `h = rmsnorm(x) · norm.w; gate = act(W_gate·h) · (W_up·h)`.
+    NormGlu {
+        /// Input (before the norm).
+        x: ActId,
+        /// The input norm.
+        norm: InNorm,
+        /// Gate activation.
+        act: GluAct,
+        /// Gate and up matrices.
+        w: [WeightId; 2],
+        /// Destination (the gated product).
+        gate: ActId,
+        /// Scratch for the up projection.
+        up: ActId,
     },
     /// `gate = act(gate) · up`.
     Glu {
@@ -244,6 +294,18 @@ pub enum Op {
         /// Destination (one row per selected token).
         out: ActId,
     },
+}
+
+impl Op {
+    /// The matrix products of this op, as (weight, destination) pairs.
+    pub fn products(&self) -> Vec<(WeightId, ActId)> {
+        match *self {
+            Op::Linear { w, out, .. } | Op::NormLinear { w, out, .. } => vec![(w, out)],
+            Op::NormQkv { w, out, .. } => w.into_iter().zip(out).collect(),
+            Op::NormGlu { w, gate, up, .. } => vec![(w[0], gate), (w[1], up)],
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// RoPE and attention geometry.
@@ -373,18 +435,53 @@ impl Builder {
         self.op(Op::RmsNorm { x, w, out });
     }
 
-    /// The gated FFN's first half: `gate = act(W_gate·h) · (W_up·h)`.
-    pub fn gated(
+    /// `out (+)= W · (rmsnorm(x) · norm)`, through `scratch` ([`Op::NormLinear`]).
+    pub fn norm_linear(
         &mut self,
-        act: GluAct,
-        (w_gate, w_up): (WeightId, WeightId),
-        h: ActId,
-        gate: ActId,
-        up: ActId,
+        (x, norm, scratch): (ActId, WeightId, ActId),
+        w: WeightId,
+        out: ActId,
+        add: bool,
     ) {
-        self.linear(w_gate, h, gate, false);
-        self.linear(w_up, h, up, false);
-        self.op(Op::Glu { act, gate, up });
+        let norm = InNorm { w: norm, scratch };
+        self.op(Op::NormLinear {
+            x,
+            norm,
+            w,
+            out,
+            add,
+        });
+    }
+
+    /// q, k, v = `W_q·h, W_k·h, W_v·h` with `h = rmsnorm(x) · norm` ([`Op::NormQkv`]).
+    pub fn norm_qkv(
+        &mut self,
+        (x, norm, scratch): (ActId, WeightId, ActId),
+        w: [WeightId; 3],
+        out: [ActId; 3],
+    ) {
+        let norm = InNorm { w: norm, scratch };
+        self.op(Op::NormQkv { x, norm, w, out });
+    }
+
+    /// The gated FFN's first half: `gate = act(W_gate·h) · (W_up·h)` with
+    /// `h = rmsnorm(x) · norm` ([`Op::NormGlu`]).
+    pub fn norm_glu(
+        &mut self,
+        (x, norm, scratch): (ActId, WeightId, ActId),
+        act: GluAct,
+        w: [WeightId; 2],
+        (gate, up): (ActId, ActId),
+    ) {
+        let norm = InNorm { w: norm, scratch };
+        self.op(Op::NormGlu {
+            x,
+            norm,
+            act,
+            w,
+            gate,
+            up,
+        });
     }
 
     /// `out = rmsnorm(x) · w` over each head of `x` (`w` has one head's width).
@@ -392,17 +489,17 @@ impl Builder {
         self.op(Op::HeadRmsNorm { x, w, out });
     }
 
-    /// Causal attention of layer `layer` without position rotation: store the step's `k`,
-    /// `v` in the cache, then `out = attention(q, cache)`.
-    pub fn cached_attention(&mut self, layer: usize, q: ActId, k: ActId, v: ActId, out: ActId) {
-        self.op(Op::KvStore { layer, k, v });
-        self.op(Op::Attention { layer, q, out });
-    }
-
-    /// RoPE on `q` and `k`, then [`Builder::cached_attention`].
-    pub fn rope_attention(&mut self, layer: usize, q: ActId, k: ActId, v: ActId, out: ActId) {
-        self.op(Op::Rope { layer, q, k });
-        self.cached_attention(layer, q, k, v, out);
+    /// `out = attention(q, cache of layer)` after RoPE of `q`, `k` (when `rope`) and the
+    /// store of `k`, `v` ([`Op::SelfAttention`]).
+    pub fn attention(&mut self, (layer, rope): (usize, bool), [q, k, v]: [ActId; 3], out: ActId) {
+        self.op(Op::SelfAttention {
+            layer,
+            rope,
+            q,
+            k,
+            v,
+            out,
+        });
     }
 
     /// Finishes the graph.

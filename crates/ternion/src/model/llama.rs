@@ -83,8 +83,7 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
         let w_up = b.matrix(n("ffn_up"), d, ff);
         let w_down = b.matrix(n("ffn_down"), ff, d);
 
-        b.rms_norm(x, attn_norm, h);
-        qkv(&mut b, pn, l, (wq, wk, wv), h, (q, k, v));
+        qkv(&mut b, pn, l, (x, attn_norm, h), (wq, wk, wv), (q, k, v));
         if var.qkv_bias {
             for (a, s, n) in [(q, "attn_q", hq), (k, "attn_k", kv), (v, "attn_v", kv)] {
                 let bias = b.vector(format!("blk.{l}.{s}.bias"), n);
@@ -97,12 +96,20 @@ pub(crate) fn graph_variant(cfg: &Config, var: &Variant) -> Graph {
             b.head_rms_norm(q, q_norm, qn);
             b.head_rms_norm(k, k_norm, kn);
         }
-        b.rope_attention(l, qn, kn, v, att);
+        b.attention((l, true), [qn, kn, v], att);
         projection(&mut b, pn, (l, "attn_output"), wo, att, x, true);
 
-        b.rms_norm(x, ffn_norm, h);
         let ffn = (w_gate, w_up, w_down);
-        gated_ffn(&mut b, pn, (l, GluAct::Silu), ffn, (h, gate, up), x, true);
+        let normed = (x, ffn_norm, h);
+        gated_ffn(
+            &mut b,
+            pn,
+            (l, GluAct::Silu),
+            ffn,
+            normed,
+            (gate, up, x),
+            true,
+        );
     }
     let head = lm_head_weight(&mut b, cfg, embd);
     let logits = rms_head(&mut b, cfg, x, head);

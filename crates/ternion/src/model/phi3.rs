@@ -9,7 +9,7 @@
 //! [g | u] = Wup h (rows gate | up); x = x + Wdown · (silu(g) ⊙ u)
 //! ```
 //! and `logits = output · (rmsnorm(x)·output_norm)`. The fused projections stay one
-//! [`Op::Linear`] each; [`Op::Slice`] splits their outputs. Files with separate
+//! [`Op::NormLinear`] each; [`Op::Slice`] splits their outputs. Files with separate
 //! `attn_q/k/v` are accepted too. The sliding window (`attention.sliding_window`) is not
 //! applied: it only matters past that many positions.
 
@@ -46,10 +46,9 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
     for l in 0..cfg.n_layer {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
         let attn_norm = b.vector(n("attn_norm"), d);
-        b.rms_norm(x, attn_norm, h);
         if fused_qkv {
             let wqkv = b.matrix(n("attn_qkv"), d, hq + 2 * kv);
-            b.linear(wqkv, h, qkv, false);
+            b.norm_linear((x, attn_norm, h), wqkv, qkv, false);
             b.op(Op::Slice {
                 x: qkv,
                 start: 0,
@@ -69,20 +68,17 @@ pub fn graph(cfg: &Config, file: &GgufFile) -> Graph {
             let wq = b.matrix(n("attn_q"), d, hq);
             let wk = b.matrix(n("attn_k"), d, kv);
             let wv = b.matrix(n("attn_v"), d, kv);
-            b.linear(wq, h, q, false);
-            b.linear(wk, h, k, false);
-            b.linear(wv, h, v, false);
+            b.norm_qkv((x, attn_norm, h), [wq, wk, wv], [q, k, v]);
         }
         let wo = b.matrix(n("attn_output"), hq, d);
         let ffn_norm = b.vector(n("ffn_norm"), d);
         let w_up = b.matrix(n("ffn_up"), d, 2 * ff);
         let w_down = b.matrix(n("ffn_down"), ff, d);
 
-        b.rope_attention(l, q, k, v, att);
+        b.attention((l, true), [q, k, v], att);
         b.linear(wo, att, x, true);
 
-        b.rms_norm(x, ffn_norm, h);
-        b.linear(w_up, h, gate_up, false);
+        b.norm_linear((x, ffn_norm, h), w_up, gate_up, false);
         b.op(Op::Slice {
             x: gate_up,
             start: 0,

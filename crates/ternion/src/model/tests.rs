@@ -58,7 +58,7 @@ fn gemma3_local_layers_window_and_bases() {
     assert_eq!(g.attn.rope_base_of(1), cfg.rope_base);
     assert!(g.ops.iter().any(|o| matches!(
         o,
-        Op::Glu {
+        Op::NormGlu {
             act: GluAct::GeluTanh,
             ..
         }
@@ -80,5 +80,45 @@ fn unknown_architecture_lists_the_supported_ones() {
     assert!(err.contains("unknown architecture 'mamba'"), "{err}");
     for name in config::ARCH_NAMES {
         assert!(err.contains(name), "{name} missing from: {err}");
+    }
+}
+
+/// Per layer: (NormLinear, NormQkv, NormGlu, SelfAttention with RoPE, without) ops.
+fn fused_ops_per_layer(g: &graph::Graph, n_layer: usize) -> [usize; 5] {
+    let mut n = [0; 5];
+    for op in &g.ops {
+        match op {
+            Op::NormLinear { .. } => n[0] += 1,
+            Op::NormQkv { .. } => n[1] += 1,
+            Op::NormGlu { .. } => n[2] += 1,
+            Op::SelfAttention { rope: true, .. } => n[3] += 1,
+            Op::SelfAttention { rope: false, .. } => n[4] += 1,
+            _ => {}
+        }
+    }
+    n.map(|c| {
+        assert_eq!(c % n_layer, 0, "{c} fused ops over {n_layer} layers");
+        c / n_layer
+    })
+}
+
+/// Every family's file calls the fused ops its block has the shape of.
+#[test]
+fn family_graphs_call_the_fused_ops() {
+    for (set, model, want) in [
+        ("golden", "llama-spm-d32-f16.gguf", [0, 1, 1, 1, 0]),
+        ("golden2", "qwen2-d64-f16.gguf", [0, 1, 1, 1, 0]),
+        ("golden2-extra", "qwen3-d64-f16.gguf", [0, 1, 1, 1, 0]),
+        ("golden2-extra", "gemma3-d64-f16.gguf", [0, 1, 1, 1, 0]),
+        // Sub-norms before the output and down projections.
+        ("golden", "bitnet-spm-d256-tq2_0.gguf", [2, 1, 1, 1, 0]),
+        // Fused q/k/v and gate/up matrices: one NormLinear each.
+        ("golden", "phi3-d32-f16.gguf", [2, 0, 0, 1, 0]),
+        ("golden", "gpt2-d32-f32.gguf", [0, 0, 0, 0, 1]),
+    ] {
+        let f = open(set, model);
+        let cfg = Config::from_gguf(&f).unwrap();
+        let g = graph_for(&cfg, &f);
+        assert_eq!(fused_ops_per_layer(&g, cfg.n_layer), want, "{model}");
     }
 }

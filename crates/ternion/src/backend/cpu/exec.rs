@@ -1,4 +1,6 @@
-//! The CPU runs a model's [`Graph`] op by op with the kernels of this module.
+//! The CPU runs a model's [`Graph`] op by op with the kernels of this module: this file
+//! binds the weights and admits the steps, `pass.rs` runs each op (a fused op as the
+//! primitive ops it stands for).
 //!
 //! A forward pass takes the new tokens of one or several sequences ([`SeqStep`]s) and runs
 //! them as one stack of rows: every row-wise op (norms, every [`Op::Linear`], activations)
@@ -10,14 +12,12 @@
 use std::sync::Arc;
 
 use super::acts::Acts;
-use super::{
-    add_rows, attention_rows, gelu_ggml, layer_norm, pool, rms_norm, rope, scratch_per_thread,
-    Heads, Linear, QuantInput, QueryRow,
-};
+use super::pass::Pass;
+use super::{Linear, QuantInput, QueryRow};
 use crate::generate::{check_step, StepLimits};
 use crate::gguf::GgufFile;
 use crate::kv::{KvGeometry, KvPool, KvSeq, KvType, PAGE_POSITIONS};
-use crate::model::graph::{GluAct, Graph, Op, UnaryAct, WeightKind};
+use crate::model::graph::{Graph, Op, WeightKind};
 use crate::model::{LmHead, LoadOptions, Logits};
 use crate::quant;
 use crate::{Error, Result};
@@ -34,7 +34,7 @@ enum CpuWeight {
 pub struct CpuModel {
     weights: Vec<CpuWeight>,
     /// A requantized LM head, when asked for (the token table itself stays as stored).
-    lm_head: Option<Linear>,
+    pub(super) lm_head: Option<Linear>,
 }
 
 /// One sequence's part of a forward pass: its cache (page table) and its new tokens.
@@ -114,20 +114,6 @@ impl CpuState {
     }
 }
 
-/// The attention rows of a non-causal pass: each row of a step sees every position of the
-/// step (and the cached ones before it).
-fn whole_step_rows<'a>(
-    rows: &'a [QueryRow],
-    spans: &'a [(usize, usize)],
-) -> impl Iterator<Item = QueryRow> + 'a {
-    spans.iter().flat_map(move |&(start, len)| {
-        let last = rows[start + len - 1].pos;
-        rows[start..start + len]
-            .iter()
-            .map(move |r| QueryRow { pos: last, ..*r })
-    })
-}
-
 fn load_vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     let info = file
         .tensor(name)
@@ -188,14 +174,14 @@ impl CpuModel {
         Ok(model)
     }
 
-    fn matrix(&self, i: usize) -> Result<&Linear> {
+    pub(super) fn matrix(&self, i: usize) -> Result<&Linear> {
         match &self.weights[i] {
             CpuWeight::Matrix(l) => Ok(l),
             CpuWeight::Vector(_) => Err(Error::Model("graph uses a vector as a matrix".into())),
         }
     }
 
-    fn vector(&self, i: usize) -> Result<&[f32]> {
+    pub(super) fn vector(&self, i: usize) -> Result<&[f32]> {
         match &self.weights[i] {
             CpuWeight::Vector(v) => Ok(v),
             CpuWeight::Matrix(_) => Err(Error::Model("graph uses a matrix as a vector".into())),
@@ -207,12 +193,10 @@ impl CpuModel {
         graph
             .ops
             .iter()
-            .filter_map(|op| match op {
-                Op::Linear { w, out, .. } => Some(match (&self.lm_head, *out == graph.logits) {
-                    (Some(h), true) => h.weight_bytes(),
-                    _ => self.matrix(w.0).map_or(0, Linear::weight_bytes),
-                }),
-                _ => None,
+            .flat_map(Op::products)
+            .map(|(w, out)| match (&self.lm_head, out == graph.logits) {
+                (Some(h), true) => h.weight_bytes(),
+                _ => self.matrix(w.0).map_or(0, Linear::weight_bytes),
             })
             .sum()
     }
@@ -348,222 +332,25 @@ impl CpuModel {
             sel_spans.push((sel_src.len(), sel.len()));
             sel_src.extend(sel);
         }
-        let n = tokens.len();
         *qi_of = None;
-        let g = &graph.attn;
-        let kv_dim = g.n_head_kv * g.head_dim;
+        let mut pass = Pass {
+            model: self,
+            graph,
+            steps,
+            acts,
+            qi,
+            qi_of,
+            tmp,
+            attn_scratch,
+            rows,
+            att_rows,
+            spans,
+            sel_src,
+            tokens,
+            capacity,
+        };
         for op in &graph.ops {
-            match *op {
-                Op::Embed { table, out } => {
-                    let t = self.matrix(table.0)?;
-                    let d = t.in_features();
-                    let o = acts.write(out, n, d);
-                    for (&id, row) in tokens.iter().zip(o.chunks_exact_mut(d)) {
-                        t.dequantize_row(id as usize, row)?;
-                    }
-                }
-                Op::RmsNorm { x, w, out } => {
-                    let wv = self.vector(w.0)?;
-                    let r = acts.rows[x.0];
-                    let xs = std::mem::take(&mut acts.bufs[x.0]);
-                    let o = acts.write(out, r, wv.len());
-                    rms_norm(&xs[..r * wv.len()], wv, graph.rms_eps, o);
-                    acts.bufs[x.0] = xs;
-                }
-                Op::Linear { w, x, out, add } => {
-                    let l = match (&self.lm_head, out == graph.logits) {
-                        (Some(h), true) => h,
-                        _ => self.matrix(w.0)?,
-                    };
-                    let r = acts.rows[x.0];
-                    let key = (x.0, acts.version[x.0]);
-                    if *qi_of != Some(key) {
-                        qi.reset();
-                        // Decode rows round F16 inputs. The rows of `x` are either one per
-                        // token or one per logits row; the two counts are equal only when
-                        // every token is a logits row, and then the flags agree.
-                        if r == n {
-                            qi.set_round_f16(rows.iter().map(|q| q.round_probs));
-                        } else {
-                            qi.set_round_f16(sel_src.iter().map(|&t| rows[t].round_probs));
-                        }
-                        *qi_of = Some(key);
-                    }
-                    let xs = std::mem::take(&mut acts.bufs[x.0]);
-                    let xs_rows = &xs[..r * l.in_features()];
-                    if add {
-                        let mut t = std::mem::take(tmp);
-                        t.resize(r * l.out_features(), 0.0);
-                        l.forward(xs_rows, qi, &mut t);
-                        let o = acts.modify(out, r * l.out_features());
-                        o.iter_mut().zip(&t).for_each(|(a, &b)| *a += b);
-                        *tmp = t;
-                    } else {
-                        let o = acts.write(out, r, l.out_features());
-                        l.forward(xs_rows, qi, o);
-                    }
-                    acts.bufs[x.0] = xs;
-                }
-                Op::Rope { layer, q, k } => {
-                    let freqs = match g.rope_freqs {
-                        Some(f) => Some(self.vector(f.0)?),
-                        None => None,
-                    };
-                    for a in [q, k] {
-                        let w = graph.acts[a.0].width;
-                        let buf = acts.modify(a, n * w);
-                        for &(start, len) in spans.iter() {
-                            rope(
-                                &mut buf[start * w..(start + len) * w],
-                                len,
-                                rows[start].pos,
-                                g.head_dim,
-                                g.n_rot,
-                                g.rope_base_of(layer),
-                                g.rope_mode,
-                                freqs,
-                            );
-                        }
-                    }
-                }
-                Op::LayerNorm { x, w, b, eps, out } => {
-                    let (wv, bv) = (self.vector(w.0)?, self.vector(b.0)?);
-                    let r = acts.rows[x.0];
-                    let xs = std::mem::take(&mut acts.bufs[x.0]);
-                    let o = acts.write(out, r, wv.len());
-                    layer_norm(&xs[..r * wv.len()], wv, bv, eps, o);
-                    acts.bufs[x.0] = xs;
-                }
-                Op::AddBias { x, b } => {
-                    let bv = self.vector(b.0)?;
-                    let r = acts.rows[x.0];
-                    add_rows(acts.modify(x, r * bv.len()), bv);
-                }
-                Op::Act { act, x } => {
-                    let len = acts.rows[x.0] * graph.acts[x.0].width;
-                    let xs = acts.modify(x, len);
-                    match act {
-                        UnaryAct::GeluTanh => {
-                            pool::global().for_each_chunk_mut(xs, 4096, |_, c, _| {
-                                c.iter_mut().for_each(|v| *v = gelu_ggml(*v))
-                            })
-                        }
-                    }
-                }
-                Op::AddPosEmbed { table, x } => {
-                    let t = self.matrix(table.0)?;
-                    let d = t.in_features();
-                    let mut pe = std::mem::take(tmp);
-                    pe.resize(d, 0.0);
-                    let xs = acts.modify(x, n * d);
-                    for (row, q) in xs.chunks_exact_mut(d).zip(rows.iter()) {
-                        t.dequantize_row(q.pos, &mut pe)?;
-                        add_rows(row, &pe);
-                    }
-                    *tmp = pe;
-                }
-                Op::Slice { x, start, out } => {
-                    let (wx, wo) = (graph.acts[x.0].width, graph.acts[out.0].width);
-                    let r = acts.rows[x.0];
-                    let xs = std::mem::take(&mut acts.bufs[x.0]);
-                    let o = acts.write(out, r, wo);
-                    for (or, xr) in o.chunks_exact_mut(wo).zip(xs.chunks_exact(wx)) {
-                        or.copy_from_slice(&xr[start..start + wo]);
-                    }
-                    acts.bufs[x.0] = xs;
-                }
-                Op::KvStore { layer, k, v } => {
-                    let (ks, vs) = (&acts.bufs[k.0], &acts.bufs[v.0]);
-                    for (s, &(start, len)) in steps.iter_mut().zip(spans.iter()) {
-                        let span = start * kv_dim..(start + len) * kv_dim;
-                        s.kv.write(layer, &ks[span.clone()], &vs[span]);
-                    }
-                }
-                Op::Attention { layer, q, out } => {
-                    let heads = Heads {
-                        n_head: g.n_head,
-                        n_head_kv: g.n_head_kv,
-                        head_dim: g.head_dim,
-                        window: g.window_of(layer),
-                    };
-                    let need =
-                        scratch_per_thread(capacity, g.head_dim) * pool::global().n_threads();
-                    attn_scratch.resize(need, 0.0);
-                    let qs = std::mem::take(&mut acts.bufs[q.0]);
-                    let w = graph.acts[out.0].width;
-                    let o = acts.write(out, n, w);
-                    let seqs: &[SeqStep<'_>] = steps;
-                    if !g.causal && att_rows.is_empty() {
-                        att_rows.extend(whole_step_rows(rows, spans));
-                    }
-                    attention_rows(
-                        &qs[..n * g.n_head * g.head_dim],
-                        |i| seqs[i].kv.layer(layer),
-                        if g.causal { rows } else { att_rows },
-                        heads,
-                        capacity,
-                        o,
-                        attn_scratch,
-                    );
-                    acts.bufs[q.0] = qs;
-                }
-                Op::Glu { act, gate, up } => {
-                    let w = graph.acts[gate.0].width;
-                    let ups = std::mem::take(&mut acts.bufs[up.0]);
-                    let gs = acts.modify(gate, n * w);
-                    match act {
-                        GluAct::Relu2 => gs.iter_mut().zip(&ups).for_each(|(g, &u)| {
-                            let r = g.max(0.0);
-                            *g = (r * r) * u;
-                        }),
-                        GluAct::Silu => gs.iter_mut().zip(&ups).for_each(|(g, &u)| {
-                            *g = (*g / (1.0 + (-*g).exp())) * u;
-                        }),
-                        GluAct::GeluTanh => gs
-                            .iter_mut()
-                            .zip(&ups)
-                            .for_each(|(g, &u)| *g = gelu_ggml(*g) * u),
-                    }
-                    acts.bufs[up.0] = ups;
-                }
-                Op::HeadRmsNorm { x, w, out } => {
-                    let wv = self.vector(w.0)?;
-                    let (r, width) = (acts.rows[x.0], graph.acts[x.0].width);
-                    let xs = std::mem::take(&mut acts.bufs[x.0]);
-                    rms_norm(
-                        &xs[..r * width],
-                        wv,
-                        graph.rms_eps,
-                        acts.write(out, r, width),
-                    );
-                    acts.bufs[x.0] = xs;
-                }
-                Op::Scale { x, s } => {
-                    let len = acts.rows[x.0] * graph.acts[x.0].width;
-                    acts.modify(x, len).iter_mut().for_each(|v| *v *= s);
-                }
-                Op::Add { x, y } => {
-                    let len = acts.rows[x.0] * graph.acts[x.0].width;
-                    let ys = std::mem::take(&mut acts.bufs[y.0]);
-                    let xs = acts.modify(x, len);
-                    xs.iter_mut().zip(&ys).for_each(|(a, &b)| *a += b);
-                    acts.bufs[y.0] = ys;
-                }
-                Op::SoftCap { x, cap } => {
-                    let len = acts.rows[x.0] * graph.acts[x.0].width;
-                    let xs = acts.modify(x, len);
-                    xs.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
-                }
-                Op::SelectRows { x, out } => {
-                    let w = graph.acts[x.0].width;
-                    let xs = std::mem::take(&mut acts.bufs[x.0]);
-                    let o = acts.write(out, sel_src.len(), w);
-                    for (or, &t) in o.chunks_exact_mut(w).zip(sel_src.iter()) {
-                        or.copy_from_slice(&xs[t * w..(t + 1) * w]);
-                    }
-                    acts.bufs[x.0] = xs;
-                }
-            }
+            pass.run(op)?;
         }
         for s in steps.iter_mut() {
             s.kv.advance(s.tokens.len());

@@ -6,6 +6,7 @@ mod attention;
 mod exec;
 mod linear;
 mod norm;
+mod pass;
 pub mod pool;
 mod quant_input;
 mod rope;

@@ -31,7 +31,8 @@
 //! - `kernels/*.wgsl`: each file's header documents role, bindings, dispatch and layout.
 //! - `upload.rs`: [`GpuUpload`] reads the header, builds the model's graph, checks and
 //!   allocates every weight, then takes tensors one at a time in file order (the browser
-//!   streams them); `plan.rs` compiles the graph into launches (fusions listed there);
+//!   streams them); `plan/` compiles the graph into launches, one builder per op (fusions
+//!   listed there);
 //!   `exec.rs`: [`GpuModel`], the step loop, async read-backs, timestamp profiling.
 //!
 //! # A step
@@ -89,6 +90,8 @@ mod tests_decode;
 mod tests_fam;
 #[cfg(test)]
 mod tests_mm;
+#[cfg(test)]
+mod tests_plan;
 mod upload;
 
 pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
