@@ -28,11 +28,13 @@ impl GpuKv {
     /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) halves.
     pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize) -> Result<GpuKv> {
         if !kv_dim.is_multiple_of(2) {
-            return Err(Error::Gpu(format!("KV cache: kv_dim {kv_dim} is odd")));
+            return Err(Error::KernelArgs(format!(
+                "KV cache: kv_dim {kv_dim} is odd"
+            )));
         }
         let bytes = n_pages
             .checked_mul(PAGE_POSITIONS * kv_dim * 2)
-            .ok_or_else(|| Error::Gpu(format!("KV cache: {n_pages} pages overflow")))?;
+            .ok_or_else(|| Error::KernelArgs(format!("KV cache: {n_pages} pages overflow")))?;
         Ok(GpuKv {
             k: GpuBuffer::zeroed(ctx, "kv.k", bytes as u64)?,
             v: GpuBuffer::zeroed(ctx, "kv.v", bytes as u64)?,
@@ -145,7 +147,7 @@ impl AttnDims {
         if ok {
             Ok(())
         } else {
-            Err(Error::Gpu(format!(
+            Err(Error::KernelArgs(format!(
                 "attention: unsupported geometry {self:?} (need n_head_kv | n_head, even \
                  head_dim ≤ 512, n_rot a multiple of 4 and ≤ head_dim)"
             )))
@@ -210,7 +212,7 @@ impl RopeKv {
         dims.check()?;
         if let Some(f) = rope.freqs {
             if f.size < (dims.n_rot / 2 * 4) as u64 {
-                return Err(Error::Gpu(format!(
+                return Err(Error::KernelArgs(format!(
                     "rope_kv: {} bytes of frequency factors for {} pairs",
                     f.size,
                     dims.n_rot / 2
@@ -218,7 +220,7 @@ impl RopeKv {
             }
         }
         if kv.kv_dim != dims.kv_dim() {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "rope_kv: cache rows of {} for kv_dim {}",
                 kv.kv_dim,
                 dims.kv_dim()
