@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use super::context::GpuContext;
 use super::ops::{ActQuant, ElemKind, MatmulKind, QFormat, RowOpKind};
 use super::preprocess::preprocess;
-use crate::{Error, Result};
+use crate::Result;
 
 /// Feature-dependent variant of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -539,7 +539,7 @@ impl GpuContext {
                 .lock()
                 .expect("lock")
                 .remove(&(src, key.variant));
-            return Err(Error::Shader {
+            return Err(crate::Error::Shader {
                 kernel: format!("{file} ({key:?})"),
                 message: e.to_string(),
             });
