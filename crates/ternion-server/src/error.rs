@@ -1,6 +1,7 @@
 //! The server's errors: why it could not start ([`StartError`]), why the engine ended a
 //! sequence ([`EngineError`]), and how a library error becomes an OpenAI-shaped answer
-//! with the right status ([`status_of`]).
+//! with the right status ([`status_of`]). Each error shows its cause in its message (none
+//! is also a `source`, so `{:#}` chains do not repeat it).
 
 use std::sync::Arc;
 
@@ -20,22 +21,22 @@ pub enum StartError {
         message: String,
     },
     /// The model, its tokenizer or its chat template could not be read.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}: {error}")]
     Load {
         /// What was being read, e.g. "reading the tokenizer of".
         what: &'static str,
         /// The model file.
         path: String,
         /// The library's error.
-        source: Box<ternion::Error>,
+        error: Box<ternion::Error>,
     },
     /// The GPU could not be opened or the model not put on it.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Gpu {
         /// What was being done, e.g. "loading the model onto the GPU".
         what: &'static str,
         /// The library's error.
-        source: Box<ternion::Error>,
+        error: Box<ternion::Error>,
     },
     /// `--backend gpu` on a server built without the GPU backend.
     #[error("this server was built without the GPU backend")]
@@ -50,12 +51,12 @@ pub enum StartError {
     #[error("the engine thread panicked")]
     EnginePanicked,
     /// An operating-system failure (starting the engine thread, serving HTTP).
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Io {
         /// What was being done.
         what: &'static str,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 

@@ -167,9 +167,9 @@ impl Server {
             shared.clone(),
             loaded_tx,
         )
-        .map_err(|source| StartError::Io {
+        .map_err(|error| StartError::Io {
             what: "starting the engine thread",
-            source,
+            error,
         })?;
         let loaded = loaded_rx.await.unwrap_or(Err(StartError::EngineEnded));
         if let Err(e) = loaded {
@@ -234,9 +234,9 @@ impl Server {
         shared.shutdown.store(true, Release);
         shared.cancel_all.store(true, Release);
         let joined = tokio::task::spawn_blocking(move || engine.join()).await;
-        served.map_err(|source| StartError::Io {
+        served.map_err(|error| StartError::Io {
             what: "serving HTTP",
-            source,
+            error,
         })?;
         match joined {
             Ok(Ok(())) => Ok(()),

@@ -175,11 +175,11 @@ pub enum Error {
     /// A GPU op was built with arguments its kernel cannot run (widths that disagree, a
     /// geometry out of range): a bug in the caller or a model shape the kernels do not
     /// cover. The message starts with the op or tensor.
-    #[error("{0}")]
+    #[error("gpu: {0}")]
     KernelArgs(String),
     /// A GPU failure while a weight was being uploaded, with the upload's progress.
     #[error(
-        "while uploading '{tensor}' ({:.1} of {:.1} MB of weights on the GPU): {source}",
+        "while uploading '{tensor}' ({:.1} of {:.1} MB of weights on the GPU): {error}",
         *.done as f64 / 1e6,
         *.total as f64 / 1e6
     )]
@@ -190,8 +190,8 @@ pub enum Error {
         done: u64,
         /// Bytes of every weight.
         total: u64,
-        /// What failed.
-        source: Box<Error>,
+        /// What failed (shown in the message, so not also a `source`).
+        error: Box<Error>,
     },
     /// The GPU plan cannot be built for the model's graph (an op without a GPU kernel, a
     /// weight where the plan expects another kind).
@@ -238,7 +238,7 @@ impl Error {
     /// The error itself, or for [`Error::Uploading`] the failure it wraps.
     pub fn root(&self) -> &Error {
         match self {
-            Error::Uploading { source, .. } => source.root(),
+            Error::Uploading { error, .. } => error.root(),
             e => e,
         }
     }
@@ -309,7 +309,7 @@ mod tests {
             tensor: "output.weight".into(),
             done: 1_500_000,
             total: 3_000_000,
-            source: Box::new(Error::OutOfMemory {
+            error: Box::new(Error::OutOfMemory {
                 what: "creating buffer 'x'".into(),
                 bytes: Some(9),
                 message: "driver".into(),

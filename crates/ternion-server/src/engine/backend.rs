@@ -22,9 +22,9 @@ pub(super) fn gpu(
         device_index: index,
         ..GpuOptions::default()
     };
-    let ctx = GpuContext::new(&opts).map_err(|source| StartError::Gpu {
+    let ctx = GpuContext::new(&opts).map_err(|e| StartError::Gpu {
         what: "opening the GPU",
-        source: Box::new(source),
+        error: Box::new(e),
     })?;
     // One step holds a prompt budget's chunk and a token of every other sequence; the
     // samplers read back the top-k candidates when they allow it.
@@ -36,11 +36,10 @@ pub(super) fn gpu(
         top_k: MAX_TOPK,
         ..GpuModelOptions::default()
     };
-    let gpu =
-        GpuModel::from_model(Arc::new(ctx), model, gopts).map_err(|source| StartError::Gpu {
-            what: "loading the model onto the GPU",
-            source: Box::new(source),
-        })?;
+    let gpu = GpuModel::from_model(Arc::new(ctx), model, gopts).map_err(|e| StartError::Gpu {
+        what: "loading the model onto the GPU",
+        error: Box::new(e),
+    })?;
     let lose_after = std::env::var("TERNION_TEST_GPU_LOST_AFTER")
         .ok()
         .and_then(|v| v.parse().ok());

@@ -282,10 +282,10 @@ type LoadedModel = (Arc<Model>, Arc<Tokenizer>, Receiver<Job>, usize);
 
 fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> {
     let failed = |what| {
-        move |source| StartError::Load {
+        move |e| StartError::Load {
             what,
             path: cfg.model_path.display().to_string(),
-            source: Box::new(source),
+            error: Box::new(e),
         }
     };
     let (file, model) = ternion::model::load(&cfg.model_path).map_err(failed("loading"))?;

@@ -182,7 +182,7 @@ fn while_uploading(e: Error, name: &str, done: u64, total: u64) -> Error {
             tensor: name.into(),
             done,
             total,
-            source: Box::new(e),
+            error: Box::new(e),
         },
         other => other,
     }

@@ -28,9 +28,7 @@ impl GpuKv {
     /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) halves.
     pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize) -> Result<GpuKv> {
         if !kv_dim.is_multiple_of(2) {
-            return Err(Error::KernelArgs(format!(
-                "KV cache: kv_dim {kv_dim} is odd"
-            )));
+            return Err(Error::KernelArgs(format!("KV cache: odd kv_dim {kv_dim}")));
         }
         let bytes = n_pages
             .checked_mul(PAGE_POSITIONS * kv_dim * 2)
