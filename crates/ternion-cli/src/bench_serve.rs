@@ -260,6 +260,7 @@ impl InProcess {
             rt.block_on(ternion_server::run(cfg, listener, async {
                 let _ = rx.await;
             }))
+            .map_err(anyhow::Error::from)
         });
         Ok(InProcess {
             url,

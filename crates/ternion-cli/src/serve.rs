@@ -180,6 +180,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
         server
             .serve(listener, ternion_server::shutdown_signal())
-            .await
+            .await?;
+        anyhow::Ok(())
     })
 }

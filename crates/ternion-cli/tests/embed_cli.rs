@@ -104,5 +104,11 @@ fn embed_errors_name_what_is_wrong() {
     let other = path.with_extension("q4_0.gguf");
     let o = synth("q4_0", &other);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not ternary"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "ternary weight type 'Q4_0' is not supported (supported: I2_S, TQ1_0, TQ2_0, Q2_0)"
+        ),
+        "{err}"
+    );
 }

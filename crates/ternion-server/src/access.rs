@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
 use axum::extract::{MatchedPath, Request};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -14,6 +13,7 @@ use subtle::ConstantTimeEq;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 use crate::api::ApiError;
+use crate::error::StartError;
 
 /// Access settings.
 #[derive(Clone, Debug, Default)]
@@ -68,7 +68,7 @@ pub async fn require_key(access: Arc<Access>, req: Request, next: Next) -> Respo
 
 /// The CORS layer for `origins` (`*` allows any), or `None` when there are none; an
 /// origin that is not a valid header value is an error.
-pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>> {
+pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>, StartError> {
     if origins.is_empty() {
         return Ok(None);
     }
@@ -79,7 +79,12 @@ pub fn cors(origins: &[String]) -> Result<Option<CorsLayer>> {
         for o in origins {
             match HeaderValue::from_str(o.trim_end_matches('/')) {
                 Ok(v) if o.contains("://") => list.push(v),
-                _ => bail!("--cors-origin '{o}': expected an origin like https://example.com or *"),
+                _ => {
+                    return Err(StartError::Setting {
+                        flag: "--cors-origin",
+                        message: format!("'{o}': expected an origin like https://example.com or *"),
+                    })
+                }
             }
         }
         AllowOrigin::list(list)

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use crate::access::{self, Access, RequestLog};
 use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
 use crate::engine::{Job, Ready, Shared};
+use crate::error::StartError;
 use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
 
 /// What every handler sees.
@@ -36,7 +37,7 @@ pub struct AppState {
 /// The router with every endpoint, the request body limit in bytes, and the access
 /// rules (API key, CORS; an invalid CORS origin is an error). Every request gets an id
 /// and one log line.
-pub fn router(state: Arc<AppState>, max_body: usize, access: Access) -> anyhow::Result<Router> {
+pub fn router(state: Arc<AppState>, max_body: usize, access: Access) -> Result<Router, StartError> {
     let cors = access::cors(&access.cors_origins)?;
     let access = Arc::new(access);
     let counter = Arc::new(AtomicU64::new(1));
@@ -119,7 +120,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     if let Some(reason) = st.shared.failed.get() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unhealthy", "error": reason})),
+            Json(json!({"status": "unhealthy", "error": reason.to_string()})),
         )
             .into_response();
     }

@@ -19,6 +19,7 @@ pub mod access;
 pub mod api;
 pub mod embeddings;
 pub mod engine;
+pub mod error;
 pub mod http;
 pub mod metrics;
 mod respond;
@@ -30,12 +31,12 @@ use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
 use ternion::tokenizer::TokenizerOptions;
 
 pub use crate::access::Access;
 pub use crate::engine::{Batching, Device};
 use crate::engine::{EngineConfig, Shared};
+pub use crate::error::StartError;
 use crate::http::AppState;
 
 /// Server settings.
@@ -134,12 +135,16 @@ pub struct Server {
 impl Server {
     /// Starts the engine thread and waits until it has loaded the model (and prepared the
     /// GPU when it runs there); a model that cannot be served is an error here.
-    pub async fn load(cfg: ServerConfig) -> Result<Server> {
+    pub async fn load(cfg: ServerConfig) -> Result<Server, StartError> {
+        let at_least_1 = |flag| StartError::Setting {
+            flag,
+            message: "must be at least 1".into(),
+        };
         if cfg.max_active == 0 {
-            bail!("--max-active must be at least 1");
+            return Err(at_least_1("--max-active"));
         }
         if cfg.queue == 0 {
-            bail!("--queue must be at least 1");
+            return Err(at_least_1("--queue"));
         }
         let shared = Arc::new(Shared::default());
         shared
@@ -162,15 +167,15 @@ impl Server {
             shared.clone(),
             loaded_tx,
         )
-        .context("starting the engine thread")?;
-        let loaded = match loaded_rx.await {
-            Ok(r) => r,
-            Err(_) => Err("the engine thread ended while loading the model".into()),
-        };
+        .map_err(|error| StartError::Io {
+            what: "starting the engine thread",
+            error,
+        })?;
+        let loaded = loaded_rx.await.unwrap_or(Err(StartError::EngineEnded));
         if let Err(e) = loaded {
             // The thread ends right after reporting; its panic, if any, is in `e` already.
             let _ = tokio::task::spawn_blocking(move || engine.join()).await;
-            bail!(e);
+            return Err(e);
         }
         Ok(Server {
             cfg,
@@ -191,7 +196,7 @@ impl Server {
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<()> {
+    ) -> Result<(), StartError> {
         let Server {
             cfg,
             shared,
@@ -229,10 +234,13 @@ impl Server {
         shared.shutdown.store(true, Release);
         shared.cancel_all.store(true, Release);
         let joined = tokio::task::spawn_blocking(move || engine.join()).await;
-        served.context("serving HTTP")?;
+        served.map_err(|error| StartError::Io {
+            what: "serving HTTP",
+            error,
+        })?;
         match joined {
             Ok(Ok(())) => Ok(()),
-            _ => bail!("the engine thread panicked"),
+            _ => Err(StartError::EnginePanicked),
         }
     }
 }
@@ -243,6 +251,6 @@ pub async fn run(
     cfg: ServerConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<()> {
+) -> Result<(), StartError> {
     Server::load(cfg).await?.serve(listener, shutdown).await
 }

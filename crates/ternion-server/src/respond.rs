@@ -5,7 +5,6 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -155,8 +154,8 @@ pub(crate) fn stream_response(
                     st.queue.push_back(SseEvent::default().data("[DONE]"));
                     st.done = true;
                 }
-                Some(Event::Error { status, message }) => {
-                    let e = error_for(status, message);
+                Some(Event::Error(e)) => {
+                    let e = ApiError::from(&e);
                     st.queue.push_back(sse_json(&e.body()));
                     st.done = true;
                 }
@@ -176,25 +175,9 @@ pub(crate) fn stream_response(
 /// The answer for a request the engine cannot take or dropped without a word (it has
 /// stopped): 503, with the reason when the engine failed (a GPU fault).
 pub(crate) fn engine_gone(shared: &Shared) -> ApiError {
-    ApiError::unavailable(
-        shared
-            .failed
-            .get()
-            .map_or("the engine has stopped", String::as_str),
-    )
-}
-
-fn error_for(status: u16, message: String) -> ApiError {
-    if status == 503 {
-        ApiError::unavailable(message)
-    } else if status == 400 {
-        ApiError::bad_request(message, None)
-    } else {
-        ApiError::new(
-            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            "server_error",
-            message,
-        )
+    match shared.failed.get() {
+        Some(e) => ApiError::from(e),
+        None => ApiError::unavailable("the engine has stopped"),
     }
 }
 
@@ -217,7 +200,7 @@ pub(crate) async fn whole_response(
                 meta.log.tokens(d.prompt_tokens, d.completion_tokens);
                 break d;
             }
-            Some(Event::Error { status, message }) => return Err(error_for(status, message)),
+            Some(Event::Error(e)) => return Err(ApiError::from(&e)),
             None => return Err(engine_gone(shared)),
         }
     };

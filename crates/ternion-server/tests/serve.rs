@@ -733,17 +733,23 @@ fn gpu_device_lost_keeps_the_server_up_and_unhealthy() {
     let body = json!({"model": "tiny", "prompt": "Hello", "max_tokens": 20});
     let (status, v) = s.post("/v1/completions", &body);
     assert_eq!(status, 503, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
     assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("engine stopped"),
+        msg.contains("the engine stopped: GPU device lost (Destroyed)"),
         "{v}"
     );
+    assert_eq!(v["error"]["code"], "service_unavailable", "{v}");
     let (status, health) = get(&s.url("/health"));
     assert_eq!(status, 503);
     let health: Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["status"], "unhealthy", "{health}");
+    assert!(
+        health["error"]
+            .as_str()
+            .unwrap()
+            .contains("GPU device lost"),
+        "{health}"
+    );
     let (status, v) = s.post("/v1/completions", &body);
     assert_eq!(status, 503, "{v}");
     assert_eq!(get(&s.url("/v1/models")).0, 200, "the server is still up");

@@ -12,7 +12,9 @@
 //! t.stop(); t.reset();
 //! ```
 //! Every method that can fail rejects (or throws) a JavaScript `Error` with the core
-//! crate's message.
+//! crate's message; its `name` says what happened (the core's `Error::kind`:
+//! `"NoAdapter"`, `"DeviceLost"`, `"OutOfMemory"`, `"ExceedsLimit"`, `"Unsupported"`,
+//! `"Request"`, `"ContextFull"`, …), so a page can branch on `e.name`.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -33,11 +35,16 @@ use ternion::sample::{Sampler, SamplerConfig};
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 use ternion::{Error, Result};
 
-/// The message every "no WebGPU" failure starts with (the page and its test look for it).
-const NO_WEBGPU: &str = "no WebGPU: this browser does not expose navigator.gpu";
+/// Why there is no adapter when the browser has no `navigator.gpu` (the message says
+/// "no WebGPU", as the page's own check does).
+const NO_WEBGPU: &str = "no WebGPU: this browser does not expose navigator.gpu; use a browser \
+                         with WebGPU enabled, or backend \"cpu\" for small models";
 
-fn to_js(e: Error) -> JsError {
-    JsError::new(&e.to_string())
+/// A JavaScript `Error` with `e`'s message, named by its kind ([`Error::kind`]).
+fn to_js(e: Error) -> JsValue {
+    let js = js_sys::Error::new(&e.to_string());
+    js.set_name(e.kind());
+    js.into()
 }
 
 fn get(obj: &JsValue, key: &str) -> Option<JsValue> {
@@ -123,14 +130,12 @@ async fn load<S: ByteSource>(
     let (header, backend, adapter): (Arc<GgufFile>, Backend, String) = match backend_name.as_str() {
         "webgpu" => {
             if !webgpu_exposed() {
-                return Err(Error::Gpu(format!(
-                    "{NO_WEBGPU} (use a browser with WebGPU enabled, or backend \"cpu\" for \
-                     small models)"
-                )));
+                return Err(Error::NoAdapter {
+                    backends: "BROWSER_WEBGPU".into(),
+                    hint: NO_WEBGPU,
+                });
             }
-            let ctx = GpuContext::new_async(&GpuOptions::default())
-                .await
-                .map_err(|e| Error::Gpu(format!("no WebGPU device: {e}")))?;
+            let ctx = GpuContext::new_async(&GpuOptions::default()).await?;
             // The core's upload API takes an Arc (shared across threads natively); a page
             // has one thread.
             #[allow(clippy::arc_with_non_send_sync)]
@@ -350,7 +355,7 @@ impl Ternion {
         url: String,
         options: JsValue,
         on_progress: Option<Function>,
-    ) -> std::result::Result<Ternion, JsError> {
+    ) -> std::result::Result<Ternion, JsValue> {
         let src = UrlSource::open(&url).await.map_err(to_js)?;
         load(src, options, on_progress).await.map_err(to_js)
     }
@@ -363,7 +368,7 @@ impl Ternion {
         name: String,
         options: JsValue,
         on_progress: Option<Function>,
-    ) -> std::result::Result<Ternion, JsError> {
+    ) -> std::result::Result<Ternion, JsValue> {
         load(BlobSource::new(file, name), options, on_progress)
             .await
             .map_err(to_js)
@@ -387,7 +392,7 @@ impl Ternion {
             inner
                 .generate(prompt, options, on_token)
                 .await
-                .map_err(|e| to_js(e).into())
+                .map_err(to_js)
         })
     }
 
@@ -397,12 +402,12 @@ impl Ternion {
     }
 
     /// Forgets the sequence (and the chat history); fails while a generation runs.
-    pub fn reset(&self) -> std::result::Result<(), JsError> {
-        let mut engine = self
-            .inner
-            .engine
-            .try_borrow_mut()
-            .map_err(|_| JsError::new("cannot reset while a generation is running"))?;
+    pub fn reset(&self) -> std::result::Result<(), JsValue> {
+        let mut engine = self.inner.engine.try_borrow_mut().map_err(|_| {
+            to_js(Error::Request(
+                "cannot reset while a generation is running".into(),
+            ))
+        })?;
         engine.reset();
         *self.inner.chat.borrow_mut() = None;
         Ok(())

@@ -35,19 +35,25 @@ pub const POOLING_NAMES: &[&str] = &["none", "mean", "cls", "last"];
 impl Pooling {
     /// The pooling of a GGUF `pooling_type` code.
     pub fn from_code(code: u32) -> Result<Pooling> {
+        Self::from_code_of("pooling_type", code)
+    }
+
+    /// [`Pooling::from_code`] naming the metadata key `key` in the error.
+    fn from_code_of(key: &str, code: u32) -> Result<Pooling> {
         match code {
             0 => Ok(Pooling::None),
             1 => Ok(Pooling::Mean),
             2 => Ok(Pooling::Cls),
             3 => Ok(Pooling::Last),
-            4 => Err(Error::Model(
-                "pooling_type 4 (rank: a reranker head) is not supported (supported: 0 none, \
-                 1 mean, 2 cls, 3 last)"
-                    .into(),
+            other => Err(Error::unsupported(
+                key,
+                match other {
+                    4 => "4 (rank: a reranker head)".to_owned(),
+                    n => n.to_string(),
+                },
+                ["0 none", "1 mean", "2 cls", "3 last"],
+                "",
             )),
-            other => Err(Error::Model(format!(
-                "pooling_type {other} is unknown (supported: 0 none, 1 mean, 2 cls, 3 last)"
-            ))),
         }
     }
 
@@ -55,7 +61,7 @@ impl Pooling {
     pub fn of_model(model: &Model) -> Result<Pooling> {
         let key = format!("{}.pooling_type", model.config().arch_name);
         match model.file().get_u32(&key)? {
-            Some(code) => Pooling::from_code(code).map_err(|e| Error::Model(format!("{key}: {e}"))),
+            Some(code) => Pooling::from_code_of(&key, code),
             None => Ok(Pooling::Mean),
         }
     }
@@ -67,10 +73,7 @@ impl Pooling {
             "mean" => Ok(Pooling::Mean),
             "cls" => Ok(Pooling::Cls),
             "last" => Ok(Pooling::Last),
-            _ => Err(Error::Request(format!(
-                "unknown pooling '{name}' (supported: {})",
-                POOLING_NAMES.join(", ")
-            ))),
+            _ => Err(Error::unsupported("pooling", name, POOLING_NAMES, "")),
         }
     }
 
@@ -188,10 +191,11 @@ impl<'m> Embedder<'m> {
             return Err(Error::Request("cannot embed an empty input".into()));
         }
         if tokens.len() > limit {
-            return Err(Error::Request(format!(
-                "the input has {} tokens; the model's context is {limit}",
-                tokens.len()
-            )));
+            return Err(Error::ContextFull {
+                used: 0,
+                new: tokens.len(),
+                n_ctx: limit,
+            });
         }
         let mut st = self.model.cpu_state(tokens.len());
         let rows = self

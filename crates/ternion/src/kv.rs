@@ -52,9 +52,12 @@ impl KvType {
         match name {
             "f16" => Ok(KvType::F16),
             "f32" => Ok(KvType::F32),
-            _ => Err(Error::Request(format!(
-                "unknown KV cache type '{name}' (supported: f16, f32)"
-            ))),
+            _ => Err(Error::unsupported(
+                "KV cache type",
+                name,
+                ["f16", "f32"],
+                "",
+            )),
         }
     }
 }
@@ -499,7 +502,10 @@ mod tests {
     fn context_bound_is_checked_before_pages() {
         let pool = KvPool::new(geo(), 10);
         let mut s = KvSeq::new(pool.clone(), 6);
-        assert!(matches!(s.reserve(7), Err(Error::Request(_))));
+        assert!(matches!(
+            s.reserve(7),
+            Err(Error::ContextFull { n_ctx: 6, .. })
+        ));
         assert_eq!(pool.pages_in_use(), 0);
     }
 }

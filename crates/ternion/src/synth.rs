@@ -103,10 +103,17 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
         return write_gpt2(spec, out);
     }
     if !quant::is_ternary(spec.weight_type) && spec.weight_type != GgmlType::Q2_0 {
-        return Err(Error::Request(format!(
-            "synth: weight type {} is not ternary (use I2_S, TQ1_0, TQ2_0 or Q2_0)",
-            spec.weight_type
-        )));
+        return Err(Error::unsupported(
+            "synth: ternary weight type",
+            spec.weight_type,
+            [
+                GgmlType::I2_S,
+                GgmlType::TQ1_0,
+                GgmlType::TQ2_0,
+                GgmlType::Q2_0,
+            ],
+            "",
+        ));
     }
     use crate::model::Arch;
     let arch = Arch::from_name(spec.arch);
@@ -114,11 +121,19 @@ pub fn write(spec: &Spec, out: &Path) -> Result<()> {
         arch,
         Some(Arch::BitNet | Arch::BitNetB158 | Arch::Llama | Arch::Qwen3)
     ) {
-        return Err(Error::Request(format!(
-            "synth: unknown architecture '{}' (bitnet-b1.58, bitnet-25, bitnet, llama, qwen3, \
-             gpt2)",
-            spec.arch
-        )));
+        return Err(Error::unsupported(
+            "synth: architecture",
+            spec.arch,
+            [
+                "bitnet-b1.58",
+                "bitnet-25",
+                "bitnet",
+                "llama",
+                "qwen3",
+                "gpt2",
+            ],
+            "",
+        ));
     }
     // Falcon3-1.58 / TriLM style: the llama block (no sub-norms) with ternary weights;
     // Ternary-Bonsai: the qwen3 block (per-head q/k norms).
@@ -259,9 +274,12 @@ fn write_gpt2(spec: &Spec, out: &Path) -> Result<()> {
         GgmlType::Q8_0 => quant::q8_0::quantize_row,
         GgmlType::Q4_0 => quant::q4_0::quantize_row,
         other => {
-            return Err(Error::Request(format!(
-                "synth: gpt2 weight type {other} is not supported (f32, f16, q8_0, q4_0)"
-            )))
+            return Err(Error::unsupported(
+                "synth: gpt2 weight type",
+                other,
+                [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0],
+                "",
+            ))
         }
     };
     let sh = &spec.shape;

@@ -196,8 +196,18 @@ fn pooling_comes_from_the_file() {
         rank.contains("llama.pooling_type") && rank.contains("rank") && rank.contains("3 last"),
         "{rank}"
     );
-    let unknown = pooling(Some(9)).unwrap_err().to_string();
-    assert!(unknown.contains("pooling_type 9 is unknown"), "{unknown}");
+    let unknown = pooling(Some(9)).unwrap_err();
+    assert!(
+        matches!(&unknown, ternion::Error::Unsupported { what, found, supported, .. }
+            if what == "llama.pooling_type" && found == "9" && supported.len() == 4),
+        "{unknown}"
+    );
+    assert!(
+        unknown
+            .to_string()
+            .contains("llama.pooling_type '9' is not supported (supported: 0 none"),
+        "{unknown}"
+    );
 }
 
 #[test]
@@ -326,15 +336,25 @@ fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
     let gpu = |m: &Model| GpuModel::from_model(ctx.clone(), m, GpuModelOptions::default());
     assert!(gpu(&load_with(&path, &[])).is_ok());
     let f32 = load_with(&path, &[]).with_kv_type(KvType::F32);
-    let e = gpu(&f32).err().unwrap().to_string();
+    let e = gpu(&f32).err().unwrap();
     assert!(
-        e.contains("F32 KV cache is not supported on the GPU yet"),
+        matches!(&e, ternion::Error::Unsupported { found, .. } if found == "F32"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("GPU KV cache type 'F32' is not supported (supported: F16)"),
         "{e}"
     );
     let open = load_with(&path, &[("qwen3.attention.causal", Value::Bool(false))]);
-    let e = gpu(&open).err().unwrap().to_string();
+    let e = gpu(&open).err().unwrap();
     assert!(
-        e.contains("qwen3.attention.causal = false") && e.contains("use the CPU"),
+        matches!(e, ternion::Error::UnsupportedFeature { .. }),
+        "{e}"
+    );
+    let e = e.to_string();
+    assert!(
+        e.contains("qwen3.attention.causal = false") && e.contains("needs the CPU backend"),
         "{e}"
     );
 }

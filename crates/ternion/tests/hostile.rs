@@ -861,7 +861,7 @@ fn all_cases() -> Vec<Case> {
         &mut c,
         "vocab-model-unknown",
         Tokenizer,
-        "unsupported tokenizer.ggml.model",
+        "tokenizer.ggml.model 'bert' is not supported (supported: gpt2, llama)",
         edited(|r| {
             r.set("tokenizer.ggml.model", strv("bert"));
         }),

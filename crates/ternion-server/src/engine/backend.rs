@@ -5,6 +5,7 @@ use ternion::generate::{BatchBackend, BatchStep, Rows};
 use ternion::model::Model;
 
 use super::EngineConfig;
+use crate::error::StartError;
 
 /// Loads `model` onto GPU adapter `index` (`None`: the default one) for `cfg`'s sequences.
 pub(super) fn gpu(
@@ -13,7 +14,7 @@ pub(super) fn gpu(
     n_ctx: usize,
     prefill_per_step: usize,
     index: Option<usize>,
-) -> Result<Gpu, String> {
+) -> Result<Gpu, StartError> {
     use std::sync::Arc;
     use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions, MAX_TOPK};
     use ternion::generate::{GpuBatch, PREFILL_CHUNK};
@@ -21,7 +22,10 @@ pub(super) fn gpu(
         device_index: index,
         ..GpuOptions::default()
     };
-    let ctx = GpuContext::new(&opts).map_err(|e| format!("GPU: {e}"))?;
+    let ctx = GpuContext::new(&opts).map_err(|e| StartError::Gpu {
+        what: "opening the GPU",
+        error: Box::new(e),
+    })?;
     // One step holds a prompt budget's chunk and a token of every other sequence; the
     // samplers read back the top-k candidates when they allow it.
     let gopts = GpuModelOptions {
@@ -32,8 +36,10 @@ pub(super) fn gpu(
         top_k: MAX_TOPK,
         ..GpuModelOptions::default()
     };
-    let gpu = GpuModel::from_model(Arc::new(ctx), model, gopts)
-        .map_err(|e| format!("loading the model onto the GPU: {e}"))?;
+    let gpu = GpuModel::from_model(Arc::new(ctx), model, gopts).map_err(|e| StartError::Gpu {
+        what: "loading the model onto the GPU",
+        error: Box::new(e),
+    })?;
     let lose_after = std::env::var("TERNION_TEST_GPU_LOST_AFTER")
         .ok()
         .and_then(|v| v.parse().ok());

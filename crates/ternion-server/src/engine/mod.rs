@@ -40,6 +40,7 @@ use ternion::model::Model;
 use ternion::sample::SamplerConfig;
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 
+use crate::error::{EngineError, StartError};
 use crate::metrics::Metrics;
 
 /// One generation request, ready for the engine: already tokenized and validated.
@@ -78,12 +79,7 @@ pub enum Event {
     /// The sequence ended; nothing follows.
     Done(Done),
     /// The sequence failed or was cancelled by the server; nothing follows.
-    Error {
-        /// HTTP status that describes it (500 engine error, 503 shutting down).
-        status: u16,
-        /// What happened.
-        message: String,
-    },
+    Error(EngineError),
 }
 
 /// The end of a sequence.
@@ -131,7 +127,7 @@ pub struct Shared {
     /// Cancel every active sequence now (the shutdown grace period is over).
     pub cancel_all: std::sync::atomic::AtomicBool,
     /// Why the engine stopped serving (a GPU fault): set once, reported by `/health`.
-    pub failed: OnceLock<String>,
+    pub failed: OnceLock<EngineError>,
 }
 
 /// Where the engine runs the model.
@@ -187,7 +183,7 @@ pub enum Batching {
 pub fn spawn(
     cfg: EngineConfig,
     shared: Arc<Shared>,
-    loaded: tokio::sync::oneshot::Sender<Result<(), String>>,
+    loaded: tokio::sync::oneshot::Sender<Result<(), StartError>>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("ternion-engine".into())
@@ -229,8 +225,7 @@ pub fn spawn(
                 }
                 #[cfg(not(feature = "gpu"))]
                 Device::Gpu(_) => {
-                    let _ =
-                        loaded.send(Err("this server was built without the GPU backend".into()));
+                    let _ = loaded.send(Err(StartError::NoGpuBackend));
                 }
             }
         })
@@ -252,7 +247,7 @@ impl Run<'_> {
     fn serve<B: BatchBackend>(
         self,
         runner: B,
-        loaded: tokio::sync::oneshot::Sender<Result<(), String>>,
+        loaded: tokio::sync::oneshot::Sender<Result<(), StartError>>,
     ) {
         let m = &self.shared.metrics;
         let (_, capacity) = runner.pages();
@@ -285,16 +280,21 @@ impl Drop for LoadedFlag<'_> {
 
 type LoadedModel = (Arc<Model>, Arc<Tokenizer>, Receiver<Job>, usize);
 
-fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, String> {
-    let path = cfg.model_path.display();
-    let (file, model) =
-        ternion::model::load(&cfg.model_path).map_err(|e| format!("loading {path}: {e}"))?;
+fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> {
+    let failed = |what| {
+        move |e| StartError::Load {
+            what,
+            path: cfg.model_path.display().to_string(),
+            error: Box::new(e),
+        }
+    };
+    let (file, model) = ternion::model::load(&cfg.model_path).map_err(failed("loading"))?;
     let model = Arc::new(model);
-    let tokenizer = Tokenizer::from_gguf(&file, &cfg.tokenizer)
-        .map_err(|e| format!("reading the tokenizer of {path}: {e}"))?;
+    let tokenizer =
+        Tokenizer::from_gguf(&file, &cfg.tokenizer).map_err(failed("reading the tokenizer of"))?;
     let template = file
         .get_str("tokenizer.chat_template")
-        .map_err(|e| format!("reading the chat template of {path}: {e}"))?;
+        .map_err(failed("reading the chat template of"))?;
     let template = ChatTemplate::from_metadata(template);
     let n_ctx = cfg
         .n_ctx
@@ -318,7 +318,7 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, String> {
     };
     let tokenizer = ready.tokenizer.clone();
     if shared.ready.set(ready).is_err() {
-        return Err("the engine was started twice".into());
+        return Err(StartError::StartedTwice);
     }
     Ok((model, tokenizer, rx, n_ctx))
 }

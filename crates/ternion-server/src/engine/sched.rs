@@ -12,6 +12,7 @@ use ternion::tokenizer::Tokenizer;
 
 use super::seq::{advance_all, Seq};
 use super::{Batching, Event, Job, Shared};
+use crate::error::EngineError;
 use crate::metrics::Metrics;
 
 /// Measures generated tokens per second over windows of about a second.
@@ -64,10 +65,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
             if shutting && shared.cancel_all.load(Acquire) {
                 for s in active.drain(..) {
                     m.cancelled_total.fetch_add(1, Relaxed);
-                    s.send(Event::Error {
-                        status: 503,
-                        message: "the server is shutting down".into(),
-                    });
+                    s.send(Event::Error(EngineError::ShuttingDown));
                 }
             }
             // Clients that went away: dropping the sequence frees its KV pages.
@@ -121,10 +119,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
                 while let Ok(job) = rx.try_recv() {
                     m.queue_length.fetch_sub(1, Relaxed);
                     m.cancelled_total.fetch_add(1, Relaxed);
-                    let _ = job.events.send(Event::Error {
-                        status: 503,
-                        message: "the server is shutting down".into(),
-                    });
+                    let _ = job.events.send(Event::Error(EngineError::ShuttingDown));
                 }
                 return true;
             }
@@ -160,7 +155,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
 
     /// Runs one forward pass over `group` and advances each sequence. When the pass fails,
     /// each sequence is retried alone, so only the one at fault ends (with its error). A
-    /// GPU fault is returned: the engine cannot go on.
+    /// device fault (lost, out of memory) is returned: the engine cannot go on.
     fn forward(
         &mut self,
         group: &mut [&mut Seq<B::Seq>],
@@ -182,7 +177,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
         drop(steps);
         match result {
             Ok(rows) => advance_all(group, &rows, self.tok, m),
-            Err(e @ ternion::Error::Gpu(_)) => return Err(e),
+            Err(e) if e.is_device_fault() => return Err(e),
             Err(_) if group.len() > 1 => {
                 for s in group.iter_mut() {
                     self.forward(std::slice::from_mut(s), m)?;
@@ -190,21 +185,14 @@ impl<B: BatchBackend> Scheduler<'_, B> {
             }
             Err(e) => {
                 m.failed_total.fetch_add(1, Relaxed);
-                let status = match e {
-                    ternion::Error::KvPoolExhausted { .. } => 503,
-                    _ => 500,
-                };
-                group[0].send(Event::Error {
-                    status,
-                    message: format!("generation failed: {e}"),
-                });
+                group[0].send(Event::Error(EngineError::Generation(e.into())));
                 group[0].ended = true;
             }
         }
         Ok(())
     }
 
-    /// The engine cannot go on (`e`, a GPU fault): answers every sequence and queued
+    /// The engine cannot go on (`e`, a device fault): answers every sequence and queued
     /// request with 503 and the reason, and marks the server unhealthy.
     fn fail(
         &self,
@@ -213,25 +201,19 @@ impl<B: BatchBackend> Scheduler<'_, B> {
         active: &mut Vec<Seq<B::Seq>>,
         shared: &Shared,
     ) {
-        let reason = format!("the engine stopped: {e}");
+        let reason = EngineError::Stopped(e.into());
         eprintln!("ternion-server: {reason}");
         let _ = shared.failed.set(reason.clone());
         let m = &shared.metrics;
         m.model_loaded.store(false, Relaxed);
         for s in active.drain(..) {
             m.failed_total.fetch_add(1, Relaxed);
-            s.send(Event::Error {
-                status: 503,
-                message: reason.clone(),
-            });
+            s.send(Event::Error(reason.clone()));
         }
         while let Ok(job) = rx.try_recv() {
             m.queue_length.fetch_sub(1, Relaxed);
             m.failed_total.fetch_add(1, Relaxed);
-            let _ = job.events.send(Event::Error {
-                status: 503,
-                message: reason.clone(),
-            });
+            let _ = job.events.send(Event::Error(reason.clone()));
         }
         self.publish(0, m);
     }

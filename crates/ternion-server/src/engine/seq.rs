@@ -9,6 +9,7 @@ use ternion::sample::Sampler;
 use ternion::tokenizer::Tokenizer;
 
 use super::{Done, Event, Job};
+use crate::error::EngineError;
 use crate::metrics::Metrics;
 
 /// One sequence being generated.
@@ -31,12 +32,17 @@ impl<K> Seq<K> {
         mut job: Job,
     ) -> Option<Seq<K>> {
         let made = Sampler::new(job.sampler.clone())
-            .map_err(|e| (400, e.to_string()))
-            .and_then(|s| Ok((s, runner.new_seq(n_ctx).map_err(|e| (503, e.to_string()))?)));
+            .map_err(|e| EngineError::Sampler(e.into()))
+            .and_then(|s| {
+                let kv = runner
+                    .new_seq(n_ctx)
+                    .map_err(|e| EngineError::NoCache(e.into()))?;
+                Ok((s, kv))
+            });
         let (sampler, kv) = match made {
             Ok(m) => m,
-            Err((status, message)) => {
-                let _ = job.events.send(Event::Error { status, message });
+            Err(e) => {
+                let _ = job.events.send(Event::Error(e));
                 return None;
             }
         };

@@ -18,9 +18,11 @@ pub struct StepLimits {
 /// Fails unless `n` more positions fit after the `len` a context of `n_ctx` holds.
 pub fn check_room(len: usize, n: usize, n_ctx: usize) -> Result<()> {
     if len + n > n_ctx {
-        return Err(Error::Request(format!(
-            "context full: {len} positions used + {n} new > context size {n_ctx}"
-        )));
+        return Err(Error::ContextFull {
+            used: len,
+            new: n,
+            n_ctx,
+        });
     }
     Ok(())
 }
@@ -53,7 +55,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_limit_is_a_request_error() {
+    fn each_limit_is_a_request_or_context_error() {
         let l = StepLimits {
             n_vocab: Some(10),
             n_ctx: 8,
@@ -67,7 +69,14 @@ mod tests {
             (5, &[1, 2][..]),
         ] {
             let e = check_step(len, tokens, &l).unwrap_err();
-            assert!(matches!(e, Error::Request(_)), "{len} {tokens:?}: {e}");
+            let context = len + tokens.len() > 8;
+            assert!(
+                matches!(
+                    (context, &e),
+                    (false, Error::Request(_)) | (true, Error::ContextFull { n_ctx: 8, .. })
+                ),
+                "{len} {tokens:?}: {e}"
+            );
         }
         assert!(check_room(7, 1, 8).is_ok());
     }

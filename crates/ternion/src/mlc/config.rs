@@ -102,17 +102,15 @@ impl Phi3Config {
         let path = dir.join(CONFIG_FILE);
         let j: ChatConfigJson = read_json(&path)?;
         let bad = |msg: String| Error::Mlc(format!("{}: {msg}", path.display()));
+        let only = |key: &str, found: &str, supported: &str| {
+            let what = format!("MLC directory: {}: {key}", path.display());
+            Error::unsupported(what, found, [supported], "")
+        };
         if j.model_type != "phi3" {
-            return Err(bad(format!(
-                "model_type '{}' is not supported (this loader maps phi3)",
-                j.model_type
-            )));
+            return Err(only("model_type", &j.model_type, "phi3"));
         }
         if j.quantization != QUANTIZATION {
-            return Err(bad(format!(
-                "quantization '{}' is not supported (this loader converts {QUANTIZATION})",
-                j.quantization
-            )));
+            return Err(only("quantization", &j.quantization, QUANTIZATION));
         }
         let m = &j.model_config;
         if m.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {

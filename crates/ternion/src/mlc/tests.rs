@@ -435,7 +435,15 @@ fn hostile_directories_give_typed_errors() {
             v["quantization"] = "q4f16_0".into()
         })
     });
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("q4f16_0")), "{e}");
+    assert!(
+        matches!(&e, Error::Unsupported { found, supported, .. }
+            if found == "q4f16_0" && supported == &["q4f16_1"]),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("mlc-chat-config.json: quantization"),
+        "{e}"
+    );
 
     let e = broken("rope", |d| {
         edit_json(&d.join(CONFIG_FILE), |v| {

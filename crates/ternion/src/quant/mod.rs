@@ -85,6 +85,11 @@ impl GgmlType {
         TABLE.iter().find(|r| r.1 == id).map(|r| r.0)
     }
 
+    /// Every type this build knows.
+    pub fn all() -> impl Iterator<Item = GgmlType> {
+        TABLE.iter().map(|r| r.0)
+    }
+
     /// The ggml id stored in GGUF tensor infos.
     pub fn id(self) -> u32 {
         self.row().1

@@ -123,12 +123,7 @@ impl PreTokenizer {
             "gpt2" => Ok(PreTokenizer::Gpt2),
             _ => PreTokenizer::from_name(name)
                 .map(|(p, _)| p)
-                .ok_or_else(|| {
-                    Error::Tokenizer(format!(
-                        "unknown pre-tokenizer '{name}' (known: {})",
-                        PRE_TOKENIZER_NAMES.join(", ")
-                    ))
-                }),
+                .ok_or_else(|| Error::unsupported("pre-tokenizer", name, PRE_TOKENIZER_NAMES, "")),
         }
     }
 }
@@ -262,11 +257,12 @@ impl Tokenizer {
                 let (pre, ignore_merges) = match (opts.pre, file.get_str("tokenizer.ggml.pre")?) {
                     (Some(p), _) => (p, p == PreTokenizer::Llama3),
                     (None, Some(name)) => PreTokenizer::from_name(name).ok_or_else(|| {
-                        Error::Tokenizer(format!(
-                            "unknown tokenizer.ggml.pre '{name}' (this build knows: {}; \
-                             --pre-tokenizer NAME overrides it)",
-                            PRE_TOKENIZER_NAMES.join(", ")
-                        ))
+                        Error::unsupported(
+                            "tokenizer.ggml.pre",
+                            name,
+                            PRE_TOKENIZER_NAMES,
+                            "--pre-tokenizer NAME overrides it",
+                        )
                     })?,
                     (None, None) => (
                         opts.pre_when_absent,
@@ -293,9 +289,12 @@ impl Tokenizer {
                 (model, in_range(1), in_range(2), true)
             }
             other => {
-                return Err(Error::Tokenizer(format!(
-                    "unsupported tokenizer.ggml.model '{other}' (supported: gpt2, llama)"
-                )))
+                return Err(Error::unsupported(
+                    "tokenizer.ggml.model",
+                    other,
+                    ["gpt2", "llama"],
+                    "",
+                ))
             }
         };
         let read_id = |key: &str, default: Option<u32>| -> Result<Option<u32>> {

@@ -100,10 +100,12 @@ impl Linear {
             GgmlType::Q8_0 => (quant::q8_0::quantize_row, 32),
             GgmlType::Q6_K => (quant::q6_k::quantize_row, 256),
             other => {
-                return Err(Error::Model(format!(
-                    "tensor '{}': requantizing to {other} is not supported (Q8_0, Q6_K are)",
-                    self.info.name
-                )))
+                return Err(Error::unsupported(
+                    format!("tensor '{}': requantizing to", self.info.name),
+                    other,
+                    [GgmlType::Q8_0, GgmlType::Q6_K],
+                    "",
+                ))
             }
         };
         if !k.is_multiple_of(block) || self.tensor_scale != 1.0 {

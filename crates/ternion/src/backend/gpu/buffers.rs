@@ -114,7 +114,7 @@ impl Sharded {
         max_shard_bytes: Option<u64>,
     ) -> Result<Sharded> {
         if !row_bytes.is_multiple_of(4) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "{label}: rows of {row_bytes} bytes are not a multiple of 4"
             )));
         }
@@ -132,7 +132,7 @@ impl Sharded {
         max_shard_bytes: Option<u64>,
     ) -> Result<Sharded> {
         if row_bytes == 0 || !data.len().is_multiple_of(row_bytes) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "{label}: {} bytes are not whole rows of {row_bytes} bytes",
                 data.len()
             )));
@@ -158,18 +158,30 @@ impl Sharded {
         max_shard_bytes: Option<u64>,
     ) -> Result<Sharded> {
         if row_bytes == 0 {
-            return Err(Error::Gpu(format!("{label}: rows of 0 bytes")));
+            return Err(Error::KernelArgs(format!("{label}: rows of 0 bytes")));
         }
         let caps = ctx.caps();
-        let limit = max_shard_bytes
-            .unwrap_or(u64::MAX)
-            .min(caps.max_binding)
-            .min(caps.max_buffer);
-        let rows_per_shard = (limit / row_bytes as u64) as usize;
+        let (limit, max) = [
+            ("max_storage_buffer_binding_size", caps.max_binding),
+            ("max_buffer_size", caps.max_buffer),
+            (
+                "the shard size asked for",
+                max_shard_bytes.unwrap_or(u64::MAX),
+            ),
+        ]
+        .into_iter()
+        .min_by_key(|l| l.1)
+        .expect("three limits");
+        let rows_per_shard = (max / row_bytes as u64) as usize;
         if rows_per_shard == 0 {
-            return Err(Error::Gpu(format!(
-                "{label}: one row of {row_bytes} bytes exceeds the binding limit of {limit}"
-            )));
+            return Err(Error::ExceedsLimit {
+                what: format!("{label} (one row)"),
+                bytes: row_bytes as u64,
+                limit,
+                max,
+                adapter: caps.name.clone(),
+                hint: "",
+            });
         }
         let shards = (0..rows.div_ceil(rows_per_shard))
             .map(|i| {
@@ -188,7 +200,7 @@ impl Sharded {
     /// Queues the upload of every row (`data` = `rows × row_bytes` bytes).
     pub fn write_rows(&self, ctx: &GpuContext, data: &[u8]) -> Result<()> {
         if data.len() != self.rows * self.row_bytes {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "sharded upload: {} bytes for {} rows of {} bytes",
                 data.len(),
                 self.rows,

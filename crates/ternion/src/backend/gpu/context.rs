@@ -133,7 +133,47 @@ pub struct GpuContext {
     pub(crate) pipelines: PipelineCache,
     counters: AtomicCounters,
     /// First uncaptured error or device loss, reported by [`GpuContext::check`].
-    fault: Arc<Mutex<Option<String>>>,
+    fault: Arc<Mutex<Option<Fault>>>,
+}
+
+/// A failure the device reported on its own (not in an error scope): kept until
+/// [`GpuContext::check`] turns it into an [`Error`].
+#[derive(Clone, Debug)]
+enum Fault {
+    Lost { reason: String, message: String },
+    OutOfMemory(String),
+    Other { what: &'static str, message: String },
+}
+
+impl Fault {
+    fn of(e: &wgpu::Error) -> Fault {
+        match e {
+            wgpu::Error::OutOfMemory { .. } => Fault::OutOfMemory(e.to_string()),
+            wgpu::Error::Validation { .. } => Fault::Other {
+                what: "(validation, uncaptured)",
+                message: e.to_string(),
+            },
+            wgpu::Error::Internal { .. } => Fault::Other {
+                what: "(internal, uncaptured)",
+                message: e.to_string(),
+            },
+        }
+    }
+
+    fn error(&self) -> Error {
+        match self.clone() {
+            Fault::Lost { reason, message } => Error::DeviceLost { reason, message },
+            Fault::OutOfMemory(message) => Error::OutOfMemory {
+                what: "(uncaptured)".into(),
+                bytes: None,
+                message,
+            },
+            Fault::Other { what, message } => Error::DeviceFault {
+                what: what.into(),
+                message,
+            },
+        }
+    }
 }
 
 async fn enumerate(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
@@ -190,18 +230,18 @@ impl GpuContext {
             } else {
                 "on Linux without a GPU, install Mesa's lavapipe: mesa-vulkan-drivers"
             };
-            return Err(Error::Gpu(format!(
-                "no GPU adapter found for backends {:?} ({hint})",
-                opts.backends
-            )));
+            return Err(Error::NoAdapter {
+                backends: format!("{:?}", opts.backends),
+                hint,
+            });
         }
         let adapter = match opts.device_index {
             Some(i) if i < adapters.len() => adapters.swap_remove(i),
-            Some(i) => {
-                return Err(Error::Gpu(format!(
-                    "device index {i} out of range: {} adapter(s) found",
-                    adapters.len()
-                )))
+            Some(index) => {
+                return Err(Error::NoSuchAdapter {
+                    index,
+                    found: adapters.len(),
+                })
             }
             None => {
                 let best = (0..adapters.len())
@@ -228,11 +268,10 @@ impl GpuContext {
             );
         let prefill = match opts.prefill {
             Some(PrefillKernel::Coop) if !coop => {
-                return Err(Error::Gpu(format!(
-                    "{}: no 16×16×16 f16 cooperative matrices with 32-lane subgroups \
-                     (the coop prefill kernel needs them)",
-                    info.name
-                )))
+                return Err(Error::UnsupportedFeature {
+                    what: format!("the coop prefill kernel on {}", info.name),
+                    needs: "16×16×16 f16 cooperative matrices with 32-lane subgroups".into(),
+                })
             }
             Some(k) => k,
             None if coop => PrefillKernel::Coop,
@@ -257,22 +296,23 @@ impl GpuContext {
                 ..Default::default()
             })
             .await
-            .map_err(|e| Error::Gpu(format!("{}: request_device failed: {e}", info.name)))?;
+            .map_err(|e| Error::DeviceRequest {
+                adapter: info.name.clone(),
+                message: e.to_string(),
+            })?;
 
-        let fault = Arc::new(Mutex::new(None::<String>));
+        let fault = Arc::new(Mutex::new(None::<Fault>));
         let f = fault.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let msg = match &e {
-                wgpu::Error::OutOfMemory { .. } => format!("out of GPU memory: {e}"),
-                _ => format!("{e}"),
-            };
-            f.lock().expect("fault lock").get_or_insert(msg);
+            f.lock().expect("fault lock").get_or_insert(Fault::of(&e));
         }));
         let f = fault.clone();
-        device.set_device_lost_callback(move |reason, msg| {
-            f.lock()
-                .expect("fault lock")
-                .get_or_insert(format!("device lost ({reason:?}): {msg}"));
+        device.set_device_lost_callback(move |reason, message| {
+            // A loss replaces an earlier fault: it is what the caller must act on.
+            *f.lock().expect("fault lock") = Some(Fault::Lost {
+                reason: format!("{reason:?}"),
+                message,
+            });
         });
 
         let caps = Caps {
@@ -317,8 +357,20 @@ impl GpuContext {
     /// Errors if the device reported an uncaptured error or was lost.
     pub fn check(&self) -> Result<()> {
         match self.fault.lock().expect("fault lock").as_ref() {
-            Some(msg) => Err(Error::Gpu(msg.clone())),
+            Some(fault) => Err(fault.error()),
             None => Ok(()),
+        }
+    }
+
+    /// The device's own fault (a lost device explains a failed wait or map best), else a
+    /// [`Error::DeviceFault`] for `what` with `message`.
+    fn fault_or(&self, what: &str, message: impl std::fmt::Display) -> Error {
+        match self.check() {
+            Err(e) => e,
+            Ok(()) => Error::DeviceFault {
+                what: what.into(),
+                message: message.to_string(),
+            },
         }
     }
 
@@ -331,9 +383,20 @@ impl GpuContext {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer> {
+        let padded = size.max(4).next_multiple_of(4);
+        if padded > self.caps.max_buffer {
+            return Err(Error::ExceedsLimit {
+                what: format!("buffer '{label}'"),
+                bytes: padded,
+                limit: "max_buffer_size",
+                max: self.caps.max_buffer,
+                adapter: self.caps.name.clone(),
+                hint: "",
+            });
+        }
         let desc = wgpu::BufferDescriptor {
             label: Some(label),
-            size: size.max(4).next_multiple_of(4),
+            size: padded,
             usage,
             mapped_at_creation: false,
         };
@@ -358,14 +421,17 @@ impl GpuContext {
         let v = pollster::block_on(val.pop());
         let o = pollster::block_on(oom.pop());
         if let Some(e) = o {
-            return Err(Error::Gpu(format!(
-                "out of GPU memory creating buffer '{label}' of {size} bytes: {e}"
-            )));
+            return Err(Error::OutOfMemory {
+                what: format!("creating buffer '{label}'"),
+                bytes: Some(size),
+                message: e.to_string(),
+            });
         }
         if let Some(e) = v {
-            return Err(Error::Gpu(format!(
-                "cannot create buffer '{label}' of {size} bytes: {e}"
-            )));
+            return Err(Error::DeviceFault {
+                what: format!("creating buffer '{label}' of {size} bytes"),
+                message: e.to_string(),
+            });
         }
         Ok(buf)
     }
@@ -407,7 +473,7 @@ impl GpuContext {
     pub fn wait(&self) -> Result<()> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
+            .map_err(|e| self.fault_or("waiting for the GPU", e))?;
         self.check()
     }
 
@@ -428,11 +494,11 @@ impl GpuContext {
         #[cfg(not(target_arch = "wasm32"))]
         self.wait()?;
         rx.await
-            .map_err(|_| Error::Gpu("read-back: map callback dropped".into()))?
-            .map_err(|e| Error::Gpu(format!("read-back: map failed: {e}")))?;
+            .map_err(|_| self.fault_or("reading back", "the map callback was dropped"))?
+            .map_err(|e| self.fault_or("reading back", e))?;
         let out = read(
             &buf.get_mapped_range(0..size)
-                .map_err(|e| Error::Gpu(format!("read-back: {e}")))?,
+                .map_err(|e| self.fault_or("reading back", e))?,
         );
         buf.unmap();
         self.check()?;

@@ -134,10 +134,12 @@ impl GpuModel {
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
         if model.kv_type() != crate::kv::KvType::F16 {
-            return Err(Error::Gpu(format!(
-                "a {:?} KV cache is not supported on the GPU yet (it keeps F16)",
-                model.kv_type()
-            )));
+            return Err(Error::unsupported(
+                "GPU KV cache type",
+                format!("{:?}", model.kv_type()),
+                ["F16"],
+                "the GPU keeps its cache in F16",
+            ));
         }
         GpuUpload::from_file(ctx, model.file(), opts)
     }
@@ -151,16 +153,19 @@ impl GpuModel {
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
         if !graph.attn.causal {
-            return Err(Error::Gpu(format!(
-                "non-causal attention ({}.attention.causal = false) is not supported on the \
-                 GPU yet; use the CPU",
-                cfg.arch_name
-            )));
+            return Err(Error::UnsupportedFeature {
+                what: format!(
+                    "non-causal attention ({}.attention.causal = false)",
+                    cfg.arch_name
+                ),
+                needs: "the CPU backend (the GPU has no kernel for it yet)".into(),
+            });
         }
         if opts.max_batch == 0 || opts.n_ctx == 0 {
-            return Err(Error::Gpu(
-                "GPU plan: max_batch and n_ctx must be ≥ 1".into(),
-            ));
+            return Err(Error::Request(format!(
+                "GPU plan: max_batch and n_ctx must be ≥ 1, got {} and {}",
+                opts.max_batch, opts.n_ctx
+            )));
         }
         let slots = opts.max_seqs.saturating_add(1);
         let g = &*ctx;

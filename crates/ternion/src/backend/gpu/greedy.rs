@@ -73,10 +73,10 @@ impl GpuModel {
             }
         }
         if ids.len() != max {
-            return Err(Error::Gpu(format!(
-                "greedy decoding returned {} of {max} ids",
-                ids.len()
-            )));
+            return Err(Error::DeviceFault {
+                what: "greedy decoding".into(),
+                message: format!("the device returned {} of {max} ids", ids.len()),
+            });
         }
         Ok(ids)
     }

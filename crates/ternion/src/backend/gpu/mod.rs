@@ -5,7 +5,8 @@
 //! - [`GpuContext`] (`context.rs`) opens an adapter ([`GpuOptions`], [`list_adapters`] for
 //!   `--device N`) with the adapter's own limits and the optional features the kernels use
 //!   (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY), reports them as [`Caps`], turns uncaptured
-//!   errors and device loss into [`crate::Error::Gpu`] ([`GpuContext::check`]), and counts
+//!   errors and device loss into [`crate::Error::DeviceLost`], [`crate::Error::OutOfMemory`] or
+//!   [`crate::Error::DeviceFault`] ([`GpuContext::check`]), and counts
 //!   every pipeline, bind group and buffer it creates ([`Counters`]).
 //! - `pipelines.rs`: a cache of compute pipelines keyed by [`PipelineKey`] = [`Kernel`]
 //!   (an enum with each kernel's small integer specialisations, passed to WGSL as
@@ -78,6 +79,7 @@ mod greedy;
 mod ops;
 mod pipelines;
 mod plan;
+mod preprocess;
 mod profile;
 mod seqs;
 #[cfg(test)]
@@ -86,6 +88,8 @@ mod tests;
 mod tests_arch;
 #[cfg(test)]
 mod tests_decode;
+#[cfg(test)]
+mod tests_errors;
 #[cfg(test)]
 mod tests_fam;
 #[cfg(test)]
@@ -108,9 +112,10 @@ pub use ops::{
     MAX_TOPK, MM_TILE_TOKENS, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
-    preprocess, AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
+    AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,
 };
 pub use plan::Numerics;
+pub use preprocess::preprocess;
 pub use profile::KernelTime;
 pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};

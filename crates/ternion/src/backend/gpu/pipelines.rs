@@ -1,18 +1,13 @@
-//! The pipeline cache, keyed by a typed [`PipelineKey`], and the WGSL preprocessor.
-//!
-//! ## Preprocessor
-//! Kernels are plain `.wgsl` files. Code that must not even appear when a feature is off
-//! (`enable f16;`, subgroup builtins) sits between lines that are exactly
-//! `#if NAME`, `#else` and `#endif` (leading spaces allowed, nesting allowed). The names
-//! are `F16` and `SUBGROUPS`, defined from the [`Variant`]. Nothing else is rewritten;
-//! numeric specialisations go through WGSL `override` constants.
+//! The pipeline cache, keyed by a typed [`PipelineKey`]; kernels go through
+//! [`preprocess`](super::preprocess::preprocess) first.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::context::GpuContext;
 use super::ops::{ActQuant, ElemKind, MatmulKind, QFormat, RowOpKind};
-use crate::{Error, Result};
+use super::preprocess::preprocess;
+use crate::Result;
 
 /// Feature-dependent variant of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -454,45 +449,6 @@ impl Kernel {
     }
 }
 
-/// Applies the `#if NAME` / `#else` / `#endif` preprocessor (see the module docs).
-pub fn preprocess(file: &str, src: &str, defines: &[&str]) -> Result<String> {
-    // Each entry: (this branch is active, some enclosing branch is inactive).
-    let mut stack: Vec<(bool, bool)> = Vec::new();
-    let mut out = String::with_capacity(src.len());
-    let active =
-        |stack: &[(bool, bool)]| stack.last().is_none_or(|&(a, outer_off)| a && !outer_off);
-    for (n, line) in src.lines().enumerate() {
-        let t = line.trim();
-        let err = |what: &str| Error::Gpu(format!("{file}:{}: preprocessor: {what}", n + 1));
-        if let Some(name) = t.strip_prefix("#if ") {
-            let outer_off = !active(&stack);
-            stack.push((defines.contains(&name.trim()), outer_off));
-            out.push('\n');
-        } else if t == "#else" {
-            let top = stack.last_mut().ok_or_else(|| err("#else without #if"))?;
-            top.0 = !top.0;
-            out.push('\n');
-        } else if t == "#endif" {
-            stack.pop().ok_or_else(|| err("#endif without #if"))?;
-            out.push('\n');
-        } else if t.starts_with('#') {
-            return Err(err(&format!("unknown directive '{t}'")));
-        } else {
-            // Inactive lines become empty so that line numbers in errors stay right.
-            if active(&stack) {
-                out.push_str(line);
-            }
-            out.push('\n');
-        }
-    }
-    if !stack.is_empty() {
-        return Err(Error::Gpu(format!(
-            "{file}: preprocessor: unterminated #if"
-        )));
-    }
-    Ok(out)
-}
-
 /// Compiled shader modules and pipelines, created once and reused.
 #[derive(Default)]
 pub struct PipelineCache {
@@ -583,7 +539,10 @@ impl GpuContext {
                 .lock()
                 .expect("lock")
                 .remove(&(src, key.variant));
-            return Err(Error::Gpu(format!("{file} ({key:?}): {e}")));
+            return Err(crate::Error::Shader {
+                kernel: format!("{file} ({key:?})"),
+                message: e.to_string(),
+            });
         }
         self.count_pipeline();
         self.pipelines
@@ -594,7 +553,3 @@ impl GpuContext {
         Ok(pipeline)
     }
 }
-
-#[cfg(test)]
-#[path = "pipelines_tests.rs"]
-mod tests;

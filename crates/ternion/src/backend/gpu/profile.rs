@@ -38,11 +38,12 @@ impl Profiler {
             .features()
             .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
         {
-            return Err(Error::Gpu(format!(
-                "{}: profiling needs timestamp queries inside compute passes, which this \
-                 adapter does not offer",
-                ctx.caps().name
-            )));
+            return Err(Error::UnsupportedFeature {
+                what: format!("profiling on {}", ctx.caps().name),
+                needs: "timestamp queries inside compute passes, which this adapter does not \
+                        offer"
+                    .into(),
+            });
         }
         let n = plan.len() as u32 + 1;
         let queries = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {

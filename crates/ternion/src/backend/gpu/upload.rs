@@ -112,11 +112,15 @@ fn storage(
                     }
                 }
                 _ => {
-                    return Err(Error::Gpu(format!(
-                        "tensor '{name}' is {}: the GPU backend has no kernel for it (use \
-                         --backend cpu)",
-                        ty.name()
-                    )))
+                    return Err(Error::unsupported(
+                        format!("tensor '{name}': GPU weight type"),
+                        ty,
+                        GgmlType::all().filter(|&t| {
+                            matches!(t, GgmlType::I2_S | GgmlType::F16 | GgmlType::TQ1_0)
+                                || QFormat::from_ggml(t).is_some()
+                        }),
+                        "use --backend cpu",
+                    ))
                 }
             },
             k * m,
@@ -138,7 +142,11 @@ pub(crate) fn check_fits(
     let WeightKind::Matrix { k, m, .. } = *kind else {
         return Ok(());
     };
-    let limit = caps.max_binding.min(caps.max_buffer);
+    let (limit, max) = if caps.max_binding <= caps.max_buffer {
+        ("max_storage_buffer_binding_size", caps.max_binding)
+    } else {
+        ("max_buffer_size", caps.max_buffer)
+    };
     let (what, bytes) = match ty {
         GgmlType::I2_S => ("its ternary codes", (k * m / 4) as u64),
         // Uploaded as TQ2_0.
@@ -148,26 +156,34 @@ pub(crate) fn check_fits(
         ),
         _ => ("one row", stored / (m.max(1) as u64)),
     };
-    if bytes > limit {
-        return Err(Error::Gpu(format!(
-            "tensor '{name}' does not fit this GPU: {what} take {bytes} bytes, the adapter \
-             binds at most {limit} ({}: max_storage_buffer_binding_size {}, \
-             max_buffer_size {}); use --backend cpu",
-            caps.name, caps.max_binding, caps.max_buffer
-        )));
+    if bytes > max {
+        return Err(Error::ExceedsLimit {
+            what: format!("tensor '{name}' ({what})"),
+            bytes,
+            limit,
+            max,
+            adapter: caps.name.clone(),
+            hint: "use --backend cpu",
+        });
     }
     Ok(())
 }
 
-/// Names the tensor and the upload's progress in a GPU allocation failure (out of GPU
-/// memory, a buffer the device refuses).
+/// Names the tensor and the upload's progress in a GPU failure (out of GPU memory, a
+/// buffer the device refuses, a weight the kernels cannot take).
 fn while_uploading(e: Error, name: &str, done: u64, total: u64) -> Error {
     match e {
-        Error::Gpu(msg) => Error::Gpu(format!(
-            "while uploading '{name}' ({:.1} of {:.1} MB of weights on the GPU): {msg}",
-            done as f64 / 1e6,
-            total as f64 / 1e6
-        )),
+        Error::OutOfMemory { .. }
+        | Error::ExceedsLimit { .. }
+        | Error::DeviceFault { .. }
+        | Error::DeviceLost { .. }
+        | Error::KernelArgs(_)
+        | Error::Unsupported { .. } => Error::Uploading {
+            tensor: name.into(),
+            done,
+            total,
+            error: Box::new(e),
+        },
         other => other,
     }
 }
@@ -274,12 +290,12 @@ impl GpuUpload {
     /// Uploads the bytes of the tensor [`GpuUpload::next_tensor`] named.
     pub fn put(&mut self, bytes: &[u8]) -> Result<()> {
         let Some(p) = self.pending.get(self.next) else {
-            return Err(Error::Gpu("upload: every tensor is already in".into()));
+            return Err(Error::Request("upload: every tensor is already in".into()));
         };
         let name = &p.req.name;
         let want = p.req.range.end - p.req.range.start;
         if bytes.len() as u64 != want {
-            return Err(Error::Gpu(format!(
+            return Err(Error::Request(format!(
                 "upload of '{name}': {} bytes given, the file says {want}",
                 bytes.len()
             )));
@@ -312,12 +328,12 @@ impl GpuUpload {
                 GpuWeight::F16Rows(s) => s.write_rows(g, bytes)?,
                 GpuWeight::Quant { w, .. } => {
                     let WeightKind::Matrix { k, m, .. } = self.graph.weights[i].kind else {
-                        return Err(Error::Gpu(format!("{name}: not a matrix")));
+                        return Err(Error::KernelArgs(format!("{name}: not a matrix")));
                     };
                     // TQ1_0 goes up as TQ2_0: the same trits, one kernel.
                     *w = Some(if p.ty == GgmlType::TQ1_0 {
                         if !bytes.len().is_multiple_of(quant::tq1_0::BLOCK_BYTES) {
-                            return Err(Error::Gpu(format!(
+                            return Err(Error::KernelArgs(format!(
                                 "{name}: TQ1_0 bytes not whole blocks"
                             )));
                         }
@@ -340,7 +356,7 @@ impl GpuUpload {
     /// Compiles the plan once every tensor is in.
     pub fn finish(mut self) -> Result<GpuModel> {
         if let Some(t) = self.next_tensor() {
-            return Err(Error::Gpu(format!(
+            return Err(Error::Request(format!(
                 "upload incomplete: tensor '{}' was never given",
                 t.name
             )));
@@ -416,11 +432,24 @@ mod tests {
             "{err}"
         );
         assert!(
-            err.contains("at most 32768") && err.contains("--backend cpu"),
+            err.contains("max_storage_buffer_binding_size (32768 bytes on test adapter)")
+                && err.contains("--backend cpu"),
             "{err}"
         );
-        // The buffer limit counts too.
-        assert!(check_fits("w", GgmlType::I2_S, &ffn, 0, &caps(1 << 30, 40000)).is_err());
+        // The buffer limit counts too, and is named when it is the smaller one.
+        let e = check_fits("w", GgmlType::I2_S, &ffn, 0, &caps(1 << 30, 40000)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ExceedsLimit {
+                    bytes: 49152,
+                    limit: "max_buffer_size",
+                    max: 40000,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         check_fits("w", GgmlType::I2_S, &ffn, 0, &caps(49152, 49152)).unwrap();
         // Q8_0 is split into row shards: only one row (8 blocks × 34 bytes) must fit.
         let stored = 768 * 272;
@@ -428,7 +457,7 @@ mod tests {
         let err = check_fits("w", GgmlType::Q8_0, &ffn, stored, &caps(200, 4096))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("one row take 272 bytes"), "{err}");
+        assert!(err.contains("(one row): 272 bytes"), "{err}");
         // TQ1_0 goes up as TQ2_0 rows (66 bytes per 256 values).
         assert!(check_fits("w", GgmlType::TQ1_0, &ffn, 0, &caps(65, 65)).is_err());
         check_fits("w", GgmlType::TQ1_0, &ffn, 0, &caps(66, 66)).unwrap();
@@ -446,7 +475,11 @@ mod tests {
     #[test]
     fn allocation_failures_name_the_tensor_and_the_progress() {
         let e = while_uploading(
-            Error::Gpu("out of GPU memory creating buffer 'x' of 9 bytes".into()),
+            Error::OutOfMemory {
+                what: "creating buffer 'x'".into(),
+                bytes: Some(9),
+                message: "driver".into(),
+            },
             "output.weight",
             1_500_000,
             3_000_000,
@@ -457,6 +490,10 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("out of GPU memory"), "{msg}");
+        assert!(matches!(
+            e.root(),
+            Error::OutOfMemory { bytes: Some(9), .. }
+        ));
         // Other errors pass through unchanged.
         let e = while_uploading(Error::Model("bad".into()), "w", 0, 1);
         assert!(matches!(e, Error::Model(m) if m == "bad"));

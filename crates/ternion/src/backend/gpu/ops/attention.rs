@@ -35,7 +35,7 @@ impl AttnDims {
         if ok {
             Ok(())
         } else {
-            Err(Error::Gpu(format!(
+            Err(Error::KernelArgs(format!(
                 "attention: unsupported geometry {self:?} (need n_head_kv | n_head, even \
                  head_dim ≤ 512, n_rot a multiple of 4 and ≤ head_dim)"
             )))
@@ -100,7 +100,7 @@ impl RopeKv {
         dims.check()?;
         if let Some(f) = rope.freqs {
             if f.size < (dims.n_rot / 2 * 4) as u64 {
-                return Err(Error::Gpu(format!(
+                return Err(Error::KernelArgs(format!(
                     "rope_kv: {} bytes of frequency factors for {} pairs",
                     f.size,
                     dims.n_rot / 2
@@ -108,7 +108,7 @@ impl RopeKv {
             }
         }
         if kv.kv_dim != dims.kv_dim() {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "rope_kv: cache rows of {} for kv_dim {}",
                 kv.kv_dim,
                 dims.kv_dim()

@@ -42,7 +42,7 @@ impl NormIn {
 
     fn uniform(&self, ctx: &GpuContext) -> Result<GpuBuffer> {
         if !Self::fits(self.k) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "fast norm: row width {} (needs a multiple of 64, at most {FAST_NORM_MAX_K})",
                 self.k
             )));
@@ -92,7 +92,7 @@ impl NormQuant {
     /// Normalises the rows of `norm` into `out` (same width).
     pub fn new(ctx: &GpuContext, norm: &NormIn, out: &QuantAct) -> Result<NormQuant> {
         if out.k != norm.k {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "fast norm: activations of width {} for rows of {}",
                 out.k, norm.k
             )));
@@ -171,7 +171,7 @@ impl NormMatvec {
     pub fn new(ctx: &GpuContext, norm: &NormIn, kind: NormMatvecKind<'_>) -> Result<NormMatvec> {
         let nparams = norm.uniform(ctx)?;
         let width_err = |k: usize| {
-            Error::Gpu(format!(
+            Error::KernelArgs(format!(
                 "fast ternary matvec: weights of width {k} for rows of {}",
                 norm.k
             ))

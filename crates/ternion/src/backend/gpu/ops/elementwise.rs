@@ -76,7 +76,7 @@ impl Elementwise {
         out: &GpuBuffer,
     ) -> Result<Elementwise> {
         if hd == 0 || !n.is_multiple_of(hd) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "head_rmsnorm: row width {n} is not a multiple of the head width {hd}"
             )));
         }
@@ -130,7 +130,7 @@ impl Elementwise {
     /// `q` = rows of `x` quantized to int8 per token, as the ternary matvecs read them.
     pub fn quant_i8(ctx: &GpuContext, x: &GpuBuffer, q: &QuantAct) -> Result<Elementwise> {
         if !q.k.is_multiple_of(4) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "quant_i8: row width {} is not a multiple of 4",
                 q.k
             )));

@@ -61,7 +61,7 @@ impl TernaryMatmul {
         step: &StepUniform,
     ) -> Result<TernaryMatmul> {
         if act.k != w.k {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "ternary matmul: activations of width {} for weights of width {}",
                 act.k, w.k
             )));

@@ -38,7 +38,7 @@ impl TernaryWeights {
     /// [`TernaryWeights::fill`]; the scale is 0 until then.
     pub fn zeroed(ctx: &GpuContext, name: &str, k: usize, rows: usize) -> Result<TernaryWeights> {
         if k == 0 || !k.is_multiple_of(crate::quant::i2s::BLOCK_ELEMS) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "{name}: I2_S rows of {k} elements (the GPU kernel needs a multiple of 128)"
             )));
         }
@@ -55,7 +55,7 @@ impl TernaryWeights {
     pub fn fill(&mut self, ctx: &GpuContext, name: &str, data: &[u8]) -> Result<()> {
         let codes = self.k * self.rows / 4;
         if data.len() < codes + 4 {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "{name}: I2_S tensor of {} bytes does not hold {} rows of {} plus the scale",
                 data.len(),
                 self.rows,
@@ -91,7 +91,7 @@ impl TernaryMatvec {
     ) -> Result<TernaryMatvec> {
         check_tpr(tpr)?;
         if act.k != w.k {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "ternary matvec: activations of width {} for weights of width {}",
                 act.k, w.k
             )));
@@ -171,7 +171,7 @@ impl TernaryGlu {
     ) -> Result<TernaryGlu> {
         check_tpr(tpr)?;
         if (gate.k, gate.rows) != (up.k, up.rows) || act.k != gate.k {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "fused GLU: gate {}×{}, up {}×{}, activations of width {}",
                 gate.rows, gate.k, up.rows, up.k, act.k
             )));
@@ -235,7 +235,7 @@ impl Ternary3 {
     ) -> Result<Ternary3> {
         check_tpr(tpr)?;
         if w.iter().any(|m| m.k != act.k) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "matvec3: activations of width {} for weights of widths {}, {}, {}",
                 act.k, w[0].k, w[1].k, w[2].k
             )));
@@ -412,7 +412,7 @@ impl F16Matvec {
         check_tpr(tpr)?;
         let k = (w.row_bytes / 2) as u32;
         if !k.is_multiple_of(4) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "f16 matvec: row width {k} is not a multiple of 4"
             )));
         }

@@ -97,7 +97,7 @@ pub(crate) fn check_tpr(tpr: u32) -> Result<()> {
     if tpr.is_power_of_two() && tpr <= WG {
         Ok(())
     } else {
-        Err(Error::Gpu(format!(
+        Err(Error::KernelArgs(format!(
             "threads per row must be a power of two ≤ {WG}, got {tpr}"
         )))
     }

@@ -57,7 +57,7 @@ impl RmsNorm {
         let params = uniform(ctx, "rmsnorm.params", &[n as u32, eps.to_bits()])?;
         let quant = matches!(out, NormOut::Quant(_));
         if quant && !n.is_multiple_of(4) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "rmsnorm_quant: row width {n} is not a multiple of 4"
             )));
         }

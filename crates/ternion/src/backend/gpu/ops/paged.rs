@@ -37,11 +37,11 @@ impl GpuKv {
     /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) halves.
     pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize) -> Result<GpuKv> {
         if !kv_dim.is_multiple_of(2) {
-            return Err(Error::Gpu(format!("KV cache: kv_dim {kv_dim} is odd")));
+            return Err(Error::KernelArgs(format!("KV cache: odd kv_dim {kv_dim}")));
         }
         let bytes = n_pages
             .checked_mul(PAGE_POSITIONS * kv_dim * 2)
-            .ok_or_else(|| Error::Gpu(format!("KV cache: {n_pages} pages overflow")))?;
+            .ok_or_else(|| Error::KernelArgs(format!("KV cache: {n_pages} pages overflow")))?;
         Ok(GpuKv {
             k: GpuBuffer::zeroed(ctx, "kv.k", bytes as u64)?,
             v: GpuBuffer::zeroed(ctx, "kv.v", bytes as u64)?,

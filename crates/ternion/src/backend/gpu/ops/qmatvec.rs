@@ -164,14 +164,17 @@ impl QWeights {
         max_shard_bytes: Option<u64>,
     ) -> Result<QWeights> {
         let fmt = QFormat::from_ggml(ty).ok_or_else(|| {
-            Error::Gpu(format!(
-                "{name}: no GPU matmul kernel for weights of type {ty}"
-            ))
+            Error::unsupported(
+                format!("tensor '{name}': GPU matmul weight type"),
+                ty,
+                GgmlType::all().filter(|&t| QFormat::from_ggml(t).is_some()),
+                "",
+            )
         })?;
         let (be, bb) = fmt.block();
         let row_bytes = k / be * bb;
         if k == 0 || !k.is_multiple_of(be.max(fmt.unit())) || data.len() != rows * row_bytes {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "{name}: {ty} tensor of {} bytes does not hold {rows} rows of {k} (K must be \
                  a multiple of {})",
                 data.len(),
@@ -204,7 +207,7 @@ impl QAct {
     /// Buffers for up to `max_tokens` rows of `k` (a multiple of the quantizer's block).
     pub fn new(ctx: &GpuContext, kind: ActQuant, k: usize, max_tokens: usize) -> Result<QAct> {
         if k == 0 || !k.is_multiple_of(kind.block()) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "{kind:?} activations: width {k} is not a multiple of {}",
                 kind.block()
             )));
@@ -322,7 +325,7 @@ impl QMatvec {
                 (&a.q, &a.d, w.k / 4, w.k / kind.block() * kind.scales())
             }
             _ => {
-                return Err(Error::Gpu(format!(
+                return Err(Error::KernelArgs(format!(
                     "qmatvec: {:?} weights of width {} need {} input",
                     w.fmt,
                     w.k,

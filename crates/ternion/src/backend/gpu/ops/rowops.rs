@@ -150,7 +150,7 @@ impl RowOp {
             PosTable::F16(b) => (b, 1),
         };
         if f16 == 1 && !n.is_multiple_of(2) {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "add_pos: F16 table rows of odd width {n}"
             )));
         }
@@ -178,7 +178,7 @@ impl RowOp {
         out: &GpuBuffer,
     ) -> Result<RowOp> {
         if start + m > n {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "slice: columns {start}..{} of rows of {n}",
                 start + m
             )));

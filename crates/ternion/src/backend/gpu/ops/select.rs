@@ -41,7 +41,7 @@ impl TopK {
         max_rows: u32,
     ) -> Result<TopK> {
         if k == 0 || k > MAX_TOPK || n == 0 || max_rows == 0 {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "top-k: need 1 ≤ k ≤ {MAX_TOPK}, n ≥ 1 and rows ≥ 1, got k = {k}, n = {n}, \
                  rows = {max_rows}"
             )));

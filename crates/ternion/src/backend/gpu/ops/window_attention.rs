@@ -33,7 +33,7 @@ impl WindowAttention {
             || hd > 512
             || window == 0
         {
-            return Err(Error::Gpu(format!(
+            return Err(Error::KernelArgs(format!(
                 "window attention: unsupported geometry {dims:?}, window {window} (need \
                  n_head_kv | n_head, even head_dim ≤ 512, window ≥ 1)"
             )));

@@ -59,9 +59,10 @@ pub(super) fn quant_weight(weights: &[GpuWeight], w: WeightId) -> Option<(&QWeig
 
 /// The error of an op (or an op over weights) the GPU has no kernel for.
 pub(super) fn unsupported(op: &Op) -> Error {
-    Error::Gpu(format!(
-        "the GPU backend has no kernel for {op:?} in this build (use --backend cpu)"
-    ))
+    Error::UnsupportedFeature {
+        what: format!("{op:?}"),
+        needs: "the CPU backend (--backend cpu): the GPU has no kernel for it".into(),
+    }
 }
 
 impl Compiler<'_> {
@@ -172,7 +173,7 @@ impl Compiler<'_> {
     pub(super) fn vector(&self, w: WeightId) -> Result<GpuBuffer> {
         match &self.weights[w.0] {
             GpuWeight::Vector(Some(b)) => Ok(b.clone()),
-            _ => Err(Error::Gpu(format!(
+            _ => Err(Error::KernelArgs(format!(
                 "weight '{}' is not an uploaded vector",
                 self.graph.weights[w.0].name
             ))),

@@ -26,5 +26,10 @@ fn preprocessor_branches_and_nesting() {
     );
     assert!(preprocess("t", "#if X\n", &[]).is_err());
     assert!(preprocess("t", "#endif\n", &[]).is_err());
-    assert!(preprocess("t", "#define X\n", &[]).is_err());
+    let e = preprocess("t", "a\n#define X\n", &[]).unwrap_err();
+    assert!(
+        matches!(&e, crate::Error::Shader { kernel, message }
+            if kernel == "t:2" && message.contains("unknown directive '#define X'")),
+        "{e}"
+    );
 }
