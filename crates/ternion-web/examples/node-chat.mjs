@@ -8,7 +8,7 @@
 // MODEL is a file path or an http(s) URL of a server that answers range requests. --gpu
 // needs the `webgpu` package (Dawn for Node: `npm install webgpu`) and a GPU that Dawn
 // accepts; without it the CPU backend runs (whole file in memory: small models only).
-import { createInterface } from "node:readline/promises";
+import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
 import init, { load } from "ternion-web";
 
@@ -62,17 +62,20 @@ if (opt.prompt !== undefined) {
   await reply(opt.prompt);
 } else {
   // Ctrl-C stops a reply, or quits at the prompt; /reset forgets the conversation.
-  const rl = createInterface({ input: process.stdin, output: process.stdout });
+  const rl = createInterface({ input: process.stdin, output: process.stdout, prompt: "> " });
   let busy = false;
   rl.on("SIGINT", () => (busy ? t.stop() : rl.close()));
-  for (;;) {
-    const line = await rl.question("> ").catch(() => null);
-    if (line === null || line === "/quit") break;
-    if (line === "/reset") { t.reset(); continue; }
-    if (!line.trim()) continue;
-    busy = true;
-    await reply(line);
-    busy = false;
+  rl.prompt();
+  for await (const line of rl) {
+    if (line === "/quit") break;
+    if (line === "/reset") {
+      t.reset();
+    } else if (line.trim()) {
+      busy = true;
+      await reply(line);
+      busy = false;
+    }
+    rl.prompt();
   }
   rl.close();
 }
