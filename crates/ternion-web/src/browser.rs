@@ -184,12 +184,16 @@ impl ReaderSource {
                 "{name}: the reader has no read(start, end) function"
             ))
         })?;
-        let size = field("size").as_f64();
+        let size = field("size");
         let len = size
+            .as_f64()
             .filter(|x| *x >= 0.0 && x.fract() == 0.0 && *x <= (1u64 << 53) as f64)
             .ok_or_else(|| {
+                let got = size
+                    .as_f64()
+                    .map_or_else(|| "no number".into(), |x| x.to_string());
                 Error::Request(format!(
-                    "{name}: the reader's size must be a whole number of bytes, got {size:?}"
+                    "{name}: the reader's size must be a whole number of bytes, got {got}"
                 ))
             })? as u64;
         Ok(ReaderSource {

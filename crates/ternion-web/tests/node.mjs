@@ -105,6 +105,11 @@ await rejects(load(junk), /junk\.gguf/, "not GGUF");
 await rejects(load(model, { backend: "vulkan" }), /backend 'vulkan'/, "unknown backend");
 await rejects(Ternion.loadReader({ name: "r", size: 10 }, {}), /no read\(start, end\)/,
   "reader without read");
+await rejects(Ternion.loadReader({ name: "r", size: -1, read: () => null }, {}),
+  /size must be a whole number of bytes, got -1/, "reader with a bad size");
+await rejects(Ternion.loadReader({ name: "r", size: 64, read: () => "text" },
+  { backend: "cpu" }),
+  /read\(0, 64\) returned no Uint8Array/, "reader returning text");
 
 // A caller's gpu object becomes navigator.gpu for wgpu: one that has no adapter to give
 // must be asked, and the load must say so.
