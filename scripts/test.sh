@@ -25,7 +25,8 @@ if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then
 else
   echo "skipped: aarch64 check (rustup could not add the aarch64-unknown-linux-gnu target)"
 fi
-# The browser: wasm kernels in headless Chromium, the page end to end, "no WebGPU" control.
+# The browser: wasm kernels in headless Chromium, the page end to end, "no WebGPU" control,
+# and the npm package under Node.js >= 20 (scripts/node-test.sh).
 ./scripts/web-test.sh
 # Fuzz targets: build and a short smoke run of each (under a minute of fuzzing).
 SMOKE_SECONDS="${SMOKE_SECONDS:-8}" ./scripts/fuzz-smoke.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Browser tests (issue 7): the GPU kernels through wasm-bindgen-test in headless Chromium
 # (WebGPU on SwiftShader), then the chat page end to end against the native CPU backend's
-# token ids, and the "no WebGPU" negative control. Installs what is missing, once:
+# token ids, the "no WebGPU" negative control, and the npm package under Node.js against
+# the same native ids (scripts/node-test.sh, issue 18). Installs what is missing, once:
 # Debian's chromium + chromium-driver, the wasm32-unknown-unknown target, and
 # wasm-bindgen-cli at exactly the version Cargo.lock names (kept in ~/.cargo/bin).
 set -euo pipefail
@@ -37,3 +38,6 @@ export WASM_BINDGEN_TEST_TIMEOUT=300
 cargo build --release -p ternion-cli -j2
 target="${CARGO_TARGET_DIR:-target}"
 python3 crates/ternion-web/tests/e2e.py --ternion "$target/release/ternion" ${WEB_SCREENSHOT:+--screenshot "$WEB_SCREENSHOT"}
+
+# 3. The npm package under Node.js (CPU backend), against `ternion run --json`.
+./scripts/node-test.sh

@@ -24,7 +24,7 @@ use js_sys::{Array, Function, Object, Reflect};
 use wasm_bindgen::prelude::*;
 use web_sys::Blob;
 
-use crate::browser::{BlobSource, Browser, UrlSource};
+use crate::browser::{BlobSource, Browser, ReaderSource, UrlSource};
 use crate::engine::{Backend, CpuSeq, Engine, Generated};
 use crate::loader::{self, ByteSource, Progress};
 use ternion::backend::gpu::{GpuContext, GpuModelOptions, GpuOptions};
@@ -372,6 +372,20 @@ impl Ternion {
         load(BlobSource::new(file, name), options, on_progress)
             .await
             .map_err(to_js)
+    }
+
+    /// Loads a GGUF file through `reader`, an object `{ name, size, read(start, end) }`
+    /// whose `read` returns (a promise of) a `Uint8Array` of those bytes; the Node.js
+    /// entry point passes a file handle this way. Options and progress as
+    /// [`Ternion::load_url`].
+    #[wasm_bindgen(js_name = loadReader)]
+    pub async fn load_reader(
+        reader: JsValue,
+        options: JsValue,
+        on_progress: Option<Function>,
+    ) -> std::result::Result<Ternion, JsError> {
+        let src = ReaderSource::new(reader).map_err(to_js)?;
+        load(src, options, on_progress).await.map_err(to_js)
     }
 
     /// Generates from `prompt`, calling `onToken(id, text)` per token (`id` undefined for

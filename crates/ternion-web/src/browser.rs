@@ -1,5 +1,6 @@
-//! The browser's side of the traits: byte sources over `fetch` range requests and `Blob`
-//! slices, and a host whose pause yields to the event loop.
+//! The JavaScript side of the traits: byte sources over `fetch` range requests, `Blob`
+//! slices and a caller's reader object (Node.js files), and a host whose pause yields to
+//! the event loop.
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -160,6 +161,76 @@ impl ByteSource for BlobSource {
             .await
             .map_err(|e| js_err(&self.name, e))?;
         Ok(Uint8Array::new(&buf).to_vec())
+    }
+}
+
+/// A reader object from the caller: `{ name, size, read(start, end) }`, where `read`
+/// returns (a promise of) a `Uint8Array` of bytes `start..end` (the Node.js entry point
+/// wraps a file handle in one).
+pub struct ReaderSource {
+    reader: JsValue,
+    read: Function,
+    name: String,
+    len: u64,
+}
+
+impl ReaderSource {
+    /// Checks that `reader` has a `read` function and a whole, non-negative `size`.
+    pub fn new(reader: JsValue) -> Result<ReaderSource> {
+        let field = |key: &str| Reflect::get(&reader, &key.into()).unwrap_or(JsValue::UNDEFINED);
+        let name = field("name").as_string().unwrap_or_else(|| "reader".into());
+        let read = field("read").dyn_into::<Function>().map_err(|_| {
+            Error::Request(format!(
+                "{name}: the reader has no read(start, end) function"
+            ))
+        })?;
+        let size = field("size");
+        let len = size
+            .as_f64()
+            .filter(|x| *x >= 0.0 && x.fract() == 0.0 && *x <= (1u64 << 53) as f64)
+            .ok_or_else(|| {
+                let got = size
+                    .as_f64()
+                    .map_or_else(|| "no number".into(), |x| x.to_string());
+                Error::Request(format!(
+                    "{name}: the reader's size must be a whole number of bytes, got {got}"
+                ))
+            })? as u64;
+        Ok(ReaderSource {
+            reader,
+            read,
+            name,
+            len,
+        })
+    }
+}
+
+impl ByteSource for ReaderSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    async fn read(&self, range: Range<u64>) -> Result<Vec<u8>> {
+        let what = || format!("{}: read({}, {})", self.name, range.start, range.end);
+        let r = self
+            .read
+            .call2(
+                &self.reader,
+                &(range.start as f64).into(),
+                &(range.end as f64).into(),
+            )
+            .map_err(|e| js_err(&what(), e))?;
+        let bytes = JsFuture::from(Promise::resolve(&r))
+            .await
+            .map_err(|e| js_err(&what(), e))?;
+        bytes
+            .dyn_into::<Uint8Array>()
+            .map(|b| b.to_vec())
+            .map_err(|_| Error::Request(format!("{} returned no Uint8Array", what())))
     }
 }
 

@@ -6,8 +6,10 @@
 //!   read-ahead window, never the whole file.
 //! - [`engine`]: one sequence on a loaded model and its asynchronous generation loop.
 //! - `api` (wasm32 only): the JavaScript class `Ternion` — `loadUrl`, `loadFile`,
-//!   `generate` with a streaming callback, `stop`, `reset` — see `www/README.md` for the
-//!   JavaScript side and `README.md` ("In the browser") for building and serving.
+//!   `loadReader`, `generate` with a streaming callback, `stop`, `reset` — see `README.md`
+//!   ("In the browser", "Node.js") for building, serving and the JavaScript side.
+//! - `node/index.mjs`: the package's Node.js entry point (wasm from the package directory,
+//!   models from file paths or URLs, WebGPU through a caller's `gpu` object or the CPU).
 //!
 //! The loader and engine are plain async Rust over small traits ([`loader::ByteSource`],
 //! [`engine::Host`]), so native tests run them on lavapipe against the CPU backend.

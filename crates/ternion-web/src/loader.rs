@@ -127,7 +127,7 @@ pub async fn upload<S: ByteSource>(
 pub async fn read_all<S: ByteSource>(src: &S) -> Result<GgufFile> {
     if src.len() > CPU_MAX_BYTES {
         return Err(Error::Request(format!(
-            "{}: {} bytes is too large for the CPU backend in a browser (at most {}); \
+            "{}: {} bytes is too large for the CPU backend in wasm (at most {}); \
              use WebGPU",
             src.name(),
             src.len(),

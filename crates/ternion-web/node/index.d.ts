@@ -1,0 +1,33 @@
+// Types of the Node.js entry point (node/index.mjs).
+import { Ternion } from "../pkg/ternion_web.js";
+
+export { Ternion };
+
+/** Instantiates the wasm module (once), reading it from the package directory. */
+export default function init(): Promise<unknown>;
+
+/** A file read by byte ranges, as `Ternion.loadReader` takes it. */
+export interface FileReader {
+  name: string;
+  size: number;
+  read(start: number, end: number): Promise<Uint8Array>;
+  close(): Promise<void>;
+}
+
+/** A reader over the file at `path` (one file handle; each read reads just its bytes). */
+export function openFile(path: string): Promise<FileReader>;
+
+/** Options of `load`: those of `Ternion.loadUrl` plus the WebGPU `GPU` object to use. */
+export interface LoadOptions {
+  backend?: "webgpu" | "cpu";
+  nCtx?: number;
+  maxBatch?: number;
+  gpu?: unknown;
+}
+
+/** Loads a GGUF model from a file path, a file: URL or an http(s) URL. */
+export function load(
+  model: string | URL,
+  options?: LoadOptions,
+  onProgress?: (phase: string, done: number, total: number) => void,
+): Promise<Ternion>;
