@@ -503,6 +503,16 @@ impl GpuContext {
                     if matches!(src, Source::RopeKv | Source::AttentionFastRope) {
                         code.push_str(include_str!("kernels/rope.wgsl"));
                     }
+                    if matches!(
+                        src,
+                        Source::Attention
+                            | Source::AttentionFast
+                            | Source::AttentionFastRope
+                            | Source::AttentionPrompt
+                            | Source::WindowAttention
+                    ) {
+                        code.push_str(include_str!("kernels/paged_kv.wgsl"));
+                    }
                     code.push_str(include_str!("kernels/common.wgsl"));
                     let m = self
                         .device

@@ -5,7 +5,7 @@
 // to different sequences: batched decoding).
 //
 // Bindings (group 0; each entry point binds only those it uses):
-//   0 uniform Params { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }:
+//   0 uniform AttnParams { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }:
 //                     n_ctx = most positions of one sequence; pps = page-table entries per
 //                     sequence
 //   2 storage read  q:       array<f32>   T × n_head·head_dim (rotated)
@@ -51,7 +51,6 @@
 const WG: u32 = 256u;
 const CHUNK: u32 = 256u;
 const MAX_HD: u32 = 512u;
-const NEG: f32 = -3.0e38;
 
 override ROUND_P: bool = false;
 // Numerics "fast": decode rows of up to FAST_KEYS keys belong to attention_fast.wgsl.
@@ -60,18 +59,7 @@ override FAST: bool = false;
 override TILED: bool = false;
 const FAST_KEYS: u32 = 2048u;
 
-struct Params {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    n_ctx: u32,
-    scale: f32,
-    max_chunks: u32,
-    pps: u32,
-    pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: AttnParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> k_cache: array<u32>;
 @group(0) @binding(4) var<storage, read> v_cache: array<u32>;
@@ -81,9 +69,6 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> partial: array<f32>;
 @group(0) @binding(9) var<storage, read> toks: array<vec2<u32>>;
 @group(0) @binding(10) var<storage, read> pages: array<u32>;
-
-// Positions per KV page (kv.rs PAGE_POSITIONS).
-const PAGE: u32 = 32u;
 
 // Cache row of position `i` of sequence slot `s`.
 fn cache_row(s: u32, i: u32) -> u32 {
@@ -95,11 +80,6 @@ var<workgroup> red: array<f32, WG>;
 var<workgroup> probs: array<f32, CHUNK>;
 var<workgroup> acc_sh: array<vec2<f32>, WG>;
 var<workgroup> tok_sh: vec2<u32>;
-
-// toks[t].y: the sequence slot, and this flag for a single-token step of its sequence
-// that keeps the decode numerics inside a multi-token step (`decode_row`).
-const DECODE_ROW: u32 = 0x80000000u;
-const SLOT_MASK: u32 = 0x7fffffffu;
 
 fn max_all(v: f32, li: u32) -> f32 {
     red[li] = v;

@@ -5,8 +5,8 @@
 // a sequence decoded beside others gets exactly the values it gets alone.
 //
 // Bindings (group 0; each entry point binds only those it uses):
-//   0 uniform Params { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }
-//                     (attention.wgsl's; max_chunks here = FAST_KEYS / PAGE)
+//   0 uniform AttnParams { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }
+//                     (paged_kv.wgsl; max_chunks here = FAST_KEYS / PAGE)
 //   2 storage read  q:     array<f32>        T × n_head·head_dim (rotated)
 //   3 storage read  k4:    array<vec4<u32>>  the paged F16 key cache, 16 bytes at a time
 //                                            (attention.wgsl's layout; head_dim % 8 == 0)
@@ -32,26 +32,11 @@
 // decode rows, or whose context exceeds FAST_KEYS, are left to attention.wgsl.
 
 const WG: u32 = 256u;
-const PAGE: u32 = 32u;
 const FAST_KEYS: u32 = 2048u;
 // Query values of one kv group: G · head_dim ≤ MAX_GQ.
 const MAX_GQ: u32 = 2048u;
-const NEG: f32 = -3.0e38;
-const DECODE_ROW: u32 = 0x80000000u;
-const SLOT_MASK: u32 = 0x7fffffffu;
 
-struct Params {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    n_ctx: u32,
-    scale: f32,
-    max_chunks: u32,
-    pps: u32,
-    pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: AttnParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 #if ROPE
 @group(0) @binding(3) var<storage, read_write> k4: array<vec4<u32>>;

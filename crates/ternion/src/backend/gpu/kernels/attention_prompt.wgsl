@@ -6,8 +6,8 @@
 // tolerance (BENCHMARKS.md, 2026-11-25). Probabilities, sums and P·V are f32.
 //
 // Bindings (group 0):
-//   0 uniform Params { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }
-//                     (attention.wgsl's)
+//   0 uniform AttnParams { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }
+//                     (paged_kv.wgsl)
 //   1 storage read  blocks:  array<vec2<u32>>  [0].x = block count, then per block (first
 //                                         token, tokens ≤ 32): consecutive tokens of one
 //                                         sequence (ops/paged.rs KvIndex::write_blocks)
@@ -34,22 +34,8 @@ const BK: u32 = 32u;
 // the score tile (33).
 const HWP: u32 = 65u;
 const SP: u32 = 33u;
-const NEG: f32 = -3.0e38;
-const PAGE: u32 = 32u;
-const SLOT_MASK: u32 = 0x7fffffffu;
 
-struct Params {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    n_ctx: u32,
-    scale: f32,
-    max_chunks: u32,
-    pps: u32,
-    pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: AttnParams;
 @group(0) @binding(1) var<storage, read> blocks: array<vec2<u32>>;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> k_cache: array<u32>;

@@ -25,10 +25,6 @@
 
 const WG: u32 = 256u;
 const MAX_HD: u32 = 512u;
-const PAGE: u32 = 32u;
-const NEG: f32 = -3.0e38;
-const DECODE_ROW: u32 = 0x80000000u;
-const SLOT_MASK: u32 = 0x7fffffffu;
 
 struct Params {
     n_head: u32,
