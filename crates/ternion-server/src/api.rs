@@ -5,7 +5,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use ternion::constrain::GrammarSpec;
 use ternion::sample::SamplerConfig;
+
+use crate::structured;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone)]
@@ -134,10 +137,17 @@ pub struct Common {
     /// Add `prompt_token_ids` and per-choice `token_ids` to a non-streamed answer, and
     /// stream one chunk per generated token with its `token_ids` (vLLM's extension).
     pub return_token_ids: Option<bool>,
-    /// Log-probabilities are not served.
+    /// Log-probabilities: `true` (chat) or how many alternatives (completions).
     pub logprobs: Option<Value>,
-    /// Tools are not served.
-    pub tools: Option<Value>,
+    /// How many alternatives to report with each token's log-probability (chat).
+    pub top_logprobs: Option<i64>,
+    /// `{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema"}}`.
+    pub response_format: Option<Value>,
+    /// The output must fully match this regular expression. An extension.
+    pub regex: Option<String>,
+    /// The output must be in the language of this Lark grammar (llguidance's dialect).
+    /// An extension.
+    pub grammar: Option<String>,
 }
 
 /// A chat message's content: text, or a list of parts of which only text is served.
@@ -247,6 +257,10 @@ pub struct Settings {
     pub ignore_eos: bool,
     /// Return token ids.
     pub return_token_ids: bool,
+    /// What the output must match.
+    pub grammar: Option<GrammarSpec>,
+    /// Report log-probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
 }
 
 fn range(name: &'static str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
@@ -285,26 +299,12 @@ impl Common {
                 .with_code("invalid_value"));
             }
         }
-        match &self.logprobs {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-            Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
-            Some(_) => {
-                return Err(ApiError::bad_request(
-                    "logprobs are not supported by this server",
-                    Some("logprobs"),
-                ))
-            }
-        }
-        match &self.tools {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(_) => {
-                return Err(ApiError::bad_request(
-                    "tools are not supported by this server",
-                    Some("tools"),
-                ))
-            }
-        }
+        let logprobs = structured::logprobs(self.logprobs.as_ref(), self.top_logprobs)?;
+        let grammar = structured::grammar(
+            self.response_format.as_ref(),
+            self.regex.as_deref(),
+            self.grammar.as_deref(),
+        )?;
         range("temperature", self.temperature, 0.0, 2.0)?;
         range("top_p", self.top_p, f32::MIN_POSITIVE, 1.0)?;
         range("min_p", self.min_p, 0.0, 1.0)?;
@@ -390,6 +390,8 @@ impl Common {
                     .unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
+            grammar,
+            logprobs,
         })
     }
 }

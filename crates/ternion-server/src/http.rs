@@ -20,6 +20,7 @@ use crate::access::{self, Access, RequestLog};
 use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
 use crate::engine::{Job, Ready, Shared};
 use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
+use crate::structured;
 
 /// What every handler sees.
 pub struct AppState {
@@ -281,7 +282,7 @@ async fn generate(
 async fn start(
     st: &Arc<AppState>,
     kind: Kind,
-    settings: Settings,
+    mut settings: Settings,
     prompt: Prompt,
     (arrived, log): (Instant, Arc<RequestLog>),
 ) -> Result<Response, ApiError> {
@@ -343,6 +344,10 @@ async fn start(
         Some(n) => n,
         None => n_ctx - p,
     };
+    let constraint = match settings.grammar.take() {
+        Some(spec) => Some(structured::compile(st.shared.clone(), spec).await?),
+        None => None,
+    };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let job = Job {
         prompt: ids.clone(),
@@ -350,6 +355,8 @@ async fn start(
         max_tokens,
         stop: settings.stop.clone(),
         ignore_eos: settings.ignore_eos,
+        constraint,
+        logprobs: settings.logprobs,
         arrived,
         events: tx,
     };
@@ -387,6 +394,7 @@ async fn start(
         include_usage: settings.include_usage,
         return_token_ids: settings.return_token_ids,
         prompt_ids: ids,
+        tok: ready.tokenizer.clone(),
         log,
     };
     if settings.stream {

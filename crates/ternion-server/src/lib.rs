@@ -20,8 +20,10 @@ pub mod api;
 pub mod embeddings;
 pub mod engine;
 pub mod http;
+mod logprobs;
 pub mod metrics;
 mod respond;
+pub mod structured;
 
 use std::future::Future;
 use std::path::PathBuf;

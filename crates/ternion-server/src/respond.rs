@@ -10,11 +10,14 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
+use ternion::sample::TokenLogprobs;
+use ternion::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::access::RequestLog;
 use crate::api::ApiError;
 use crate::engine::{Event, Shared};
+use crate::logprobs;
 
 /// Which endpoint an answer is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -34,6 +37,8 @@ pub(crate) struct Meta {
     pub include_usage: bool,
     pub return_token_ids: bool,
     pub prompt_ids: Vec<u32>,
+    /// The tokenizer (renders the tokens of log-probabilities).
+    pub tok: Arc<Tokenizer>,
     /// The request's log line, written once the answer is complete.
     pub log: Arc<RequestLog>,
 }
@@ -87,6 +92,15 @@ impl Meta {
     fn text_chunk(&self, text: &str) -> Value {
         self.chunk(json!({"content": text}), text, None)
     }
+
+    /// The `logprobs` of a choice whose tokens are `lps` and whose text (completions)
+    /// starts at byte `offset`.
+    fn logprobs(&self, lps: &[TokenLogprobs], offset: usize) -> Value {
+        match self.kind {
+            Kind::Chat => logprobs::chat(&self.tok, lps),
+            Kind::Completion => logprobs::completion(&self.tok, lps, offset),
+        }
+    }
 }
 
 fn sse_json(v: &Value) -> SseEvent {
@@ -106,6 +120,8 @@ pub(crate) fn stream_response(
         shared: Arc<Shared>,
         queue: VecDeque<SseEvent>,
         done: bool,
+        /// Bytes of text streamed so far (the completions' `text_offset`).
+        sent: usize,
     }
     let mut queue = VecDeque::new();
     if meta.kind == Kind::Chat {
@@ -121,6 +137,7 @@ pub(crate) fn stream_response(
         shared,
         queue,
         done: false,
+        sent: 0,
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
@@ -131,17 +148,25 @@ pub(crate) fn stream_response(
                 return None;
             }
             match st.rx.recv().await {
-                Some(Event::Token { id, text }) => {
+                Some(Event::Token { id, text, logprobs }) => {
                     st.meta.log.first_token();
-                    if st.meta.return_token_ids {
+                    if st.meta.return_token_ids || logprobs.is_some() || !text.is_empty() {
                         let mut c = st.meta.text_chunk(&text);
-                        c["choices"][0]["token_ids"] = json!([id]);
+                        if st.meta.return_token_ids {
+                            c["choices"][0]["token_ids"] = json!([id]);
+                        }
+                        if let Some(lp) = logprobs {
+                            c["choices"][0]["logprobs"] =
+                                st.meta.logprobs(std::slice::from_ref(&lp), st.sent);
+                        }
+                        st.sent += text.len();
                         st.queue.push_back(sse_json(&c));
-                    } else if !text.is_empty() {
-                        st.queue.push_back(sse_json(&st.meta.text_chunk(&text)));
                     }
                 }
-                Some(Event::Text(t)) => st.queue.push_back(sse_json(&st.meta.text_chunk(&t))),
+                Some(Event::Text(t)) => {
+                    st.sent += t.len();
+                    st.queue.push_back(sse_json(&st.meta.text_chunk(&t)))
+                }
                 Some(Event::Done(d)) => {
                     st.meta.log.tokens(d.prompt_tokens, d.completion_tokens);
                     let finish = d.finish.as_str();
@@ -206,11 +231,15 @@ pub(crate) async fn whole_response(
     shared: &Shared,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut lps = Vec::new();
     let done = loop {
         match rx.recv().await {
-            Some(Event::Token { text: t, .. }) => {
+            Some(Event::Token {
+                text: t, logprobs, ..
+            }) => {
                 meta.log.first_token();
                 text.push_str(&t);
+                lps.extend(logprobs);
             }
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Done(d)) => {
@@ -233,6 +262,9 @@ pub(crate) async fn whole_response(
             "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
         }),
     };
+    if !lps.is_empty() {
+        choice["logprobs"] = meta.logprobs(&lps, 0);
+    }
     let mut v = meta.envelope(false, json!([]));
     v["usage"] = usage(done.prompt_tokens, done.completion_tokens);
     if meta.return_token_ids {

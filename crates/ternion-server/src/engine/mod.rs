@@ -35,15 +35,15 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use ternion::chat::ChatTemplate;
-use ternion::generate::{BatchBackend, FinishReason};
+use ternion::constrain::Grammars;
+use ternion::generate::{BatchBackend, Constraint, FinishReason};
 use ternion::model::Model;
-use ternion::sample::SamplerConfig;
+use ternion::sample::{SamplerConfig, TokenLogprobs};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::metrics::Metrics;
 
 /// One generation request, ready for the engine: already tokenized and validated.
-#[derive(Debug)]
 pub struct Job {
     /// Prompt token ids (non-empty, shorter than the context).
     pub prompt: Vec<u32>,
@@ -55,6 +55,10 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// What the output must match (a compiled grammar), if anything.
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// Report each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
     /// When the request arrived (time to first token counts from here).
     pub arrived: Instant,
     /// Where the engine sends text and the end of the sequence. A dropped receiver
@@ -72,6 +76,8 @@ pub enum Event {
         id: u32,
         /// Newly complete text.
         text: String,
+        /// Its log-probabilities, when the request asked for them.
+        logprobs: Option<TokenLogprobs>,
     },
     /// Text released at the end of the sequence (never empty).
     Text(String),
@@ -117,6 +123,8 @@ pub struct Ready {
     pub model: Arc<Model>,
     /// The bounded request queue.
     pub jobs: SyncSender<Job>,
+    /// The grammar compiler of the vocabulary, built on the first structured request.
+    pub grammars: OnceLock<Result<Grammars, String>>,
 }
 
 /// State shared by the HTTP side and the engine thread.
@@ -315,6 +323,7 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, String> {
         n_vocab: model.config().n_vocab,
         model: model.clone(),
         jobs,
+        grammars: OnceLock::new(),
     };
     let tokenizer = ready.tokenizer.clone();
     if shared.ready.set(ready).is_err() {

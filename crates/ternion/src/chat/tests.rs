@@ -310,7 +310,7 @@ fn value_nesting_is_bounded_on_every_target() {
     let deepest = wraps(MAX_VALUE_DEPTH - 2, "{{ ns.l|length }}:{{ ns.l }}");
     let out = std::thread::Builder::new()
         .stack_size(1 << 20)
-        .spawn(move || render_jinja_here(&deepest, &msgs(&[("user", "hi")]), true, BOS, EOS))
+        .spawn(move || render_jinja_here(&deepest, &msgs(&[("user", "hi")]), None, true, BOS, EOS))
         .unwrap()
         .join()
         .expect("rendered within a 1 MiB stack")
