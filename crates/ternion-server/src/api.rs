@@ -9,6 +9,7 @@ use ternion::constrain::GrammarSpec;
 use ternion::sample::SamplerConfig;
 
 use crate::structured;
+use crate::tools::Tools;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone)]
@@ -177,6 +178,10 @@ pub struct ChatMessage {
     pub role: String,
     /// Content (may be null for an assistant message).
     pub content: Option<Content>,
+    /// An assistant message's tool calls.
+    pub tool_calls: Option<Value>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// `POST /v1/chat/completions` body.
@@ -184,6 +189,10 @@ pub struct ChatMessage {
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
+    /// Functions the model may call.
+    pub tools: Option<Value>,
+    /// "none", "auto", "required", or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
     /// Everything else.
     #[serde(flatten)]
     pub common: Common,
@@ -261,6 +270,8 @@ pub struct Settings {
     pub grammar: Option<GrammarSpec>,
     /// Report log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// The tools offered (chat), set by the chat handler.
+    pub tools: Option<Tools>,
 }
 
 fn range(name: &'static str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
@@ -392,6 +403,7 @@ impl Common {
             return_token_ids: self.return_token_ids.unwrap_or(false),
             grammar,
             logprobs,
+            tools: None,
         })
     }
 }
@@ -441,7 +453,10 @@ impl ChatRequest {
                         s
                     }
                 };
-                Ok(ternion::chat::Message::new(role, content))
+                let mut msg = ternion::chat::Message::new(role, content);
+                msg.tool_calls = m.tool_calls.clone().filter(|c| !c.is_null());
+                msg.tool_call_id = m.tool_call_id.clone();
+                Ok(msg)
             })
             .collect()
     }

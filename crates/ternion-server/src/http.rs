@@ -21,6 +21,7 @@ use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, S
 use crate::engine::{Job, Ready, Shared};
 use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
 use crate::structured;
+use crate::tools::{self, Tools};
 
 /// What every handler sees.
 pub struct AppState {
@@ -223,12 +224,35 @@ async fn chat(
     let result = async {
         let bytes = body_bytes(body)?;
         let req: ChatRequest = parse_body(&bytes)?;
-        let settings = req.common.settings(&st.model_id, st.unique())?;
-        let messages = req.messages()?;
+        let mut settings = req.common.settings(&st.model_id, st.unique())?;
+        let mut messages = req.messages()?;
         let ready = st.ready()?;
+        let tools = Tools::parse(req.tools.as_ref(), req.tool_choice.as_ref())?;
+        let tools_json = tools.as_ref().map(Tools::as_json);
+        if let Some(t) = &tools {
+            if let Some(g) = t.grammar() {
+                if settings.grammar.is_some() {
+                    return Err(ApiError::bad_request(
+                        "a forced tool call (tool_choice required or named) cannot be combined \
+                         with response_format, regex or grammar",
+                        Some("tool_choice"),
+                    ));
+                }
+                settings.grammar = Some(g);
+            }
+            t.describe(&ready.template, &mut messages);
+        }
+        tools::adapt(&ready.template, &mut messages);
+        settings.tools = tools;
         let text = ready
             .template
-            .render(&messages, true, &ready.bos_text, &ready.eos_text)
+            .render_with_tools(
+                &messages,
+                tools_json.as_ref(),
+                true,
+                &ready.bos_text,
+                &ready.eos_text,
+            )
             .map_err(|e| {
                 ApiError::bad_request(
                     format!("cannot render the chat template: {e}"),
@@ -395,6 +419,7 @@ async fn start(
         return_token_ids: settings.return_token_ids,
         prompt_ids: ids,
         tok: ready.tokenizer.clone(),
+        tools: settings.tools.take(),
         log,
     };
     if settings.stream {

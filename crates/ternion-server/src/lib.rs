@@ -24,6 +24,7 @@ mod logprobs;
 pub mod metrics;
 mod respond;
 pub mod structured;
+pub mod tools;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -18,6 +18,7 @@ use crate::access::RequestLog;
 use crate::api::ApiError;
 use crate::engine::{Event, Shared};
 use crate::logprobs;
+use crate::tools::{tool_calls, Tools};
 
 /// Which endpoint an answer is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub(crate) struct Meta {
     pub prompt_ids: Vec<u32>,
     /// The tokenizer (renders the tokens of log-probabilities).
     pub tok: Arc<Tokenizer>,
+    /// The tools offered (chat): the answer is held to the end and read as a call or text.
+    pub tools: Option<Tools>,
     /// The request's log line, written once the answer is complete.
     pub log: Arc<RequestLog>,
 }
@@ -93,6 +96,13 @@ impl Meta {
         self.chunk(json!({"content": text}), text, None)
     }
 
+    /// The `tool_calls` array when tools were offered and `text` is a call to one.
+    fn tool_calls(&self, text: &str) -> Option<Value> {
+        let (name, args) = self.tools.as_ref()?.parse_call(text)?;
+        let suffix = self.id.rsplit('-').next().unwrap_or_default();
+        Some(tool_calls(&format!("call_{suffix}"), &name, &args))
+    }
+
     /// The `logprobs` of a choice whose tokens are `lps` and whose text (completions)
     /// starts at byte `offset`.
     fn logprobs(&self, lps: &[TokenLogprobs], offset: usize) -> Value {
@@ -122,6 +132,9 @@ pub(crate) fn stream_response(
         done: bool,
         /// Bytes of text streamed so far (the completions' `text_offset`).
         sent: usize,
+        /// Text and log-probabilities held back while tools are offered.
+        held: String,
+        held_lps: Vec<TokenLogprobs>,
     }
     let mut queue = VecDeque::new();
     if meta.kind == Kind::Chat {
@@ -138,6 +151,8 @@ pub(crate) fn stream_response(
         queue,
         done: false,
         sent: 0,
+        held: String::new(),
+        held_lps: Vec::new(),
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
@@ -148,6 +163,12 @@ pub(crate) fn stream_response(
                 return None;
             }
             match st.rx.recv().await {
+                Some(Event::Token { text, logprobs, .. }) if st.meta.tools.is_some() => {
+                    st.meta.log.first_token();
+                    st.held.push_str(&text);
+                    st.held_lps.extend(logprobs);
+                }
+                Some(Event::Text(t)) if st.meta.tools.is_some() => st.held.push_str(&t),
                 Some(Event::Token { id, text, logprobs }) => {
                     st.meta.log.first_token();
                     if st.meta.return_token_ids || logprobs.is_some() || !text.is_empty() {
@@ -169,7 +190,30 @@ pub(crate) fn stream_response(
                 }
                 Some(Event::Done(d)) => {
                     st.meta.log.tokens(d.prompt_tokens, d.completion_tokens);
-                    let finish = d.finish.as_str();
+                    let mut finish = d.finish.as_str();
+                    if let Some(calls) = st.meta.tool_calls(&st.held) {
+                        let calls: Vec<Value> = calls
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .enumerate()
+                            .map(|(i, c)| {
+                                let mut c = c.clone();
+                                c["index"] = json!(i);
+                                c
+                            })
+                            .collect();
+                        let delta = json!({"tool_calls": calls});
+                        st.queue
+                            .push_back(sse_json(&st.meta.chunk(delta, "", None)));
+                        finish = "tool_calls";
+                    } else if !st.held.is_empty() || !st.held_lps.is_empty() {
+                        let mut c = st.meta.text_chunk(&st.held);
+                        if !st.held_lps.is_empty() {
+                            c["choices"][0]["logprobs"] = st.meta.logprobs(&st.held_lps, 0);
+                        }
+                        st.queue.push_back(sse_json(&c));
+                    }
                     st.queue
                         .push_back(sse_json(&st.meta.chunk(json!({}), "", Some(finish))));
                     if st.meta.include_usage {
@@ -250,8 +294,18 @@ pub(crate) async fn whole_response(
             None => return Err(engine_gone(shared)),
         }
     };
-    let finish = done.finish.as_str();
+    let mut finish = done.finish.as_str();
     let mut choice = match meta.kind {
+        Kind::Chat if meta.tool_calls(&text).is_some() => {
+            finish = "tool_calls";
+            json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": null, "refusal": null,
+                            "tool_calls": meta.tool_calls(&text)},
+                "logprobs": null,
+                "finish_reason": finish,
+            })
+        }
         Kind::Chat => json!({
             "index": 0,
             "message": {"role": "assistant", "content": text, "refusal": null},

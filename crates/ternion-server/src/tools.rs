@@ -205,6 +205,25 @@ impl Tools {
     }
 }
 
+/// Fits messages of the tool protocol to `template`: an assistant turn's `tool_calls`
+/// become its text where the template does not render them, and `tool` results become
+/// user turns in BitNet's format (which has no such role).
+pub fn adapt(template: &ChatTemplate, messages: &mut [Message]) {
+    let renders_calls =
+        matches!(template, ChatTemplate::Jinja { source } if source.contains("tool_calls"));
+    for m in messages {
+        if let Some(calls) = &m.tool_calls {
+            if !renders_calls && m.content.is_empty() {
+                m.content = calls_as_text(calls);
+            }
+        }
+        if m.role == "tool" && *template == ChatTemplate::BitNet {
+            m.role = "user".into();
+            m.content = format!("Function result: {}", m.content);
+        }
+    }
+}
+
 /// OpenAI's `tool_calls` array for one call.
 pub fn tool_calls(id: &str, name: &str, arguments: &str) -> Value {
     json!([{
@@ -249,7 +268,9 @@ mod tests {
     #[test]
     fn choices_grammars_and_calls() {
         let t = weather();
-        assert!(Tools::parse(Some(&t), Some(&json!("none"))).unwrap().is_none());
+        assert!(Tools::parse(Some(&t), Some(&json!("none")))
+            .unwrap()
+            .is_none());
         let auto = Tools::parse(Some(&t), None).unwrap().unwrap();
         assert_eq!(auto.choice, Choice::Auto);
         assert_eq!(auto.grammar(), None);
@@ -263,7 +284,10 @@ mod tests {
             auto.parse_call("<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>"),
             Some(("get_weather".into(), "{\"city\":\"Oslo\"}".into()))
         );
-        assert_eq!(auto.parse_call("{\"name\": \"other\", \"arguments\": {}}"), None);
+        assert_eq!(
+            auto.parse_call("{\"name\": \"other\", \"arguments\": {}}"),
+            None
+        );
         assert_eq!(auto.parse_call("Sunny."), None);
         let calls = tool_calls("call_1", "get_weather", "{\"city\":\"Oslo\"}");
         assert_eq!(
