@@ -131,7 +131,7 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     /// Window of the penalties in tokens. An extension.
     pub repeat_last_n: Option<i64>,
-    /// Number of choices; only 1 is served.
+    /// Number of choices (1 to [`MAX_CHOICES`]), each its own sequence.
     pub n: Option<i64>,
     /// Keep generating past end-of-generation tokens. An extension.
     pub ignore_eos: Option<bool>,
@@ -272,7 +272,12 @@ pub struct Settings {
     pub logprobs: Option<usize>,
     /// The tools offered (chat), set by the chat handler.
     pub tools: Option<Tools>,
+    /// Number of choices.
+    pub n: usize,
 }
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 8;
 
 fn range(name: &'static str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
     match v {
@@ -301,15 +306,17 @@ impl Common {
                 });
             }
         }
-        if let Some(n) = self.n {
-            if n != 1 {
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
                 return Err(ApiError::bad_request(
-                    format!("n must be 1 (one choice per request is served), got {n}"),
+                    format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
                     Some("n"),
                 )
-                .with_code("invalid_value"));
+                .with_code("invalid_value"))
             }
-        }
+        };
         let logprobs = structured::logprobs(self.logprobs.as_ref(), self.top_logprobs)?;
         let grammar = structured::grammar(
             self.response_format.as_ref(),
@@ -404,6 +411,7 @@ impl Common {
             grammar,
             logprobs,
             tools: None,
+            n,
         })
     }
 }
@@ -530,7 +538,9 @@ mod tests {
     #[test]
     fn bad_values_are_400() {
         let c = |j: &str| parse_body::<Common>(j.as_bytes()).unwrap().settings("m", 0);
-        assert_eq!(c(r#"{"n":2}"#).unwrap_err().status, 400);
+        assert_eq!(c(r#"{"n":9}"#).unwrap_err().status, 400);
+        assert_eq!(c(r#"{"n":0}"#).unwrap_err().status, 400);
+        assert_eq!(c(r#"{"n":2}"#).unwrap().n, 2);
         assert_eq!(c(r#"{"temperature":-1}"#).unwrap_err().status, 400);
         assert_eq!(c(r#"{"top_p":0}"#).unwrap_err().status, 400);
         assert_eq!(c(r#"{"max_tokens":0}"#).unwrap_err().status, 400);

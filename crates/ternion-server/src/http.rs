@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::access::{self, Access, RequestLog};
 use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
-use crate::engine::{Job, Ready, Shared};
+use crate::engine::{Job, Ready, Reply, Shared};
 use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
 use crate::structured;
 use crate::tools::{self, Tools};
@@ -43,6 +43,7 @@ pub fn router(state: Arc<AppState>, max_body: usize, access: Access) -> anyhow::
     let access = Arc::new(access);
     let counter = Arc::new(AtomicU64::new(1));
     let mut app = Router::new()
+        .route("/", get(chat_page))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
@@ -97,6 +98,11 @@ impl AppState {
             .get()
             .ok_or_else(|| ApiError::unavailable("the model is still loading"))
     }
+}
+
+/// A small chat page that talks to this server (streamed chat completions).
+async fn chat_page() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("chat_page.html"))
 }
 
 async fn not_found() -> ApiError {
@@ -368,39 +374,35 @@ async fn start(
         Some(n) => n,
         None => n_ctx - p,
     };
-    let constraint = match settings.grammar.take() {
-        Some(spec) => Some(structured::compile(st.shared.clone(), spec).await?),
-        None => None,
-    };
+    let grammar = settings.grammar.take();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job {
-        prompt: ids.clone(),
-        sampler: settings.sampler.clone(),
-        max_tokens,
-        stop: settings.stop.clone(),
-        ignore_eos: settings.ignore_eos,
-        constraint,
-        logprobs: settings.logprobs,
-        arrived,
-        events: tx,
-    };
     let m = &st.shared.metrics;
-    m.queue_length.fetch_add(1, Relaxed);
-    if let Err(e) = ready.jobs.try_send(job) {
-        m.queue_length.fetch_sub(1, Relaxed);
-        return Err(match e {
-            TrySendError::Full(_) => {
-                m.rejected_queue_full_total.fetch_add(1, Relaxed);
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    "The server is busy: the request queue is full. Retry later.",
-                )
-                .with_code("queue_full")
-            }
-            TrySendError::Disconnected(_) => engine_gone(&st.shared),
-        });
+    // One sequence per choice, seeded one apart; a choice that cannot be queued drops the
+    // channel, which cancels those already queued.
+    for choice in 0..settings.n {
+        let constraint = match &grammar {
+            Some(spec) => Some(structured::compile(st.shared.clone(), spec.clone()).await?),
+            None => None,
+        };
+        let mut sampler = settings.sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(choice as u64);
+        let job = Job {
+            prompt: ids.clone(),
+            sampler,
+            max_tokens,
+            stop: settings.stop.clone(),
+            ignore_eos: settings.ignore_eos,
+            constraint,
+            logprobs: settings.logprobs,
+            arrived,
+            events: Reply {
+                choice,
+                tx: tx.clone(),
+            },
+        };
+        queue(st, ready, job)?;
     }
+    drop(tx);
     m.requests_total.fetch_add(1, Relaxed);
     let meta = Meta {
         kind,
@@ -420,6 +422,7 @@ async fn start(
         prompt_ids: ids,
         tok: ready.tokenizer.clone(),
         tools: settings.tools.take(),
+        n: settings.n,
         log,
     };
     if settings.stream {
@@ -427,4 +430,26 @@ async fn start(
     } else {
         whole_response(meta, rx, &st.shared).await
     }
+}
+
+/// Queues `job` for the engine: 429 when the queue is full, 503 when the engine is gone.
+fn queue(st: &AppState, ready: &Ready, job: Job) -> Result<(), ApiError> {
+    let m = &st.shared.metrics;
+    m.queue_length.fetch_add(1, Relaxed);
+    if let Err(e) = ready.jobs.try_send(job) {
+        m.queue_length.fetch_sub(1, Relaxed);
+        return Err(match e {
+            TrySendError::Full(_) => {
+                m.rejected_queue_full_total.fetch_add(1, Relaxed);
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    "The server is busy: the request queue is full. Retry later.",
+                )
+                .with_code("queue_full")
+            }
+            TrySendError::Disconnected(_) => engine_gone(&st.shared),
+        });
+    }
+    Ok(())
 }

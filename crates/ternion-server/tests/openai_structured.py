@@ -153,6 +153,24 @@ def main():
         check(e.token == e.top_logprobs[0].token and e.logprob == tops[0], f"greedy: {e}")
         check(sum(2.718281828 ** t for t in tops) <= 1.0001, f"mass: {tops}")
     check("".join(e.token for e in content) == r.choices[0].message.content, "tokens = text")
+    # n = 2: two schema-valid choices, seeded one apart, whole and streamed.
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    r = client.chat.completions.create(
+        model=model, messages=ask, max_tokens=300, temperature=1.0, seed=5, n=2,
+        response_format=fmt,
+    )
+    check([c.index for c in r.choices] == [0, 1], f"choices: {r.choices}")
+    for c in r.choices:
+        valid_person(json.loads(c.message.content))
+    check(r.choices[0].message.content != r.choices[1].message.content, "two different draws")
+    texts = ["", ""]
+    for ch in client.chat.completions.create(
+        model=model, messages=ask, max_tokens=300, temperature=1.0, seed=5, n=2,
+        response_format=fmt, stream=True,
+    ):
+        for c in ch.choices:
+            texts[c.index] += c.delta.content or ""
+    check(texts == [c.message.content for c in r.choices], f"streamed n=2: {texts}")
     print("openai structured: all checks passed")
 
 

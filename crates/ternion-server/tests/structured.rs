@@ -22,6 +22,16 @@ fn openai_client_gets_schema_valid_json_and_tool_calls() {
 }
 
 #[test]
+fn the_chat_page_is_served_at_the_root_without_the_key() {
+    let s = Server::start(&["--api-key", "sk-page"]);
+    let (status, html) = get(&s.url("/"));
+    assert_eq!(status, 200);
+    assert!(html.contains("<title>Ternion chat</title>"), "{html}");
+    assert!(html.contains("/v1/chat/completions"), "{html}");
+    assert_eq!(get(&s.url("/v1/models")).0, 401);
+}
+
+#[test]
 fn bad_grammars_and_settings_are_400() {
     let s = Server::start(&[]);
     let mut bodies = Vec::new();

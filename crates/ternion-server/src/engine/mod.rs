@@ -63,7 +63,29 @@ pub struct Job {
     pub arrived: Instant,
     /// Where the engine sends text and the end of the sequence. A dropped receiver
     /// cancels the sequence.
-    pub events: UnboundedSender<Event>,
+    pub events: Reply,
+}
+
+/// A sequence's way back to its request: the request's channel and the sequence's choice
+/// index (a request with `n` choices runs `n` sequences over one channel).
+#[derive(Clone)]
+pub struct Reply {
+    /// The choice this sequence answers.
+    pub choice: usize,
+    /// The request's channel.
+    pub tx: UnboundedSender<(usize, Event)>,
+}
+
+impl Reply {
+    /// Sends `ev` tagged with the choice; fails when the request has gone away.
+    pub fn send(&self, ev: Event) -> Result<(), Event> {
+        self.tx.send((self.choice, ev)).map_err(|e| e.0 .1)
+    }
+
+    /// Whether the request has gone away.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// What the engine tells a request's handler.

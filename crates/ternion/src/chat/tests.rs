@@ -392,3 +392,38 @@ fn checked_operators_keep_their_meaning() {
         Ok(_) | Err(Error::Template(_))
     ));
 }
+
+/// A Hermes-style template: tools in the system turn, calls and results as tagged turns.
+const TOOLS_JINJA: &str = "\
+{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}
+{% for m in messages %}
+{% if m.tool_calls is defined %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n
+{% elif m.role == 'tool' %}<|im_start|>tool\n[{{ m.tool_call_id }}] {{ m.content }}<|im_end|>\n
+{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}
+{% endfor %}";
+
+#[test]
+fn tools_tool_calls_and_results_reach_the_template() {
+    let t = jinja(TOOLS_JINJA);
+    assert!(t.renders_tools());
+    assert!(!ChatTemplate::ChatMl.renders_tools());
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+    let mut call = Message::new("assistant", "");
+    call.tool_calls = Some(serde_json::json!([{"id": "c1", "type": "function",
+        "function": {"name": "f", "arguments": "{}"}}]));
+    let mut result = Message::new("tool", "42");
+    result.tool_call_id = Some("c1".into());
+    let m = vec![Message::new("user", "hi"), call, result];
+    let out = t
+        .render_with_tools(&m, Some(&tools), false, BOS, EOS)
+        .unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nTools: [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]<|im_end|>\n\
+         <|im_start|>user\nhi<|im_end|>\n\
+         <|im_start|>assistant\n<tool_call>{\"name\": \"f\", \"arguments\": \"{}\"}</tool_call><|im_end|>\n\
+         <|im_start|>tool\n[c1] 42<|im_end|>\n"
+    );
+    let plain = t.render(&m[..1], false, BOS, EOS).unwrap();
+    assert_eq!(plain, "<|im_start|>user\nhi<|im_end|>\n");
+}
