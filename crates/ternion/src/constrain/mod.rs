@@ -2,6 +2,11 @@
 //! grammars compiled by llguidance into a token mask per step ([`Grammar`], a
 //! [`Constraint`] for the stepper). [`Grammars`] holds what every grammar of one
 //! vocabulary shares (the token trie), built once per model.
+//!
+//! JSON closes within the token budget: when at most [`WRAP_UP`] tokens are left, a JSON
+//! grammar allows only tokens made of `"`, `]` and `}` (and the end) wherever it allows
+//! any, so open strings, arrays and objects close; a value the grammar still needs is drawn
+//! from the whole mask. An answer shortened this way ends as `Length`.
 
 use std::sync::Arc;
 
@@ -33,7 +38,15 @@ fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "key_separator": ": ", "item_separator": ", "})
 }
 
+/// Tokens left in the budget at which a JSON answer starts closing.
+pub const WRAP_UP: usize = 24;
+
 impl GrammarSpec {
+    /// Whether the output is JSON.
+    fn is_json(&self) -> bool {
+        matches!(self, GrammarSpec::JsonObject | GrammarSpec::JsonSchema(_))
+    }
+
     /// The llguidance grammar: JSON schemas get [`json_layout`] under their own
     /// `x-guidance` settings.
     fn top_level(&self) -> TopLevelGrammar {
@@ -62,6 +75,8 @@ impl GrammarSpec {
 #[derive(Clone)]
 pub struct Grammars {
     factory: Arc<ParserFactory>,
+    /// Tokens that only close JSON (`"`, `]`, `}`), and the end-of-generation tokens.
+    closers: Arc<Vec<u32>>,
 }
 
 impl Grammars {
@@ -87,6 +102,13 @@ impl Grammars {
                     .into(),
             ));
         };
+        let mut closers = vec![0u32; n.div_ceil(32)];
+        for (id, w) in words.iter().enumerate() {
+            let closes = !w.is_empty() && w.iter().all(|b| b"\"]}".contains(b));
+            if closes || eog.contains(&(id as u32)) {
+                closers[id / 32] |= 1 << (id % 32);
+            }
+        }
         let info = TokRxInfo::new(n as u32, first);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(&eog);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
@@ -95,6 +117,7 @@ impl Grammars {
         factory.quiet();
         Ok(Grammars {
             factory: Arc::new(factory),
+            closers: Arc::new(closers),
         })
     }
 
@@ -108,6 +131,8 @@ impl Grammars {
         Ok(Grammar {
             matcher: Matcher::new(Ok(parser)),
             mask: Vec::new(),
+            closers: spec.is_json().then(|| self.closers.clone()),
+            shortened: false,
         })
     }
 }
@@ -116,14 +141,31 @@ impl Grammars {
 pub struct Grammar {
     matcher: Matcher,
     mask: Vec<u32>,
+    /// JSON's closing tokens (see the module docs); `None` for other grammars.
+    closers: Option<Arc<Vec<u32>>>,
+    /// Whether the closing tokens narrowed a mask.
+    shortened: bool,
 }
 
 impl Constraint for Grammar {
-    fn mask(&mut self) -> std::result::Result<&Mask, String> {
+    fn mask(&mut self, left: usize) -> std::result::Result<&Mask, String> {
         let m = self.matcher.compute_mask().map_err(|e| e.to_string())?;
         self.mask.clear();
         self.mask.extend_from_slice(m.as_slice());
+        if let Some(closers) = self.closers.as_deref().filter(|_| left <= WRAP_UP) {
+            let both: Vec<u32> = (self.mask.iter().enumerate())
+                .map(|(i, a)| a & closers.get(i).copied().unwrap_or(0))
+                .collect();
+            if both.iter().any(|&w| w != 0) {
+                self.shortened |= both != self.mask;
+                self.mask = both;
+            }
+        }
         Ok(&self.mask)
+    }
+
+    fn shortened(&self) -> bool {
+        self.shortened
     }
 
     fn commit(&mut self, id: u32) -> std::result::Result<bool, String> {

@@ -16,6 +16,17 @@ fn generate(
     spec: &GrammarSpec,
     seed: u64,
 ) -> (String, FinishReason) {
+    generate_within(g, tok, spec, seed, 2000)
+}
+
+/// [`generate`] with a budget of `max_tokens`.
+fn generate_within(
+    g: &Grammars,
+    tok: &Tokenizer,
+    spec: &GrammarSpec,
+    seed: u64,
+    max_tokens: usize,
+) -> (String, FinishReason) {
     let cfg = SamplerConfig {
         temperature: 1.0,
         seed,
@@ -27,7 +38,7 @@ fn generate(
         Vec::new(),
         vec![256],
         StepperOptions {
-            max_tokens: 2000,
+            max_tokens,
             ignore_eos: false,
             stop: Vec::new(),
             n_ctx: 4096,
@@ -123,4 +134,31 @@ fn malformed_grammars_are_request_errors() {
             Ok(_) => panic!("{spec:?} compiled"),
         }
     }
+}
+
+#[test]
+fn json_closes_within_a_small_budget() {
+    let tok = crate::synth::byte_tokenizer();
+    let g = Grammars::new(&tok, 259).unwrap();
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"},
+        "b": {"type": "array", "items": {"type": "string"}}}, "required": ["a", "b"]});
+    let mut shortened = 0;
+    for seed in 0..8 {
+        for spec in [
+            GrammarSpec::JsonObject,
+            GrammarSpec::JsonSchema(schema.clone()),
+        ] {
+            let (text, finish) = generate_within(&g, &tok, &spec, seed, 40);
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(v.is_object(), "{text}");
+            shortened += usize::from(finish == FinishReason::Length);
+        }
+    }
+    assert!(
+        shortened > 0,
+        "random strings run past 40 bytes: some answers were closed early"
+    );
+    // Other grammars are not steered: a regex that cannot end in time is cut.
+    let (text, finish) = generate_within(&g, &tok, &GrammarSpec::Regex("a{50}".into()), 1, 40);
+    assert_eq!((text.len(), finish), (40, FinishReason::Length));
 }

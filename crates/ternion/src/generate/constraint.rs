@@ -15,9 +15,15 @@ pub fn allows(mask: &Mask, id: u32) -> bool {
 /// A rule over the generated tokens, stepped once per draw.
 pub trait Constraint: Send {
     /// The tokens allowed next (end-of-generation tokens among them once the output may
-    /// end). Fails when the rule cannot go on.
-    fn mask(&mut self) -> Result<&Mask, String>;
+    /// end), where `left` more tokens fit in the budget: a rule may steer towards an end
+    /// when few are left. Fails when the rule cannot go on.
+    fn mask(&mut self, left: usize) -> Result<&Mask, String>;
     /// Records the drawn token `id`. Returns true when the output is complete: nothing
     /// may follow it.
     fn commit(&mut self, id: u32) -> Result<bool, String>;
+    /// Whether the rule cut the output short to fit the budget (then a complete output
+    /// ends as [`FinishReason::Length`](super::FinishReason::Length)).
+    fn shortened(&self) -> bool {
+        false
+    }
 }

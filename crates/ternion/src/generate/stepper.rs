@@ -250,7 +250,12 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
         }
         self.last = Some(id);
         if complete {
-            out.end = Some(self.end(FinishReason::Stop));
+            let shortened = self.constraint.as_ref().is_some_and(|c| c.shortened());
+            out.end = Some(self.end(if shortened {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            }));
         } else if self.generated.len() >= self.opts.max_tokens {
             out.end = Some(self.end(FinishReason::Length));
         } else if self.opts.n_ctx.saturating_sub(self.history.len()) <= 1 {
@@ -290,7 +295,9 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
         let Row::Logits(logits) = row else {
             return Err("a constrained sequence needs whole logits rows".into());
         };
-        let id = sampler.sample_masked(logits, &self.history, c.mask()?);
+        let left = (self.opts.max_tokens - self.generated.len())
+            .min(self.opts.n_ctx.saturating_sub(self.history.len() + 1));
+        let id = sampler.sample_masked(logits, &self.history, c.mask(left)?);
         Ok((id, c.commit(id)?))
     }
 
@@ -459,7 +466,7 @@ mod tests {
     }
 
     impl Constraint for Spell {
-        fn mask(&mut self) -> Result<&crate::generate::Mask, String> {
+        fn mask(&mut self, _left: usize) -> Result<&crate::generate::Mask, String> {
             let b = self.text[self.at];
             self.mask = vec![0; 9];
             self.mask[usize::from(b / 32)] |= 1 << (b % 32);
