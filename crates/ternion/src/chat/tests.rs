@@ -397,8 +397,8 @@ fn checked_operators_keep_their_meaning() {
 const TOOLS_JINJA: &str = "\
 {% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}
 {% for m in messages %}
-{% if m.tool_calls is defined %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n
-{% elif m.role == 'tool' %}<|im_start|>tool\n[{{ m.tool_call_id }}] {{ m.content }}<|im_end|>\n
+{% if m.tool_calls is defined %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>tool\n[{{ m.tool_call_id }}] {{ m.content }}<|im_end|>
 {% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}
 {% endfor %}";
 
@@ -419,9 +419,9 @@ fn tools_tool_calls_and_results_reach_the_template() {
         .unwrap();
     assert_eq!(
         out,
-        "<|im_start|>system\nTools: [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]<|im_end|>\n\
+        "<|im_start|>system\nTools: [{\"function\": {\"name\": \"f\"}, \"type\": \"function\"}]<|im_end|>\n\
          <|im_start|>user\nhi<|im_end|>\n\
-         <|im_start|>assistant\n<tool_call>{\"name\": \"f\", \"arguments\": \"{}\"}</tool_call><|im_end|>\n\
+         <|im_start|>assistant\n<tool_call>{\"arguments\": \"{}\", \"name\": \"f\"}</tool_call><|im_end|>\n\
          <|im_start|>tool\n[c1] 42<|im_end|>\n"
     );
     let plain = t.render(&m[..1], false, BOS, EOS).unwrap();
