@@ -5,6 +5,7 @@ mod bench_serve;
 mod chat;
 mod check;
 mod common;
+mod constrain;
 mod cores;
 mod embed;
 mod hub;

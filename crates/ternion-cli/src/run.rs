@@ -11,6 +11,7 @@ use ternion::sample::{Sampler, SamplerConfig};
 use ternion::session::{GenerateOptions, GenerationStats};
 
 use crate::common::{self, ModelArgs};
+use crate::constrain::ConstrainArgs;
 use crate::prompt::PromptArgs;
 
 /// Sampling settings.
@@ -84,6 +85,8 @@ pub struct RunArgs {
     /// Stop string (repeatable): generation ends before it, and it is not printed.
     #[arg(long)]
     stop: Vec<String>,
+    #[command(flatten)]
+    constrain: ConstrainArgs,
 }
 
 /// Exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
@@ -118,6 +121,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     let mut sampler = a.sample.sampler()?;
     let mut session = common::session(&l.model, &mut l.gpu, l.n_ctx);
     session.set_stops(a.stop.clone());
+    a.constrain
+        .apply(&mut session, &l.tokenizer, l.model.config().n_vocab)?;
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
         ignore_eos: a.ignore_eos,

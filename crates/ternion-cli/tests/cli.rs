@@ -949,3 +949,55 @@ fn llama_with_ternary_weights_on_cpu_and_gpu() {
         .fold(0f32, f32::max);
     assert!(d < 0.5, "i2_s vs tq2_0 max |diff| {d}");
 }
+
+#[test]
+fn run_with_a_regex_or_a_json_schema_gives_matching_output() {
+    let model = tiny_model().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            model,
+            "--prompt",
+            "Hi",
+            "-n",
+            "60",
+            "--temperature",
+            "1",
+            "--seed",
+            "7",
+            "-t",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        last_json(&ok(&args))
+    };
+    let v = run(&["--regex", "[A-Z]{2}-[0-9]{3}"]);
+    let t = v["text"].as_str().unwrap();
+    assert_eq!(v["finish_reason"], "stop", "{v}");
+    let b = t.as_bytes();
+    assert!(
+        b.len() == 6 && b[..2].iter().all(u8::is_ascii_uppercase) && b[2] == b'-',
+        "{t}"
+    );
+    assert!(b[3..].iter().all(u8::is_ascii_digit), "{t}");
+    let schema = tmp_dir().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["ok", "n"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let v = run(&["--json-schema", schema.to_str().unwrap()]);
+    let obj: Value = serde_json::from_str(v["text"].as_str().unwrap()).unwrap();
+    assert!(
+        obj["ok"].is_boolean() && obj["n"].as_u64().unwrap() <= 9,
+        "{obj}"
+    );
+    let out = ternion(&["run", "--model", model, "--prompt", "Hi", "--regex", "(x"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid grammar"), "{err}");
+}

@@ -28,7 +28,7 @@ pub struct Access {
 }
 
 /// Routes that stay open without `--api-key-all`.
-const OPEN_ROUTES: [&str; 2] = ["/health", "/metrics"];
+const OPEN_ROUTES: [&str; 3] = ["/", "/health", "/metrics"];
 
 /// Whether the `Authorization` header carries `key` as a bearer token, compared in
 /// constant time (the time does not depend on how much of the key matches).

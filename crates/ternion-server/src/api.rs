@@ -5,7 +5,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use ternion::constrain::GrammarSpec;
 use ternion::sample::SamplerConfig;
+
+use crate::structured;
+use crate::tools::Tools;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone)]
@@ -127,17 +131,24 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     /// Window of the penalties in tokens. An extension.
     pub repeat_last_n: Option<i64>,
-    /// Number of choices; only 1 is served.
+    /// Number of choices (1 to [`MAX_CHOICES`]), each its own sequence.
     pub n: Option<i64>,
     /// Keep generating past end-of-generation tokens. An extension.
     pub ignore_eos: Option<bool>,
     /// Add `prompt_token_ids` and per-choice `token_ids` to a non-streamed answer, and
     /// stream one chunk per generated token with its `token_ids` (vLLM's extension).
     pub return_token_ids: Option<bool>,
-    /// Log-probabilities are not served.
+    /// Log-probabilities: `true` (chat) or how many alternatives (completions).
     pub logprobs: Option<Value>,
-    /// Tools are not served.
-    pub tools: Option<Value>,
+    /// How many alternatives to report with each token's log-probability (chat).
+    pub top_logprobs: Option<i64>,
+    /// `{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema"}}`.
+    pub response_format: Option<Value>,
+    /// The output must fully match this regular expression. An extension.
+    pub regex: Option<String>,
+    /// The output must be in the language of this Lark grammar (llguidance's dialect).
+    /// An extension.
+    pub grammar: Option<String>,
 }
 
 /// A chat message's content: text, or a list of parts of which only text is served.
@@ -167,6 +178,10 @@ pub struct ChatMessage {
     pub role: String,
     /// Content (may be null for an assistant message).
     pub content: Option<Content>,
+    /// An assistant message's tool calls.
+    pub tool_calls: Option<Value>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// `POST /v1/chat/completions` body.
@@ -174,6 +189,10 @@ pub struct ChatMessage {
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
+    /// Functions the model may call.
+    pub tools: Option<Value>,
+    /// "none", "auto", "required", or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
     /// Everything else.
     #[serde(flatten)]
     pub common: Common,
@@ -247,7 +266,18 @@ pub struct Settings {
     pub ignore_eos: bool,
     /// Return token ids.
     pub return_token_ids: bool,
+    /// What the output must match.
+    pub grammar: Option<GrammarSpec>,
+    /// Report log-probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
+    /// The tools offered (chat), set by the chat handler.
+    pub tools: Option<Tools>,
+    /// Number of choices.
+    pub n: usize,
 }
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 8;
 
 fn range(name: &'static str, v: Option<f32>, lo: f32, hi: f32) -> Result<(), ApiError> {
     match v {
@@ -276,35 +306,23 @@ impl Common {
                 });
             }
         }
-        if let Some(n) = self.n {
-            if n != 1 {
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
                 return Err(ApiError::bad_request(
-                    format!("n must be 1 (one choice per request is served), got {n}"),
+                    format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
                     Some("n"),
                 )
-                .with_code("invalid_value"));
+                .with_code("invalid_value"))
             }
-        }
-        match &self.logprobs {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-            Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
-            Some(_) => {
-                return Err(ApiError::bad_request(
-                    "logprobs are not supported by this server",
-                    Some("logprobs"),
-                ))
-            }
-        }
-        match &self.tools {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(_) => {
-                return Err(ApiError::bad_request(
-                    "tools are not supported by this server",
-                    Some("tools"),
-                ))
-            }
-        }
+        };
+        let logprobs = structured::logprobs(self.logprobs.as_ref(), self.top_logprobs)?;
+        let grammar = structured::grammar(
+            self.response_format.as_ref(),
+            self.regex.as_deref(),
+            self.grammar.as_deref(),
+        )?;
         range("temperature", self.temperature, 0.0, 2.0)?;
         range("top_p", self.top_p, f32::MIN_POSITIVE, 1.0)?;
         range("min_p", self.min_p, 0.0, 1.0)?;
@@ -390,6 +408,10 @@ impl Common {
                     .unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
+            grammar,
+            logprobs,
+            tools: None,
+            n,
         })
     }
 }
@@ -439,7 +461,10 @@ impl ChatRequest {
                         s
                     }
                 };
-                Ok(ternion::chat::Message::new(role, content))
+                let mut msg = ternion::chat::Message::new(role, content);
+                msg.tool_calls = m.tool_calls.clone().filter(|c| !c.is_null());
+                msg.tool_call_id = m.tool_call_id.clone();
+                Ok(msg)
             })
             .collect()
     }
@@ -513,7 +538,9 @@ mod tests {
     #[test]
     fn bad_values_are_400() {
         let c = |j: &str| parse_body::<Common>(j.as_bytes()).unwrap().settings("m", 0);
-        assert_eq!(c(r#"{"n":2}"#).unwrap_err().status, 400);
+        assert_eq!(c(r#"{"n":9}"#).unwrap_err().status, 400);
+        assert_eq!(c(r#"{"n":0}"#).unwrap_err().status, 400);
+        assert_eq!(c(r#"{"n":2}"#).unwrap().n, 2);
         assert_eq!(c(r#"{"temperature":-1}"#).unwrap_err().status, 400);
         assert_eq!(c(r#"{"top_p":0}"#).unwrap_err().status, 400);
         assert_eq!(c(r#"{"max_tokens":0}"#).unwrap_err().status, 400);

@@ -79,6 +79,9 @@ pub enum EngineError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The sequence's output constraint (a grammar or JSON schema) could not go on.
+    #[error("generation failed: the output constraint stopped: {0}")]
+    Constraint(String),
 }
 
 impl EngineError {
@@ -89,6 +92,7 @@ impl EngineError {
             EngineError::NoCache(_) | EngineError::Stopped(_) | EngineError::ShuttingDown => {
                 UNAVAILABLE
             }
+            EngineError::Constraint(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
         }
     }
 }
@@ -191,6 +195,7 @@ mod tests {
                 None,
             ),
             (EngineError::ShuttingDown, 503, Some("service_unavailable")),
+            (EngineError::Constraint("no token allowed".into()), 500, None),
         ];
         for (e, status, code) in cases {
             let api = ApiError::from(&e);

@@ -18,9 +18,11 @@ use serde_json::{json, Value};
 
 use crate::access::{self, Access, RequestLog};
 use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
-use crate::engine::{Job, Ready, Shared};
+use crate::engine::{Job, Ready, Reply, Shared};
 use crate::error::StartError;
 use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
+use crate::structured;
+use crate::tools::{self, Tools};
 
 /// What every handler sees.
 pub struct AppState {
@@ -42,6 +44,7 @@ pub fn router(state: Arc<AppState>, max_body: usize, access: Access) -> Result<R
     let access = Arc::new(access);
     let counter = Arc::new(AtomicU64::new(1));
     let mut app = Router::new()
+        .route("/", get(chat_page))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
@@ -96,6 +99,11 @@ impl AppState {
             .get()
             .ok_or_else(|| ApiError::unavailable("the model is still loading"))
     }
+}
+
+/// A small chat page that talks to this server (streamed chat completions).
+async fn chat_page() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("chat_page.html"))
 }
 
 async fn not_found() -> ApiError {
@@ -223,12 +231,35 @@ async fn chat(
     let result = async {
         let bytes = body_bytes(body)?;
         let req: ChatRequest = parse_body(&bytes)?;
-        let settings = req.common.settings(&st.model_id, st.unique())?;
-        let messages = req.messages()?;
+        let mut settings = req.common.settings(&st.model_id, st.unique())?;
+        let mut messages = req.messages()?;
         let ready = st.ready()?;
+        let tools = Tools::parse(req.tools.as_ref(), req.tool_choice.as_ref())?;
+        let tools_json = tools.as_ref().map(Tools::as_json);
+        if let Some(t) = &tools {
+            if let Some(g) = t.grammar() {
+                if settings.grammar.is_some() {
+                    return Err(ApiError::bad_request(
+                        "a forced tool call (tool_choice required or named) cannot be combined \
+                         with response_format, regex or grammar",
+                        Some("tool_choice"),
+                    ));
+                }
+                settings.grammar = Some(g);
+            }
+            t.describe(&ready.template, &mut messages);
+        }
+        tools::adapt(&ready.template, &mut messages);
+        settings.tools = tools;
         let text = ready
             .template
-            .render(&messages, true, &ready.bos_text, &ready.eos_text)
+            .render_with_tools(
+                &messages,
+                tools_json.as_ref(),
+                true,
+                &ready.bos_text,
+                &ready.eos_text,
+            )
             .map_err(|e| {
                 ApiError::bad_request(
                     format!("cannot render the chat template: {e}"),
@@ -282,7 +313,7 @@ async fn generate(
 async fn start(
     st: &Arc<AppState>,
     kind: Kind,
-    settings: Settings,
+    mut settings: Settings,
     prompt: Prompt,
     (arrived, log): (Instant, Arc<RequestLog>),
 ) -> Result<Response, ApiError> {
@@ -344,33 +375,35 @@ async fn start(
         Some(n) => n,
         None => n_ctx - p,
     };
+    let grammar = settings.grammar.take();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = Job {
-        prompt: ids.clone(),
-        sampler: settings.sampler.clone(),
-        max_tokens,
-        stop: settings.stop.clone(),
-        ignore_eos: settings.ignore_eos,
-        arrived,
-        events: tx,
-    };
     let m = &st.shared.metrics;
-    m.queue_length.fetch_add(1, Relaxed);
-    if let Err(e) = ready.jobs.try_send(job) {
-        m.queue_length.fetch_sub(1, Relaxed);
-        return Err(match e {
-            TrySendError::Full(_) => {
-                m.rejected_queue_full_total.fetch_add(1, Relaxed);
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    "The server is busy: the request queue is full. Retry later.",
-                )
-                .with_code("queue_full")
-            }
-            TrySendError::Disconnected(_) => engine_gone(&st.shared),
-        });
+    // One sequence per choice, seeded one apart; a choice that cannot be queued drops the
+    // channel, which cancels those already queued.
+    for choice in 0..settings.n {
+        let constraint = match &grammar {
+            Some(spec) => Some(structured::compile(st.shared.clone(), spec.clone()).await?),
+            None => None,
+        };
+        let mut sampler = settings.sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(choice as u64);
+        let job = Job {
+            prompt: ids.clone(),
+            sampler,
+            max_tokens,
+            stop: settings.stop.clone(),
+            ignore_eos: settings.ignore_eos,
+            constraint,
+            logprobs: settings.logprobs,
+            arrived,
+            events: Reply {
+                choice,
+                tx: tx.clone(),
+            },
+        };
+        queue(st, ready, job)?;
     }
+    drop(tx);
     m.requests_total.fetch_add(1, Relaxed);
     let meta = Meta {
         kind,
@@ -388,6 +421,9 @@ async fn start(
         include_usage: settings.include_usage,
         return_token_ids: settings.return_token_ids,
         prompt_ids: ids,
+        tok: ready.tokenizer.clone(),
+        tools: settings.tools.take(),
+        n: settings.n,
         log,
     };
     if settings.stream {
@@ -395,4 +431,26 @@ async fn start(
     } else {
         whole_response(meta, rx, &st.shared).await
     }
+}
+
+/// Queues `job` for the engine: 429 when the queue is full, 503 when the engine is gone.
+fn queue(st: &AppState, ready: &Ready, job: Job) -> Result<(), ApiError> {
+    let m = &st.shared.metrics;
+    m.queue_length.fetch_add(1, Relaxed);
+    if let Err(e) = ready.jobs.try_send(job) {
+        m.queue_length.fetch_sub(1, Relaxed);
+        return Err(match e {
+            TrySendError::Full(_) => {
+                m.rejected_queue_full_total.fetch_add(1, Relaxed);
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    "The server is busy: the request queue is full. Retry later.",
+                )
+                .with_code("queue_full")
+            }
+            TrySendError::Disconnected(_) => engine_gone(&st.shared),
+        });
+    }
+    Ok(())
 }

@@ -5,6 +5,8 @@
 //!   `data: [DONE]`).
 //! - `POST /v1/embeddings`: pooled, normalised vectors ([`embeddings`]; on the CPU).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the one served model.
+//! - `GET /`: a small chat page that talks to the server (open without the API key; it
+//!   asks for one).
 //! - `GET /health`: 200 while the engine serves, 503 after it stopped (a GPU fault).
 //! - `GET /metrics`: Prometheus text (queue length, active sequences, tokens, tokens/s,
 //!   time-to-first-token histogram).
@@ -21,8 +23,11 @@ pub mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod http;
+mod logprobs;
 pub mod metrics;
 mod respond;
+pub mod structured;
+pub mod tools;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -96,10 +96,10 @@ def main():
 
     # Errors come back as the client's exception types.
     try:
-        client.chat.completions.create(model=model, messages=messages, n=2)
-        check(False, "n=2 accepted")
+        client.chat.completions.create(model=model, messages=messages, n=9)
+        check(False, "n=9 accepted")
     except openai.BadRequestError as e:
-        check(e.status_code == 400, f"n=2 status {e.status_code}")
+        check(e.status_code == 400, f"n=9 status {e.status_code}")
     try:
         client.chat.completions.create(model="no-such-model", messages=messages)
         check(False, "unknown model accepted")

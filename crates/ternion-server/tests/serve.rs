@@ -385,7 +385,7 @@ fn bad_requests_get_openai_errors() {
     assert_eq!(status, 400, "{text}");
 
     let mut b = chat_body("hi", 4);
-    b["n"] = json!(2);
+    b["n"] = json!(9);
     let (status, v) = s.post("/v1/chat/completions", &b);
     assert_eq!(status, 400, "{v}");
     assert_error(&v, "invalid_value");
@@ -614,7 +614,7 @@ fn survives_a_thousand_malformed_requests_mixed_with_good_ones() {
         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": \"hot\"}"
             .into(),
         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_p\": 7}".into(),
-        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 3}".into(),
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 99}".into(),
         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"model\": \"nope\"}".into(),
         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": 5}".into(),
         "\u{0}\u{1}\u{2}garbage".into(),

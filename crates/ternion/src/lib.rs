@@ -9,6 +9,8 @@
 
 pub mod backend;
 pub mod chat;
+#[cfg(feature = "constrain")]
+pub mod constrain;
 pub mod embed;
 pub mod error;
 pub mod generate;

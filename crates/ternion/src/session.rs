@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::cpu::CpuState;
-use crate::generate::{check_room, next_chunk, Need, Row, Stepper, StepperOptions};
+use crate::generate::{check_room, next_chunk, Constraint, Need, Row, Stepper, StepperOptions};
 use crate::kv::KvPool;
 use crate::model::{Logits, Model};
 use crate::sample::Sampler;
@@ -149,6 +149,8 @@ pub struct Session<'m> {
     batch: Vec<u32>,
     /// Stop strings of [`Session::generate`].
     stops: Vec<String>,
+    /// What the next [`Session::generate`]'s output must match.
+    constraint: Option<Box<dyn Constraint>>,
 }
 
 impl<'m> Session<'m> {
@@ -166,6 +168,7 @@ impl<'m> Session<'m> {
             pending: Vec::new(),
             batch: Vec::new(),
             stops: Vec::new(),
+            constraint: None,
         }
     }
 
@@ -188,6 +191,12 @@ impl<'m> Session<'m> {
     /// which is not emitted (none by default).
     pub fn set_stops(&mut self, stops: Vec<String>) {
         self.stops = stops;
+    }
+
+    /// The next generation draws only what `constraint` allows and ends when it is
+    /// complete (a grammar: `crate::constrain`).
+    pub fn set_constraint(&mut self, constraint: Box<dyn Constraint>) {
+        self.constraint = Some(constraint);
     }
 
     /// Forgets everything.
@@ -287,6 +296,9 @@ impl<'m> Session<'m> {
         };
         let history = std::mem::take(&mut self.tokens);
         let mut st = Stepper::new(sampler, (), history, input, rules);
+        if let Some(c) = self.constraint.take() {
+            st = st.with_constraint(c);
+        }
         let mut stats = GenerationStats {
             prompt_tokens,
             prompt_time: Duration::ZERO,

@@ -544,3 +544,24 @@ fn add_byte_vocab(w: &mut GgufWriter, n_vocab: usize) -> usize {
         .add("tokenizer.ggml.add_bos_token", Value::Bool(true));
     tokens.len()
 }
+
+/// The tokenizer of the synthetic byte vocabulary (259 tokens: id = byte, then BOS, EOS
+/// and EOT), for unit tests.
+#[cfg(test)]
+pub(crate) fn byte_tokenizer() -> crate::tokenizer::Tokenizer {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("ternion-bytes-{}-{n}.gguf", std::process::id()));
+    let spec = Spec {
+        arch: "bitnet-b1.58",
+        shape: Shape::named("micro").unwrap(),
+        weight_type: crate::quant::GgmlType::I2_S,
+        vocab: Vocab::Bytes { n_vocab: 259 },
+        seed: 1,
+    };
+    write(&spec, &path).unwrap();
+    let file = crate::gguf::GgufFile::open(&path).unwrap();
+    let t = crate::tokenizer::Tokenizer::from_gguf(&file, &Default::default()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    t
+}

@@ -35,16 +35,16 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use ternion::chat::ChatTemplate;
-use ternion::generate::{BatchBackend, FinishReason};
+use ternion::constrain::Grammars;
+use ternion::generate::{BatchBackend, Constraint, FinishReason};
 use ternion::model::Model;
-use ternion::sample::SamplerConfig;
+use ternion::sample::{SamplerConfig, TokenLogprobs};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::error::{EngineError, StartError};
 use crate::metrics::Metrics;
 
 /// One generation request, ready for the engine: already tokenized and validated.
-#[derive(Debug)]
 pub struct Job {
     /// Prompt token ids (non-empty, shorter than the context).
     pub prompt: Vec<u32>,
@@ -56,11 +56,37 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// What the output must match (a compiled grammar), if anything.
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// Report each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
     /// When the request arrived (time to first token counts from here).
     pub arrived: Instant,
     /// Where the engine sends text and the end of the sequence. A dropped receiver
     /// cancels the sequence.
-    pub events: UnboundedSender<Event>,
+    pub events: Reply,
+}
+
+/// A sequence's way back to its request: the request's channel and the sequence's choice
+/// index (a request with `n` choices runs `n` sequences over one channel).
+#[derive(Clone)]
+pub struct Reply {
+    /// The choice this sequence answers.
+    pub choice: usize,
+    /// The request's channel.
+    pub tx: UnboundedSender<(usize, Event)>,
+}
+
+impl Reply {
+    /// Sends `ev` tagged with the choice; fails when the request has gone away.
+    pub fn send(&self, ev: Event) -> Result<(), Event> {
+        self.tx.send((self.choice, ev)).map_err(|e| e.0 .1)
+    }
+
+    /// Whether the request has gone away.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// What the engine tells a request's handler.
@@ -73,6 +99,8 @@ pub enum Event {
         id: u32,
         /// Newly complete text.
         text: String,
+        /// Its log-probabilities, when the request asked for them.
+        logprobs: Option<TokenLogprobs>,
     },
     /// Text released at the end of the sequence (never empty).
     Text(String),
@@ -113,6 +141,8 @@ pub struct Ready {
     pub model: Arc<Model>,
     /// The bounded request queue.
     pub jobs: SyncSender<Job>,
+    /// The grammar compiler of the vocabulary, built on the first structured request.
+    pub grammars: OnceLock<Result<Grammars, String>>,
 }
 
 /// State shared by the HTTP side and the engine thread.
@@ -315,6 +345,7 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> 
         n_vocab: model.config().n_vocab,
         model: model.clone(),
         jobs,
+        grammars: OnceLock::new(),
     };
     let tokenizer = ready.tokenizer.clone();
     if shared.ready.set(ready).is_err() {

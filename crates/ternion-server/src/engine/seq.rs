@@ -54,8 +54,15 @@ impl<K> Seq<K> {
             max_chunk,
         };
         let prompt = std::mem::take(&mut job.prompt);
+        let mut st = Stepper::new(sampler, kv, Vec::with_capacity(n_ctx), prompt, rules);
+        if let Some(c) = job.constraint.take() {
+            st = st.with_constraint(c);
+        }
+        if let Some(top) = job.logprobs {
+            st = st.with_logprobs(top);
+        }
         Some(Seq {
-            st: Stepper::new(sampler, kv, Vec::with_capacity(n_ctx), prompt, rules),
+            st,
             job,
             ended: false,
         })
@@ -81,7 +88,11 @@ impl<K> Seq<K> {
         }
         if let (Some(id), Some(text)) = (adv.drawn, adv.text) {
             m.generated_tokens_total.fetch_add(1, Relaxed);
-            self.send(Event::Token { id, text });
+            self.send(Event::Token {
+                id,
+                text,
+                logprobs: adv.logprobs,
+            });
         }
         match adv.end {
             Some(end) => {
@@ -93,6 +104,10 @@ impl<K> Seq<K> {
     }
 
     fn finish(&mut self, end: End) {
+        if let Some(message) = end.error {
+            self.send(Event::Error(EngineError::Constraint(message)));
+            return;
+        }
         if !end.text.is_empty() {
             self.send(Event::Text(end.text));
         }

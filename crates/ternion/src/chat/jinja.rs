@@ -39,6 +39,7 @@ const TOJSON_MAX_INDENT: usize = 256;
 pub(super) fn render_jinja(
     source: &str,
     messages: &[Message],
+    tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
@@ -47,6 +48,7 @@ pub(super) fn render_jinja(
         render_jinja_here(
             source,
             messages,
+            tools,
             add_generation_prompt,
             bos_token,
             eos_token,
@@ -73,6 +75,7 @@ pub(super) fn render_jinja(
 pub(super) fn render_jinja_here(
     source: &str,
     messages: &[Message],
+    tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
@@ -96,10 +99,12 @@ pub(super) fn render_jinja_here(
             .map_or(0, |d| d.as_secs() as i64);
         strftime(&fmt, secs)
     });
+    let json_len = |v: Option<&serde_json::Value>| v.map_or(0, |v| v.to_string().len());
     let input_bytes = messages
         .iter()
-        .map(|m| m.role.len() + m.content.len())
+        .map(|m| m.role.len() + m.content.len() + json_len(m.tool_calls.as_ref()))
         .sum::<usize>()
+        + json_len(tools)
         + bos_token.len()
         + eos_token.len();
     let budget = jinja_budget::Budget::for_input(input_bytes);
@@ -115,10 +120,17 @@ pub(super) fn render_jinja_here(
     let messages: Vec<Value> = messages
         .iter()
         .map(|m| {
-            Value::from_iter([
+            let mut fields = vec![
                 ("role", Value::from(m.role.as_str())),
                 ("content", Value::from(m.content.as_str())),
-            ])
+            ];
+            if let Some(calls) = &m.tool_calls {
+                fields.push(("tool_calls", Value::from_serialize(calls)));
+            }
+            if let Some(id) = &m.tool_call_id {
+                fields.push(("tool_call_id", Value::from(id.as_str())));
+            }
+            Value::from_iter(fields)
         })
         .collect();
     let ctx = context! {
@@ -126,6 +138,10 @@ pub(super) fn render_jinja_here(
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token,
         eos_token => eos_token,
+    };
+    let ctx = match tools {
+        Some(t) => context! { tools => Value::from_serialize(t), ..ctx },
+        None => ctx,
     };
     jinja_budget::render(&mut env, source, ctx, JINJA_FUEL)
         .map_err(|e| Error::Template(e.to_string()))

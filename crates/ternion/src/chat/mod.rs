@@ -29,6 +29,10 @@ pub struct Message {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant turn's tool calls (OpenAI's `tool_calls` array), for Jinja templates.
+    pub tool_calls: Option<serde_json::Value>,
+    /// The tool call a `tool` message answers, for Jinja templates.
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -37,6 +41,8 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -83,6 +89,25 @@ impl ChatTemplate {
         bos_token: &str,
         eos_token: &str,
     ) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt, bos_token, eos_token)
+    }
+
+    /// Whether the template renders a `tools` list itself (a Jinja template that names
+    /// `tools`).
+    pub fn renders_tools(&self) -> bool {
+        matches!(self, ChatTemplate::Jinja { source } if source.contains("tools"))
+    }
+
+    /// [`ChatTemplate::render`] with OpenAI's `tools` array given to Jinja templates as
+    /// `tools` (the other formats have no place for it).
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String> {
         match self {
             ChatTemplate::BitNet => render_bitnet(messages),
             ChatTemplate::ChatMl => Ok(render_chatml(messages, add_generation_prompt)),
@@ -90,6 +115,7 @@ impl ChatTemplate {
                 let out = render_jinja(
                     source,
                     messages,
+                    tools,
                     add_generation_prompt,
                     bos_token,
                     eos_token,

@@ -310,7 +310,7 @@ fn value_nesting_is_bounded_on_every_target() {
     let deepest = wraps(MAX_VALUE_DEPTH - 2, "{{ ns.l|length }}:{{ ns.l }}");
     let out = std::thread::Builder::new()
         .stack_size(1 << 20)
-        .spawn(move || render_jinja_here(&deepest, &msgs(&[("user", "hi")]), true, BOS, EOS))
+        .spawn(move || render_jinja_here(&deepest, &msgs(&[("user", "hi")]), None, true, BOS, EOS))
         .unwrap()
         .join()
         .expect("rendered within a 1 MiB stack")
@@ -391,4 +391,39 @@ fn checked_operators_keep_their_meaning() {
         render_one("{{ 9223372036854775807 + 1 }}"),
         Ok(_) | Err(Error::Template(_))
     ));
+}
+
+/// A Hermes-style template: tools in the system turn, calls and results as tagged turns.
+const TOOLS_JINJA: &str = "\
+{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}
+{% for m in messages %}
+{% if m.tool_calls is defined %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>tool\n[{{ m.tool_call_id }}] {{ m.content }}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}
+{% endfor %}";
+
+#[test]
+fn tools_tool_calls_and_results_reach_the_template() {
+    let t = jinja(TOOLS_JINJA);
+    assert!(t.renders_tools());
+    assert!(!ChatTemplate::ChatMl.renders_tools());
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+    let mut call = Message::new("assistant", "");
+    call.tool_calls = Some(serde_json::json!([{"id": "c1", "type": "function",
+        "function": {"name": "f", "arguments": "{}"}}]));
+    let mut result = Message::new("tool", "42");
+    result.tool_call_id = Some("c1".into());
+    let m = vec![Message::new("user", "hi"), call, result];
+    let out = t
+        .render_with_tools(&m, Some(&tools), false, BOS, EOS)
+        .unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nTools: [{\"function\": {\"name\": \"f\"}, \"type\": \"function\"}]<|im_end|>\n\
+         <|im_start|>user\nhi<|im_end|>\n\
+         <|im_start|>assistant\n<tool_call>{\"arguments\": \"{}\", \"name\": \"f\"}</tool_call><|im_end|>\n\
+         <|im_start|>tool\n[c1] 42<|im_end|>\n"
+    );
+    let plain = t.render(&m[..1], false, BOS, EOS).unwrap();
+    assert_eq!(plain, "<|im_start|>user\nhi<|im_end|>\n");
 }

@@ -10,6 +10,7 @@ mod batch;
 #[cfg(feature = "gpu")]
 mod batch_gpu;
 mod chunking;
+mod constraint;
 mod rows;
 mod stepper;
 mod stop;
@@ -19,6 +20,7 @@ pub use batch::{BatchBackend, BatchStep, CpuBatch};
 #[cfg(feature = "gpu")]
 pub use batch_gpu::GpuBatch;
 pub use chunking::{next_chunk, PREFILL_CHUNK};
+pub use constraint::{allows, Constraint, Mask};
 pub use rows::{Need, Row, Rows};
 pub use stepper::{Advance, End, FinishReason, Stepper, StepperOptions};
 pub use stop::{Filtered, StopFilter};

@@ -8,9 +8,10 @@
 use std::borrow::BorrowMut;
 
 use super::chunking::next_chunk;
+use super::constraint::Constraint;
 use super::rows::{Need, Row};
 use super::stop::StopFilter;
-use crate::sample::Sampler;
+use crate::sample::{logprobs, Sampler, TokenLogprobs};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Why generation stopped.
@@ -60,10 +61,12 @@ pub struct End {
     /// Text released at the end (bytes of an unfinished character, text held back as a
     /// possible stop string); may be empty.
     pub text: String,
+    /// Set when the sequence could not go on (its constraint failed): what went wrong.
+    pub error: Option<String>,
 }
 
 /// What one [`Stepper::advance`] produced.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Advance {
     /// The token drawn by this step (an end-of-generation token included), if the prompt
     /// is in.
@@ -73,6 +76,8 @@ pub struct Advance {
     pub text: Option<String>,
     /// Set when the sequence ended with this step.
     pub end: Option<End>,
+    /// The drawn token's log-probabilities, when asked for ([`Stepper::with_logprobs`]).
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// One sequence being generated: its sampler `S` (owned, or borrowed as `&mut Sampler`),
@@ -96,6 +101,11 @@ pub struct Stepper<S, K = ()> {
     decoder: StreamDecoder,
     stop: StopFilter,
     finish: Option<FinishReason>,
+    /// What the output must match (`None`: anything, at no cost).
+    constraint: Option<Box<dyn Constraint>>,
+    /// How many of the row's best tokens to report with each draw's log-probability
+    /// (`None`: no log-probabilities).
+    top_logprobs: Option<usize>,
 }
 
 impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
@@ -121,7 +131,22 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
             generated: Vec::new(),
             decoder: StreamDecoder::new(),
             finish: None,
+            constraint: None,
+            top_logprobs: None,
         }
+    }
+
+    /// Draws only tokens `constraint` allows; the sequence ends when it is complete. An
+    /// end-of-generation token always ends a constrained sequence.
+    pub fn with_constraint(mut self, constraint: Box<dyn Constraint>) -> Stepper<S, K> {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Reports each draw's log-probability and those of the row's `top` best tokens.
+    pub fn with_logprobs(mut self, top: usize) -> Stepper<S, K> {
+        self.top_logprobs = Some(top);
+        self
     }
 
     /// Plans the next step: the next prompt chunk, taken from `budget` (see
@@ -161,7 +186,9 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
     pub fn need(&self, top_k: usize) -> Need {
         let s = self.sampler.borrow();
         let cfg = s.config();
-        if cfg.temperature <= 0.0 && !cfg.penalties_active() {
+        if self.constraint.is_some() || self.top_logprobs.is_some() {
+            Need::Logits
+        } else if cfg.temperature <= 0.0 && !cfg.penalties_active() {
             Need::Argmax
         } else if top_k > 0 && s.needs_only_top(top_k) {
             Need::Top
@@ -190,13 +217,21 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
             out.end = Some(self.end(FinishReason::Length));
             return out;
         }
-        let id = match row {
-            Row::Logits(logits) => self.sampler.borrow_mut().sample(logits, &self.history),
-            Row::Top(top) => self.sampler.borrow_mut().sample_top(top),
-            Row::Argmax(id) => id,
+        let (id, complete) = match self.draw(row) {
+            Ok(d) => d,
+            Err(e) => {
+                let mut end = self.end(FinishReason::Stop);
+                end.error = Some(e);
+                out.end = Some(end);
+                return out;
+            }
         };
         out.drawn = Some(id);
-        if tok.is_eog(id) && !self.opts.ignore_eos {
+        if let (Some(top), Row::Logits(logits)) = (self.top_logprobs, row) {
+            out.logprobs = Some(logprobs(logits, id, top));
+        }
+        let constrained = self.constraint.is_some();
+        if tok.is_eog(id) && (!self.opts.ignore_eos || constrained) {
             out.end = Some(self.end(FinishReason::Stop));
             return out;
         }
@@ -209,11 +244,19 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
             out.end = Some(End {
                 finish: FinishReason::Stop,
                 text: String::new(),
+                error: None,
             });
             return out;
         }
         self.last = Some(id);
-        if self.generated.len() >= self.opts.max_tokens {
+        if complete {
+            let shortened = self.constraint.as_ref().is_some_and(|c| c.shortened());
+            out.end = Some(self.end(if shortened {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            }));
+        } else if self.generated.len() >= self.opts.max_tokens {
             out.end = Some(self.end(FinishReason::Length));
         } else if self.opts.n_ctx.saturating_sub(self.history.len()) <= 1 {
             out.end = Some(self.end(FinishReason::Context));
@@ -233,7 +276,29 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
         End {
             finish: FinishReason::Cancelled,
             text,
+            error: None,
         }
+    }
+
+    /// Draws the next token from `row` (among those the constraint allows), and records it
+    /// with the constraint. Returns the token and whether the constraint is complete.
+    fn draw(&mut self, row: Row<'_>) -> Result<(u32, bool), String> {
+        let sampler = self.sampler.borrow_mut();
+        let Some(c) = self.constraint.as_mut() else {
+            let id = match row {
+                Row::Logits(logits) => sampler.sample(logits, &self.history),
+                Row::Top(top) => sampler.sample_top(top),
+                Row::Argmax(id) => id,
+            };
+            return Ok((id, false));
+        };
+        let Row::Logits(logits) = row else {
+            return Err("a constrained sequence needs whole logits rows".into());
+        };
+        let left = (self.opts.max_tokens - self.generated.len())
+            .min(self.opts.n_ctx.saturating_sub(self.history.len() + 1));
+        let id = sampler.sample_masked(logits, &self.history, c.mask(left)?);
+        Ok((id, c.commit(id)?))
     }
 
     /// Ends the sequence with `reason`, releasing the text held back.
@@ -247,7 +312,11 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
             text.push_str(&self.stop.finish());
         }
         self.finish = Some(finish);
-        End { finish, text }
+        End {
+            finish,
+            text,
+            error: None,
+        }
     }
 
     /// Why the sequence ended (`None` while it runs).
@@ -309,24 +378,9 @@ fn planned<'a>(input: &'a [u32], fed: usize, in_flight: usize, last: &'a Option<
 mod tests {
     use super::*;
     use crate::sample::SamplerConfig;
-    use crate::synth::{self, Shape, Spec, Vocab};
 
-    /// The 259-token byte vocabulary of the synthetic models (id = byte; 256.. special).
     fn tok() -> Tokenizer {
-        let path =
-            std::env::temp_dir().join(format!("ternion-stepper-{}.gguf", std::process::id()));
-        let spec = Spec {
-            arch: "bitnet-b1.58",
-            shape: Shape::named("micro").unwrap(),
-            weight_type: crate::quant::GgmlType::I2_S,
-            vocab: Vocab::Bytes { n_vocab: 259 },
-            seed: 1,
-        };
-        synth::write(&spec, &path).unwrap();
-        let file = crate::gguf::GgufFile::open(&path).unwrap();
-        let t = Tokenizer::from_gguf(&file, &Default::default()).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        t
+        crate::synth::byte_tokenizer()
     }
 
     fn stepper(max_tokens: usize, stop: &[&str], n_ctx: usize) -> Stepper<Sampler> {
@@ -402,5 +456,70 @@ mod tests {
         assert_eq!((text.as_str(), end.finish), ("x", FinishReason::Stop));
         assert_eq!(steps.len(), 3);
         assert_eq!(s.generated(), [u32::from(b'x')]);
+    }
+
+    /// Allows only the next byte of its text; complete after the last.
+    struct Spell {
+        text: &'static [u8],
+        at: usize,
+        mask: Vec<u32>,
+    }
+
+    impl Constraint for Spell {
+        fn mask(&mut self, _left: usize) -> Result<&crate::generate::Mask, String> {
+            let b = self.text[self.at];
+            self.mask = vec![0; 9];
+            self.mask[usize::from(b / 32)] |= 1 << (b % 32);
+            Ok(&self.mask)
+        }
+
+        fn commit(&mut self, id: u32) -> Result<bool, String> {
+            if id != u32::from(self.text[self.at]) {
+                return Err(format!("{id} is not allowed"));
+            }
+            self.at += 1;
+            Ok(self.at == self.text.len())
+        }
+    }
+
+    fn spell(text: &'static [u8]) -> Box<Spell> {
+        Box::new(Spell {
+            text,
+            at: 0,
+            mask: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_constraint_chooses_the_tokens_and_ends_the_sequence_with_logprobs_of_the_row() {
+        let t = tok();
+        let logits: Vec<f32> = (0..259).map(|i| ((i * 37) % 11) as f32 * 0.5).collect();
+        let mut s = stepper(10, &[], 1000)
+            .with_constraint(spell(b"ok!"))
+            .with_logprobs(3);
+        assert_eq!(s.need(8), Need::Logits);
+        let mut text = String::new();
+        let end = loop {
+            assert!(s.plan(&mut usize::MAX.clone()));
+            let adv = s.advance(Row::Logits(&logits), &t);
+            if let Some(id) = adv.drawn {
+                assert_eq!(adv.logprobs, Some(logprobs(&logits, id, 3)));
+            }
+            text.push_str(adv.text.as_deref().unwrap_or(""));
+            if let Some(end) = adv.end {
+                break end;
+            }
+        };
+        assert_eq!((text.as_str(), end.finish), ("ok!", FinishReason::Stop));
+        assert_eq!(end.error, None);
+        // A backend that hands a constrained sequence its argmax alone is an error.
+        let mut s = stepper(10, &[], 1000).with_constraint(spell(b"x"));
+        let end = loop {
+            assert!(s.plan(&mut usize::MAX.clone()));
+            if let Some(end) = s.advance(Row::Argmax(3), &t).end {
+                break end;
+            }
+        };
+        assert!(end.error.unwrap().contains("logits"), "{:?}", s.finish());
     }
 }

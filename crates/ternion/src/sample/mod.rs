@@ -4,7 +4,11 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::generate::{allows, Mask};
 use crate::{Error, Result};
+
+mod logprobs;
+pub use logprobs::{logprobs, TokenLogprobs};
 
 /// Sampling settings. Every stage can be switched off by its neutral value.
 #[derive(Debug, Clone, PartialEq)]
@@ -201,6 +205,29 @@ impl Sampler {
                     logit
                 },
             }));
+        self.finish_draw(history)
+    }
+
+    /// [`Sampler::sample`] among the tokens `mask` allows (see [`allows`]): the others
+    /// weigh nothing. With no token allowed the draw is the lowest id. Panics if `logits`
+    /// is empty.
+    pub fn sample_masked(&mut self, logits: &[f32], history: &[u32], mask: &Mask) -> u32 {
+        assert!(!logits.is_empty(), "Sampler::sample_masked: empty logits");
+        self.candidates.clear();
+        self.candidates
+            .extend(logits.iter().enumerate().map(|(id, &logit)| Candidate {
+                id: id as u32,
+                logit: if logit.is_nan() || !allows(mask, id as u32) {
+                    f32::NEG_INFINITY
+                } else {
+                    logit
+                },
+            }));
+        self.finish_draw(history)
+    }
+
+    /// Penalties, truncation and the draw over the candidates of a whole row.
+    fn finish_draw(&mut self, history: &[u32]) -> u32 {
         self.apply_penalties(history);
         if self.cfg.temperature <= 0.0 {
             return best(&self.candidates);

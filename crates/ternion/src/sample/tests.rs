@@ -321,3 +321,54 @@ fn invalid_configs_rejected() {
     assert!(SamplerConfig::default().validate().is_ok());
     assert!(SamplerConfig::greedy().validate().is_ok());
 }
+
+/// A mask allowing exactly `ids` among `n` tokens.
+fn mask_of(n: usize, ids: &[u32]) -> Vec<u32> {
+    let mut m = vec![0u32; n.div_ceil(32)];
+    for &i in ids {
+        m[i as usize / 32] |= 1 << (i % 32);
+    }
+    m
+}
+
+#[test]
+fn masked_draws_only_allowed_tokens() {
+    let l = logits(300, 7);
+    let allowed = [3u32, 40, 77, 250];
+    let mask = mask_of(300, &allowed);
+    let mut greedy = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let want = *allowed
+        .iter()
+        .max_by(|a, b| l[**a as usize].total_cmp(&l[**b as usize]))
+        .unwrap();
+    assert_eq!(greedy.sample_masked(&l, &[], &mask), want);
+    let mut s = Sampler::new(cfg(1.5, 0, 1.0, 0.0)).unwrap();
+    for _ in 0..200 {
+        let id = s.sample_masked(&l, &[], &mask);
+        assert!(allowed.contains(&id), "drew {id}");
+    }
+    // A short mask disallows the ids past its end.
+    let mut s = Sampler::new(cfg(1.0, 40, 0.95, 0.05)).unwrap();
+    let short = mask_of(64, &[5]);
+    assert_eq!(s.sample_masked(&l, &[], &short), 5);
+}
+
+#[test]
+fn logprobs_are_the_log_softmax_of_the_row() {
+    let l = logits(500, 9);
+    let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = l.iter().map(|&v| f64::from(v - max).exp()).sum();
+    let lsm = |i: usize| (f64::from(l[i] - max) - z.ln()) as f32;
+    let r = logprobs(&l, 17, 5);
+    assert!((r.logprob - lsm(17)).abs() < 1e-5);
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
+    assert_eq!(r.top.len(), 5);
+    for (k, &(id, lp)) in r.top.iter().enumerate() {
+        assert_eq!(id as usize, order[k]);
+        assert!((lp - lsm(order[k])).abs() < 1e-5);
+    }
+    let total: f64 = (0..l.len()).map(|i| f64::from(lsm(i)).exp()).sum();
+    assert!((total - 1.0).abs() < 1e-4);
+    assert!(logprobs(&l, 3, 0).top.is_empty());
+}

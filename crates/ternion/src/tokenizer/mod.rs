@@ -456,6 +456,15 @@ impl Tokenizer {
         self.eog.get(id as usize).copied().unwrap_or(false)
     }
 
+    /// Whether `id` is a control or unknown token (`<|eot_id|>`, `<unk>`, ...): its text
+    /// marks structure and is not output text.
+    pub fn is_control(&self, id: u32) -> bool {
+        matches!(
+            self.vocab.attrs.get(id as usize),
+            Some(Attr::Control | Attr::Unknown)
+        )
+    }
+
     /// The id of the token whose text is exactly `text`.
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.vocab.id(text)
