@@ -195,7 +195,11 @@ mod tests {
                 None,
             ),
             (EngineError::ShuttingDown, 503, Some("service_unavailable")),
-            (EngineError::Constraint("no token allowed".into()), 500, None),
+            (
+                EngineError::Constraint("no token allowed".into()),
+                500,
+                None,
+            ),
         ];
         for (e, status, code) in cases {
             let api = ApiError::from(&e);
