@@ -383,7 +383,7 @@ impl Ternion {
         reader: JsValue,
         options: JsValue,
         on_progress: Option<Function>,
-    ) -> std::result::Result<Ternion, JsError> {
+    ) -> std::result::Result<Ternion, JsValue> {
         let src = ReaderSource::new(reader).map_err(to_js)?;
         load(src, options, on_progress).await.map_err(to_js)
     }
