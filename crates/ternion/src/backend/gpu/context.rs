@@ -226,7 +226,7 @@ impl GpuContext {
         let mut adapters = enumerate(opts.backends).await;
         if adapters.is_empty() {
             let hint = if cfg!(target_arch = "wasm32") {
-                "this browser gives no WebGPU adapter"
+                "navigator.gpu gave no WebGPU adapter (a browser without WebGPU, or a Node.js gpu object without one)"
             } else {
                 "on Linux without a GPU, install Mesa's lavapipe: mesa-vulkan-drivers"
             };
