@@ -161,6 +161,14 @@ pub enum Kernel {
         /// Round f32 activations through F16 first (F16 weights only).
         round_x: bool,
     },
+    /// `qmatvec.wgsl` `matmul_tiled` (`#if TILED`): block-format weights × 32-token tiles
+    /// of Q8 activations, each weight unit decoded once a tile (prompts).
+    QMatmulTiled {
+        /// Weight format (a block format: its activations are Q8_0, Q8_1 or Q8_K).
+        fmt: QFormat,
+        /// Store or add.
+        epilogue: Epilogue,
+    },
     /// `qmatvec.wgsl` `gather`: rows of a GGUF-format matrix dequantized to f32.
     QGather {
         /// Weight format.
@@ -250,6 +258,8 @@ enum Source {
     Select,
     ReadProbe,
     QMatvec(QFormat),
+    /// qmatvec.wgsl with `#if TILED` on.
+    QMatvecTiled(QFormat),
     QuantAct,
     RowOps,
     Elementwise,
@@ -285,7 +295,9 @@ impl Source {
             Source::Glu => ("glu.wgsl", include_str!("kernels/glu.wgsl")),
             Source::Select => ("select.wgsl", include_str!("kernels/select.wgsl")),
             Source::ReadProbe => ("read_bw.wgsl", include_str!("kernels/read_bw.wgsl")),
-            Source::QMatvec(_) => ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl")),
+            Source::QMatvec(_) | Source::QMatvecTiled(_) => {
+                ("qmatvec.wgsl", include_str!("kernels/qmatvec.wgsl"))
+            }
             Source::QuantAct => ("quant_act.wgsl", include_str!("kernels/quant_act.wgsl")),
             Source::RowOps => ("rowops.wgsl", include_str!("kernels/rowops.wgsl")),
             Source::Elementwise => ("elementwise.wgsl", include_str!("kernels/elementwise.wgsl")),
@@ -320,6 +332,7 @@ impl Kernel {
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
             Kernel::QMatvec { fmt, .. } | Kernel::QGather { fmt } => Source::QMatvec(fmt),
+            Kernel::QMatmulTiled { fmt, .. } => Source::QMatvecTiled(fmt),
             Kernel::QuantAct { .. } => Source::QuantAct,
             Kernel::RowOp { .. } => Source::RowOps,
             Kernel::Elementwise { .. } => Source::Elementwise,
@@ -368,6 +381,7 @@ impl Kernel {
             Kernel::QMatvec { batch: false, .. } => "matvec",
             Kernel::QMatvec { batch: true, .. } => "matmul4",
             Kernel::QGather { .. } => "gather",
+            Kernel::QMatmulTiled { .. } => "matmul_tiled",
             Kernel::QuantAct { kind } => kind.entry_point(),
             Kernel::RowOp { op } => op.entry_point(),
             Kernel::Elementwise { op } => op.entry_point(),
@@ -439,6 +453,7 @@ impl Kernel {
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
+            Kernel::QMatmulTiled { epilogue, .. } => vec![epilogue.constant()],
             Kernel::QuantAct { .. }
             | Kernel::RowOp { .. }
             | Kernel::AttentionFast { .. }
@@ -494,8 +509,11 @@ impl GpuContext {
                     if src == Source::AttentionFastRope {
                         defines.push("ROPE");
                     }
+                    if matches!(src, Source::QMatvecTiled(_)) {
+                        defines.push("TILED");
+                    }
                     let mut code = preprocess(file, text, &defines)?;
-                    if let Source::QMatvec(fmt) = src {
+                    if let Source::QMatvec(fmt) | Source::QMatvecTiled(fmt) = src {
                         for part in fmt.includes() {
                             code.push_str(part);
                         }

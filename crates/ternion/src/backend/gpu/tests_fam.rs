@@ -249,8 +249,41 @@ fn cpu_linear(
 
 #[test]
 fn qmatvec_matches_cpu_every_format() {
+    qmatvec_case(
+        37,
+        6,
+        16,
+        &[
+            (32, false, false, false),
+            (4, true, true, false),
+            (8, false, false, true),
+            (1, true, true, true),
+        ],
+    );
+}
+
+/// Steps of 40 tokens take the tiled kernel (block formats): two token tiles, the second
+/// partial, and 64-row tiles over shards of 32 rows.
+#[test]
+fn qmatmul_tiled_matches_cpu_every_format() {
+    qmatvec_case(
+        70,
+        40,
+        32,
+        &[(8, false, false, true), (1, true, true, true)],
+    );
+}
+
+/// Every format's products against the CPU reference dot: `rows` rows in shards of
+/// `shard_rows` (three shards), `tokens` tokens, for each (lanes per row, F16-rounded
+/// input, add epilogue, batched) of `configs`.
+fn qmatvec_case(
+    rows: usize,
+    tokens: usize,
+    shard_rows: usize,
+    configs: &[(u32, bool, bool, bool)],
+) {
     let mut r = rng(22);
-    let (rows, tokens) = (37usize, 6usize);
     let mut worst = 0f32;
     for ctx in contexts() {
         for (fmt, k) in formats() {
@@ -274,9 +307,9 @@ fn qmatvec_matches_cpu_every_format() {
                     }
                 }
             }
-            // Shards of 16 rows: 3 dispatches, the last one partial, rows at odd offsets.
-            let w = QWeights::upload(&ctx, "w", ty, &wb, k, rows, Some((16 * row_bytes) as u64))
-                .unwrap();
+            // 3 shards, the last one partial, rows at odd offsets.
+            let shard = Some((shard_rows * row_bytes) as u64);
+            let w = QWeights::upload(&ctx, "w", ty, &wb, k, rows, shard).unwrap();
             assert_eq!(w.data.shards.len(), 3);
             let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
             let qa = fmt
@@ -287,12 +320,7 @@ fn qmatvec_matches_cpu_every_format() {
             let step = StepUniform::new(&ctx).unwrap();
             step.write(&ctx, tokens as u32, 0);
             let base: Vec<f32> = (0..tokens * rows).map(|i| i as f32 * 0.25).collect();
-            for &(tpr, round_x, add, batched) in &[
-                (32u32, false, false, false),
-                (4, true, true, false),
-                (8, false, false, true),
-                (1, true, true, true),
-            ] {
+            for &(tpr, round_x, add, batched) in configs {
                 for v in variants(&ctx, tpr) {
                     let out = GpuBuffer::from_slice(&ctx, "out", &base).unwrap();
                     let opts = QMatvecOpts {

@@ -15,9 +15,10 @@
 //                                     i32 bits of Σq)
 // Dispatch:
 //   scale, add, softcap (ceil(n / 256), T, 1): a thread per element
-//   head_rmsnorm   (ceil(n / hd / 256), T, 1): a thread per head, summing its hd squares
+//   head_rmsnorm   (n / hd, T, 1): a workgroup of 64 per head
 //   quant_i8       (1, T, 1): one workgroup per token (tree max and sum in shared memory)
-// Numerics against backend/cpu (norm.rs): the CPU sums squares in f64, this kernel in f32,
+// Numerics against backend/cpu (norm.rs): the CPU sums squares in f64, this kernel in f32
+// (64 strided partial sums, then a tree),
 // and WGSL's sqrt/division are not correctly rounded: |Δ| ≲ 1e-6 relative. scale and add
 // are exact. softcap: x = tanh(x / s) · s with WGSL's tanh (the CPU uses libm's tanhf: a
 // few ulp apart). quant_i8 (quant/act.rs quantize_per_token): s = 127/max(max|x|, 1e-5)
@@ -65,20 +66,28 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
     x[i] = x[i] + y[i];
 }
 
-@compute @workgroup_size(256)
-fn head_rmsnorm(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let n_heads = p.n / p.hd;
-    if (gid.x >= n_heads) {
-        return;
-    }
-    let base = gid.y * p.n + gid.x * p.hd;
+// One workgroup of HW threads per (head, token): lanes stride the head's values, their
+// squares summed by a tree in shared memory.
+const HW: u32 = 64u;
+
+@compute @workgroup_size(64)
+fn head_rmsnorm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let base = wg.y * p.n + wg.x * p.hd;
     var sum = 0.0;
-    for (var i = 0u; i < p.hd; i = i + 1u) {
+    for (var i = li; i < p.hd; i += HW) {
         let v = x[base + i];
-        sum = sum + v * v;
+        sum += v * v;
     }
-    let inv = 1.0 / sqrt(sum / f32(p.hd) + p.eps);
-    for (var i = 0u; i < p.hd; i = i + 1u) {
+    red_f[li] = sum;
+    workgroupBarrier();
+    for (var w = HW / 2u; w > 0u; w = w / 2u) {
+        if (li < w) {
+            red_f[li] = red_f[li] + red_f[li + w];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red_f[0] / f32(p.hd) + p.eps);
+    for (var i = li; i < p.hd; i += HW) {
         out[base + i] = (x[base + i] * inv) * y[i];
     }
 }

@@ -26,8 +26,8 @@
 //   5 uniform Step { n_tokens, .. }    matmul4 only
 //   6 storage read  ids:   array<u32>  gather only: T token ids
 // Dispatch: matvec (ceil(rows / (256/TPR)), T, 1); matmul4 (ceil(rows / (256/TPR)),
-// ceil(T/4), 1); gather (ceil(units / 256), T, 1) with out_stride = k; one dispatch per
-// shard. In matvec/matmul4 a workgroup is 256/TPR rows × TPR lanes; lanes
+// ceil(T/4), 1); gather (ceil(units / 256), T, 1) with out_stride = k; matmul_tiled
+// (ceil(rows / 64), ceil(T / 32), 1), block formats only; one dispatch per shard. In matvec/matmul4 a workgroup is 256/TPR rows × TPR lanes; lanes
 // stride over the row's units and their partial sums are reduced by subgroupShuffleXor
 // (SUBGROUPS, TPR ≤ the minimum subgroup size) or in shared memory. matmul4 decodes each
 // weight unit once for up to 4 tokens.
@@ -56,10 +56,136 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+#if TILED
+// matmul_tiled: the activations arrive through xq / xd and are staged, a K step at a
+// time, into workgroup arrays named as the includes read them (`act`, `act_d`).
+@group(0) @binding(2) var<storage, read> xq: array<u32>;
+@group(0) @binding(3) var<storage, read> xd: array<f32>;
+#else
 @group(0) @binding(2) var<storage, read> act: array<u32>;
 @group(0) @binding(3) var<storage, read> act_d: array<f32>;
+#endif
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
+
+// The 4 bytes at byte offset o of w (any alignment).
+fn ld(o: u32) -> u32 {
+    let i = o >> 2u;
+    let s = (o & 3u) * 8u;
+    if (s == 0u) {
+        return w[i];
+    }
+    return (w[i] >> s) | (w[i + 1u] << (32u - s));
+}
+
+fn ld8(o: u32) -> u32 {
+    return (w[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;
+}
+
+// The F16 at the even byte offset o, as f32.
+fn f16_at(o: u32) -> f32 {
+    return unpack2x16float((w[o >> 2u] >> ((o & 2u) * 8u)) & 0xffffu).x;
+}
+
+fn i8_at(o: u32) -> i32 {
+    return bitcast<i32>(ld8(o) << 24u) >> 24u;
+}
+
+#if TILED
+const TM: u32 = 64u;
+const TN: u32 = 32u;
+const UCH: u32 = 2u;
+
+// Staged per K step: activation words of TN tokens × UCH units (8 words each), the
+// scales of the 8-unit group holding the step (16 a token: Q8_0 has 8, Q8_1 16, Q8_K 1),
+// and the decoded weight units of TM rows × UCH units (10 KB in all).
+var<workgroup> act: array<u32, 512>;
+var<workgroup> act_d: array<f32, 512>;
+var<workgroup> wt: array<Unit, 128>;
+
+// A tile of TM rows × TN tokens. Thread li owns rows li % 32 and li % 32 + 32 and tokens
+// 4(li / 32) .. + 3; every output sums its units in order, one `unit_dot` at a time, as
+// the CPU reference does (accumulators named, not an array: a dynamically indexed array
+// would live in local memory). `unit_dot` sees unit u as u % 8, which keeps each
+// include's scale index (u, 2u, 2u + 1 or u / 8) inside the staged group.
+@compute @workgroup_size(256)
+fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let r0 = wg.x * TM;
+    let t0 = wg.y * TN;
+    let nt = min(TN, step.n_tokens - t0);
+    let rl = li % 32u;
+    let tl = (li / 32u) * 4u;
+    let spg = p.nb * 8u / p.units;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    for (var u0 = 0u; u0 < p.units; u0 += UCH) {
+        if (li < TM * UCH) {
+            let r = r0 + li % TM;
+            let u = u0 + li / TM;
+            var unit_w: Unit;
+            if (r < p.rows && u < p.units) {
+                unit_w = decode(r * p.row_bytes, u);
+            }
+            wt[li] = unit_w;
+        }
+        for (var i = li; i < TN * UCH * 8u; i += 256u) {
+            let t = i / (UCH * 8u);
+            let u = u0 + (i / 8u) % UCH;
+            var v = 0u;
+            if (t < nt && u < p.units) {
+                v = xq[(t0 + t) * p.act_stride + 8u * u + i % 8u];
+            }
+            act[i] = v;
+        }
+        for (var i = li; i < TN * 16u; i += 256u) {
+            let t = i / 16u;
+            let s = (u0 / 8u) * spg + i % 16u;
+            var v = 0.0;
+            if (t < nt && i % 16u < spg && s < p.nb) {
+                v = xd[(t0 + t) * p.nb + s];
+            }
+            act_d[i] = v;
+        }
+        workgroupBarrier();
+        for (var du = 0u; du < UCH; du++) {
+            if (u0 + du < p.units) {
+                let ul = (u0 + du) % 8u;
+                let w0 = wt[du * TM + rl];
+                let w1 = wt[du * TM + rl + 32u];
+                let a0 = tl * UCH * 8u + du * 8u;
+                let db = tl * 16u;
+                acc0.x += unit_dot(w0, a0, db, ul);
+                acc1.x += unit_dot(w1, a0, db, ul);
+                acc0.y += unit_dot(w0, a0 + UCH * 8u, db + 16u, ul);
+                acc1.y += unit_dot(w1, a0 + UCH * 8u, db + 16u, ul);
+                acc0.z += unit_dot(w0, a0 + UCH * 16u, db + 32u, ul);
+                acc1.z += unit_dot(w1, a0 + UCH * 16u, db + 32u, ul);
+                acc0.w += unit_dot(w0, a0 + UCH * 24u, db + 48u, ul);
+                acc1.w += unit_dot(w1, a0 + UCH * 24u, db + 48u, ul);
+            }
+        }
+        workgroupBarrier();
+    }
+    store_tile(r0 + rl, t0 + tl, nt - min(nt, tl), acc0);
+    store_tile(r0 + rl + 32u, t0 + tl, nt - min(nt, tl), acc1);
+}
+
+// Writes tokens t .. t + min(n, 4) − 1 of row `row` (when it is one of this shard's rows).
+fn store_tile(row: u32, t: u32, n: u32, y: vec4<f32>) {
+    if (row >= p.rows) {
+        return;
+    }
+    for (var j = 0u; j < min(n, 4u); j++) {
+        let o = (t + j) * p.out_stride + p.row0 + row;
+        let v = y[j] * p.post;
+        if (EPILOGUE == 1u) {
+            out[o] = out[o] + v;
+        } else {
+            out[o] = v;
+        }
+    }
+}
+#else
 @group(0) @binding(6) var<storage, read> ids: array<u32>;
 
 #if SUBGROUPS
@@ -87,29 +213,6 @@ fn reduce4(v: vec4<f32>, li: u32) -> vec4<f32> {
     return red4[li];
 }
 #endif
-
-// The 4 bytes at byte offset o of w (any alignment).
-fn ld(o: u32) -> u32 {
-    let i = o >> 2u;
-    let s = (o & 3u) * 8u;
-    if (s == 0u) {
-        return w[i];
-    }
-    return (w[i] >> s) | (w[i + 1u] << (32u - s));
-}
-
-fn ld8(o: u32) -> u32 {
-    return (w[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;
-}
-
-// The F16 at the even byte offset o, as f32.
-fn f16_at(o: u32) -> f32 {
-    return unpack2x16float((w[o >> 2u] >> ((o & 2u) * 8u)) & 0xffffu).x;
-}
-
-fn i8_at(o: u32) -> i32 {
-    return bitcast<i32>(ld8(o) << 24u) >> 24u;
-}
 
 fn body(li: u32, wg: vec3<u32>, t0: u32, nt: u32) {
     let lane = li % TPR;
@@ -161,3 +264,4 @@ fn gather(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     gather_unit((id - p.row0) * p.row_bytes, u, t);
 }
+#endif

@@ -84,7 +84,7 @@ impl Elementwise {
             ctx,
             ElemKind::HeadRmsNorm,
             [n as u32, hd as u32, 0, eps.to_bits()],
-            ((n / hd) as u32).div_ceil(WG),
+            (n / hd) as u32,
             &[(1, x.binding()), (2, w.binding()), (3, out.binding())],
         )
     }

@@ -296,12 +296,21 @@ impl Default for QMatvecOpts {
     }
 }
 
+/// Steps of at least this many tokens take `matmul_tiled` (block formats): below it the
+/// 4-token kernel, whose workgroups cover 32 rows, keeps more of the GPU busy.
+pub const TILED_MIN_TOKENS: u32 = 16;
+
+/// Tokens per `matmul_tiled` workgroup, and weight rows per workgroup.
+const TILE_TOKENS: u32 = 32;
+const TILE_ROWS: u32 = 64;
+
 /// `out (= or +=) W · x` for a [`QWeights`] matrix: a matvec per token (decode) and, when
-/// a [`StepUniform`] is given, the 4-tokens-per-workgroup kernel (prefill); one dispatch
-/// per shard.
+/// a [`StepUniform`] is given, the 4-tokens-per-workgroup kernel and (block formats) the
+/// 32-token tiled kernel (prefill); one dispatch per shard.
 pub struct QMatvec {
     single: Vec<Dispatch>,
     batch: Vec<Dispatch>,
+    tiled: Vec<Dispatch>,
     _params: Vec<GpuBuffer>,
 }
 
@@ -350,7 +359,8 @@ impl QMatvec {
             },
         };
         let units = (w.k / w.fmt.unit()) as u32;
-        let (mut single, mut batch, mut params) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut single, mut batch, mut tiled, mut params) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (i, shard) in w.data.shards.iter().enumerate() {
             let (r0, rows) = w.data.shard_rows(i);
             let u = uniform_pod(
@@ -393,20 +403,37 @@ impl QMatvec {
                     &bindings,
                     groups,
                 )?);
+                if w.fmt.act().is_some() {
+                    let key = PipelineKey {
+                        kernel: Kernel::QMatmulTiled {
+                            fmt: w.fmt,
+                            epilogue: opts.epilogue,
+                        },
+                        variant: Variant::default(),
+                    };
+                    let groups = (rows as u32).div_ceil(TILE_ROWS);
+                    tiled.push(Dispatch::new(ctx, key, "qmatmul_tiled", &bindings, groups)?);
+                }
             }
             params.push(u);
         }
         Ok(QMatvec {
             single,
             batch,
+            tiled,
             _params: params,
         })
     }
 
     /// Records the product for `n_tokens` tokens: the matvec per token, or (when built
-    /// with a step uniform holding `n_tokens`, and `batched`) the 4-token kernel.
+    /// with a step uniform holding `n_tokens`, and `batched`) the tiled kernel from
+    /// [`TILED_MIN_TOKENS`] tokens on, else the 4-token kernel.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, batched: bool) {
-        if batched && !self.batch.is_empty() {
+        if batched && n_tokens >= TILED_MIN_TOKENS && !self.tiled.is_empty() {
+            for d in &self.tiled {
+                d.record(pass, n_tokens.div_ceil(TILE_TOKENS));
+            }
+        } else if batched && !self.batch.is_empty() {
             for d in &self.batch {
                 d.record(pass, n_tokens.div_ceil(4));
             }
