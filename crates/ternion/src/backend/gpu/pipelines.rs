@@ -161,7 +161,7 @@ pub enum Kernel {
         /// Round f32 activations through F16 first (F16 weights only).
         round_x: bool,
     },
-    /// `qmatvec.wgsl` `matmul_tiled` (`#if TILED`): block-format weights × 32-token tiles
+    /// `qmatvec.wgsl` `matmul_tiled` (`#if TILED`): block-format weights × 64-token tiles
     /// of Q8 activations, each weight unit decoded once a tile (prompts).
     QMatmulTiled {
         /// Weight format (a block format: its activations are Q8_0, Q8_1 or Q8_K).

@@ -262,7 +262,7 @@ fn qmatvec_matches_cpu_every_format() {
     );
 }
 
-/// Steps of 40 tokens take the tiled kernel (block formats): two token tiles, the second
+/// Steps of 72 tokens take the tiled kernel (block formats): two token tiles, the second
 /// partial, and 64-row tiles over shards of 32 rows.
 #[test]
 fn qmatmul_tiled_matches_cpu_every_format() {

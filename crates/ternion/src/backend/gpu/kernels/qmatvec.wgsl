@@ -27,10 +27,12 @@
 //   6 storage read  ids:   array<u32>  gather only: T token ids
 // Dispatch: matvec (ceil(rows / (256/TPR)), T, 1); matmul4 (ceil(rows / (256/TPR)),
 // ceil(T/4), 1); gather (ceil(units / 256), T, 1) with out_stride = k; matmul_tiled
-// (ceil(rows / 64), ceil(T / 32), 1), block formats only; one dispatch per shard. In matvec/matmul4 a workgroup is 256/TPR rows × TPR lanes; lanes
+// (ceil(rows / 64), ceil(T / 64), 1), block formats only (`#if TILED`); one dispatch per
+// shard. In matvec/matmul4 a workgroup is 256/TPR rows × TPR lanes; lanes
 // stride over the row's units and their partial sums are reduced by subgroupShuffleXor
 // (SUBGROUPS, TPR ≤ the minimum subgroup size) or in shared memory. matmul4 decodes each
-// weight unit once for up to 4 tokens.
+// weight unit once for up to 4 tokens; matmul_tiled once for 64 (its layout above the
+// entry point).
 //
 // Numerics: integer dots are exact; each include scales its integer sums in the CPU
 // reference's expression (see its header), so results agree with the CPU to f32
@@ -56,15 +58,8 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-#if TILED
-// matmul_tiled: the activations arrive through xq / xd and are staged, a K step at a
-// time, into workgroup arrays named as the includes read them (`act`, `act_d`).
-@group(0) @binding(2) var<storage, read> xq: array<u32>;
-@group(0) @binding(3) var<storage, read> xd: array<f32>;
-#else
 @group(0) @binding(2) var<storage, read> act: array<u32>;
 @group(0) @binding(3) var<storage, read> act_d: array<f32>;
-#endif
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
 
@@ -93,81 +88,142 @@ fn i8_at(o: u32) -> i32 {
 
 #if TILED
 const TM: u32 = 64u;
-const TN: u32 = 32u;
+const TN: u32 = 64u;
 const UCH: u32 = 2u;
+const KW: u32 = 16u;
 
-// Staged per K step: activation words of TN tokens × UCH units (8 words each), the
-// scales of the 8-unit group holding the step (16 a token: Q8_0 has 8, Q8_1 16, Q8_K 1),
-// and the decoded weight units of TM rows × UCH units (10 KB in all).
-var<workgroup> act: array<u32, 512>;
-var<workgroup> act_d: array<f32, 512>;
-var<workgroup> wt: array<Unit, 128>;
+// Staged per K step of UCH units (KW k-words), k-word-major so that a thread reads its 4
+// rows (4 tokens) of one k-word as one vec4: wsh[k][row / 4][row % 4] the weights' int8
+// lanes, ash[k][token / 4][token % 4] the activations'; wsc[unit][row] the decoded unit's
+// (d, dmin, s0, s1) as bits; asc[unit][token] the token's `unit_scales`. 11 KB in all.
+var<workgroup> wsh: array<vec4<u32>, 256>;
+var<workgroup> ash: array<vec4<u32>, 256>;
+var<workgroup> wsc: array<vec4<u32>, 128>;
+var<workgroup> asc: array<vec2<f32>, 128>;
 
-// A tile of TM rows × TN tokens. Thread li owns rows li % 32 and li % 32 + 32 and tokens
-// 4(li / 32) .. + 3; every output sums its units in order, one `unit_dot` at a time, as
-// the CPU reference does (accumulators named, not an array: a dynamically indexed array
-// would live in local memory). `unit_dot` sees unit u as u % 8, which keeps each
-// include's scale index (u, 2u, 2u + 1 or u / 8) inside the staged group.
+// A tile of TM rows × TN tokens: thread (tr, tt) = (li % 16, li / 16) owns rows 4tr..+3
+// and tokens 4tt..+3. Per unit it sums q·a over each half and a over each half in integers
+// (16 dot4I8Packed per k-word against two vec4 reads), then adds the format's
+// `unit_sum` of each (row, token) in unit order, as the CPU reference does. Accumulators
+// are named, not arrays: a dynamically indexed array would live in local memory.
 @compute @workgroup_size(256)
 fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let tr = li % 16u;
+    let tt = li / 16u;
     let r0 = wg.x * TM;
     let t0 = wg.y * TN;
     let nt = min(TN, step.n_tokens - t0);
-    let rl = li % 32u;
-    let tl = (li / 32u) * 4u;
-    let spg = p.nb * 8u / p.units;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
+    var y0 = vec4<f32>(0.0);
+    var y1 = vec4<f32>(0.0);
+    var y2 = vec4<f32>(0.0);
+    var y3 = vec4<f32>(0.0);
     for (var u0 = 0u; u0 < p.units; u0 += UCH) {
         if (li < TM * UCH) {
-            let r = r0 + li % TM;
+            let r = li % TM;
             let u = u0 + li / TM;
-            var unit_w: Unit;
-            if (r < p.rows && u < p.units) {
-                unit_w = decode(r * p.row_bytes, u);
+            var w: Unit;
+            if (r0 + r < p.rows && u < p.units) {
+                w = decode((r0 + r) * p.row_bytes, u);
             }
-            wt[li] = unit_w;
-        }
-        for (var i = li; i < TN * UCH * 8u; i += 256u) {
-            let t = i / (UCH * 8u);
-            let u = u0 + (i / 8u) % UCH;
-            var v = 0u;
+            let k0 = (li / TM) * 8u;
+            for (var i = 0u; i < 8u; i++) {
+                wsh[(k0 + i) * 16u + r / 4u][r % 4u] = w.q[i];
+            }
+            wsc[li] = vec4<u32>(bitcast<u32>(w.d), bitcast<u32>(w.dmin), bitcast<u32>(w.s0), bitcast<u32>(w.s1));
+        } else {
+            let i = li - TM * UCH;
+            let t = i % TN;
+            let u = u0 + i / TN;
+            var sc = vec2<f32>(0.0);
             if (t < nt && u < p.units) {
-                v = xq[(t0 + t) * p.act_stride + 8u * u + i % 8u];
+                sc = unit_scales((t0 + t) * p.nb, u);
             }
-            act[i] = v;
+            asc[i] = sc;
         }
-        for (var i = li; i < TN * 16u; i += 256u) {
-            let t = i / 16u;
-            let s = (u0 / 8u) * spg + i % 16u;
-            var v = 0.0;
-            if (t < nt && i % 16u < spg && s < p.nb) {
-                v = xd[(t0 + t) * p.nb + s];
+        for (var i = li; i < TN * KW; i += 256u) {
+            let t = i % TN;
+            let k = i / TN;
+            var v = 0u;
+            if (t < nt && u0 + k / 8u < p.units) {
+                v = act[(t0 + t) * p.act_stride + 8u * u0 + k];
             }
-            act_d[i] = v;
+            ash[k * 16u + t / 4u][t % 4u] = v;
         }
         workgroupBarrier();
         for (var du = 0u; du < UCH; du++) {
             if (u0 + du < p.units) {
-                let ul = (u0 + du) % 8u;
-                let w0 = wt[du * TM + rl];
-                let w1 = wt[du * TM + rl + 32u];
-                let a0 = tl * UCH * 8u + du * 8u;
-                let db = tl * 16u;
-                acc0.x += unit_dot(w0, a0, db, ul);
-                acc1.x += unit_dot(w1, a0, db, ul);
-                acc0.y += unit_dot(w0, a0 + UCH * 8u, db + 16u, ul);
-                acc1.y += unit_dot(w1, a0 + UCH * 8u, db + 16u, ul);
-                acc0.z += unit_dot(w0, a0 + UCH * 16u, db + 32u, ul);
-                acc1.z += unit_dot(w1, a0 + UCH * 16u, db + 32u, ul);
-                acc0.w += unit_dot(w0, a0 + UCH * 24u, db + 48u, ul);
-                acc1.w += unit_dot(w1, a0 + UCH * 24u, db + 48u, ul);
+                let lo = half_sums(du * 8u, tr, tt);
+                let hi = half_sums(du * 8u + 4u, tr, tt);
+                let ta = du * TN + 4u * tt;
+                let d0 = asc[ta];
+                let d1 = asc[ta + 1u];
+                let d2 = asc[ta + 2u];
+                let d3 = asc[ta + 3u];
+                let wr = du * TM + 4u * tr;
+                y0 += sum4(staged(wr), lo.r0, hi.r0, lo.a, hi.a, d0, d1, d2, d3);
+                y1 += sum4(staged(wr + 1u), lo.r1, hi.r1, lo.a, hi.a, d0, d1, d2, d3);
+                y2 += sum4(staged(wr + 2u), lo.r2, hi.r2, lo.a, hi.a, d0, d1, d2, d3);
+                y3 += sum4(staged(wr + 3u), lo.r3, hi.r3, lo.a, hi.a, d0, d1, d2, d3);
             }
         }
         workgroupBarrier();
     }
-    store_tile(r0 + rl, t0 + tl, nt - min(nt, tl), acc0);
-    store_tile(r0 + rl + 32u, t0 + tl, nt - min(nt, tl), acc1);
+    let tb = 4u * tt;
+    let n = nt - min(nt, tb);
+    store_tile(r0 + 4u * tr, t0 + tb, n, y0);
+    store_tile(r0 + 4u * tr + 1u, t0 + tb, n, y1);
+    store_tile(r0 + 4u * tr + 2u, t0 + tb, n, y2);
+    store_tile(r0 + 4u * tr + 3u, t0 + tb, n, y3);
+}
+
+// Integer sums over half a unit (k-words k0 .. k0 + 3) of a thread's 4 rows (r0..r3, each
+// over its 4 tokens) and of the 4 tokens' activations (a).
+struct HalfSums {
+    r0: vec4<i32>,
+    r1: vec4<i32>,
+    r2: vec4<i32>,
+    r3: vec4<i32>,
+    a: vec4<i32>,
+}
+
+fn half_sums(k0: u32, tr: u32, tt: u32) -> HalfSums {
+    var s: HalfSums;
+    for (var k = k0; k < k0 + 4u; k++) {
+        let wq = wsh[k * 16u + tr];
+        let aq = ash[k * 16u + tt];
+        s.r0 += dot4x4(wq.x, aq);
+        s.r1 += dot4x4(wq.y, aq);
+        s.r2 += dot4x4(wq.z, aq);
+        s.r3 += dot4x4(wq.w, aq);
+        s.a += dot4x4(ONES, aq);
+    }
+    return s;
+}
+
+// The dot products of weight word wv with the 4 tokens' activation words in aq.
+fn dot4x4(wv: u32, aq: vec4<u32>) -> vec4<i32> {
+    return vec4<i32>(dot4I8Packed(wv, aq.x), dot4I8Packed(wv, aq.y), dot4I8Packed(wv, aq.z), dot4I8Packed(wv, aq.w));
+}
+
+// The scales of staged unit i (its lanes are not needed once summed).
+fn staged(i: u32) -> Unit {
+    let s = wsc[i];
+    var w = unit_new();
+    w.d = bitcast<f32>(s.x);
+    w.dmin = bitcast<f32>(s.y);
+    w.s0 = bitcast<i32>(s.z);
+    w.s1 = bitcast<i32>(s.w);
+    return w;
+}
+
+// `unit_sum` of one row's unit against 4 tokens.
+fn sum4(w: Unit, l: vec4<i32>, h: vec4<i32>, al: vec4<i32>, ah: vec4<i32>, d0: vec2<f32>, d1: vec2<f32>, d2: vec2<f32>, d3: vec2<f32>) -> vec4<f32> {
+    return vec4<f32>(
+        unit_sum(w, Sums(l.x, h.x, al.x, ah.x), d0),
+        unit_sum(w, Sums(l.y, h.y, al.y, ah.y), d1),
+        unit_sum(w, Sums(l.z, h.z, al.z, ah.z), d2),
+        unit_sum(w, Sums(l.w, h.w, al.w, ah.w), d3),
+    );
 }
 
 // Writes tokens t .. t + min(n, 4) − 1 of row `row` (when it is one of this shard's rows).
@@ -185,7 +241,8 @@ fn store_tile(row: u32, t: u32, n: u32, y: vec4<f32>) {
         }
     }
 }
-#else
+#endif
+
 @group(0) @binding(6) var<storage, read> ids: array<u32>;
 
 #if SUBGROUPS
@@ -264,4 +321,3 @@ fn gather(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     gather_unit((id - p.row0) * p.row_bytes, u, t);
 }
-#endif

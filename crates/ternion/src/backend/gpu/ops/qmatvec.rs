@@ -301,12 +301,12 @@ impl Default for QMatvecOpts {
 pub const TILED_MIN_TOKENS: u32 = 16;
 
 /// Tokens per `matmul_tiled` workgroup, and weight rows per workgroup.
-const TILE_TOKENS: u32 = 32;
+const TILE_TOKENS: u32 = 64;
 const TILE_ROWS: u32 = 64;
 
 /// `out (= or +=) W · x` for a [`QWeights`] matrix: a matvec per token (decode) and, when
 /// a [`StepUniform`] is given, the 4-tokens-per-workgroup kernel and (block formats) the
-/// 32-token tiled kernel (prefill); one dispatch per shard.
+/// 64-token tiled kernel (prefill); one dispatch per shard.
 pub struct QMatvec {
     single: Vec<Dispatch>,
     batch: Vec<Dispatch>,

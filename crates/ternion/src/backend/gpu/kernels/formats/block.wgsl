@@ -1,11 +1,13 @@
 // formats/block.wgsl — qmatvec.wgsl include shared by the block formats (int8 activations
 // from quant_act.wgsl), followed by the format's own include, which defines
 //   decode(ro, u) -> Unit               unit u (elements 32u .. 32u+31) of the row at ro
-//   unit_dot(w, a0, db, u) -> f32       its product with one token (a0: the token's
-//                                       activation word of element 32u; db: the token's
-//                                       first scale word)
+//   unit_scales(db, u) -> vec2<f32>     the activation scale(s) of unit u of a token whose
+//                                       first scale word is db (Q8_0: d_a; Q8_1: d_a, s_a;
+//                                       Q8_K: the super-block's d_a)
+//   unit_sum(w, s, da) -> f32           the unit's product with one token from its integer
+//                                       sums `s` (Sums) and scales `da`
 //   unit_value(w, e, q) -> f32          element e of the unit, q its int8 lane as f32
-// in the CPU reference's expressions.
+// in the CPU reference's expressions. `unit_dot` (below) joins them for one token.
 
 const M4: u32 = 0x0f0f0f0fu;
 const M2: u32 = 0x03030303u;
@@ -31,6 +33,15 @@ fn spread4(h: u32) -> u32 {
     return ((h & 1u) | ((h & 2u) << 7u) | ((h & 4u) << 14u) | ((h & 8u) << 21u)) << 4u;
 }
 
+// Integer sums of a unit against one token: Σ q·a over elements 0..15 (ql) and 16..31
+// (qh), and Σ a over the same halves (al, ah; formats with mins read them).
+struct Sums {
+    ql: i32,
+    qh: i32,
+    al: i32,
+    ah: i32,
+}
+
 // Σ_i dot4I8Packed(wq[i], act[a0 + i]) over words i0 .. i0+n.
 fn idot(wq: array<u32, 8>, a0: u32, i0: u32, n: u32) -> i32 {
     var s = 0;
@@ -38,6 +49,21 @@ fn idot(wq: array<u32, 8>, a0: u32, i0: u32, n: u32) -> i32 {
         s += dot4I8Packed(wq[i], act[a0 + i]);
     }
     return s;
+}
+
+// Σ_i dot4I8Packed(ONES, act[a0 + i]) over words i0 .. i0+n.
+fn asum(a0: u32, i0: u32, n: u32) -> i32 {
+    var s = 0;
+    for (var i = i0; i < i0 + n; i++) {
+        s += dot4I8Packed(ONES, act[a0 + i]);
+    }
+    return s;
+}
+
+// Unit w against the token whose activation words of this unit start at a0.
+fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
+    let s = Sums(idot(w.q, a0, 0u, 4u), idot(w.q, a0, 4u, 4u), asum(a0, 0u, 4u), asum(a0, 4u, 4u));
+    return unit_sum(w, s, unit_scales(db, u));
 }
 
 // The 6-bit (scale, min) of sub-block j of a Q4_K/Q5_K super-block whose 12 scale bytes
@@ -53,12 +79,8 @@ fn scale_min_k4(so: u32, j: u32) -> vec2<i32> {
 
 // Q4_K/Q5_K unit product: (d_a·d)·f32(scale·Σ q·a) − (d_a·dmin)·f32(min·Σ a), with the
 // scale in w.s0 and the min in w.s1.
-fn unit_dot_scale_min(w: Unit, a0: u32, da: f32) -> f32 {
-    var sq = 0;
-    for (var i = 0u; i < 8u; i++) {
-        sq += dot4I8Packed(ONES, act[a0 + i]);
-    }
-    return (da * w.d) * f32(w.s0 * idot(w.q, a0, 0u, 8u)) - (da * w.dmin) * f32(w.s1 * sq);
+fn unit_sum_scale_min(w: Unit, s: Sums, da: f32) -> f32 {
+    return (da * w.d) * f32(w.s0 * (s.ql + s.qh)) - (da * w.dmin) * f32(w.s1 * (s.al + s.ah));
 }
 
 // ggml's kvalues_iq4nl (IQ4_NL, IQ4_XS) as int8 bytes.
@@ -74,9 +96,8 @@ fn kv4(c: u32) -> u32 {
 
 // Q3_K/Q6_K unit product: a scale per 16 elements (w.s0 for elements 0..15, w.s1 for
 // 16..31): (d·d_a)·f32(s0·Σ_lo + s1·Σ_hi).
-fn unit_dot_halves(w: Unit, a0: u32, da: f32) -> f32 {
-    let isum = w.s0 * idot(w.q, a0, 0u, 4u) + w.s1 * idot(w.q, a0, 4u, 4u);
-    return (w.d * da) * f32(isum);
+fn unit_sum_halves(w: Unit, s: Sums, da: f32) -> f32 {
+    return (w.d * da) * f32(w.s0 * s.ql + w.s1 * s.qh);
 }
 
 // Element e of such a unit: (d·s)·q.

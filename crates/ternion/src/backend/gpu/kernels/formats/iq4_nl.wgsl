@@ -16,8 +16,12 @@ fn decode(ro: u32, u: u32) -> Unit {
     return r;
 }
 
-fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
-    return f32(idot(w.q, a0, 0u, 8u)) * (w.d * act_d[db + u]);
+fn unit_scales(db: u32, u: u32) -> vec2<f32> {
+    return vec2<f32>(act_d[db + u], 0.0);
+}
+
+fn unit_sum(w: Unit, s: Sums, da: vec2<f32>) -> f32 {
+    return f32(s.ql + s.qh) * (w.d * da.x);
 }
 
 fn unit_value(w: Unit, e: u32, q: f32) -> f32 {

@@ -20,17 +20,14 @@ fn decode(ro: u32, u: u32) -> Unit {
     return r;
 }
 
-fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
-    var s_lo = 0;
-    var s_hi = 0;
-    for (var i = 0u; i < 4u; i++) {
-        s_lo += dot4I8Packed(ONES, act[a0 + i]);
-        s_hi += dot4I8Packed(ONES, act[a0 + 4u + i]);
-    }
-    let isum = (w.s0 & 15) * idot(w.q, a0, 0u, 4u) + (w.s1 & 15) * idot(w.q, a0, 4u, 4u);
-    let msum = (w.s0 >> 4u) * s_lo + (w.s1 >> 4u) * s_hi;
-    let da = act_d[db + u / 8u];
-    return (da * w.d) * f32(isum) - (da * w.dmin) * f32(msum);
+fn unit_scales(db: u32, u: u32) -> vec2<f32> {
+    return vec2<f32>(act_d[db + u / 8u], 0.0);
+}
+
+fn unit_sum(w: Unit, s: Sums, da: vec2<f32>) -> f32 {
+    let isum = (w.s0 & 15) * s.ql + (w.s1 & 15) * s.qh;
+    let msum = (w.s0 >> 4u) * s.al + (w.s1 >> 4u) * s.ah;
+    return (da.x * w.d) * f32(isum) - (da.x * w.dmin) * f32(msum);
 }
 
 fn unit_value(w: Unit, e: u32, q: f32) -> f32 {

@@ -22,8 +22,12 @@ fn decode(ro: u32, u: u32) -> Unit {
     return r;
 }
 
-fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
-    return unit_dot_halves(w, a0, act_d[db + u / 8u]);
+fn unit_scales(db: u32, u: u32) -> vec2<f32> {
+    return vec2<f32>(act_d[db + u / 8u], 0.0);
+}
+
+fn unit_sum(w: Unit, s: Sums, da: vec2<f32>) -> f32 {
+    return unit_sum_halves(w, s, da.x);
 }
 
 fn unit_value(w: Unit, e: u32, q: f32) -> f32 {
