@@ -6,6 +6,7 @@
 //                                       Q8_K: the super-block's d_a)
 //   unit_sum(w, s, da) -> f32           the unit's product with one token from its integer
 //                                       sums `s` (Sums) and scales `da`
+//   const SUMS: u32                     which sums unit_sum reads (SUMS_* below)
 //   unit_value(w, e, q) -> f32          element e of the unit, q its int8 lane as f32
 // in the CPU reference's expressions. `unit_dot` (below) joins them for one token.
 
@@ -60,9 +61,26 @@ fn asum(a0: u32, i0: u32, n: u32) -> i32 {
     return s;
 }
 
-// Unit w against the token whose activation words of this unit start at a0.
+// Which sums a format's `unit_sum` reads (its `SUMS`): Σ q·a of the whole unit (in ql,
+// qh = 0), of each half, or of each half with Σ a.
+const SUMS_WHOLE: u32 = 0u;
+const SUMS_HALVES: u32 = 1u;
+const SUMS_WITH_A: u32 = 2u;
+
+// Unit w against the token whose activation words of this unit start at a0, computing
+// only the sums the format reads.
 fn unit_dot(w: Unit, a0: u32, db: u32, u: u32) -> f32 {
-    let s = Sums(idot(w.q, a0, 0u, 4u), idot(w.q, a0, 4u, 4u), asum(a0, 0u, 4u), asum(a0, 4u, 4u));
+    var s: Sums;
+    if (SUMS == SUMS_WHOLE) {
+        s.ql = idot(w.q, a0, 0u, 8u);
+    } else {
+        s.ql = idot(w.q, a0, 0u, 4u);
+        s.qh = idot(w.q, a0, 4u, 4u);
+        if (SUMS == SUMS_WITH_A) {
+            s.al = asum(a0, 0u, 4u);
+            s.ah = asum(a0, 4u, 4u);
+        }
+    }
     return unit_sum(w, s, unit_scales(db, u));
 }
 

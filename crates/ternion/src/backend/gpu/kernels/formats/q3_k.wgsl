@@ -31,6 +31,8 @@ fn decode(ro: u32, u: u32) -> Unit {
     return r;
 }
 
+const SUMS: u32 = SUMS_HALVES;
+
 fn unit_scales(db: u32, u: u32) -> vec2<f32> {
     return vec2<f32>(act_d[db + u / 8u], 0.0);
 }
