@@ -5,7 +5,7 @@
 //! message: [`Error::kind`] gives a stable name, [`Error::is_device_fault`] tells a device
 //! that can no longer be used from a request that was merely refused.
 
-use std::path::PathBuf;
+use ternion_formats::error::hint_suffix;
 
 /// Result alias used across the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -14,27 +14,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// field, expected versus found) to act on without a debugger.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An operating-system I/O failure on a named file.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file being read or written.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-    /// A GGUF file is malformed: truncated, inconsistent or out of bounds.
-    #[error("malformed GGUF: {0}")]
-    Gguf(String),
-    /// A tensor uses a type this build does not know or cannot use where it appears.
-    #[error("tensor '{tensor}': unsupported type {type_name} (ggml type id {type_id})")]
-    UnsupportedType {
-        /// Tensor name.
-        tensor: String,
-        /// ggml type id as stored in the file.
-        type_id: u32,
-        /// Human-readable type name, or "unknown".
-        type_name: String,
-    },
     /// A named choice (architecture, KV cache type, pooling, weight type on a backend…)
     /// is not one this build can run; lists the ones it can.
     #[error("{what} '{found}' is not supported (supported: {}){}", .supported.join(", "), hint_suffix(.hint))]
@@ -57,19 +36,9 @@ pub enum Error {
         /// The capability it needs.
         needs: String,
     },
-    /// An MLC weight directory is malformed: bad JSON, a missing or short shard, a record
-    /// that disagrees with its data or with the model configuration.
-    #[error("MLC directory: {0}")]
-    Mlc(String),
     /// The model's metadata or tensors do not fit the architecture.
     #[error("model: {0}")]
     Model(String),
-    /// Tokenizer metadata is missing or inconsistent, or text cannot be tokenized.
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
-    /// A chat template failed to render.
-    #[error("chat template: {0}")]
-    Template(String),
     /// A request is invalid (bad token id, bad sampling settings, an API used out of turn).
     #[error("invalid request: {0}")]
     Request(String),
@@ -193,14 +162,12 @@ pub enum Error {
         /// What failed (shown in the message, so not also a `source`).
         error: Box<Error>,
     },
-}
-
-fn hint_suffix(h: &str) -> String {
-    if h.is_empty() {
-        String::new()
-    } else {
-        format!("; {h}")
-    }
+    /// A model file failed to read or convert (GGUF, a quantized format, an MLC directory).
+    #[error(transparent)]
+    Formats(#[from] ternion_formats::Error),
+    /// The tokenizer or the chat template failed.
+    #[error(transparent)]
+    Text(#[from] ternion_text::Error),
 }
 
 fn size_suffix(b: &Option<u64>) -> String {
@@ -208,14 +175,6 @@ fn size_suffix(b: &Option<u64>) -> String {
 }
 
 impl Error {
-    /// Wraps an I/O error with the path it concerns.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
-    }
-
     /// An [`Error::Unsupported`] with the supported values as strings.
     pub fn unsupported<S: ToString>(
         what: impl Into<String>,
@@ -252,15 +211,9 @@ impl Error {
     /// in other languages (the browser build's JavaScript errors).
     pub fn kind(&self) -> &'static str {
         match self.root() {
-            Error::Io { .. } => "Io",
-            Error::Gguf(_) => "Gguf",
-            Error::UnsupportedType { .. } => "UnsupportedType",
             Error::Unsupported { .. } => "Unsupported",
             Error::UnsupportedFeature { .. } => "UnsupportedFeature",
-            Error::Mlc(_) => "Mlc",
             Error::Model(_) => "Model",
-            Error::Tokenizer(_) => "Tokenizer",
-            Error::Template(_) => "Template",
             Error::Request(_) => "Request",
             Error::ContextFull { .. } => "ContextFull",
             Error::KvPoolExhausted { .. } => "KvPoolExhausted",
@@ -274,6 +227,8 @@ impl Error {
             Error::DeviceFault { .. } => "DeviceFault",
             Error::KernelArgs(_) => "KernelArgs",
             Error::Uploading { .. } => "Uploading",
+            Error::Formats(e) => e.kind(),
+            Error::Text(e) => e.kind(),
         }
     }
 }

@@ -3,10 +3,9 @@
 //! [`GpuModel::forward_seqs`] (or its top-k variant, which reads back k pairs per
 //! sequence instead of a vocabulary of floats).
 
-use super::batch::{BatchBackend, BatchStep};
-use super::rows::Rows;
-use crate::backend::gpu::{GpuModel, GpuSeq, GpuSeqStep};
+use crate::generate::{BatchBackend, BatchStep, Rows};
 use crate::Result;
+use crate::{GpuModel, GpuSeq, GpuSeqStep};
 
 /// The GPU backend over a model loaded onto the device.
 pub struct GpuBatch {

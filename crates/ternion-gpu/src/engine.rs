@@ -1,15 +1,21 @@
+//! The GPU [`Engine`] of a [`Session`](crate::session::Session): one sequence on a
+//! [`GpuModel`].
+
+use crate::generate::{Need, Row, PREFILL_CHUNK};
+use crate::model::Logits;
+use crate::session::Engine;
+use crate::{GpuModel, Result};
+
 /// Greedy steps a [`GpuEngine`] runs ahead (the GPU feeding each argmax to the next step).
-#[cfg(feature = "gpu")]
 const GREEDY_AHEAD: usize = 8;
 
-/// A GPU engine: a [`GpuModel`](crate::backend::gpu::GpuModel) (which holds its own KV
+/// A GPU engine: a [`GpuModel`] (which holds its own KV
 /// cache on the device) driving one sequence. Greedy decoding runs [`GREEDY_AHEAD`] steps
 /// at a time on the GPU (`GpuModel::greedy`); the ids not yet asked for wait in `ahead`,
 /// and whatever the caller does not take (a stop, another token, a prompt) is truncated
 /// away, so the cache always looks as if one step ran per call.
-#[cfg(feature = "gpu")]
 pub struct GpuEngine<'a> {
-    model: &'a mut crate::backend::gpu::GpuModel,
+    model: &'a mut GpuModel,
     n_ctx: usize,
     logits: Vec<f32>,
     top: Vec<(u32, f32)>,
@@ -19,10 +25,9 @@ pub struct GpuEngine<'a> {
     expect: Option<u32>,
 }
 
-#[cfg(feature = "gpu")]
 impl<'a> GpuEngine<'a> {
     /// Starts a new sequence on `model` (its cache is emptied).
-    pub fn new(model: &'a mut crate::backend::gpu::GpuModel) -> GpuEngine<'a> {
+    pub fn new(model: &'a mut GpuModel) -> GpuEngine<'a> {
         model.truncate(0);
         let n_ctx = model.n_ctx();
         GpuEngine {
@@ -46,7 +51,6 @@ impl<'a> GpuEngine<'a> {
     }
 }
 
-#[cfg(feature = "gpu")]
 impl Engine for GpuEngine<'_> {
     fn n_vocab(&self) -> usize {
         self.model.config().n_vocab

@@ -488,7 +488,7 @@ fn top_k_of_each_sequence_matches_its_logits() {
 }
 
 /// The GPU engine with the trait's default `decode_row` (whole logits row read back).
-struct FullRows<'a>(crate::session::GpuEngine<'a>);
+struct FullRows<'a>(crate::GpuEngine<'a>);
 
 impl crate::session::Engine for FullRows<'_> {
     fn n_vocab(&self) -> usize {
@@ -517,7 +517,8 @@ impl crate::session::Engine for FullRows<'_> {
 #[test]
 fn generation_from_the_gpu_top_k_equals_whole_rows() {
     use crate::sample::{Sampler, SamplerConfig};
-    use crate::session::{Engine, GenerateOptions, GpuEngine, Session};
+    use crate::session::{Engine, GenerateOptions, Session};
+    use crate::GpuEngine;
     let Some(f) = fixture() else { return };
     let path = golden_file("bitnet-b158-tiny-pub.gguf");
     let file = crate::gguf::GgufFile::open(&path).unwrap();

@@ -70,8 +70,10 @@
 //!   even in integer arithmetic, as `half::f16::from_f32`.
 
 mod bandwidth;
+mod batch;
 mod buffers;
 mod context;
+mod engine;
 mod exec;
 #[cfg(test)]
 mod exec_tests;
@@ -99,10 +101,12 @@ mod tests_plan;
 mod upload;
 
 pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
+pub use batch::GpuBatch;
 pub use buffers::{GpuBuffer, Sharded, STORAGE, UNIFORM};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::list_adapters;
 pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, PrefillKernel};
+pub use engine::GpuEngine;
 pub use exec::{GpuModel, GpuModelOptions};
 pub use ops::{
     ActQuant, Attention, AttnDims, AttnOpts, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex,
@@ -119,3 +123,13 @@ pub use preprocess::preprocess;
 pub use profile::KernelTime;
 pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};
+
+#[cfg(test)]
+use ternion_core::{backend, sample, tokenizer};
+use ternion_core::{generate, gguf, kv, model, quant, session, Error, Result};
+/// The shared test data beside the repository, for the unit tests.
+#[cfg(test)]
+use ternion_testkit::shared as test_shared;
+/// Synthetic models for the unit tests.
+#[cfg(test)]
+use ternion_testkit::synth;

@@ -393,7 +393,7 @@ impl GpuUpload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::gpu::PrefillKernel;
+    use crate::PrefillKernel;
 
     /// Adapter limits forced small (no adapter needed).
     fn caps(max_binding: u64, max_buffer: u64) -> Caps {

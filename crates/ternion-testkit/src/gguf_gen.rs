@@ -1,9 +1,8 @@
 //! A raw GGUF builder for hostile-file tests: every field is written as given, so counts,
-//! lengths, type ids, offsets and alignment can lie. Shared by `ternion/tests/hostile.rs`
-//! and `ternion-cli/tests/hostile_cli.rs` (included with `#[path]`).
-#![allow(dead_code)]
+//! lengths, type ids, offsets and alignment can lie. Used by `ternion/tests/hostile.rs`
+//! and `ternion-cli/tests/hostile_cli.rs`.
 
-use ternion::quant::GgmlType;
+use crate::quant::GgmlType;
 
 /// GGUF metadata value type ids.
 pub mod ty {

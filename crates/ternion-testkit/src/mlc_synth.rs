@@ -4,19 +4,20 @@
 //! against it logit for logit.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use super::config::{Phi3Config, CONFIG_FILE, QUANTIZATION};
-use super::q4f16::{GROUP, ZERO_CODE};
-use super::spm::{self, piece_type, Piece};
-use super::tokenizer::{HF_CONFIG_FILE, HF_FILE, PAD_SCORE, SPM_FILE};
 use crate::gguf::{GgufFile, GgufWriter};
+use crate::mlc::config::{Phi3Config, CONFIG_FILE, QUANTIZATION};
+use crate::mlc::q4f16::{GROUP, ZERO_CODE};
+use crate::mlc::spm::{self, piece_type, Piece};
+use crate::mlc::tokenizer::{HF_CONFIG_FILE, HF_FILE, PAD_SCORE, SPM_FILE};
 use crate::quant::GgmlType;
+use crate::shared::shared_path;
 use crate::synth::Shape;
 use crate::{Error, Result};
 
@@ -141,7 +142,7 @@ pub fn write_phi3(spec: &Phi3Spec, mlc_dir: &Path, gguf: &Path) -> Result<()> {
     let mut entries = Vec::new();
     let mut gguf_tensors: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = Vec::new();
     let d = cfg.n_embd;
-    for m in super::tensor_map(&cfg) {
+    for m in crate::mlc::tensor_map(&cfg) {
         let Some((n_in, n_out)) = m.linear else {
             let vals: Vec<f16> = (0..d)
                 .map(|_| f16::from_f32(rng.random_range(0.5f32..1.5)))
@@ -243,7 +244,7 @@ fn write_shards(dir: &Path, entries: Vec<Entry>, cap: usize) -> Result<()> {
         }));
     }
     write_json(
-        &dir.join(super::cache::INDEX_FILES[1]),
+        &dir.join(crate::mlc::cache::INDEX_FILES[1]),
         &json!({ "metadata": { "ParamSize": records.len() }, "records": records }),
     )
 }
@@ -362,4 +363,38 @@ fn write_tokenizer(dir: &Path, vocab: &GgufFile, tokens: &[&str]) -> Result<()> 
             "chat_template": vocab.get_str("tokenizer.chat_template")?,
         }),
     )
+}
+
+/// The Phi-3 vocabulary of the shared test data.
+pub fn phi3_vocab() -> PathBuf {
+    shared_path("vocab/ggml-vocab-phi-3.gguf")
+}
+
+/// A fresh directory under the system temp folder.
+pub fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ternion-mlc-{}-{tag}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A random MLC Phi-3 directory (`dir/mlc`) and the same model as `dir/ref.gguf`.
+pub fn fixture(tag: &str, code_15: bool) -> (PathBuf, PathBuf) {
+    let dir = scratch(tag);
+    let (mlc, gguf) = (dir.join("mlc"), dir.join("ref.gguf"));
+    let spec = Phi3Spec {
+        shape: Shape {
+            n_embd: 64,
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            n_ff: 96,
+        },
+        vocab: &phi3_vocab(),
+        seed: 17,
+        code_15,
+        shard_bytes: 64 << 10,
+    };
+    write_phi3(&spec, &mlc, &gguf).unwrap();
+    (mlc, gguf)
 }

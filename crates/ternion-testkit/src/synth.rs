@@ -547,8 +547,7 @@ fn add_byte_vocab(w: &mut GgufWriter, n_vocab: usize) -> usize {
 
 /// The tokenizer of the synthetic byte vocabulary (259 tokens: id = byte, then BOS, EOS
 /// and EOT), for unit tests.
-#[cfg(test)]
-pub(crate) fn byte_tokenizer() -> crate::tokenizer::Tokenizer {
+pub fn byte_tokenizer() -> crate::tokenizer::Tokenizer {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!("ternion-bytes-{}-{n}.gguf", std::process::id()));

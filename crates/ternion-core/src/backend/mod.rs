@@ -1,5 +1,3 @@
-//! Compute backends.
+//! Compute backends: the CPU one here, the GPU one in the `ternion-gpu` crate.
 
 pub mod cpu;
-#[cfg(feature = "gpu")]
-pub mod gpu;

@@ -7,8 +7,6 @@
 
 mod admit;
 mod batch;
-#[cfg(feature = "gpu")]
-mod batch_gpu;
 mod chunking;
 mod constraint;
 mod rows;
@@ -17,8 +15,6 @@ mod stop;
 
 pub use admit::{check_room, check_step, StepLimits};
 pub use batch::{BatchBackend, BatchStep, CpuBatch};
-#[cfg(feature = "gpu")]
-pub use batch_gpu::GpuBatch;
 pub use chunking::{next_chunk, PREFILL_CHUNK};
 pub use constraint::{allows, Constraint, Mask};
 pub use rows::{Need, Row, Rows};

@@ -36,7 +36,6 @@ pub mod cache;
 pub mod config;
 pub mod q4f16;
 pub mod spm;
-pub mod synth;
 pub mod tokenizer;
 
 #[cfg(test)]
@@ -100,7 +99,7 @@ pub fn load_dir(dir: &Path) -> Result<GgufFile> {
 }
 
 /// One MLC parameter and the GGUF tensor it becomes.
-pub(crate) struct Mapped {
+pub struct Mapped {
     /// MLC name: a prefix of `.q_weight`/`.q_scale` for a linear, the full name for a norm.
     pub mlc: String,
     /// GGUF tensor name.
@@ -110,7 +109,7 @@ pub(crate) struct Mapped {
 }
 
 /// Every parameter of a Phi-3 model of `cfg`, MLC name to llama.cpp name.
-pub(crate) fn tensor_map(cfg: &Phi3Config) -> Vec<Mapped> {
+pub fn tensor_map(cfg: &Phi3Config) -> Vec<Mapped> {
     let (d, q, kv, ff, v) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.n_vocab);
     let mut out = Vec::new();
     let mut add = |mlc: String, gguf: String, linear| out.push(Mapped { mlc, gguf, linear });

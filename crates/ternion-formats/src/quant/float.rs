@@ -168,8 +168,7 @@ macro_rules! float_format {
             const BLOCK_BYTES: usize = $bytes;
             const DOT: RefDot = $dot;
             const QUANTIZE: Option<Quantizer> = Some($quant);
-            const WGSL: Option<&'static str> =
-                Some(include_str!("../backend/gpu/kernels/formats/float.wgsl"));
+            const WGSL: Option<&'static str> = Some(include_str!("wgsl/float.wgsl"));
             fn dequantize_row(src: &[u8], dst: &mut [f32]) {
                 $deq(src, dst)
             }

@@ -86,7 +86,7 @@ block_format!(
     IQ4_NL,
     RefDot::Q8_0(dot_q8_0),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/iq4_nl.wgsl"))
+    Some(include_str!("wgsl/iq4_nl.wgsl"))
 );
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ block_format!(
     IQ4_XS,
     RefDot::Q8K(dot_q8k),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/iq4_xs.wgsl"))
+    Some(include_str!("wgsl/iq4_xs.wgsl"))
 );
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ block_format!(
     Q1_0,
     RefDot::Q8_0(dot_q8_0),
     Some(quantize_row),
-    Some(include_str!("../backend/gpu/kernels/formats/q1_0.wgsl"))
+    Some(include_str!("wgsl/q1_0.wgsl"))
 );
 
 #[cfg(test)]

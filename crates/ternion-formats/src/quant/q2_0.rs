@@ -118,7 +118,7 @@ block_format!(
     Q2_0,
     RefDot::Q8_0(dot_q8_0),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/q2_0.wgsl"))
+    Some(include_str!("wgsl/q2_0.wgsl"))
 );
 
 #[cfg(test)]

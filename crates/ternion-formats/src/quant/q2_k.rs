@@ -92,7 +92,7 @@ block_format!(
     Q2_K,
     RefDot::Q8K(dot_q8k),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/q2_k.wgsl"))
+    Some(include_str!("wgsl/q2_k.wgsl"))
 );
 
 #[cfg(test)]

@@ -104,7 +104,7 @@ block_format!(
     Q3_K,
     RefDot::Q8K(dot_q8k),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/q3_k.wgsl"))
+    Some(include_str!("wgsl/q3_k.wgsl"))
 );
 
 #[cfg(test)]

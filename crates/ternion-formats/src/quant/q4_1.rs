@@ -111,7 +111,7 @@ block_format!(
     Q4_1,
     RefDot::Q8_1(dot_q8_1),
     Some(quantize_row),
-    Some(include_str!("../backend/gpu/kernels/formats/q4_1.wgsl"))
+    Some(include_str!("wgsl/q4_1.wgsl"))
 );
 
 #[cfg(test)]

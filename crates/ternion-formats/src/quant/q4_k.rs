@@ -16,7 +16,7 @@ pub const BLOCK_BYTES: usize = 144;
 /// The 6-bit scale and min of sub-block j (0..8) from the packed `scales[12]`: for j < 4
 /// the low 6 bits of bytes j and j + 4; for j ≥ 4 the nibbles of byte j + 4 with the top two
 /// bits of bytes j − 4 and j as high bits.
-pub(crate) fn scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+pub fn scale_min(scales: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (scales[j] & 63, scales[j + 4] & 63)
     } else {
@@ -130,7 +130,7 @@ block_format!(
     Q4_K,
     RefDot::Q8K(dot_q8k),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/q4_k.wgsl"))
+    Some(include_str!("wgsl/q4_k.wgsl"))
 );
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ block_format!(
     Q5_0,
     RefDot::Q8_0(dot_q8_0),
     Some(quantize_row),
-    Some(include_str!("../backend/gpu/kernels/formats/q5_0.wgsl"))
+    Some(include_str!("wgsl/q5_0.wgsl"))
 );
 
 #[cfg(test)]

@@ -116,7 +116,7 @@ block_format!(
     Q5_1,
     RefDot::Q8_1(dot_q8_1),
     Some(quantize_row),
-    Some(include_str!("../backend/gpu/kernels/formats/q5_1.wgsl"))
+    Some(include_str!("wgsl/q5_1.wgsl"))
 );
 
 #[cfg(test)]

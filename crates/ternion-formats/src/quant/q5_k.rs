@@ -99,7 +99,7 @@ block_format!(
     Q5_K,
     RefDot::Q8K(dot_q8k),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/q5_k.wgsl"))
+    Some(include_str!("wgsl/q5_k.wgsl"))
 );
 
 #[cfg(test)]

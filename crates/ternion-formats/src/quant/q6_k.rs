@@ -258,7 +258,7 @@ block_format!(
     Q6_K,
     RefDot::Q8K(dot_q8k),
     None,
-    Some(include_str!("../backend/gpu/kernels/formats/q6_k.wgsl"))
+    Some(include_str!("wgsl/q6_k.wgsl"))
 );
 
 #[cfg(test)]

@@ -151,7 +151,7 @@ block_format!(
     TQ2_0,
     RefDot::Q8K(dot_q8k),
     Some(quantize_row),
-    Some(include_str!("../backend/gpu/kernels/formats/tq2_0.wgsl"))
+    Some(include_str!("wgsl/tq2_0.wgsl"))
 );
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 use super::attention_fast::FastSplit;
 use super::paged::{prompt_kernel_fits, GpuKv, KvIndex, ATTN_PROMPT_QUERIES};
 use super::{uniform, Dispatch, StepUniform, WG};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
 use crate::model::graph::RopeMode;
+use crate::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// Attention geometry shared by [`RopeKv`] and [`Attention`].

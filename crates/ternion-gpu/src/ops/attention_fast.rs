@@ -3,10 +3,10 @@
 
 use super::attention::{FusedRope, ATTN_FAST_KEYS};
 use super::{uniform, AttnDims, Dispatch, GpuKv, KvIndex};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
 use crate::kv::PAGE_POSITIONS;
+use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::Result;
 
 /// The `split` and `merge` launches and their scratch (partial sums per sequence, head and

@@ -3,9 +3,9 @@
 //! it ([`NormMatvec`]) or written out for steps of several tokens ([`NormQuant`]).
 
 use super::{uniform, Dispatch, QuantAct, Ternary3, TernaryWeights, WG};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{DecodeEntry, Epilogue, GluAct, Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::pipelines::{DecodeEntry, Epilogue, GluAct, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// Widest row the prologue holds in workgroup memory (`ternary_decode.wgsl` MAX_WORDS × 4).

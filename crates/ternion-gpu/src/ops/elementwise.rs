@@ -3,10 +3,10 @@
 //! input that no RMSNorm feeds.
 
 use super::{uniform, Dispatch, QuantAct, WG};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{GluAct as KernelGlu, Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
 use crate::model::graph::GluAct;
+use crate::pipelines::{GluAct as KernelGlu, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// The entry points of `elementwise.wgsl`.

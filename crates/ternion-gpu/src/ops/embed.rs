@@ -1,9 +1,9 @@
 //! Embedding gather.
 
 use super::{uniform, Dispatch, WG};
-use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Kernel, PipelineKey, Variant};
+use crate::buffers::{GpuBuffer, Sharded};
+use crate::context::GpuContext;
+use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::Result;
 
 /// Gathers embedding rows: `out[t] = f32(table[ids[t]])`, one dispatch per table shard.

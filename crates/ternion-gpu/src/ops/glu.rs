@@ -1,9 +1,9 @@
 //! The gated-FFN product.
 
 use super::{uniform, Dispatch, WG};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{GluAct, Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::pipelines::{GluAct, Kernel, PipelineKey, Variant};
 use crate::Result;
 
 /// `gate = act(gate) · up` elementwise (`glu.wgsl`).

@@ -4,9 +4,9 @@
 //! tokens instead of once per 4.
 
 use super::{uniform, Dispatch, QuantAct, StepUniform, TernaryMatvec, TernaryWeights};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::{GpuContext, PrefillKernel};
-use crate::backend::gpu::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::{GpuContext, PrefillKernel};
+use crate::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// Tokens per workgroup tile (both kernels; the coop kernel's wide entry point takes twice
@@ -130,7 +130,7 @@ pub const BATCH4_MAX_TOKENS: u32 = 32;
 
 /// An I2_S linear for steps of any size: the matvec for one token, the 4-token batch
 /// kernel up to [`BATCH4_MAX_TOKENS`], and beyond that the kernel
-/// [`Caps::prefill`](crate::backend::gpu::Caps::prefill) names.
+/// [`Caps::prefill`](crate::Caps::prefill) names.
 pub struct TernaryLinear {
     single: TernaryMatvec,
     tiled: Option<TernaryMatmul>,

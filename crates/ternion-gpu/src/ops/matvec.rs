@@ -1,9 +1,9 @@
 //! Matrix × activation products: I2_S ternary weights (int8 activations) and F16 weights.
 
 use super::{check_tpr, uniform, Dispatch, QuantAct, StepUniform, WG};
-use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Epilogue, F16Rows, GluAct, Kernel, PipelineKey, Variant};
+use crate::buffers::{GpuBuffer, Sharded};
+use crate::context::GpuContext;
+use crate::pipelines::{Epilogue, F16Rows, GluAct, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// An I2_S weight matrix on the GPU: the codes as stored in the file, and the scale.

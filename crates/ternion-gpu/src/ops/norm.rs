@@ -1,9 +1,9 @@
 //! RMSNorm, optionally fused with the int8 activation quantization of the ternary matmuls.
 
 use super::{uniform, Dispatch};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// Packed int8 activations and per-token (scale, Σq) written by [`RmsNorm`] in quant mode

@@ -1,8 +1,8 @@
 //! The paged F16 KV cache on the GPU and the per-step index into it (token positions and
 //! slots, page tables, prompt query blocks), shared by every layer's attention.
 
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
 use crate::kv::PAGE_POSITIONS;
 use crate::{Error, Result};
 

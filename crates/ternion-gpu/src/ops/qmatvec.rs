@@ -2,9 +2,9 @@
 //! quantizers they pair with (`quant_act.wgsl`), as in backend/cpu/linear.rs.
 
 use super::{check_tpr, uniform, uniform_pod, Dispatch, StepUniform, WG};
-use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
+use crate::buffers::{GpuBuffer, Sharded};
+use crate::context::GpuContext;
+use crate::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
 use crate::quant::{self, ActFormat, Format, GgmlType};
 use crate::{Error, Result};
 

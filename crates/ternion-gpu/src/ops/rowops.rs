@@ -2,9 +2,9 @@
 //! with bias, bias add, GELU, learned position embeddings, column slices, row selection.
 
 use super::{uniform, Dispatch, StepUniform, WG};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// The entry points of `rowops.wgsl`.

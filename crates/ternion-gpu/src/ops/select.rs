@@ -1,9 +1,9 @@
 //! GPU top-k / argmax over the logits.
 
 use super::{uniform, Dispatch};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// Elements per workgroup in the first top-k pass.

@@ -2,9 +2,9 @@
 //! local layers, where a query sees only the last `window` positions.
 
 use super::{uniform, AttnDims, Dispatch, GpuKv, KvIndex, StepUniform};
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::pipelines::{Kernel, PipelineKey, Variant};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
 /// Windowed attention of one layer, built once and recorded per step.

@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 
 use super::launch::Launch;
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::ops::{ActQuant, QAct, QuantAct, QuantizeAct};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
 use crate::model::graph::{ActId, Graph, Op};
+use crate::ops::{ActQuant, QAct, QuantAct, QuantizeAct};
 use crate::Result;
 
 /// Where the activations live while compiling.

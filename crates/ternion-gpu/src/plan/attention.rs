@@ -5,8 +5,8 @@
 
 use super::build::Compiler;
 use super::launch::Launch;
-use crate::backend::gpu::ops::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, WindowAttention};
 use crate::model::graph::ActId;
+use crate::ops::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, WindowAttention};
 use crate::Result;
 
 impl Compiler<'_> {

@@ -3,15 +3,15 @@
 
 use super::acts::{writes, Acts};
 use super::launch::Launch;
-use crate::backend::gpu::buffers::GpuBuffer;
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::ops::{
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::model::graph::{ActId, Graph, Op, UnaryAct, WeightId};
+use crate::ops::{
     AttnDims, Elementwise, Embed, GpuKv, KvIndex, NormOut, PosTable, QEmbed, QWeights, RmsNorm,
     RowOp, StepUniform,
 };
-use crate::backend::gpu::pipelines::Variant;
-use crate::backend::gpu::upload::GpuWeight;
-use crate::model::graph::{ActId, Graph, Op, UnaryAct, WeightId};
+use crate::pipelines::Variant;
+use crate::upload::GpuWeight;
 use crate::{Error, Result};
 
 /// The per-step buffers of a plan that launches bind.

@@ -1,7 +1,7 @@
 //! The launch groups a plan records, and how many dispatches each makes.
 
 use super::Rows;
-use crate::backend::gpu::ops::{
+use crate::ops::{
     Attention, Elementwise, Embed, F16Matvec, Glu, NormMatvec, NormQuant, QEmbed, QMatvec,
     QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3, TernaryGlu, TernaryLinear, WindowAttention,
 };

@@ -5,16 +5,16 @@
 use super::build::{quant_weight, unsupported, Compiler};
 use super::launch::{Head, Launch, QHead};
 use super::TPR;
-use crate::backend::gpu::buffers::{GpuBuffer, Sharded};
-use crate::backend::gpu::context::GpuContext;
-use crate::backend::gpu::ops::{
+use crate::buffers::{GpuBuffer, Sharded};
+use crate::context::GpuContext;
+use crate::model::graph::{ActId, InNorm, Op, WeightId};
+use crate::ops::{
     ActQuant, Elementwise, F16Matvec, MatIn, NormIn, NormMatvec, NormMatvecKind, NormOut,
     NormQuant, QAct, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RowOp,
     TernaryLinear, TernaryWeights,
 };
-use crate::backend::gpu::pipelines::Epilogue;
-use crate::backend::gpu::upload::GpuWeight;
-use crate::model::graph::{ActId, InNorm, Op, WeightId};
+use crate::pipelines::Epilogue;
+use crate::upload::GpuWeight;
 use crate::Result;
 
 /// The int8 activations I2_S matvecs read.

@@ -6,11 +6,9 @@ use super::build::Compiler;
 use super::launch::{FusedGlu, Launch};
 use super::linear::ternary;
 use super::TPR;
-use crate::backend::gpu::ops::{
-    kernel_glu, Glu, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear,
-};
-use crate::backend::gpu::pipelines::Epilogue;
 use crate::model::graph::{ActId, GluAct, InNorm, Op, WeightId};
+use crate::ops::{kernel_glu, Glu, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear};
+use crate::pipelines::Epilogue;
 use crate::Result;
 
 impl Compiler<'_> {

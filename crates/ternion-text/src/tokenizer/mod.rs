@@ -14,7 +14,7 @@ mod unicode;
 mod vocab;
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 #[cfg(test)]
 mod tests_golden2;
 

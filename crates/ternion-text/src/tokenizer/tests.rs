@@ -1,6 +1,6 @@
 use super::*;
 use crate::gguf::{GgufWriter, Value, ValueType};
-use crate::test_shared::shared_path;
+use crate::test_shared::{shared_path, vectors};
 
 fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {
     let path = shared_path(&format!("vocab/ggml-vocab-{name}.gguf"));
@@ -10,23 +10,6 @@ fn load_with(name: &str, opts: &TokenizerOptions) -> Tokenizer {
 
 fn load(name: &str) -> Tokenizer {
     load_with(name, &TokenizerOptions::default())
-}
-
-/// llama.cpp's test vectors: inputs end with a `__ggml_vocab_test__` line; one output line
-/// of ids per input.
-pub(crate) fn vectors(name: &str) -> Vec<(String, Vec<u32>)> {
-    let dir = shared_path("vocab");
-    let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
-    let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
-    let inputs: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
-    // The file ends with a separator, so the last split is empty.
-    let inputs = &inputs[..inputs.len() - 1];
-    let outputs: Vec<Vec<u32>> = out
-        .lines()
-        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
-        .collect();
-    assert_eq!(inputs.len(), outputs.len(), "{name}: inputs vs outputs");
-    inputs.iter().map(|s| s.to_string()).zip(outputs).collect()
 }
 
 fn check_vectors(name: &str) {

@@ -17,7 +17,7 @@ use super::ternary::TernaryPack;
 use super::QuantInput;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType, RefDot};
-use crate::{Error, Result};
+use crate::{Error, FormatError, Result};
 
 /// Weight rows handled by one parallel task.
 const ROWS_PER_TASK: usize = 16;
@@ -58,7 +58,7 @@ impl Linear {
             )));
         }
         if quant::format(info.ty).is_none() {
-            return Err(Error::UnsupportedType {
+            return Err(FormatError::UnsupportedType {
                 tensor: name.into(),
                 type_id: info.ty.id(),
                 type_name: format!(
@@ -69,7 +69,8 @@ impl Linear {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
-            });
+            }
+            .into());
         }
         let (k, m) = (info.shape[0] as usize, info.shape[1] as usize);
         let row_bytes = info.ty.row_bytes(k as u64).expect("checked by the reader") as usize;
@@ -157,14 +158,14 @@ impl Linear {
     /// Row `r` of the matrix as stored in the file, as f32 (embedding lookups).
     pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) -> Result<()> {
         let data = self.file.tensor_data(&self.info);
-        quant::dequantize_row(
+        Ok(quant::dequantize_row(
             self.info.ty,
             &self.info.name,
             data,
             self.in_features,
             r,
             dst,
-        )
+        )?)
     }
 
     /// The bytes of the rows used.
