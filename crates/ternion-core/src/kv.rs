@@ -12,7 +12,7 @@
 //! pool: for layer `l`, keys then values, each `page_size × kv_dim` values, so position slot `s` of layer `l`'s keys starts
 //! at `((2·l) · page_size + s) · kv_dim` and its values at `((2·l + 1) · page_size + s) ·
 //! kv_dim`. The GPU backend pages its caches the same way (same page size, a page table per
-//! sequence: `backend/gpu/seqs.rs`) but keeps one buffer per layer, since a device binding
+//! sequence: `ternion-gpu/src/seqs.rs`) but keeps one buffer per layer, since a device binding
 //! is limited in size.
 //!
 //! Pages are zero-filled allocations, so the OS commits their memory only as positions are

@@ -1,7 +1,5 @@
 //! The error type of the text layer: tokenizer metadata and chat templates.
 
-use ternion_formats::error::hint_suffix;
-
 /// Result alias used across the text crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -14,38 +12,24 @@ pub enum Error {
     /// A chat template failed to render.
     #[error("chat template: {0}")]
     Template(String),
-    /// A named choice (tokenizer model, pre-tokenizer) is not one this build has; lists
-    /// the ones it has.
-    #[error("{what} '{found}' is not supported (supported: {}){}", .supported.join(", "), hint_suffix(.hint))]
-    Unsupported {
-        /// What was chosen, e.g. "tokenizer.ggml.pre".
-        what: String,
-        /// The value found.
-        found: String,
-        /// The values this build supports there.
-        supported: Vec<String>,
-        /// What to do instead (may be empty).
-        hint: &'static str,
-    },
-    /// The GGUF file the tokenizer reads failed.
+    /// The GGUF file the tokenizer reads failed, or a metadata value in it (tokenizer
+    /// model, pre-tokenizer) is not one this build has ([`Error::unsupported`]).
     #[error(transparent)]
     Formats(#[from] ternion_formats::Error),
 }
 
 impl Error {
-    /// An [`Error::Unsupported`] with the supported values as strings.
+    /// A metadata value this build does not support, with the values it does
+    /// ([`ternion_formats::Error::Unsupported`]).
     pub fn unsupported<S: ToString>(
         what: impl Into<String>,
         found: impl ToString,
         supported: impl IntoIterator<Item = S>,
         hint: &'static str,
     ) -> Self {
-        Error::Unsupported {
-            what: what.into(),
-            found: found.to_string(),
-            supported: supported.into_iter().map(|s| s.to_string()).collect(),
-            hint,
-        }
+        Error::Formats(ternion_formats::Error::unsupported(
+            what, found, supported, hint,
+        ))
     }
 
     /// A stable name for the variant (of the wrapped formats error for
@@ -54,7 +38,6 @@ impl Error {
         match self {
             Error::Tokenizer(_) => "Tokenizer",
             Error::Template(_) => "Template",
-            Error::Unsupported { .. } => "Unsupported",
             Error::Formats(e) => e.kind(),
         }
     }

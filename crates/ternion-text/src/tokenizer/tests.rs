@@ -275,7 +275,7 @@ fn bad_metadata_is_an_error() {
     .err()
     .expect("unknown pre");
     assert!(
-        matches!(&err, Error::Unsupported { what, found, supported, .. }
+        matches!(&err, Error::Formats(ternion_formats::Error::Unsupported { what, found, supported, .. })
             if what == "tokenizer.ggml.pre" && found == "no-such-pre"
                 && supported.iter().any(|s| s == "llama3")),
         "{err}"
@@ -287,7 +287,7 @@ fn bad_metadata_is_an_error() {
     .err()
     .expect("unsupported model");
     assert!(
-        matches!(&err, Error::Unsupported { found, supported, .. }
+        matches!(&err, Error::Formats(ternion_formats::Error::Unsupported { found, supported, .. })
             if found == "bert" && supported == &["gpt2", "llama"]),
         "{err}"
     );
