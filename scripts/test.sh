@@ -21,7 +21,7 @@ cargo clippy --release --workspace --all-targets -j2 -- -D warnings
 cargo test --release --workspace -j2
 # The NEON kernels must at least compile and lint for aarch64 (no aarch64 runner here).
 if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then
-  cargo clippy --release -p ternion --no-default-features --target aarch64-unknown-linux-gnu -j2 -- -D warnings
+  cargo clippy --release -p ternion-core -p ternion --no-default-features --target aarch64-unknown-linux-gnu -j2 -- -D warnings
 else
   echo "skipped: aarch64 check (rustup could not add the aarch64-unknown-linux-gnu target)"
 fi

@@ -17,7 +17,7 @@ use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::argmax;
 use ternion::session::Session;
-use ternion::synth::{self, Shape, Spec, Vocab};
+use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
 use crate::common::{self, BackendArgs, LmHeadArg};
 

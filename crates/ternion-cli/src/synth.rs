@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::Args;
 use ternion::quant::GgmlType;
-use ternion::synth::{self, Shape, Spec, Vocab};
+use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
 /// Arguments of `ternion synth`.
 #[derive(Args)]

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-#[path = "../../ternion/tests/support/shared.rs"]
-mod support_shared;
+use ternion_testkit::shared as support_shared;
 
 use support_shared::shared_path;
 

@@ -2,10 +2,8 @@
 //! the Hugging Face cache, seeds, prompts from files and standard input, backend and
 //! thread defaults, `inspect` on broken models, and `chat`'s input and context shifting.
 
-#[path = "../../ternion/tests/support/gguf_gen.rs"]
-mod gguf_gen;
-#[path = "../../ternion/tests/support/shared.rs"]
-mod support_shared;
+use ternion_testkit::gguf_gen;
+use ternion_testkit::shared as support_shared;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -16,7 +14,7 @@ use std::sync::OnceLock;
 use gguf_gen::*;
 use serde_json::Value;
 use ternion::quant::GgmlType;
-use ternion::synth::{Shape, Spec, Vocab};
+use ternion_testkit::synth::{Shape, Spec, Vocab};
 
 fn tmp_dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("ternion-cli-hygiene-{}", std::process::id()));
@@ -91,7 +89,7 @@ fn tiny() -> &'static str {
             },
             seed: 1,
         };
-        ternion::synth::write(&spec, &out).expect("writing the tiny model");
+        ternion_testkit::synth::write(&spec, &out).expect("writing the tiny model");
         out
     })
     .to_str()

@@ -1,8 +1,7 @@
 //! Hostile files through the binary: `ternion inspect` and `ternion run` must exit with
 //! code 1 and a one-line error, never a panic (exit code 101), within a second.
 
-#[path = "../../ternion/tests/support/gguf_gen.rs"]
-mod gguf_gen;
+use ternion_testkit::gguf_gen;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

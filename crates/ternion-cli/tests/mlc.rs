@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use ternion::mlc::synth::{write_phi3, Phi3Spec};
-use ternion::synth::Shape;
+use ternion_testkit::mlc_synth::{write_phi3, Phi3Spec};
+use ternion_testkit::synth::Shape;
 
-#[path = "../../ternion/tests/support/shared.rs"]
-mod support_shared;
+use ternion_testkit::shared as support_shared;
 
 fn ternion(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ternion"))

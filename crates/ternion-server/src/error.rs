@@ -107,11 +107,15 @@ const UNAVAILABLE: (StatusCode, &str, Option<&str>) = (
 /// is 400 (an overlong prompt with code `context_length_exceeded`), a full cache or a
 /// lost or failing device is 503 (retry later or elsewhere), anything else is 500.
 pub fn status_of(e: &ternion::Error) -> (StatusCode, &'static str, Option<&'static str>) {
-    use ternion::Error as E;
+    use ternion::{Error as E, FormatError as F, TextError as T};
     let bad = (StatusCode::BAD_REQUEST, "invalid_request_error");
     match e.root() {
         E::ContextFull { .. } => (bad.0, bad.1, Some("context_length_exceeded")),
-        E::Request(_) | E::Unsupported { .. } | E::Tokenizer(_) | E::Template(_) => {
+        E::Request(_)
+        | E::Unsupported { .. }
+        | E::Text(T::Tokenizer(_) | T::Template(_))
+        | E::Text(T::Formats(F::Request(_) | F::Unsupported { .. } | F::Tokenizer(_)))
+        | E::Formats(F::Request(_) | F::Unsupported { .. } | F::Tokenizer(_)) => {
             (bad.0, bad.1, None)
         }
         E::KvPoolExhausted { .. } => UNAVAILABLE,
@@ -137,7 +141,7 @@ impl From<&EngineError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ternion::Error as E;
+    use ternion::{Error as E, FormatError as F, TextError as T};
 
     #[test]
     fn engine_errors_map_to_openai_statuses() {
@@ -191,6 +195,24 @@ mod tests {
             ),
             (
                 EngineError::Generation(E::Model("bad".into()).into()),
+                500,
+                None,
+            ),
+            // The formats and text errors the library wraps keep their statuses.
+            (
+                EngineError::Generation(E::from(T::Tokenizer("bad text".into())).into()),
+                400,
+                None,
+            ),
+            (
+                EngineError::Generation(
+                    E::from(T::unsupported("tokenizer.ggml.pre", "x", ["llama3"], "")).into(),
+                ),
+                400,
+                None,
+            ),
+            (
+                EngineError::Generation(E::from(F::Gguf("truncated".into())).into()),
                 500,
                 None,
             ),

@@ -3,8 +3,7 @@
 //! request, `/v1/models`' context length, and a model that cannot be served failing
 //! before the port opens.
 
-#[path = "../../ternion/tests/support/gguf_gen.rs"]
-mod gguf_gen;
+use ternion_testkit::gguf_gen;
 #[path = "support/python.rs"]
 mod python;
 #[path = "support/server.rs"]

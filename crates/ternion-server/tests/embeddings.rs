@@ -11,14 +11,13 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use ternion::embed::Embedder;
 use ternion::quant::GgmlType;
-use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use ternion_server::ServerConfig;
+use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
 #[path = "support/python.rs"]
 mod python;
-#[path = "../../ternion/tests/support/shared.rs"]
-mod support_shared;
+use ternion_testkit::shared as support_shared;
 
 fn tiny_model() -> PathBuf {
     let vocab = support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");

@@ -210,7 +210,7 @@ impl Engine {
     /// model wants one; special tokens are parsed).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let bos = self.fed.is_empty() && self.pending.is_none() && self.tokenizer.add_bos();
-        self.tokenizer.encode(text, bos, true)
+        Ok(self.tokenizer.encode(text, bos, true)?)
     }
 
     /// Stop strings for the following generations: one ends before the first of them,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuUpload};
 use ternion::gguf::GgufFile;
-use ternion::{Error, Result};
+use ternion::{Error, FormatError, Result};
 
 /// First prefix read for the header; it grows ×4 until the header fits (the 2B-4T file's
 /// vocabulary needs a few MiB).
@@ -48,13 +48,14 @@ async fn read_exact<S: ByteSource>(src: &S, range: Range<u64>) -> Result<Vec<u8>
     let want = range.end - range.start;
     let bytes = src.read(range.clone()).await?;
     if bytes.len() as u64 != want {
-        return Err(Error::Gguf(format!(
+        return Err(FormatError::Gguf(format!(
             "{}: read of bytes {}..{} returned {} bytes",
             src.name(),
             range.start,
             range.end,
             bytes.len()
-        )));
+        ))
+        .into());
     }
     Ok(bytes)
 }
@@ -71,7 +72,7 @@ pub async fn read_header<S: ByteSource>(src: &S, first: u64) -> Result<GgufFile>
         }
         if n == len {
             // The whole file parses or fails with an error; never "short".
-            return Err(Error::Gguf(format!("{}: header not found", src.name())));
+            return Err(FormatError::Gguf(format!("{}: header not found", src.name())).into());
         }
         n = n.saturating_mul(4).min(len);
     }
@@ -135,5 +136,5 @@ pub async fn read_all<S: ByteSource>(src: &S) -> Result<GgufFile> {
         )));
     }
     let bytes = read_exact(src, 0..src.len()).await?;
-    GgufFile::from_bytes(src.name(), bytes)
+    Ok(GgufFile::from_bytes(src.name(), bytes)?)
 }

@@ -1,7 +1,7 @@
 //! The GPU kernels in a browser (wasm-bindgen-test in headless Chromium, WebGPU on
 //! SwiftShader: no shader-f16, no subgroups through wgpu), each against the CPU reference
 //! on random inputs of odd sizes. Tolerances as in the core crate's native kernel tests
-//! (`backend/gpu/tests.rs`). Run by scripts/web-test.sh.
+//! (`ternion-gpu/src/tests.rs`). Run by scripts/web-test.sh.
 #![cfg(target_arch = "wasm32")]
 
 use half::f16;

@@ -15,9 +15,9 @@ use ternion::model::{LoadOptions, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::{Sampler, SamplerConfig};
 use ternion::session::{GenerateOptions, Session};
-use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use ternion::Result;
+use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 use ternion_web::engine::{Backend, CpuSeq, Engine, Finish, Host};
 use ternion_web::loader::{self, ByteSource, Progress};
 

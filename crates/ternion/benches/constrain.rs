@@ -11,8 +11,7 @@ use ternion::generate::Constraint;
 use ternion::sample::{Sampler, SamplerConfig};
 use ternion::tokenizer::Tokenizer;
 
-#[path = "../tests/support/shared.rs"]
-mod shared;
+use ternion_testkit::shared;
 
 fn main() {
     divan::main();

@@ -6,29 +6,36 @@
 //! [`chat`] renders conversations with the model's template; [`embed`] pools hidden states
 //! into text embeddings. [`mlc`] converts MLC
 //! `q4f16_1` weight directories into GGUF at load.
+//!
+//! This crate is the facade over the crates that hold the code, under the paths above:
+//! `ternion-formats` (gguf, quant, mlc, limits), `ternion-text` (tokenizer, chat),
+//! `ternion-core` (model, CPU backend, generation, sampling, KV cache, session, errors)
+//! and `ternion-gpu` (`backend::gpu`, feature `gpu`).
 
-pub mod backend;
-pub mod chat;
 #[cfg(feature = "constrain")]
-pub mod constrain;
-pub mod embed;
-pub mod error;
-pub mod generate;
-pub mod gguf;
-mod jinja_budget;
-pub mod kv;
-pub mod limits;
-pub mod mlc;
-pub mod model;
-pub mod quant;
-pub mod sample;
-pub mod session;
-pub mod synth;
-pub mod tokenizer;
+pub use ternion_core::constrain;
+pub use ternion_core::{embed, error, kv, model, sample};
+pub use ternion_core::{Error, FormatError, Result, TextError};
+pub use ternion_formats::{gguf, limits, mlc, quant};
+pub use ternion_text::{chat, tokenizer};
 
-/// The shared test data beside the repository, for the unit tests.
-#[cfg(test)]
-#[path = "../tests/support/shared.rs"]
-mod test_shared;
+/// Compute backends.
+pub mod backend {
+    pub use ternion_core::backend::cpu;
+    #[cfg(feature = "gpu")]
+    pub use ternion_gpu as gpu;
+}
 
-pub use error::{Error, Result};
+/// One generation core for every front end (see [`ternion_core::generate`]).
+pub mod generate {
+    pub use ternion_core::generate::*;
+    #[cfg(feature = "gpu")]
+    pub use ternion_gpu::GpuBatch;
+}
+
+/// A sequence being generated (see [`ternion_core::session`]).
+pub mod session {
+    pub use ternion_core::session::*;
+    #[cfg(feature = "gpu")]
+    pub use ternion_gpu::GpuEngine;
+}

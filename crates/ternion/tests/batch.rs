@@ -10,11 +10,10 @@ use ternion::kv::{KvGeometry, KvPool, KvSeq};
 use ternion::model::{self, Logits, Model};
 use ternion::quant::GgmlType;
 use ternion::session::{CpuEngine, Session};
-use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::Error;
+use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
-#[path = "support/shared.rs"]
-mod shared;
+use ternion_testkit::shared;
 
 /// One sequence's tokens and how they are fed: (chunk length, logits wanted) per step.
 struct Plan {

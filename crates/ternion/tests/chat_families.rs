@@ -7,8 +7,7 @@ use ternion::chat::{ChatTemplate, Message};
 use ternion::gguf::GgufFile;
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 
-#[path = "support/shared.rs"]
-mod shared;
+use ternion_testkit::shared;
 
 fn open(model: &str) -> (GgufFile, Tokenizer) {
     let path = shared::shared_path(&format!("golden2/models/{model}"));

@@ -13,8 +13,8 @@ use ternion::gguf::{GgufFile, GgufWriter, Value};
 use ternion::kv::KvType;
 use ternion::model::{LoadOptions, Logits, Model};
 use ternion::quant::GgmlType;
-use ternion::synth::{self, Shape, Spec, Vocab};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
+use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
 const TOKENS: [u32; 6] = [1, 72, 101, 108, 108, 111];
 

@@ -4,8 +4,7 @@
 //! (`Model::from_file`, and `model::load` from a path) or the tokenizer
 //! (`Tokenizer::from_gguf`).
 
-#[path = "support/gguf_gen.rs"]
-mod gguf_gen;
+use ternion_testkit::gguf_gen;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use ternion::model;
 use ternion::quant::GgmlType;
 use ternion::session::Session;
-use ternion::synth::{self, Shape, Spec, Vocab};
+use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
 struct Counting;
 

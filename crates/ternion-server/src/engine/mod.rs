@@ -312,7 +312,7 @@ type LoadedModel = (Arc<Model>, Arc<Tokenizer>, Receiver<Job>, usize);
 
 fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> {
     let failed = |what| {
-        move |e| StartError::Load {
+        move |e: ternion::Error| StartError::Load {
             what,
             path: cfg.model_path.display().to_string(),
             error: Box::new(e),
@@ -320,11 +320,11 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> 
     };
     let (file, model) = ternion::model::load(&cfg.model_path).map_err(failed("loading"))?;
     let model = Arc::new(model);
-    let tokenizer =
-        Tokenizer::from_gguf(&file, &cfg.tokenizer).map_err(failed("reading the tokenizer of"))?;
+    let tokenizer = Tokenizer::from_gguf(&file, &cfg.tokenizer)
+        .map_err(|e| failed("reading the tokenizer of")(e.into()))?;
     let template = file
         .get_str("tokenizer.chat_template")
-        .map_err(failed("reading the chat template of"))?;
+        .map_err(|e| failed("reading the chat template of")(e.into()))?;
     let template = ChatTemplate::from_metadata(template);
     let n_ctx = cfg
         .n_ctx

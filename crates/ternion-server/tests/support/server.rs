@@ -12,8 +12,7 @@ use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- fixtures
 
-#[path = "../../../ternion/tests/support/shared.rs"]
-mod support_shared;
+use ternion_testkit::shared as support_shared;
 
 pub fn shared() -> PathBuf {
     support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");

@@ -1,0 +1,454 @@
+//! Matrix multiplication of a stored weight (still quantized) by a batch of activation rows.
+//!
+//! Each weight format multiplies against the activation format its reference engine uses:
+//! the variant of its registry reference dot ([`quant::format`], [`RefDot`]) names it, and
+//! the match in [`Linear::forward`] has one arm per activation format (no wildcard). Formats
+//! with a SIMD kernel use it; the others run their scalar reference dot. Layouts and
+//! pairings: docs/FORMATS.md.
+//!
+//! Rows of the output are computed in parallel blocks; every output element depends only on
+//! its weight row and token row, so results are identical for any thread count.
+
+use std::sync::{Arc, OnceLock};
+
+use super::pool::{self, SharedMut};
+use super::simd;
+use super::ternary::TernaryPack;
+use super::QuantInput;
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{self, act, GgmlType, RefDot};
+use crate::{Error, FormatError, Result};
+
+/// Weight rows handled by one parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// A weight matrix `[out_features × in_features]` left in its file format (or, on request,
+/// requantized once at load, e.g. an F16 LM head to Q8_0).
+pub struct Linear {
+    file: Arc<GgufFile>,
+    info: TensorInfo,
+    /// Storage format of the rows used (the file's, unless requantized).
+    ty: GgmlType,
+    /// Requantized rows, when not reading the file's.
+    owned: Option<Vec<u8>>,
+    in_features: usize,
+    out_features: usize,
+    row_bytes: usize,
+    /// I2_S per-tensor scale (1 for other formats).
+    tensor_scale: f32,
+    /// Extra scale multiplied into the output (1bitLLM `.scale` tensors).
+    post_scale: f32,
+    /// Ternary weights repacked for the AVX-512 kernels (used instead of the rows), built
+    /// by the first CPU product (sessions on other backends never pay for it).
+    pack: OnceLock<Option<TernaryPack>>,
+}
+
+impl Linear {
+    /// The named 2-D tensor of `file` as a linear layer; errors if absent or of a format
+    /// without a matmul kernel.
+    pub fn load(file: &Arc<GgufFile>, name: &str) -> Result<Linear> {
+        let info = file
+            .tensor(name)
+            .ok_or_else(|| Error::Model(format!("tensor '{name}' is missing")))?
+            .clone();
+        if info.shape.len() != 2 {
+            return Err(Error::Model(format!(
+                "tensor '{name}': expected 2 dimensions, found {:?}",
+                info.shape
+            )));
+        }
+        if quant::format(info.ty).is_none() {
+            return Err(FormatError::UnsupportedType {
+                tensor: name.into(),
+                type_id: info.ty.id(),
+                type_name: format!(
+                    "{} (no matmul kernel for it yet; this build's formats: {})",
+                    info.ty,
+                    quant::supported()
+                        .map(|f| f.ty.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+            .into());
+        }
+        let (k, m) = (info.shape[0] as usize, info.shape[1] as usize);
+        let row_bytes = info.ty.row_bytes(k as u64).expect("checked by the reader") as usize;
+        let tensor_scale = match info.ty {
+            GgmlType::I2_S => quant::i2s::tensor_scale(file.tensor_data(&info), k * m),
+            _ => 1.0,
+        };
+        Ok(Linear {
+            file: file.clone(),
+            ty: info.ty,
+            owned: None,
+            info,
+            in_features: k,
+            out_features: m,
+            row_bytes,
+            tensor_scale,
+            post_scale: 1.0,
+            pack: OnceLock::new(),
+        })
+    }
+
+    /// The same weights requantized to Q8_0 or Q6_K (rows dequantized to f32 and quantized
+    /// as ggml's reference quantizers do), held in memory; used for the opt-in quantized LM
+    /// heads.
+    pub fn requantized(&self, ty: GgmlType) -> Result<Linear> {
+        let (k, m) = (self.in_features, self.out_features);
+        let (quantize, block): (quant::format::Quantizer, usize) = match ty {
+            GgmlType::Q8_0 => (quant::q8_0::quantize_row, 32),
+            GgmlType::Q6_K => (quant::q6_k::quantize_row, 256),
+            other => {
+                return Err(Error::unsupported(
+                    format!("tensor '{}': requantizing to", self.info.name),
+                    other,
+                    [GgmlType::Q8_0, GgmlType::Q6_K],
+                    "",
+                ))
+            }
+        };
+        if !k.is_multiple_of(block) || self.tensor_scale != 1.0 {
+            return Err(Error::Model(format!(
+                "tensor '{}': cannot requantize {} rows of {k} to {ty}",
+                self.info.name, self.ty
+            )));
+        }
+        let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+        let mut out = vec![0u8; m * row_bytes];
+        let data = self.data();
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        pool::global().for_each_chunk_mut(&mut out, row_bytes * 64, |c, dst, _| {
+            let mut row = vec![0f32; k];
+            for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
+                let r = c * 64 + i;
+                if quant::dequantize_row(self.ty, &self.info.name, data, k, r, &mut row).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+                quantize(&row, d);
+            }
+        });
+        if failed.into_inner() {
+            return Err(Error::Model(format!(
+                "tensor '{}': rows could not be dequantized",
+                self.info.name
+            )));
+        }
+        if self.owned.is_none() {
+            // The mapped rows were all read once; the few an embedding lookup reads again
+            // come back from the file.
+            self.file.release(&self.info);
+        }
+        Ok(Linear {
+            file: self.file.clone(),
+            info: self.info.clone(),
+            ty,
+            owned: Some(out),
+            in_features: k,
+            out_features: m,
+            row_bytes,
+            tensor_scale: 1.0,
+            post_scale: self.post_scale,
+            pack: OnceLock::from(None),
+        })
+    }
+
+    /// Row `r` of the matrix as stored in the file, as f32 (embedding lookups).
+    pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) -> Result<()> {
+        let data = self.file.tensor_data(&self.info);
+        Ok(quant::dequantize_row(
+            self.info.ty,
+            &self.info.name,
+            data,
+            self.in_features,
+            r,
+            dst,
+        )?)
+    }
+
+    /// The bytes of the rows used.
+    fn data(&self) -> &[u8] {
+        match &self.owned {
+            Some(v) => v,
+            None => self.file.tensor_data(&self.info),
+        }
+    }
+
+    /// Sets the scale multiplied into every output (1bitLLM's per-projection `.scale`).
+    pub fn with_post_scale(mut self, s: f32) -> Linear {
+        self.post_scale = s;
+        self
+    }
+
+    /// Input width.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// Output width.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Bytes of weights read by one product.
+    pub fn weight_bytes(&self) -> u64 {
+        match self.pack.get() {
+            Some(Some(p)) => p.bytes(),
+            _ => self.data().len() as u64,
+        }
+    }
+
+    /// The repacked ternary weights, built on first use where the AVX-512 kernels run.
+    fn pack(&self) -> Option<&TernaryPack> {
+        self.pack
+            .get_or_init(|| {
+                let data = self.file.tensor_data(&self.info);
+                let (k, m) = (self.in_features, self.out_features);
+                let pack = TernaryPack::new(simd::Vnni::get()?, self.ty, data, k, m)?;
+                // The repacked copy replaces the mapped rows: keep one copy resident.
+                self.file.release(&self.info);
+                Some(pack)
+            })
+            .as_ref()
+    }
+
+    fn row<'a>(&self, data: &'a [u8], j: usize) -> &'a [u8] {
+        let start = j * self.row_bytes;
+        &data[start..start + self.row_bytes]
+    }
+
+    /// `out[t][j] = Σ_i W[j][i] · x[t][i]` for every input row `t` of `x`. `qi` caches the
+    /// quantized forms of `x`; it must have been reset for this `x`.
+    pub fn forward(&self, x: &[f32], qi: &mut QuantInput, out: &mut [f32]) {
+        let (k, m) = (self.in_features, self.out_features);
+        let rows = x.len() / k;
+        debug_assert_eq!(out.len(), rows * m);
+        let data = self.data();
+        let post = self.tensor_scale * self.post_scale;
+        let level = simd::Level::detect();
+        let fmt = quant::format(self.ty).expect("format checked in Linear::load");
+        let post_scale = self.post_scale;
+        if let Some(p) = self.pack() {
+            match fmt.dot {
+                RefDot::PerToken(_) => {
+                    qi.ensure_per_token(x, k);
+                    p.forward_per_token(&qi.q, &qi.token_scale, &qi.token_sum, post, out);
+                    return;
+                }
+                RefDot::Q8K(_) => {
+                    qi.ensure_q8k(x, k);
+                    let x = simd::Q8kRows {
+                        q: &qi.q8k,
+                        d: &qi.q8k_d,
+                        bsum: &qi.q8k_bsum,
+                    };
+                    p.forward_q8k(x, post_scale, out);
+                    return;
+                }
+                RefDot::Q8_0(_) => {
+                    p.forward_q8_0(qi.ensure_q8_0_rows(x, k), post_scale, out);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        match fmt.dot {
+            RefDot::PerToken(_) => {
+                qi.ensure_per_token(x, k);
+                let (q, s, sums) = (&qi.q, &qi.token_scale, &qi.token_sum);
+                let qrow = |t: usize| &q[t * k..(t + 1) * k];
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let d = if n == 4 {
+                        let ts: [usize; 4] = std::array::from_fn(|i| t0 + i);
+                        simd::i2s_dot4(level, w, ts.map(qrow), ts.map(|t| sums[t]))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                simd::i2s_dot(level, w, qrow(t0 + i), sums[t0 + i])
+                            } else {
+                                0
+                            }
+                        })
+                    };
+                    std::array::from_fn(|i| (d[i] as f32 / s[(t0 + i).min(rows - 1)]) * post)
+                });
+            }
+            RefDot::Q8K(reference) => {
+                qi.ensure_q8k(x, k);
+                let (q, d, bs) = (&qi.q8k, &qi.q8k_d, &qi.q8k_bsum);
+                let nb = k / act::Q8K_BLOCK;
+                let fast = simd_q8k(self.ty);
+                par_rows_each(out, m, |j, t| {
+                    let (qt, dt) = (&q[t * k..(t + 1) * k], &d[t * nb..(t + 1) * nb]);
+                    let w = self.row(data, j);
+                    let y = match fast {
+                        Some(f) => f(level, w, qt, dt, &bs[t * nb..(t + 1) * nb]),
+                        None => reference(w, qt, dt),
+                    };
+                    y * post_scale
+                });
+            }
+            RefDot::Q8_0(_) if matches!(self.ty, GgmlType::Q1_0 | GgmlType::Q2_0) => {
+                let xr = qi.ensure_q8_0_rows(x, k);
+                let nb = k / act::Q8_0_BLOCK;
+                let token = |t: usize| simd::Q80Rows {
+                    q: &xr.q[t * k..(t + 1) * k],
+                    planes: &xr.planes[t * k..(t + 1) * k],
+                    d: &xr.d[t * nb..(t + 1) * nb],
+                    sum: &xr.sum[t * nb..(t + 1) * nb],
+                };
+                let (dot1, dot4): (BitsDots<1>, BitsDots<4>) = match self.ty {
+                    GgmlType::Q1_0 => (simd::q1_0_dots, simd::q1_0_dots),
+                    _ => (simd::q2_0_dots, simd::q2_0_dots),
+                };
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let y = if n == 4 {
+                        dot4(level, w, std::array::from_fn(|i| token(t0 + i)))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                dot1(level, w, [token(t0 + i)])[0]
+                            } else {
+                                0.0
+                            }
+                        })
+                    };
+                    y.map(|v| v * post_scale)
+                });
+            }
+            RefDot::Q8_0(reference) => {
+                qi.ensure_q8_0(x, k);
+                let (q, d) = (&qi.q80, &qi.q80_d);
+                let nb = k / act::Q8_0_BLOCK;
+                let qt = |t: usize| &q[t * k..(t + 1) * k];
+                let dt = |t: usize| &d[t * nb..(t + 1) * nb];
+                let four = self.ty == GgmlType::Q8_0;
+                let fast = simd_q8_0(self.ty);
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let y = if four && n == 4 {
+                        let ts: [usize; 4] = std::array::from_fn(|i| t0 + i);
+                        simd::q8_0_dot4(level, w, ts.map(qt), ts.map(dt))
+                    } else {
+                        std::array::from_fn(|i| match (i < n, fast) {
+                            (false, _) => 0.0,
+                            (true, Some(f)) => f(level, w, qt(t0 + i), dt(t0 + i)),
+                            (true, None) => reference(w, qt(t0 + i), dt(t0 + i)),
+                        })
+                    };
+                    y.map(|v| v * post_scale)
+                });
+            }
+            RefDot::Q8_1(reference) => {
+                qi.ensure_q8_1(x, k);
+                let (q, d, s) = (&qi.q81, &qi.q81_d, &qi.q81_s);
+                let nb = k / act::Q8_0_BLOCK;
+                par_rows_each(out, m, |j, t| {
+                    let bt = t * nb..(t + 1) * nb;
+                    reference(
+                        self.row(data, j),
+                        &q[t * k..(t + 1) * k],
+                        &d[bt.clone()],
+                        &s[bt],
+                    ) * post_scale
+                });
+            }
+            RefDot::BF16(reference) => {
+                qi.ensure_bf16(x);
+                let xs = &qi.xbf;
+                par_rows_each(out, m, |j, t| {
+                    reference(self.row(data, j), &xs[t * k..(t + 1) * k]) * post_scale
+                });
+            }
+            RefDot::F16(_) => {
+                let xs: &[f32] = if qi.round_f16.iter().any(|&r| r) {
+                    qi.ensure_f16(x, k);
+                    &qi.x16
+                } else {
+                    x
+                };
+                let xt = |t: usize| &xs[t * k..(t + 1) * k];
+                par_rows(out, m, |j, t0, n| {
+                    let w = self.row(data, j);
+                    let y = if n == 4 {
+                        simd::f16_dot4(level, w, std::array::from_fn(|i| xt(t0 + i)))
+                    } else {
+                        std::array::from_fn(|i| {
+                            if i < n {
+                                simd::f16_dot(level, w, xt(t0 + i))
+                            } else {
+                                0.0
+                            }
+                        })
+                    };
+                    y.map(|v| v * post_scale)
+                });
+            }
+            RefDot::F32(reference) => par_rows_each(out, m, |j, t| {
+                reference(self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
+            }),
+        }
+    }
+}
+
+/// A SIMD dot against Q8_K activations: `(level, row, q, d, block sums)`.
+type Q8kKernel = fn(simd::Level, &[u8], &[i8], &[f32], &[i32]) -> f32;
+/// A Q1_0 / Q2_0 dot against T token rows of Q8_0 activations.
+type BitsDots<const T: usize> = fn(simd::Level, &[u8], [simd::Q80Rows<'_>; T]) -> [f32; T];
+/// A SIMD dot against Q8_0 activations: `(level, row, q, d)`.
+type Q8_0Kernel = fn(simd::Level, &[u8], &[i8], &[f32]) -> f32;
+
+/// The SIMD kernel of a Q8_K-paired format, where one exists; the others run their
+/// registry reference dot (same integer sums, correct, just slower).
+fn simd_q8k(ty: GgmlType) -> Option<Q8kKernel> {
+    match ty {
+        GgmlType::TQ2_0 => Some(simd::tq2_dot_q8k),
+        GgmlType::Q4_K => Some(|l, w, q, d, _| simd::q4_k_dot_q8k(l, w, q, d)),
+        GgmlType::Q6_K => Some(|l, w, q, d, _| simd::q6_k_dot_q8k(l, w, q, d)),
+        _ => None,
+    }
+}
+
+/// The SIMD kernel of a Q8_0-paired format, where one exists (else its reference dot).
+fn simd_q8_0(ty: GgmlType) -> Option<Q8_0Kernel> {
+    match ty {
+        GgmlType::Q8_0 => Some(simd::q8_0_dot),
+        GgmlType::Q4_0 => Some(simd::q4_0_dot),
+        GgmlType::Q5_0 => Some(simd::q5_0_dot),
+        _ => None,
+    }
+}
+
+/// Fills `out` (`rows × m`, row-major) in parallel over blocks of weight rows: each weight
+/// row is read once for all tokens. `f(j, t0, n)` returns output column `j` for the `n ≤ 4`
+/// input rows starting at `t0` (entries past `n` are ignored).
+fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize, usize) -> [f32; 4] + Sync) {
+    let rows = out.len() / m;
+    let ptr = SharedMut(out.as_mut_ptr());
+    pool::global().run(m.div_ceil(ROWS_PER_TASK), &|blk, _| {
+        let ptr = &ptr;
+        let j0 = blk * ROWS_PER_TASK;
+        for j in j0..(j0 + ROWS_PER_TASK).min(m) {
+            for t0 in (0..rows).step_by(4) {
+                let n = (rows - t0).min(4);
+                let v = f(j, t0, n);
+                for (i, &val) in v.iter().enumerate().take(n) {
+                    // SAFETY: index (t0+i)·m + j < rows·m = out.len(), and each (j, t) pair
+                    // belongs to exactly one chunk (j is in one block only): no aliasing.
+                    unsafe { *ptr.0.add((t0 + i) * m + j) = val };
+                }
+            }
+        }
+    });
+}
+
+/// [`par_rows`] for kernels that take one input row at a time: `f(j, t)`.
+fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
+    par_rows(out, m, |j, t0, n| {
+        std::array::from_fn(|i| if i < n { f(j, t0 + i) } else { 0.0 })
+    });
+}

@@ -1,0 +1,511 @@
+//! The paged key/value cache.
+//!
+//! Keys and values live in fixed-size pages of [`PAGE_POSITIONS`] positions taken from a
+//! [`KvPool`] that all sequences of a model share. Each sequence holds a [`KvSeq`]: its page
+//! table (the pages it owns, in position order) and its length. A sequence takes a page when
+//! it crosses a page boundary and gives pages back the moment it is truncated below them or
+//! dropped. The pool's capacity in pages bounds the memory of every cache together; a
+//! sequence that needs a page when none is left gets [`Error::KvPoolExhausted`].
+//!
+//! Values are stored as F16 (the default) or F32 ([`KvType`]: the reference engine's KV
+//! cache type when logits are compared tightly). Page layout, the same for every page of a
+//! pool: for layer `l`, keys then values, each `page_size × kv_dim` values, so position slot `s` of layer `l`'s keys starts
+//! at `((2·l) · page_size + s) · kv_dim` and its values at `((2·l + 1) · page_size + s) ·
+//! kv_dim`. The GPU backend pages its caches the same way (same page size, a page table per
+//! sequence: `ternion-gpu/src/seqs.rs`) but keeps one buffer per layer, since a device binding
+//! is limited in size.
+//!
+//! Pages are zero-filled allocations, so the OS commits their memory only as positions are
+//! written; freed pages stay in the pool and are reused before any new one is made.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use half::f16;
+
+use crate::{Error, Result};
+
+/// Positions per page.
+pub const PAGE_POSITIONS: usize = 32;
+
+/// The element type of a KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// Half precision (keys and values rounded to F16 when stored).
+    #[default]
+    F16,
+    /// Single precision (stored as computed).
+    F32,
+}
+
+impl KvType {
+    /// Bytes of one value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+
+    /// Parses `f16` or `f32`.
+    pub fn parse(name: &str) -> Result<KvType> {
+        match name {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            _ => Err(Error::unsupported(
+                "KV cache type",
+                name,
+                ["f16", "f32"],
+                "",
+            )),
+        }
+    }
+}
+
+/// One stored row of keys or values, in the cache's element type.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRow<'a> {
+    /// An F16 row.
+    F16(&'a [f16]),
+    /// An F32 row.
+    F32(&'a [f32]),
+}
+
+impl<'a> KvRow<'a> {
+    /// The `len` values from `start`.
+    pub fn slice(self, start: usize, len: usize) -> KvRow<'a> {
+        match self {
+            KvRow::F16(r) => KvRow::F16(&r[start..start + len]),
+            KvRow::F32(r) => KvRow::F32(&r[start..start + len]),
+        }
+    }
+
+    /// Value `i` as f32.
+    pub fn get(self, i: usize) -> f32 {
+        match self {
+            KvRow::F16(r) => r[i].to_f32(),
+            KvRow::F32(r) => r[i],
+        }
+    }
+}
+
+/// The shape of every page of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// Layers with a cache.
+    pub n_layer: usize,
+    /// Key (and value) values per position and layer.
+    pub kv_dim: usize,
+    /// Positions per page.
+    pub page_size: usize,
+    /// Element type.
+    pub ty: KvType,
+}
+
+impl KvGeometry {
+    /// Values in one page.
+    pub fn page_values(&self) -> usize {
+        self.n_layer * 2 * self.page_size * self.kv_dim
+    }
+
+    /// Bytes of one page.
+    pub fn page_bytes(&self) -> usize {
+        self.page_values() * self.ty.bytes()
+    }
+
+    /// Pages needed to hold `positions` positions.
+    pub fn pages_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.page_size)
+    }
+}
+
+/// One page: its id in the pool and its values (F16 or F32 bit patterns, in 32-bit words).
+struct Page {
+    id: u32,
+    data: Box<[u32]>,
+}
+
+/// Pages made and not in use.
+struct Free {
+    pages: Vec<Page>,
+    /// Pages made so far (ids `0..made`).
+    made: usize,
+}
+
+/// Pages shared by the sequences of one model, at most `capacity` of them.
+pub struct KvPool {
+    geo: KvGeometry,
+    capacity: usize,
+    free: Mutex<Free>,
+    in_use: AtomicUsize,
+}
+
+impl KvPool {
+    /// A pool of at most `capacity` pages of shape `geo` (a page size of 0 counts as 1;
+    /// the capacity is capped at `u32::MAX` pages). Nothing is allocated until a sequence
+    /// needs a page.
+    pub fn new(geo: KvGeometry, capacity: usize) -> Arc<KvPool> {
+        let geo = KvGeometry {
+            page_size: geo.page_size.max(1),
+            ..geo
+        };
+        Arc::new(KvPool {
+            geo,
+            capacity: capacity.min(u32::MAX as usize),
+            free: Mutex::new(Free {
+                pages: Vec::new(),
+                made: 0,
+            }),
+            in_use: AtomicUsize::new(0),
+        })
+    }
+
+    /// A pool of pages shaped `geo` with room for `n_seq` sequences of `n_ctx` positions
+    /// each.
+    pub fn for_sequences(geo: KvGeometry, n_ctx: usize, n_seq: usize) -> Arc<KvPool> {
+        KvPool::new(geo, geo.pages_for(n_ctx).saturating_mul(n_seq))
+    }
+
+    /// The shape of the pages.
+    pub fn geometry(&self) -> KvGeometry {
+        self.geo
+    }
+
+    /// Most pages in use at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Pages held by sequences now.
+    pub fn pages_in_use(&self) -> usize {
+        self.in_use.load(Relaxed)
+    }
+
+    /// Pages allocated so far (in use or kept for reuse).
+    pub fn pages_allocated(&self) -> usize {
+        self.lock().made
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes `n` pages (reused ones first), or none when fewer than `n` are left.
+    fn take(&self, n: usize, out: &mut Vec<Page>) -> Result<()> {
+        let words = self
+            .geo
+            .n_layer
+            .checked_mul(2 * self.geo.page_size)
+            .and_then(|v| v.checked_mul(self.geo.kv_dim))
+            .and_then(|v| v.checked_mul(self.geo.ty.bytes()))
+            .filter(|&b| b <= isize::MAX as usize)
+            .map(|b| b / 4)
+            .ok_or_else(|| Error::Request(format!("a KV page of {:?} is too large", self.geo)))?;
+        let mut f = self.lock();
+        let used = self.in_use.load(Relaxed);
+        if used + n > self.capacity {
+            return Err(Error::KvPoolExhausted {
+                need: n,
+                free: self.capacity - used,
+                capacity: self.capacity,
+            });
+        }
+        for _ in 0..n {
+            let page = match f.pages.pop() {
+                Some(p) => p,
+                None => {
+                    f.made += 1;
+                    Page {
+                        id: (f.made - 1) as u32,
+                        data: vec![0u32; words].into_boxed_slice(),
+                    }
+                }
+            };
+            out.push(page);
+        }
+        self.in_use.fetch_add(n, Relaxed);
+        Ok(())
+    }
+
+    fn give_back(&self, pages: impl Iterator<Item = Page>) {
+        let mut f = self.lock();
+        let before = f.pages.len();
+        f.pages.extend(pages);
+        self.in_use.fetch_sub(f.pages.len() - before, Relaxed);
+    }
+}
+
+/// One sequence's cache: its page table and the positions filled.
+pub struct KvSeq {
+    pool: Arc<KvPool>,
+    pages: Vec<Page>,
+    len: usize,
+    n_ctx: usize,
+}
+
+impl KvSeq {
+    /// An empty sequence of at most `n_ctx` positions drawing pages from `pool`.
+    pub fn new(pool: Arc<KvPool>, n_ctx: usize) -> KvSeq {
+        let table = pool.geo.pages_for(n_ctx).min(pool.capacity);
+        KvSeq {
+            pool,
+            pages: Vec::with_capacity(table),
+            len: 0,
+            n_ctx,
+        }
+    }
+
+    /// The pool the pages come from.
+    pub fn pool(&self) -> &Arc<KvPool> {
+        &self.pool
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Pages held.
+    pub fn n_pages(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// The page table: the pool ids of the pages holding positions `0, page_size, …`.
+    pub fn page_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pages.iter().map(|p| p.id)
+    }
+
+    /// Forgets every position after the first `len` and gives the pages no longer needed
+    /// back to the pool.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        let keep = self.pool.geo.pages_for(self.len);
+        if self.pages.len() > keep {
+            self.pool.give_back(self.pages.drain(keep..));
+        }
+    }
+
+    /// Checks that `n` more positions fit the context.
+    pub fn check_room(&self, n: usize) -> Result<()> {
+        crate::generate::check_room(self.len, n, self.n_ctx)
+    }
+
+    /// Makes room for `n` more positions: checks the context and takes the pages they
+    /// need from the pool (all or none).
+    pub fn reserve(&mut self, n: usize) -> Result<()> {
+        self.check_room(n)?;
+        let need = self.pool.geo.pages_for(self.len + n);
+        if need > self.pages.len() {
+            let pool = self.pool.clone();
+            pool.take(need - self.pages.len(), &mut self.pages)?;
+        }
+        Ok(())
+    }
+
+    /// Stores keys and values (`n × kv_dim` each, rounded to the cache's type) of layer `layer` for the
+    /// `n` positions after the filled ones; [`KvSeq::reserve`] must have made room for them.
+    /// Call [`KvSeq::advance`] after the last layer.
+    pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let KvGeometry {
+            kv_dim,
+            page_size,
+            ty,
+            ..
+        } = self.pool.geo;
+        for (half, src) in [k, v].into_iter().enumerate() {
+            for (i, row) in src.chunks_exact(kv_dim).enumerate() {
+                let p = self.len + i;
+                let at = ((2 * layer + half) * page_size + p % page_size) * kv_dim;
+                let data = &mut self.pages[p / page_size].data;
+                match ty {
+                    KvType::F16 => {
+                        let dst = &mut bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim];
+                        for (d, &s) in dst.iter_mut().zip(row) {
+                            *d = f16::from_f32(s);
+                        }
+                    }
+                    KvType::F32 => bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + kv_dim]
+                        .copy_from_slice(row),
+                }
+            }
+        }
+    }
+
+    /// Marks `n` more positions as filled.
+    pub fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// Read access to the keys and values of `layer`.
+    pub fn layer(&self, layer: usize) -> KvLayer<'_> {
+        KvLayer { seq: self, layer }
+    }
+}
+
+impl Drop for KvSeq {
+    fn drop(&mut self) {
+        self.pool.give_back(self.pages.drain(..));
+    }
+}
+
+/// The keys and values of one layer of one sequence, position by position.
+#[derive(Clone, Copy)]
+pub struct KvLayer<'a> {
+    seq: &'a KvSeq,
+    layer: usize,
+}
+
+impl<'a> KvLayer<'a> {
+    fn row(&self, half: usize, p: usize) -> KvRow<'a> {
+        let KvGeometry {
+            kv_dim,
+            page_size,
+            ty,
+            ..
+        } = self.seq.pool.geo;
+        let at = ((2 * self.layer + half) * page_size + p % page_size) * kv_dim;
+        let data = &self.seq.pages[p / page_size].data;
+        match ty {
+            KvType::F16 => KvRow::F16(&bytemuck::cast_slice(data)[at..at + kv_dim]),
+            KvType::F32 => KvRow::F32(&bytemuck::cast_slice(data)[at..at + kv_dim]),
+        }
+    }
+
+    /// The element type of the rows.
+    pub fn ty(&self) -> KvType {
+        self.seq.pool.geo.ty
+    }
+
+    /// The key row (all kv heads) of position `p`.
+    pub fn key(&self, p: usize) -> KvRow<'a> {
+        self.row(0, p)
+    }
+
+    /// The value row (all kv heads) of position `p`.
+    pub fn value(&self, p: usize) -> KvRow<'a> {
+        self.row(1, p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> KvGeometry {
+        KvGeometry {
+            n_layer: 2,
+            kv_dim: 3,
+            page_size: 4,
+            ty: KvType::F16,
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_across_pages() {
+        for ty in [KvType::F16, KvType::F32] {
+            round_trip(ty);
+        }
+    }
+
+    /// Integers below 2048 are exact in F16; the F32 cache also keeps fractions.
+    fn round_trip(ty: KvType) {
+        let frac = if ty == KvType::F32 { 0.1 } else { 0.0 };
+        let pool = KvPool::new(KvGeometry { ty, ..geo() }, 8);
+        let mut s = KvSeq::new(pool.clone(), 32);
+        for step in [5usize, 1, 4] {
+            s.reserve(step).unwrap();
+            for layer in 0..2 {
+                let base = s.len();
+                let k: Vec<f32> = (0..step * 3)
+                    .map(|i| (layer * 1000 + base * 3 + i) as f32 + frac)
+                    .collect();
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                s.write(layer, &k, &v);
+            }
+            s.advance(step);
+        }
+        assert_eq!(s.len(), 10);
+        assert_eq!(s.n_pages(), 3);
+        assert_eq!(pool.pages_in_use(), 3);
+        assert_eq!(pool.geometry().page_bytes(), 2 * 2 * 4 * 3 * ty.bytes());
+        for layer in 0..2 {
+            let l = s.layer(layer);
+            for p in 0..10 {
+                for c in 0..3 {
+                    let want = (layer * 1000 + p * 3 + c) as f32 + frac;
+                    assert_eq!(l.key(p).get(c), want, "{ty:?} layer {layer} pos {p}");
+                    assert_eq!(l.value(p).get(c), -want);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn truncate_and_drop_return_pages_and_pages_are_reused() {
+        let pool = KvPool::new(geo(), 4);
+        let mut a = KvSeq::new(pool.clone(), 100);
+        a.reserve(13).unwrap();
+        a.advance(13);
+        assert_eq!(pool.pages_in_use(), 4);
+        a.truncate(5);
+        assert_eq!((a.len(), a.n_pages(), pool.pages_in_use()), (5, 2, 2));
+        let mut b = KvSeq::new(pool.clone(), 100);
+        b.reserve(8).unwrap();
+        assert_eq!(pool.pages_in_use(), 4);
+        assert_eq!(pool.pages_allocated(), 4, "freed pages are reused");
+        let mut ids: Vec<u32> = a.page_ids().chain(b.page_ids()).collect();
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            [0, 1, 2, 3],
+            "page ids are unique and below the capacity"
+        );
+        drop(a);
+        drop(b);
+        assert_eq!(pool.pages_in_use(), 0);
+    }
+
+    #[test]
+    fn exhausted_pool_is_an_error_and_takes_nothing() {
+        let pool = KvPool::new(geo(), 3);
+        let mut a = KvSeq::new(pool.clone(), 100);
+        a.reserve(8).unwrap();
+        let mut b = KvSeq::new(pool.clone(), 100);
+        let e = b.reserve(8).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::KvPoolExhausted {
+                    need: 2,
+                    free: 1,
+                    capacity: 3
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!((b.n_pages(), pool.pages_in_use()), (0, 2));
+        b.reserve(4).unwrap();
+        assert_eq!(pool.pages_in_use(), 3);
+    }
+
+    #[test]
+    fn context_bound_is_checked_before_pages() {
+        let pool = KvPool::new(geo(), 10);
+        let mut s = KvSeq::new(pool.clone(), 6);
+        assert!(matches!(
+            s.reserve(7),
+            Err(Error::ContextFull { n_ctx: 6, .. })
+        ));
+        assert_eq!(pool.pages_in_use(), 0);
+    }
+}

@@ -1,0 +1,487 @@
+//! RoPE + KV-cache store, and causal attention over the cache.
+
+use super::attention_fast::FastSplit;
+use super::paged::{prompt_kernel_fits, GpuKv, KvIndex, ATTN_PROMPT_QUERIES};
+use super::{uniform, Dispatch, StepUniform, WG};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::model::graph::RopeMode;
+use crate::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
+use crate::{Error, Result};
+
+/// Attention geometry shared by [`RopeKv`] and [`Attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnDims {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (divides `n_head`).
+    pub n_head_kv: usize,
+    /// Width of a head (even, ≤ 512).
+    pub head_dim: usize,
+    /// Rotated dims per head (a multiple of 4, ≤ head_dim).
+    pub n_rot: usize,
+    /// RoPE frequency base.
+    pub rope_base: f32,
+}
+
+impl AttnDims {
+    fn check(&self) -> Result<()> {
+        let ok = self.n_head_kv > 0
+            && self.n_head.is_multiple_of(self.n_head_kv)
+            && self.head_dim.is_multiple_of(2)
+            && self.head_dim <= 512
+            && self.n_rot.is_multiple_of(4)
+            && self.n_rot <= self.head_dim;
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::KernelArgs(format!(
+                "attention: unsupported geometry {self:?} (need n_head_kv | n_head, even \
+                 head_dim ≤ 512, n_rot a multiple of 4 and ≤ head_dim)"
+            )))
+        }
+    }
+
+    /// Width of the key/value rows.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// How [`RopeKv`] rotates: the pairing and optional per-pair frequency divisors.
+#[derive(Clone, Copy)]
+pub struct RopeOpts<'a> {
+    /// NEOX (i with i + n_rot/2) or NORM (2i with 2i + 1).
+    pub mode: RopeMode,
+    /// `n_rot/2` f32 divisors of the pair angles (Llama-3 `rope_freqs`).
+    pub freqs: Option<&'a GpuBuffer>,
+}
+
+/// RoPE of `q` (in place) and `k` at the step's positions, then `k` and `v` stored into
+/// the cache as F16 (`rope_kv.wgsl`). With `n_rot = 0` it is the plain KV store (GPT-2).
+pub struct RopeKv {
+    dispatch: Dispatch,
+    inputs: FusedRope,
+    /// Single-token steps leave the work to the attention's fused split.
+    fused: bool,
+}
+
+impl RopeKv {
+    /// NEOX RoPE without frequency factors. `q`: f32, `n_head·head_dim` per token; `k`,
+    /// `v`: f32, `kv_dim` per token.
+    pub fn new(
+        ctx: &GpuContext,
+        dims: AttnDims,
+        step: &StepUniform,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        kv: (&GpuKv, &KvIndex),
+    ) -> Result<RopeKv> {
+        let rope = RopeOpts {
+            mode: RopeMode::Neox,
+            freqs: None,
+        };
+        Self::with_rope(ctx, dims, rope, step, q, k, v, kv)
+    }
+
+    /// Like [`RopeKv::new`], with the pairing and frequency factors of `rope`.
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn with_rope(
+        ctx: &GpuContext,
+        dims: AttnDims,
+        rope: RopeOpts<'_>,
+        step: &StepUniform,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        (kv, index): (&GpuKv, &KvIndex),
+    ) -> Result<RopeKv> {
+        dims.check()?;
+        if let Some(f) = rope.freqs {
+            if f.size < (dims.n_rot / 2 * 4) as u64 {
+                return Err(Error::KernelArgs(format!(
+                    "rope_kv: {} bytes of frequency factors for {} pairs",
+                    f.size,
+                    dims.n_rot / 2
+                )));
+            }
+        }
+        if kv.kv_dim != dims.kv_dim() {
+            return Err(Error::KernelArgs(format!(
+                "rope_kv: cache rows of {} for kv_dim {}",
+                kv.kv_dim,
+                dims.kv_dim()
+            )));
+        }
+        // The same f32 expression as backend/cpu/rope.rs.
+        let theta_scale = dims.rope_base.powf(-2.0 / dims.n_rot as f32);
+        let params = uniform(
+            ctx,
+            "rope_kv.params",
+            &[
+                dims.n_head as u32,
+                dims.n_head_kv as u32,
+                dims.head_dim as u32,
+                dims.n_rot as u32,
+                theta_scale.to_bits(),
+                u32::from(rope.mode == RopeMode::Norm),
+                u32::from(rope.freqs.is_some()),
+                index.pps as u32,
+            ],
+        )?;
+        let items = ((dims.n_head + 2 * dims.n_head_kv) * dims.head_dim / 2) as u32;
+        let key = PipelineKey {
+            kernel: Kernel::RopeKv,
+            variant: Variant::default(),
+        };
+        let dispatch = Dispatch::new(
+            ctx,
+            key,
+            "rope_kv",
+            &[
+                (0, params.binding()),
+                (1, step.buf.binding()),
+                (2, q.binding()),
+                (3, k.binding()),
+                (4, v.binding()),
+                (5, kv.k.binding()),
+                (6, kv.v.binding()),
+                // Never read without factors: `v` stands in (read-only, already bound).
+                (7, rope.freqs.unwrap_or(v).binding()),
+                (8, index.toks.binding()),
+                (9, index.pages.binding()),
+            ],
+            items.div_ceil(WG),
+        )?;
+        Ok(RopeKv {
+            dispatch,
+            inputs: FusedRope {
+                params,
+                k: k.clone(),
+                v: v.clone(),
+                freqs: rope.freqs.unwrap_or(v).clone(),
+            },
+            fused: false,
+        })
+    }
+
+    /// What [`Attention`] needs to do this launch's work itself in single-token steps.
+    pub fn fused_inputs(&self) -> &FusedRope {
+        &self.inputs
+    }
+
+    /// Leaves single-token steps of at most [`ATTN_FAST_KEYS`] keys to the attention built
+    /// with [`RopeKv::fused_inputs`] (which must then use them: [`Attention::fuses_rope`]).
+    pub fn set_fused(&mut self) {
+        self.fused = true;
+    }
+
+    /// Records the rotation and cache store of `n_tokens` tokens (the step uniform must hold
+    /// the same count, the index their positions and slots).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        self.dispatch.record(pass, n_tokens);
+    }
+
+    /// [`RopeKv::record`] in a step whose longest context is `n_kv` keys: nothing for a
+    /// single token whose attention does the work.
+    pub fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
+        if !self.skips(n_tokens, n_kv) {
+            self.record(pass, n_tokens);
+        }
+    }
+
+    /// True when [`RopeKv::record`] records nothing for this step.
+    pub fn skips(&self, n_tokens: u32, n_kv: u32) -> bool {
+        self.fused && n_tokens == 1 && n_kv <= ATTN_FAST_KEYS
+    }
+}
+
+/// The inputs of a [`RopeKv`] that the fused decode split reads: its parameter uniform,
+/// the new keys and values (f32, unrotated) and the frequency divisors (or a stand-in).
+#[derive(Clone, Debug)]
+pub struct FusedRope {
+    /// `rope_kv.wgsl`'s Params.
+    pub params: GpuBuffer,
+    /// T × kv_dim new keys.
+    pub k: GpuBuffer,
+    /// T × kv_dim new values.
+    pub v: GpuBuffer,
+    /// The `rope_freqs` divisors, or any buffer when there are none.
+    pub freqs: GpuBuffer,
+}
+
+/// Keys per chunk of the decode split (`attention.wgsl` CHUNK).
+pub const ATTN_CHUNK: u32 = 256;
+
+/// How [`Attention`] computes: the reference's decode rounding, and the "fast" numerics
+/// (with the step uniform its tiled prompt kernel reads).
+#[derive(Clone, Copy)]
+pub struct AttnOpts<'a> {
+    /// Round a single token's probabilities to F16 (the exact numerics).
+    pub round_p: bool,
+    /// The fast kernels, when given the step uniform.
+    pub fast: Option<&'a StepUniform>,
+    /// With `fast`: single-token steps rotate q and k and store the new key and value in
+    /// the split (`attention_fast.wgsl` ROPE) instead of a [`RopeKv`] launch.
+    pub rope: Option<&'a FusedRope>,
+}
+
+/// Most keys of the split decode (`attention_fast.wgsl` FAST_KEYS).
+pub const ATTN_FAST_KEYS: u32 = 2048;
+
+/// Causal GQA attention over a [`GpuKv`] (`attention.wgsl`): flash-decoding in three
+/// dispatches for one token, one workgroup per (head, token) for several (one sequence's
+/// prompt, or tokens of different sequences).
+pub struct Attention {
+    scores: Dispatch,
+    probs_pv: Dispatch,
+    merge: Dispatch,
+    prefill: Dispatch,
+    /// The decode rows' split-K kernels of the "fast" numerics.
+    split: Option<Box<FastSplit>>,
+    /// The tiled prompt kernel of the "fast" numerics (`attention_prompt.wgsl`).
+    tiled: Option<Dispatch>,
+    /// Sequence slots (bound on the blocks a step adds for partial ones).
+    slots: u32,
+    n_head: u32,
+    n_ctx: u32,
+    _keep: Vec<GpuBuffer>,
+}
+
+impl Attention {
+    /// `q`: rotated f32 queries, `n_head·head_dim` per token; `out`: f32, same shape. A
+    /// single token rounds its probabilities to F16 when `round_p` (the reference's decode
+    /// numerics); a batch keeps them in f32. With `fast` (the "fast" numerics policy, head
+    /// widths that are a multiple of 8, at most 32 query heads of at most 2,048 values per
+    /// kv head), every decode row whose context fits [`ATTN_FAST_KEYS`] keys — a single
+    /// token, or the one token of a sequence in a multi-sequence step — runs split over the
+    /// KV pages and merged (`attention_fast.wgsl`); and a prompt step of one sequence
+    /// (head width 64 or 128) runs as tiled flash attention (`attention_prompt.wgsl`,
+    /// where the device allows its workgroup memory).
+    pub fn new(
+        ctx: &GpuContext,
+        dims: AttnDims,
+        q: &GpuBuffer,
+        (kv, index): (&GpuKv, &KvIndex),
+        out: &GpuBuffer,
+        opts: AttnOpts<'_>,
+    ) -> Result<Attention> {
+        dims.check()?;
+        let round_p = opts.round_p;
+        let group = dims.n_head / dims.n_head_kv;
+        let fast = opts.fast.is_some()
+            && dims.head_dim.is_multiple_of(8)
+            && group <= 32
+            && group * dims.head_dim <= 2048;
+        let tiled_ok = fast && matches!(dims.head_dim, 64 | 128) && prompt_kernel_fits(ctx);
+        let n_ctx = index.n_ctx;
+        let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
+        let hq = dims.n_head * dims.head_dim;
+        let scale = 1.0 / (dims.head_dim as f32).sqrt();
+        let params = uniform(
+            ctx,
+            "attention.params",
+            &[
+                dims.n_head as u32,
+                dims.n_head_kv as u32,
+                dims.head_dim as u32,
+                n_ctx as u32,
+                scale.to_bits(),
+                max_chunks,
+                index.pps as u32,
+                0,
+            ],
+        )?;
+        let scores = GpuBuffer::zeroed(ctx, "attention.scores", (dims.n_head * n_ctx * 4) as u64)?;
+        // One row of chunk stats per token of the largest step (decode rows of a batch).
+        let stats = GpuBuffer::zeroed(
+            ctx,
+            "attention.stats",
+            (index.max_batch * dims.n_head * 8) as u64 * u64::from(max_chunks),
+        )?;
+        let partial = GpuBuffer::zeroed(
+            ctx,
+            "attention.partial",
+            u64::from(max_chunks) * hq as u64 * 4,
+        )?;
+        let key = |stage| PipelineKey {
+            kernel: Kernel::Attention {
+                stage,
+                round_p: round_p && stage == AttnStage::ProbsPv,
+                fast,
+                tiled: tiled_ok,
+            },
+            variant: Variant::default(),
+        };
+        let (u, toks, pages) = (
+            params.binding(),
+            index.toks.binding(),
+            index.pages.binding(),
+        );
+        let scores_d = Dispatch::new(
+            ctx,
+            key(AttnStage::Scores),
+            "attention.scores",
+            &[
+                (0, u.clone()),
+                (2, q.binding()),
+                (3, kv.k.binding()),
+                (6, scores.binding()),
+                (7, stats.binding()),
+                (9, toks.clone()),
+                (10, pages.clone()),
+            ],
+            0,
+        )?;
+        let probs_pv = Dispatch::new(
+            ctx,
+            key(AttnStage::ProbsPv),
+            "attention.probs_pv",
+            &[
+                (0, u.clone()),
+                (4, kv.v.binding()),
+                (6, scores.binding()),
+                (7, stats.binding()),
+                (8, partial.binding()),
+                (9, toks.clone()),
+                (10, pages.clone()),
+            ],
+            0,
+        )?;
+        let merge = Dispatch::new(
+            ctx,
+            key(AttnStage::Merge),
+            "attention.merge",
+            &[
+                (0, u.clone()),
+                (5, out.binding()),
+                (8, partial.binding()),
+                (9, toks.clone()),
+            ],
+            ((hq / 2) as u32).div_ceil(WG),
+        )?;
+        let prefill = Dispatch::new(
+            ctx,
+            key(AttnStage::Prefill),
+            "attention.prefill",
+            &[
+                (0, u.clone()),
+                (2, q.binding()),
+                (3, kv.k.binding()),
+                (4, kv.v.binding()),
+                (5, out.binding()),
+                (7, stats.binding()),
+                (9, toks.clone()),
+                (10, pages.clone()),
+            ],
+            dims.n_head as u32,
+        )?;
+        let split = if fast {
+            Some(Box::new(FastSplit::new(
+                ctx,
+                dims,
+                q,
+                (kv, index),
+                out,
+                opts.rope,
+            )?))
+        } else {
+            None
+        };
+        let tiled = match opts.fast {
+            Some(_) if tiled_ok => Some(Dispatch::new(
+                ctx,
+                PipelineKey {
+                    kernel: Kernel::AttentionPrompt,
+                    variant: Variant::default(),
+                },
+                "attention_prompt",
+                &[
+                    (0, params.binding()),
+                    (1, index.blocks.binding()),
+                    (2, q.binding()),
+                    (3, kv.k.binding()),
+                    (4, kv.v.binding()),
+                    (5, out.binding()),
+                    (9, index.toks.binding()),
+                    (10, index.pages.binding()),
+                ],
+                0,
+            )?),
+            _ => None,
+        };
+        Ok(Attention {
+            scores: scores_d,
+            probs_pv,
+            merge,
+            prefill,
+            split,
+            tiled,
+            slots: index.slots as u32,
+            n_head: dims.n_head as u32,
+            n_ctx: n_ctx as u32,
+            _keep: vec![params, scores, stats, partial],
+        })
+    }
+
+    /// Records attention for `n_tokens` new tokens (positions and slots in the index),
+    /// the longest context among them `n_kv` keys; `decode_rows` when the step holds the
+    /// single tokens of several sequences (flagged DECODE_ROW). One token: the fast split
+    /// (two launches) when it fits, else the exact split (three); several: `prefill`, then
+    /// the fast split over the step's decode rows when there are any.
+    pub fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        n_tokens: u32,
+        n_kv: u32,
+        decode_rows: bool,
+    ) {
+        debug_assert!(n_tokens > 1 || n_kv <= self.n_ctx);
+        let fast = self.split.as_ref().filter(|_| n_kv <= ATTN_FAST_KEYS);
+        match (n_tokens, fast) {
+            (1, Some(f)) => f.record(pass, 1, n_kv, self.n_head),
+            (1, None) => {
+                let chunks = n_kv.div_ceil(ATTN_CHUNK);
+                for d in [&self.scores, &self.probs_pv] {
+                    d.record_grid(pass, [chunks, self.n_head, 1]);
+                }
+                self.merge.record(pass, 1);
+            }
+            _ => {
+                match &self.tiled {
+                    Some(d) => {
+                        // Blocks of each sequence's tokens; beside them, `prefill` only for
+                        // decode rows too long for the split.
+                        let blocks = n_tokens.div_ceil(ATTN_PROMPT_QUERIES)
+                            + if decode_rows { self.slots } else { 0 };
+                        d.record_grid(pass, [blocks, self.n_head, 1]);
+                        if decode_rows && n_kv > ATTN_FAST_KEYS {
+                            self.prefill.record(pass, n_tokens);
+                        }
+                    }
+                    None => self.prefill.record(pass, n_tokens),
+                }
+                if let (true, Some(f)) = (decode_rows, &self.split) {
+                    f.record(pass, n_tokens, n_kv.min(ATTN_FAST_KEYS), self.n_head);
+                }
+            }
+        }
+    }
+
+    /// True when single-token steps rotate and store in the split ([`AttnOpts::rope`]).
+    pub fn fuses_rope(&self) -> bool {
+        self.split.as_ref().is_some_and(|s| s.fuses_rope())
+    }
+
+    /// Dispatches [`Attention::record`] issues (same arguments, bar the pass).
+    pub fn dispatches(&self, n_tokens: u32, n_kv: u32, decode_rows: bool) -> usize {
+        let fast = self.split.is_some();
+        match n_tokens {
+            1 if fast && n_kv <= ATTN_FAST_KEYS => 2,
+            1 => 3,
+            _ if fast && decode_rows => 3,
+            _ => 1,
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The split-K decode attention of the "fast" numerics (`attention_fast.wgsl`): every
+//! decode row's keys split over the KV pages, then merged.
+
+use super::attention::{FusedRope, ATTN_FAST_KEYS};
+use super::{uniform, AttnDims, Dispatch, GpuKv, KvIndex};
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::kv::PAGE_POSITIONS;
+use crate::pipelines::{Kernel, PipelineKey, Variant};
+use crate::Result;
+
+/// The `split` and `merge` launches and their scratch (partial sums per sequence, head and
+/// page, sized for contexts of up to [`ATTN_FAST_KEYS`]).
+pub(super) struct FastSplit {
+    split: Dispatch,
+    /// The split that also rotates and stores (single-token steps), when fused.
+    split_rope: Option<Dispatch>,
+    merge: Dispatch,
+    n_head_kv: u32,
+    _keep: [GpuBuffer; 2],
+}
+
+impl FastSplit {
+    /// Binds the queries `q`, the layer's cache and the index, and `out` (f32, a head row
+    /// per query head per token); with `rope`, single-token steps take the rotating split.
+    pub(super) fn new(
+        ctx: &GpuContext,
+        dims: AttnDims,
+        q: &GpuBuffer,
+        (kv, index): (&GpuKv, &KvIndex),
+        out: &GpuBuffer,
+        rope: Option<&FusedRope>,
+    ) -> Result<FastSplit> {
+        let pkey = |merge, rope| PipelineKey {
+            kernel: Kernel::AttentionFast { merge, rope },
+            variant: Variant::default(),
+        };
+        let scale = 1.0 / (dims.head_dim as f32).sqrt();
+        let pages = ATTN_FAST_KEYS / PAGE_POSITIONS as u32;
+        let params = uniform(
+            ctx,
+            "attention_fast.params",
+            &[
+                dims.n_head as u32,
+                dims.n_head_kv as u32,
+                dims.head_dim as u32,
+                index.n_ctx as u32,
+                scale.to_bits(),
+                pages,
+                index.pps as u32,
+                0,
+            ],
+        )?;
+        let part = GpuBuffer::zeroed(
+            ctx,
+            "attention_fast.part",
+            (index.slots * dims.n_head * (dims.head_dim + 2) * 4) as u64 * u64::from(pages),
+        )?;
+        let bindings = [
+            (0, params.binding()),
+            (2, q.binding()),
+            (3, kv.k.binding()),
+            (4, kv.v.binding()),
+            (8, part.binding()),
+            (9, index.toks.binding()),
+            (10, index.pages.binding()),
+        ];
+        let n_head_kv = dims.n_head_kv as u32;
+        let split = Dispatch::new(
+            ctx,
+            pkey(false, false),
+            "attention_fast.split",
+            &bindings,
+            n_head_kv,
+        )?;
+        // The rotating split binds 9 storage buffers (WebGPU's default limit is 8).
+        let fits = ctx.device.limits().max_storage_buffers_per_shader_stage >= 9;
+        let split_rope = match rope.filter(|_| fits) {
+            Some(r) => {
+                let mut b = bindings.to_vec();
+                b.extend([
+                    (6, r.k.binding()),
+                    (7, r.freqs.binding()),
+                    (11, r.v.binding()),
+                    (12, r.params.binding()),
+                ]);
+                Some(Dispatch::new(
+                    ctx,
+                    pkey(false, true),
+                    "attention_fast.split_rope",
+                    &b,
+                    n_head_kv,
+                )?)
+            }
+            None => None,
+        };
+        let merge = Dispatch::new(
+            ctx,
+            pkey(true, false),
+            "attention_fast.merge",
+            &[
+                (0, params.binding()),
+                (5, out.binding()),
+                (8, part.binding()),
+                (9, index.toks.binding()),
+            ],
+            dims.n_head as u32,
+        )?;
+        Ok(FastSplit {
+            split,
+            split_rope,
+            merge,
+            n_head_kv: dims.n_head_kv as u32,
+            _keep: [params, part],
+        })
+    }
+
+    /// True when single-token steps take the rotating split.
+    pub(super) fn fuses_rope(&self) -> bool {
+        self.split_rope.is_some()
+    }
+
+    /// The split over the pages of up to `n_kv` keys, then the merge, for `n_tokens` rows
+    /// (one token: the rotating split when there is one).
+    pub(super) fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        n_tokens: u32,
+        n_kv: u32,
+        n_head: u32,
+    ) {
+        let pages = n_kv.div_ceil(PAGE_POSITIONS as u32);
+        let split = match (&self.split_rope, n_tokens) {
+            (Some(s), 1) => s,
+            _ => &self.split,
+        };
+        split.record_grid(pass, [self.n_head_kv, pages, n_tokens]);
+        self.merge.record_grid(pass, [n_head, 1, n_tokens]);
+    }
+}

@@ -1,0 +1,172 @@
+//! Tiled I2_S × int8 matrix products for prompt batches (`ternary_mm.wgsl`, and
+//! `ternary_coop.wgsl` on adapters with cooperative matrices): bit-identical to the
+//! 4-token batch kernel of [`super::TernaryMatvec`], with the weights read once per 64
+//! tokens instead of once per 4.
+
+use super::{uniform, Dispatch, QuantAct, StepUniform, TernaryMatvec, TernaryWeights};
+use crate::buffers::GpuBuffer;
+use crate::context::{GpuContext, PrefillKernel};
+use crate::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
+use crate::{Error, Result};
+
+/// Tokens per workgroup tile (both kernels; the coop kernel's wide entry point takes twice
+/// as many).
+pub const MM_TILE_TOKENS: u32 = 64;
+
+/// Fewest rows for which the coop kernel uses its 128-token tiles: below, 128-token tiles
+/// leave too few workgroups (on the H200, the 640-row k and v projections of a 512-token
+/// step ran slower with them, the 2,560-row ones faster).
+const WIDE_MIN_ROWS: usize = 1024;
+
+/// Which tiled kernel a [`TernaryMatmul`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulKind {
+    /// `ternary_mm.wgsl`: `dot4I8Packed` on staged tiles (any adapter).
+    Portable,
+    /// `ternary_coop.wgsl`: 16×16×16 f16 cooperative matrices, f32 accumulators (needs
+    /// EXPERIMENTAL_COOPERATIVE_MATRIX and SHADER_F16).
+    Coop,
+}
+
+impl MatmulKind {
+    /// Weight rows per workgroup tile.
+    pub fn tile_rows(self) -> u32 {
+        match self {
+            MatmulKind::Portable => 64,
+            MatmulKind::Coop => 128,
+        }
+    }
+}
+
+/// `out (= or +=) W · dequant(act)` for every token of a step, `n_tokens` read from the
+/// step uniform; one workgroup per [`MatmulKind::tile_rows`] rows × 64 tokens (the coop
+/// kernel: × 128 tokens when the step has more than 64 and `W` at least 1,024 rows).
+pub struct TernaryMatmul {
+    dispatch: Dispatch,
+    /// `ternary_coop.wgsl` `matmul_wide`, for steps of more than 64 tokens.
+    wide: Option<Dispatch>,
+    _params: GpuBuffer,
+}
+
+impl TernaryMatmul {
+    /// Binds `w`, `act`, `out` (f32, `w.rows` per token) and the step uniform.
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn new(
+        ctx: &GpuContext,
+        kind: MatmulKind,
+        w: &TernaryWeights,
+        act: &QuantAct,
+        out: &GpuBuffer,
+        epilogue: Epilogue,
+        step: &StepUniform,
+    ) -> Result<TernaryMatmul> {
+        if act.k != w.k {
+            return Err(Error::KernelArgs(format!(
+                "ternary matmul: activations of width {} for weights of width {}",
+                act.k, w.k
+            )));
+        }
+        let params = uniform(
+            ctx,
+            "ternary_mm.params",
+            &[w.rows as u32, (w.k / 16) as u32, w.scale.to_bits(), 0],
+        )?;
+        let key = |wide| PipelineKey {
+            kernel: Kernel::TernaryMatmul {
+                kind,
+                epilogue,
+                wide,
+            },
+            variant: Variant {
+                f16: kind == MatmulKind::Coop,
+                subgroups: kind == MatmulKind::Coop,
+            },
+        };
+        let bindings = [
+            (0, params.binding()),
+            (1, w.codes.binding()),
+            (2, act.q.binding()),
+            (3, act.meta.binding()),
+            (4, out.binding()),
+            (5, step.buf.binding()),
+        ];
+        let groups = (w.rows as u32).div_ceil(kind.tile_rows());
+        let dispatch = Dispatch::new(ctx, key(false), "ternary_mm", &bindings, groups)?;
+        let wide = match kind {
+            MatmulKind::Coop if w.rows >= WIDE_MIN_ROWS => Some(Dispatch::new(
+                ctx,
+                key(true),
+                "ternary_mm_wide",
+                &bindings,
+                groups,
+            )?),
+            _ => None,
+        };
+        Ok(TernaryMatmul {
+            dispatch,
+            wide,
+            _params: params,
+        })
+    }
+
+    /// Records the product for `n_tokens` tokens (the value in the step uniform).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        match &self.wide {
+            Some(w) if n_tokens > MM_TILE_TOKENS => {
+                w.record(pass, n_tokens.div_ceil(2 * MM_TILE_TOKENS))
+            }
+            _ => self
+                .dispatch
+                .record(pass, n_tokens.div_ceil(MM_TILE_TOKENS)),
+        }
+    }
+}
+
+/// Largest step that runs the 4-token batch matvec rather than the tiled kernels: on an
+/// H100, 32 sequences decoded together ran 1,825 tok/s with it against 1,559 (cooperative
+/// matrix) and 1,238 (portable tiles), while 64-token prompt steps ran 2,919 tok/s with the
+/// cooperative-matrix kernel against 2,490 (BENCHMARKS.md).
+pub const BATCH4_MAX_TOKENS: u32 = 32;
+
+/// An I2_S linear for steps of any size: the matvec for one token, the 4-token batch
+/// kernel up to [`BATCH4_MAX_TOKENS`], and beyond that the kernel
+/// [`Caps::prefill`](crate::Caps::prefill) names.
+pub struct TernaryLinear {
+    single: TernaryMatvec,
+    tiled: Option<TernaryMatmul>,
+}
+
+impl TernaryLinear {
+    /// Binds `w`, `act`, `out` (f32, `w.rows` per token) for decode (`tpr` lanes per row,
+    /// `variant`) and for batches of up to the activations' tokens (`step`).
+    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
+    pub fn new(
+        ctx: &GpuContext,
+        variant: Variant,
+        tpr: u32,
+        w: &TernaryWeights,
+        act: &QuantAct,
+        out: &GpuBuffer,
+        epilogue: Epilogue,
+        step: &StepUniform,
+    ) -> Result<TernaryLinear> {
+        let kind = match ctx.caps().prefill {
+            PrefillKernel::Batch4 => None,
+            PrefillKernel::Tiled => Some(MatmulKind::Portable),
+            PrefillKernel::Coop => Some(MatmulKind::Coop),
+        };
+        let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, Some(step))?;
+        let tiled = kind
+            .map(|k| TernaryMatmul::new(ctx, k, w, act, out, epilogue, step))
+            .transpose()?;
+        Ok(TernaryLinear { single, tiled })
+    }
+
+    /// Records the product for `n_tokens` tokens (the step uniform holds `n_tokens`).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        match &self.tiled {
+            Some(t) if n_tokens > BATCH4_MAX_TOKENS => t.record(pass, n_tokens),
+            _ => self.single.record(pass, n_tokens, n_tokens > 1),
+        }
+    }
+}

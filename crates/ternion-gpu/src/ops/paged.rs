@@ -1,0 +1,129 @@
+//! The paged F16 KV cache on the GPU and the per-step index into it (token positions and
+//! slots, page tables, prompt query blocks), shared by every layer's attention.
+
+use crate::buffers::GpuBuffer;
+use crate::context::GpuContext;
+use crate::kv::PAGE_POSITIONS;
+use crate::{Error, Result};
+
+/// Queries per workgroup of the prompt kernel (`attention_prompt.wgsl` BQ).
+pub const ATTN_PROMPT_QUERIES: u32 = 32;
+/// Workgroup memory `attention_prompt.wgsl` declares, in bytes.
+const ATTN_PROMPT_BYTES: u32 = 29_072;
+
+/// True when `ctx`'s device allows the workgroup memory of `attention_prompt.wgsl` (most
+/// do; WebGPU's default limit, 16 KiB, does not: such devices run prompts with
+/// `attention.wgsl`'s `prefill`).
+pub fn prompt_kernel_fits(ctx: &GpuContext) -> bool {
+    ctx.device.limits().max_compute_workgroup_storage_size >= ATTN_PROMPT_BYTES
+}
+
+/// One layer's paged F16 KV cache on the GPU: `n_pages` pages of [`PAGE_POSITIONS`] rows of
+/// `kv_dim` halves for keys and for values (two halves per u32 word), written by [`RopeKv`]
+/// and read by [`Attention`] through the page tables of a [`KvIndex`].
+#[derive(Clone, Debug)]
+pub struct GpuKv {
+    /// Keys.
+    pub k: GpuBuffer,
+    /// Values.
+    pub v: GpuBuffer,
+    /// Pages held.
+    pub n_pages: usize,
+    /// Halves per position (n_head_kv · head_dim).
+    pub kv_dim: usize,
+}
+
+impl GpuKv {
+    /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) halves.
+    pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize) -> Result<GpuKv> {
+        if !kv_dim.is_multiple_of(2) {
+            return Err(Error::KernelArgs(format!("KV cache: odd kv_dim {kv_dim}")));
+        }
+        let bytes = n_pages
+            .checked_mul(PAGE_POSITIONS * kv_dim * 2)
+            .ok_or_else(|| Error::KernelArgs(format!("KV cache: {n_pages} pages overflow")))?;
+        Ok(GpuKv {
+            k: GpuBuffer::zeroed(ctx, "kv.k", bytes as u64)?,
+            v: GpuBuffer::zeroed(ctx, "kv.v", bytes as u64)?,
+            n_pages,
+            kv_dim,
+        })
+    }
+}
+
+/// Where each token of a step goes in the paged caches: its (position, sequence slot)
+/// pair, and every slot's page table. Shared by all layers; written once per step.
+#[derive(Clone, Debug)]
+pub struct KvIndex {
+    /// `max_batch` × (position, slot), u32 pairs.
+    pub toks: GpuBuffer,
+    /// `slots × pps` page ids.
+    pub pages: GpuBuffer,
+    /// Page-table entries per slot (pages of the longest sequence).
+    pub pps: usize,
+    /// Most positions of one sequence.
+    pub n_ctx: usize,
+    /// Sequence slots.
+    pub slots: usize,
+    /// Most tokens of one step.
+    pub max_batch: usize,
+    /// The step's query blocks for `attention_prompt.wgsl`: word pair 0 = (count, 0), then
+    /// (first token, tokens) of each block of at most [`ATTN_PROMPT_QUERIES`] tokens of one
+    /// sequence (decode rows excluded). Written by the step.
+    pub blocks: GpuBuffer,
+}
+
+impl KvIndex {
+    /// Most query blocks of a step of `max_batch` tokens over `slots` sequences.
+    pub fn max_blocks(max_batch: usize, slots: usize) -> usize {
+        max_batch.div_ceil(ATTN_PROMPT_QUERIES as usize) + slots
+    }
+
+    /// The query blocks of a step whose sequences hold `lens` consecutive tokens each, in
+    /// order (`out` is cleared; pair 0 is the count): blocks of [`ATTN_PROMPT_QUERIES`] from
+    /// the start of each sequence's tokens; a sequence's single token beside others is a
+    /// decode row and gets none.
+    pub fn write_blocks(
+        &self,
+        ctx: &GpuContext,
+        lens: impl ExactSizeIterator<Item = usize>,
+        out: &mut Vec<[u32; 2]>,
+    ) {
+        out.clear();
+        out.push([0, 0]);
+        let several = lens.len() > 1;
+        let mut t0 = 0;
+        for len in lens {
+            if !(several && len == 1) {
+                let bq = ATTN_PROMPT_QUERIES as usize;
+                out.extend(
+                    (0..len)
+                        .step_by(bq)
+                        .map(|b| [(t0 + b) as u32, bq.min(len - b) as u32]),
+                );
+            }
+            t0 += len;
+        }
+        out[0][0] = (out.len() - 1) as u32;
+        self.blocks.write(ctx, 0, bytemuck::cast_slice(out));
+    }
+
+    /// Zeroed buffers for steps of up to `max_batch` tokens over `slots` sequences of up to
+    /// `n_ctx` positions.
+    pub fn new(ctx: &GpuContext, max_batch: usize, slots: usize, n_ctx: usize) -> Result<KvIndex> {
+        let pps = n_ctx.div_ceil(PAGE_POSITIONS).max(1);
+        Ok(KvIndex {
+            toks: GpuBuffer::zeroed(ctx, "kv.toks", (max_batch.max(1) * 8) as u64)?,
+            pages: GpuBuffer::zeroed(ctx, "kv.pages", (slots.max(1) * pps * 4) as u64)?,
+            pps,
+            n_ctx,
+            slots,
+            max_batch: max_batch.max(1),
+            blocks: GpuBuffer::zeroed(
+                ctx,
+                "kv.blocks",
+                (Self::max_blocks(max_batch, slots) + 1) as u64 * 8,
+            )?,
+        })
+    }
+}

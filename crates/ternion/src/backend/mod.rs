@@ -1,5 +1,0 @@
-//! Compute backends.
-
-pub mod cpu;
-#[cfg(feature = "gpu")]
-pub mod gpu;
