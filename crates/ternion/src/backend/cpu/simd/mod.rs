@@ -18,6 +18,8 @@ mod neon;
 #[cfg(target_arch = "aarch64")]
 mod neon_bits;
 #[cfg(target_arch = "aarch64")]
+mod neon_f16;
+#[cfg(target_arch = "aarch64")]
 mod neon_kq;
 #[cfg(target_arch = "aarch64")]
 mod neon_q80;
@@ -293,13 +295,16 @@ pub fn q2_0_planes(q: &[i8], out: &mut [i8]) {
 /// Σ w_i·x_i for a little-endian F16 row `w` (as bytes) and f32 `x`.
 #[inline]
 pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
-    // The AVX2 kernel reads x.len() halves through a raw pointer: without this check a
-    // short `w` would be read out of bounds (the scalar kernel checks the same).
+    // The AVX2 and NEON kernels read x.len() halves through a raw pointer: without this
+    // check a short `w` would be read out of bounds (the scalar kernel checks the same).
     assert_eq!(w.len(), 2 * x.len(), "f16_dot: length mismatch");
     match level {
         // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(w.as_ptr(), x) },
+        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), [x])[0] },
         _ => quant::float::dot_f16(w, x),
     }
 }
@@ -315,6 +320,9 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
         // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
+        // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), x) },
         _ => x.map(|xt| f16_dot(level, w, xt)),
     }
 }
@@ -327,6 +335,9 @@ pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
         // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
+        // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_dots(k.as_ptr().cast(), [q])[0] },
         _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
     }
 }
@@ -339,6 +350,9 @@ pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
         // SAFETY: as in `i2s_dot`; lengths asserted equal.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
+        // SAFETY: as in `i2s_dot`; lengths asserted equal.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_axpy(out, w, v.as_ptr().cast()) },
         _ => out
             .iter_mut()
             .zip(v)

@@ -132,3 +132,19 @@ fn neon_four_token_kernels_equal_single_dots() {
         );
     }
 }
+
+/// `fcvtl` widens every half (subnormals, infinities, NaNs) as `half` converts it.
+#[test]
+fn neon_widens_every_half_exactly() {
+    use std::arch::aarch64::{vdupq_n_u16, vgetq_lane_f32};
+    for bits in 0..=u16::MAX {
+        // SAFETY: NEON is part of every aarch64 Linux target.
+        let got =
+            unsafe { vgetq_lane_f32::<0>(super::super::neon_f16::widen(vdupq_n_u16(bits))[0]) };
+        let want = f16::from_bits(bits).to_f32();
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "half {bits:#06x}: {got} vs {want}"
+        );
+    }
+}
