@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, golden, GPU kernels on
-# Mesa's lavapipe, CLI, server), optimised. Installs what it needs on Debian 12:
-# mesa-vulkan-drivers (software Vulkan for the WGSL kernels) and the `openai` Python
-# client (server tests). Needs ../shared beside the repository (golden data, vocabularies).
+# Mesa's lavapipe, CLI, server, aarch64 under qemu-user), optimised. Installs what it
+# needs on Debian 12: mesa-vulkan-drivers (software Vulkan for the WGSL kernels), the
+# `openai` Python client (server tests), qemu-user and the aarch64 cross linker. Needs
+# ../shared beside the repository (golden data, vocabularies).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 test -d ../shared || { echo "error: ../shared (golden data) is missing beside the repository" >&2; exit 1; }
@@ -19,12 +20,9 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -j2 -- -D warnings
 cargo test --release --workspace -j2
-# The NEON kernels must at least compile and lint for aarch64 (no aarch64 runner here).
-if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then
-  cargo clippy --release -p ternion-core -p ternion --no-default-features --target aarch64-unknown-linux-gnu -j2 -- -D warnings
-else
-  echo "skipped: aarch64 check (rustup could not add the aarch64-unknown-linux-gnu target)"
-fi
+# aarch64 under qemu-user: lints, the NEON kernel tests and the golden models against the
+# x86 results (scripts/aarch64-test.sh).
+./scripts/aarch64-test.sh
 # The browser: wasm kernels in headless Chromium, the page end to end, "no WebGPU" control,
 # and the npm package under Node.js >= 20 (scripts/node-test.sh).
 ./scripts/web-test.sh

@@ -404,9 +404,10 @@ type Q8_0Kernel = fn(simd::Level, &[u8], &[i8], &[f32]) -> f32;
 
 /// The SIMD kernel of a Q8_K-paired format, where one exists; the others run their
 /// registry reference dot (same integer sums, correct, just slower).
-fn simd_q8k(ty: GgmlType) -> Option<Q8kKernel> {
+pub(super) fn simd_q8k(ty: GgmlType) -> Option<Q8kKernel> {
     match ty {
         GgmlType::TQ2_0 => Some(simd::tq2_dot_q8k),
+        GgmlType::TQ1_0 => Some(simd::tq1_dot_q8k),
         GgmlType::Q4_K => Some(|l, w, q, d, _| simd::q4_k_dot_q8k(l, w, q, d)),
         GgmlType::Q6_K => Some(|l, w, q, d, _| simd::q6_k_dot_q8k(l, w, q, d)),
         _ => None,
@@ -414,7 +415,7 @@ fn simd_q8k(ty: GgmlType) -> Option<Q8kKernel> {
 }
 
 /// The SIMD kernel of a Q8_0-paired format, where one exists (else its reference dot).
-fn simd_q8_0(ty: GgmlType) -> Option<Q8_0Kernel> {
+pub(super) fn simd_q8_0(ty: GgmlType) -> Option<Q8_0Kernel> {
     match ty {
         GgmlType::Q8_0 => Some(simd::q8_0_dot),
         GgmlType::Q4_0 => Some(simd::q4_0_dot),

@@ -15,6 +15,14 @@ mod avx512;
 mod avx512_bits;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_bits;
+#[cfg(target_arch = "aarch64")]
+mod neon_f16;
+#[cfg(target_arch = "aarch64")]
+mod neon_kq;
+#[cfg(target_arch = "aarch64")]
+mod neon_q80;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -106,6 +114,9 @@ pub fn i2s_dot4(level: Level, row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i3
         // SAFETY: as in `i2s_dot`.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::i2s_dot4(row, q, q_sum) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon::i2s_dot4(row, q, q_sum) },
         _ => std::array::from_fn(|i| i2s_dot(level, row, q[i], q_sum[i])),
     }
 }
@@ -118,9 +129,28 @@ pub fn tq2_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32])
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::tq2_dot_q8k(row, q, d, bsums) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon::tq2_dot_q8k(row, q, d, bsums) },
         _ => {
             let _ = bsums;
             quant::tq2_0::dot_q8k(row, q, d)
+        }
+    }
+}
+
+/// TQ1_0 row · Q8_K activations (`d`: per-block scales, `bsums`: per-block Σq), equal to
+/// [`quant::tq1_0::dot_q8k`] bit for bit (x86 runs the reference: the AVX-512 level
+/// repacks TQ1_0 at load instead).
+#[inline]
+pub fn tq1_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon::tq1_dot_q8k(row, q, d, bsums) },
+        _ => {
+            let _ = bsums;
+            quant::tq1_0::dot_q8k(row, q, d)
         }
     }
 }
@@ -133,6 +163,9 @@ pub fn q8_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q8_0_dot(row, q, d) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_q80::q8_0_dot(row, q, d) },
         _ => quant::q8_0::dot_q8_0(row, q, d),
     }
 }
@@ -145,18 +178,24 @@ pub fn q4_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q4_0_dot(row, q, d) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_q80::q4_0_dot(row, q, d) },
         _ => quant::q4_0::dot_q8_0(row, q, d),
     }
 }
 
 /// Q5_0 row · Q8_0 activations (`d`: per-block scales); equal to
-/// [`quant::q5_0::dot_q8_0`] up to float summation order (NEON: the reference).
+/// [`quant::q5_0::dot_q8_0`] up to float summation order (NEON: bit for bit).
 #[inline]
 pub fn q5_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q5_0_dot(row, q, d) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_q80::q5_0_dot(row, q, d) },
         _ => quant::q5_0::dot_q8_0(row, q, d),
     }
 }
@@ -169,6 +208,9 @@ pub fn q4_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q4_k_dot_q8k(row, q, d) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_kq::q4_k_dot_q8k(row, q, d) },
         _ => quant::q4_k::dot_q8k(row, q, d),
     }
 }
@@ -181,6 +223,9 @@ pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_kq::q6_k_dot_q8k(row, q, d) },
         _ => quant::q6_k::dot_q8k(row, q, d),
     }
 }
@@ -193,6 +238,9 @@ pub fn q8_0_dot4(level: Level, row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f3
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q8_0_dot4(row, q, d) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_q80::q8_0_dot4(row, q, d) },
         _ => std::array::from_fn(|t| q8_0_dot(level, row, q[t], d[t])),
     }
 }
@@ -205,6 +253,9 @@ pub fn q1_0_dots<const T: usize>(level: Level, row: &[u8], x: [Q80Rows<'_>; T]) 
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86_bits::bits_dots::<1, T>(row, x) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_bits::bits_dots::<1, T>(row, x) },
         _ => x.map(|x| quant::q1_0::dot_q8_0(row, x.q, x.d)),
     }
 }
@@ -217,6 +268,9 @@ pub fn q2_0_dots<const T: usize>(level: Level, row: &[u8], x: [Q80Rows<'_>; T]) 
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86_bits::bits_dots::<2, T>(row, x) },
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_bits::bits_dots::<2, T>(row, x) },
         _ => x.map(|x| quant::q2_0::dot_q8_0(row, x.q, x.d)),
     }
 }
@@ -241,13 +295,16 @@ pub fn q2_0_planes(q: &[i8], out: &mut [i8]) {
 /// Σ w_i·x_i for a little-endian F16 row `w` (as bytes) and f32 `x`.
 #[inline]
 pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
-    // The AVX2 kernel reads x.len() halves through a raw pointer: without this check a
-    // short `w` would be read out of bounds (the scalar kernel checks the same).
+    // The AVX2 and NEON kernels read x.len() halves through a raw pointer: without this
+    // check a short `w` would be read out of bounds (the scalar kernel checks the same).
     assert_eq!(w.len(), 2 * x.len(), "f16_dot: length mismatch");
     match level {
         // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(w.as_ptr(), x) },
+        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), [x])[0] },
         _ => quant::float::dot_f16(w, x),
     }
 }
@@ -263,6 +320,9 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
         // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
+        // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), x) },
         _ => x.map(|xt| f16_dot(level, w, xt)),
     }
 }
@@ -275,6 +335,9 @@ pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
         // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
+        // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_dots(k.as_ptr().cast(), [q])[0] },
         _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
     }
 }
@@ -287,6 +350,9 @@ pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
         // SAFETY: as in `i2s_dot`; lengths asserted equal.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
+        // SAFETY: as in `i2s_dot`; lengths asserted equal.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_f16::f16_axpy(out, w, v.as_ptr().cast()) },
         _ => out
             .iter_mut()
             .zip(v)

@@ -370,3 +370,7 @@ fn q2_0_planes_reorder_within_blocks() {
     assert_eq!(&out[..10], &[0, 4, 8, 12, 16, 20, 24, 28, 1, 5]);
     assert_eq!((out[31], out[32], out[63]), (31, 32, 63));
 }
+
+#[cfg(target_arch = "aarch64")]
+#[path = "neon_tests.rs"]
+mod neon;

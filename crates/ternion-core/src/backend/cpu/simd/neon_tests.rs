@@ -1,0 +1,150 @@
+//! aarch64 only: every NEON kernel equals its scalar reference bit for bit, on random
+//! blocks (every byte value, so every code) with sane F16 scales, against quantized and
+//! raw int8 activations (−128 included).
+
+use super::*;
+use crate::backend::cpu::linear::{simd_q8_0, simd_q8k};
+use crate::quant::{GgmlType, RefDot};
+
+/// `nb` blocks of random bytes with random F16 scales at the byte offsets `scales`.
+fn random_blocks(rng: &mut StdRng, nb: usize, block_bytes: usize, scales: &[usize]) -> Vec<u8> {
+    let mut row: Vec<u8> = (0..nb * block_bytes).map(|_| rng.random()).collect();
+    for b in row.chunks_exact_mut(block_bytes) {
+        for &o in scales {
+            let s = f16::from_f32(rng.random_range(-0.2..0.2));
+            b[o..o + 2].copy_from_slice(&s.to_le_bytes());
+        }
+    }
+    row
+}
+
+/// Activations of `k` elements in blocks of `block` (32: Q8_0, 256: Q8_K): quantized
+/// random floats, or raw int8 with random scales; with the per-block sums.
+fn activations(
+    rng: &mut StdRng,
+    k: usize,
+    block: usize,
+    raw: bool,
+) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
+    let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / block]);
+    if raw {
+        q = random_q(rng, k);
+        d.iter_mut().for_each(|v| *v = rng.random_range(0.001..0.1));
+    } else {
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        if block == 32 {
+            quant::act::quantize_q8_0(&x, &mut q, &mut d);
+        } else {
+            quant::act::quantize_q8k(&x, &mut q, &mut d);
+        }
+    }
+    let sums = q
+        .chunks(block)
+        .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+        .collect();
+    (q, d, sums)
+}
+
+/// The formats with a SIMD dot against Q8_0 or Q8_K activations, and where their blocks
+/// hold F16 scales.
+const SCALES: [(GgmlType, &[usize]); 7] = [
+    (GgmlType::Q8_0, &[0]),
+    (GgmlType::Q4_0, &[0]),
+    (GgmlType::Q5_0, &[0]),
+    (GgmlType::TQ2_0, &[64]),
+    (GgmlType::TQ1_0, &[52]),
+    (GgmlType::Q4_K, &[0, 2]),
+    (GgmlType::Q6_K, &[208]),
+];
+
+/// The kernels the linear layer dispatches for these formats, at `Level::Neon`, against
+/// the registry's reference dots.
+#[test]
+fn neon_dots_are_bit_identical_to_reference() {
+    assert_eq!(Level::detect(), Level::Neon, "NEON not detected");
+    let mut rng = StdRng::seed_from_u64(61);
+    for (ty, scales) in SCALES {
+        let fmt = quant::format(ty).expect("registered format");
+        for blocks in [1, 3, 10] {
+            let k = fmt.block_elems * blocks;
+            let row = random_blocks(&mut rng, blocks, fmt.block_bytes, scales);
+            for raw in [false, true] {
+                let (want, got) = match fmt.dot {
+                    RefDot::Q8_0(reference) => {
+                        let (q, d, _) = activations(&mut rng, k, 32, raw);
+                        let kernel = simd_q8_0(ty).expect("Q8_0 kernel");
+                        (reference(&row, &q, &d), kernel(Level::Neon, &row, &q, &d))
+                    }
+                    RefDot::Q8K(reference) => {
+                        let (q, d, sums) = activations(&mut rng, k, 256, raw);
+                        let kernel = simd_q8k(ty).expect("Q8_K kernel");
+                        (
+                            reference(&row, &q, &d),
+                            kernel(Level::Neon, &row, &q, &d, &sums),
+                        )
+                    }
+                    _ => panic!("{ty:?}: not a Q8_0 / Q8_K format"),
+                };
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{ty:?} k={k} raw={raw}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn neon_four_token_kernels_equal_single_dots() {
+    let mut rng = StdRng::seed_from_u64(62);
+    let k = 2560;
+    let row = random_blocks(&mut rng, k / 32, 34, &[0]);
+    let acts: Vec<_> = (0..4)
+        .map(|t| activations(&mut rng, k, 32, t % 2 == 0))
+        .collect();
+    let four = q8_0_dot4(
+        Level::Neon,
+        &row,
+        std::array::from_fn(|t| &acts[t].0[..]),
+        std::array::from_fn(|t| &acts[t].1[..]),
+    );
+    for (t, (q, d, _)) in acts.iter().enumerate() {
+        let want = quant::q8_0::dot_q8_0(&row, q, d);
+        assert_eq!(four[t].to_bits(), want.to_bits(), "q8_0_dot4 t={t}");
+    }
+    // I2_S with every code (3 included) against raw activations.
+    let codes: Vec<u8> = (0..k / 4).map(|_| rng.random()).collect();
+    let qs: Vec<Vec<i8>> = (0..4).map(|_| random_q(&mut rng, k)).collect();
+    let sums: [i32; 4] = std::array::from_fn(|t| qs[t].iter().map(|&v| i32::from(v)).sum());
+    let four = i2s_dot4(
+        Level::Neon,
+        &codes,
+        std::array::from_fn(|t| &qs[t][..]),
+        sums,
+    );
+    for t in 0..4 {
+        assert_eq!(four[t], quant::i2s::dot(&codes, &qs[t]), "i2s_dot4 t={t}");
+        assert_eq!(
+            i2s_dot(Level::Neon, &codes, &qs[t], sums[t]),
+            four[t],
+            "i2s_dot t={t}"
+        );
+    }
+}
+
+/// `fcvtl` widens every half (subnormals, infinities, NaNs) as `half` converts it.
+#[test]
+fn neon_widens_every_half_exactly() {
+    use std::arch::aarch64::{vdupq_n_u16, vgetq_lane_f32};
+    for bits in 0..=u16::MAX {
+        // SAFETY: NEON is part of every aarch64 Linux target.
+        let got =
+            unsafe { vgetq_lane_f32::<0>(super::super::neon_f16::widen(vdupq_n_u16(bits))[0]) };
+        let want = f16::from_bits(bits).to_f32();
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "half {bits:#06x}: {got} vs {want}"
+        );
+    }
+}
