@@ -17,6 +17,11 @@
 //!
 //! Pages are zero-filled allocations, so the OS commits their memory only as positions are
 //! written; freed pages stay in the pool and are reused before any new one is made.
+//!
+//! [`KvSeq::fork`] starts a sequence that shares another's pages (a prompt evaluated once
+//! for several choices). A shared page is copy-on-write: before a sequence writes into a
+//! page another one holds too, [`KvSeq::reserve`] gives it a copy of its own. A page goes
+//! back to the pool when its last holder lets it go; the pool counts it once while shared.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -191,7 +196,7 @@ impl KvPool {
     }
 
     /// Takes `n` pages (reused ones first), or none when fewer than `n` are left.
-    fn take(&self, n: usize, out: &mut Vec<Page>) -> Result<()> {
+    fn take(&self, n: usize) -> Result<Vec<Page>> {
         let words = self
             .geo
             .n_layer
@@ -202,6 +207,7 @@ impl KvPool {
             .map(|b| b / 4)
             .ok_or_else(|| Error::Request(format!("a KV page of {:?} is too large", self.geo)))?;
         let mut f = self.lock();
+        let mut out = Vec::with_capacity(n);
         let used = self.in_use.load(Relaxed);
         if used + n > self.capacity {
             return Err(Error::KvPoolExhausted {
@@ -224,13 +230,14 @@ impl KvPool {
             out.push(page);
         }
         self.in_use.fetch_add(n, Relaxed);
-        Ok(())
+        Ok(out)
     }
 
-    fn give_back(&self, pages: impl Iterator<Item = Page>) {
+    /// Lets `pages` go: those no other sequence holds return to the pool.
+    fn give_back(&self, pages: impl Iterator<Item = Arc<Page>>) {
         let mut f = self.lock();
         let before = f.pages.len();
-        f.pages.extend(pages);
+        f.pages.extend(pages.filter_map(Arc::into_inner));
         self.in_use.fetch_sub(f.pages.len() - before, Relaxed);
     }
 }
@@ -238,7 +245,8 @@ impl KvPool {
 /// One sequence's cache: its page table and the positions filled.
 pub struct KvSeq {
     pool: Arc<KvPool>,
-    pages: Vec<Page>,
+    /// Its pages; one held by another sequence too (after [`KvSeq::fork`]) is read-only.
+    pages: Vec<Arc<Page>>,
     len: usize,
     n_ctx: usize,
 }
@@ -301,15 +309,41 @@ impl KvSeq {
     }
 
     /// Makes room for `n` more positions: checks the context and takes the pages they
-    /// need from the pool (all or none).
+    /// need from the pool (all or none), a copy included for each page the positions
+    /// fall in that another sequence shares.
     pub fn reserve(&mut self, n: usize) -> Result<()> {
         self.check_room(n)?;
         let need = self.pool.geo.pages_for(self.len + n);
-        if need > self.pages.len() {
-            let pool = self.pool.clone();
-            pool.take(need - self.pages.len(), &mut self.pages)?;
+        let first = self.len / self.pool.geo.page_size;
+        let shared: Vec<usize> = (first..need.min(self.pages.len()))
+            .filter(|&i| Arc::strong_count(&self.pages[i]) > 1)
+            .collect();
+        let grow = need.saturating_sub(self.pages.len());
+        if grow + shared.len() == 0 {
+            return Ok(());
         }
+        let mut fresh = self.pool.take(grow + shared.len())?.into_iter();
+        for (&i, mut copy) in shared.iter().zip(&mut fresh) {
+            copy.data.copy_from_slice(&self.pages[i].data);
+            let old = std::mem::replace(&mut self.pages[i], Arc::new(copy));
+            self.pool.give_back(std::iter::once(old));
+        }
+        self.pages.extend(fresh.map(Arc::new));
         Ok(())
+    }
+
+    /// A new sequence holding this one's positions in the same pages (nothing is copied
+    /// until one of them writes into a shared page: see [`KvSeq::reserve`]).
+    pub fn fork(&self) -> KvSeq {
+        let held = self.pool.geo.pages_for(self.len);
+        let mut pages = Vec::with_capacity(self.pages.capacity());
+        pages.extend(self.pages[..held].iter().cloned());
+        KvSeq {
+            pool: self.pool.clone(),
+            pages,
+            len: self.len,
+            n_ctx: self.n_ctx,
+        }
     }
 
     /// Stores keys and values (`n × kv_dim` each, rounded to the cache's type) of layer `layer` for the
@@ -326,7 +360,9 @@ impl KvSeq {
             for (i, row) in src.chunks_exact(kv_dim).enumerate() {
                 let p = self.len + i;
                 let at = ((2 * layer + half) * page_size + p % page_size) * kv_dim;
-                let data = &mut self.pages[p / page_size].data;
+                let data = &mut Arc::get_mut(&mut self.pages[p / page_size])
+                    .expect("KvSeq::reserve gives a sequence its own copy of a page it writes")
+                    .data;
                 match ty {
                     KvType::F16 => {
                         let dst = &mut bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim];
@@ -473,6 +509,57 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(pool.pages_in_use(), 0);
+    }
+
+    /// Writes position `p`'s keys (value `x`) in every layer of `s` and advances it.
+    fn push(s: &mut KvSeq, x: f32) {
+        s.reserve(1).unwrap();
+        for layer in 0..2 {
+            s.write(layer, &[x; 3], &[-x; 3]);
+        }
+        s.advance(1);
+    }
+
+    #[test]
+    fn forks_share_full_pages_and_copy_the_partial_one_on_write() {
+        let pool = KvPool::new(geo(), 6);
+        let mut a = KvSeq::new(pool.clone(), 100);
+        for p in 0..6 {
+            push(&mut a, p as f32);
+        }
+        let mut b = a.fork();
+        let mut c = a.fork();
+        assert_eq!((b.len(), pool.pages_in_use()), (6, 2), "forks take no page");
+        push(&mut b, 100.0);
+        push(&mut c, 200.0);
+        assert_eq!(pool.pages_in_use(), 4, "b and c copied the shared partial page");
+        push(&mut a, 300.0);
+        assert_eq!(pool.pages_in_use(), 4, "a holds the partial page alone again");
+        let ids = |s: &KvSeq| s.page_ids().collect::<Vec<_>>();
+        assert_eq!(ids(&a)[0], ids(&b)[0]);
+        assert_eq!(ids(&b)[0], ids(&c)[0]);
+        for (s, x) in [(&a, 300.0), (&b, 100.0), (&c, 200.0)] {
+            for layer in 0..2 {
+                let l = s.layer(layer);
+                let keys: Vec<f32> = (0..7).map(|p| l.key(p).get(2)).collect();
+                assert_eq!(keys, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, x]);
+                assert_eq!(l.value(6).get(0), -x);
+            }
+        }
+        drop(a);
+        drop(b);
+        assert_eq!(pool.pages_in_use(), 2, "c still holds the first page and its copy");
+        drop(c);
+        assert_eq!(pool.pages_in_use(), 0);
+        let mut d = KvSeq::new(pool.clone(), 100);
+        d.reserve(8).unwrap();
+        let mut e = d.fork();
+        assert_eq!(e.n_pages(), 0, "a fork holds only the pages of filled positions");
+        assert!(matches!(
+            e.reserve(20),
+            Err(Error::KvPoolExhausted { need: 5, free: 4, .. })
+        ));
+        assert_eq!(pool.pages_in_use(), 2);
     }
 
     #[test]
