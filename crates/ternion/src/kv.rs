@@ -532,9 +532,17 @@ mod tests {
         assert_eq!((b.len(), pool.pages_in_use()), (6, 2), "forks take no page");
         push(&mut b, 100.0);
         push(&mut c, 200.0);
-        assert_eq!(pool.pages_in_use(), 4, "b and c copied the shared partial page");
+        assert_eq!(
+            pool.pages_in_use(),
+            4,
+            "b and c copied the shared partial page"
+        );
         push(&mut a, 300.0);
-        assert_eq!(pool.pages_in_use(), 4, "a holds the partial page alone again");
+        assert_eq!(
+            pool.pages_in_use(),
+            4,
+            "a holds the partial page alone again"
+        );
         let ids = |s: &KvSeq| s.page_ids().collect::<Vec<_>>();
         assert_eq!(ids(&a)[0], ids(&b)[0]);
         assert_eq!(ids(&b)[0], ids(&c)[0]);
@@ -548,16 +556,28 @@ mod tests {
         }
         drop(a);
         drop(b);
-        assert_eq!(pool.pages_in_use(), 2, "c still holds the first page and its copy");
+        assert_eq!(
+            pool.pages_in_use(),
+            2,
+            "c still holds the first page and its copy"
+        );
         drop(c);
         assert_eq!(pool.pages_in_use(), 0);
         let mut d = KvSeq::new(pool.clone(), 100);
         d.reserve(8).unwrap();
         let mut e = d.fork();
-        assert_eq!(e.n_pages(), 0, "a fork holds only the pages of filled positions");
+        assert_eq!(
+            e.n_pages(),
+            0,
+            "a fork holds only the pages of filled positions"
+        );
         assert!(matches!(
             e.reserve(20),
-            Err(Error::KvPoolExhausted { need: 5, free: 4, .. })
+            Err(Error::KvPoolExhausted {
+                need: 5,
+                free: 4,
+                ..
+            })
         ));
         assert_eq!(pool.pages_in_use(), 2);
     }

@@ -490,7 +490,10 @@ mod tests {
         let adv = b.advance(Row::Argmax(u32::from(b'b')), &t);
         assert_eq!((adv.drawn, adv.text.as_deref()), (Some(98), Some("b")));
         assert_eq!((b.prompt_len(), b.in_prompt()), (600, false));
-        assert!(b.plan(&mut 0) && a.plan(&mut 0), "each one's next step is its own draw");
+        assert!(
+            b.plan(&mut 0) && a.plan(&mut 0),
+            "each one's next step is its own draw"
+        );
         assert_eq!((b.tokens(), a.tokens()), (&[98][..], &[97][..]));
         let (history, _) = b.into_parts();
         assert_eq!(history, a.into_parts().0);
