@@ -29,6 +29,21 @@ pub(super) struct Seq<K> {
     pub born: Vec<Seq<K>>,
 }
 
+/// The sampler of `job` and a KV cache from `kv`; when either fails, the job is answered
+/// with the error.
+fn parts<K>(job: &Job, kv: impl FnOnce() -> ternion::Result<K>) -> Option<(Sampler, K)> {
+    let made = Sampler::new(job.sampler.clone())
+        .map_err(|e| EngineError::Sampler(e.into()))
+        .and_then(|s| Ok((s, kv().map_err(|e| EngineError::NoCache(e.into()))?)));
+    match made {
+        Ok(m) => Some(m),
+        Err(e) => {
+            let _ = job.events.send(Event::Error(e));
+            None
+        }
+    }
+}
+
 /// Makes a backend sequence holding another's positions ([`BatchBackend::fork`]).
 pub(super) type Forker<K> = fn(&K) -> ternion::Result<K>;
 
@@ -41,21 +56,7 @@ impl<K> Seq<K> {
         max_chunk: usize,
         mut job: Job,
     ) -> Option<Seq<K>> {
-        let made = Sampler::new(job.sampler.clone())
-            .map_err(|e| EngineError::Sampler(e.into()))
-            .and_then(|s| {
-                let kv = runner
-                    .new_seq(n_ctx)
-                    .map_err(|e| EngineError::NoCache(e.into()))?;
-                Ok((s, kv))
-            });
-        let (sampler, kv) = match made {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = job.events.send(Event::Error(e));
-                return None;
-            }
-        };
+        let (sampler, kv) = parts(&job, || runner.new_seq(n_ctx))?;
         let rules = StepperOptions {
             max_tokens: job.max_tokens,
             ignore_eos: job.ignore_eos,
@@ -96,22 +97,9 @@ impl<K> Seq<K> {
     /// request is answered with the error.
     fn fork(&self, f: Fork, fork: Forker<K>) -> Option<Seq<K>> {
         let job = self.job.sibling(f, Vec::new());
-        let made = Sampler::new(job.sampler.clone())
-            .map_err(|e| EngineError::Sampler(e.into()))
-            .and_then(|s| {
-                let kv = fork(self.st.kv()).map_err(|e| EngineError::NoCache(e.into()))?;
-                Ok((s, kv))
-            });
-        match made {
-            Ok((sampler, kv)) => {
-                let st = self.st.fork(sampler, kv, self.rules.clone());
-                Some(Seq::start(job, st, self.rules.clone()))
-            }
-            Err(e) => {
-                let _ = job.events.send(Event::Error(e));
-                None
-            }
-        }
+        let (sampler, kv) = parts(&job, || fork(self.st.kv()))?;
+        let st = self.st.fork(sampler, kv, self.rules.clone());
+        Some(Seq::start(job, st, self.rules.clone()))
     }
 
     pub fn send(&self, ev: Event) {
