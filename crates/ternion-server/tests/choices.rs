@@ -60,26 +60,22 @@ fn choices_draw_as_separately_seeded_requests(s: &Server) -> f64 {
 #[test]
 fn choices_evaluate_the_prompt_once_and_draw_as_separately_seeded_requests() {
     // 8 pages hold the prompt's two full pages once and a third page per choice (4 × 90
-    // positions without sharing would need 12). With 2 active sequences at most, the 4
-    // choices still run together (alone).
-    for max_active in ["4", "2"] {
-        let s = Server::start(&["--max-active", max_active, "--kv-pages", "8"]);
-        assert_eq!(
-            choices_draw_as_separately_seeded_requests(&s),
-            70.0,
-            "--max-active {max_active}: the prompt is evaluated once for 4 choices"
-        );
-    }
+    // positions without sharing would need 12).
+    let s = Server::start(&["--max-active", "4", "--kv-pages", "8"]);
+    assert_eq!(choices_draw_as_separately_seeded_requests(&s), 70.0);
+    // More choices than --max-active run as sequences of their own, two at a time.
+    let s = Server::start(&["--max-active", "2", "--kv-pages", "8"]);
+    assert_eq!(choices_draw_as_separately_seeded_requests(&s), 4.0 * 70.0);
 }
 
-/// The GPU backend does not share pages: each choice is a sequence of its own, with the
-/// same tokens. TERNION_SKIP_GPU_TESTS=1 skips it where no Vulkan driver is installed.
+/// The same on the GPU backend (its page tables share pages too).
+/// TERNION_SKIP_GPU_TESTS=1 skips it where no Vulkan driver is installed.
 #[test]
-fn gpu_choices_run_as_sequences_of_their_own_with_the_same_tokens() {
+fn gpu_choices_evaluate_the_prompt_once_too() {
     if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") {
         eprintln!("skipping GPU server test: TERNION_SKIP_GPU_TESTS=1");
         return;
     }
-    let s = Server::start(&["--backend", "gpu", "--max-active", "2"]);
-    assert_eq!(choices_draw_as_separately_seeded_requests(&s), 4.0 * 70.0);
+    let s = Server::start(&["--backend", "gpu", "--max-active", "4", "--kv-pages", "8"]);
+    assert_eq!(choices_draw_as_separately_seeded_requests(&s), 70.0);
 }

@@ -4,8 +4,9 @@
 //! [`Batching::OneByOne`]), and retires the sequences that ended.
 //!
 //! A request of `n` choices is one job: on a backend that shares KV pages it is admitted
-//! when its `n` sequences fit (or nothing else runs), evaluates its prompt once and starts
-//! its other choices from there; elsewhere its choices queue as jobs of their own.
+//! when its `n` sequences fit beside the running ones, evaluates its prompt once and
+//! starts its other choices from there; with more choices than `max_active`, or on a
+//! backend that cannot share pages, its choices queue as jobs of their own.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -165,11 +166,12 @@ impl<B: BatchBackend> Scheduler<'_, B> {
                 m.cancelled_total.fetch_add(1, Relaxed);
                 continue;
             }
-            if !B::FORKS {
+            // Forks need a slot each beside the first choice: more than fit run apart.
+            if !B::FORKS || job.width() > self.max_active {
                 for f in job.split().into_iter().rev() {
                     self.pending.push_front(f);
                 }
-            } else if used > 0 && used + job.width() > self.max_active {
+            } else if used + job.width() > self.max_active {
                 self.pending.push_front(job);
                 return true;
             }

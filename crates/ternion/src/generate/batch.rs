@@ -34,7 +34,7 @@ pub trait BatchBackend {
     fn fork(_seq: &Self::Seq) -> Result<Self::Seq> {
         Err(Error::UnsupportedFeature {
             what: "sharing a sequence's KV cache".into(),
-            needs: "copy-on-write KV pages (the CPU backend)".into(),
+            needs: "copy-on-write KV pages (the CPU and GPU backends)".into(),
         })
     }
 
