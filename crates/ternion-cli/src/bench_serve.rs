@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use ternion_server::ServerConfig;
 
 use crate::common;
+use crate::constrain::ConstrainArgs;
 
 /// Arguments of `ternion bench-serve`.
 #[derive(Args)]
@@ -71,6 +72,10 @@ pub struct BenchServeArgs {
     /// In-process server: context size per sequence (default: prompt + max tokens).
     #[arg(long)]
     ctx: Option<usize>,
+    /// Every request asks for constrained output (sent as `response_format`, `regex` or
+    /// `grammar`), to measure the token mask's cost end to end.
+    #[command(flatten)]
+    constrain: ConstrainArgs,
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -175,12 +180,14 @@ fn measure(
     model_id: &str,
     streams: usize,
 ) -> Result<Value> {
+    let fields = a.constrain.request_fields()?;
     let t0 = Instant::now();
     let handles: Vec<_> = (0..streams)
         .map(|c| {
             let (url, model_id, agent) = (url.to_string(), model_id.to_string(), agent.clone());
             let (n_prompt, max_tokens, requests) = (a.prompt_tokens, a.max_tokens, a.requests);
             let duration = a.duration.map(Duration::from_secs);
+            let fields = fields.clone();
             std::thread::spawn(move || -> Result<Vec<Trace>> {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(c as u64);
                 let mut traces = Vec::new();
@@ -194,11 +201,14 @@ fn measure(
                     }
                     let prompt: Vec<u32> =
                         (0..n_prompt).map(|_| rng.random_range(0..256)).collect();
-                    let body = json!({
+                    let mut body = json!({
                         "model": model_id, "prompt": [prompt], "max_tokens": max_tokens,
                         "stream": true, "ignore_eos": true, "return_token_ids": true,
                         "temperature": 0.8, "seed": c * 1_000_000 + r,
                     });
+                    if let Some(b) = body.as_object_mut() {
+                        b.extend(fields.clone());
+                    }
                     traces.push(stream_one(&agent, &url, &body)?);
                 }
                 Ok(traces)
@@ -338,14 +348,14 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     };
     let agent = Client::new(a.api_key.as_deref());
     let model_id = wait_ready(&agent, &url, server.as_ref())?;
-    // Warm-up: touches every weight page and starts the worker pool.
-    stream_one(
-        &agent,
-        &url,
-        &json!({"model": model_id, "prompt": [[1, 2, 3, 4]], "max_tokens": 2, "stream": true,
-                "ignore_eos": true, "return_token_ids": true}),
-    )
-    .context("warm-up request")?;
+    // Warm-up: touches every weight page, starts the worker pool and builds the grammar
+    // compiler of the vocabulary (with the constraint asked for).
+    let mut warm = json!({"model": model_id, "prompt": [[1, 2, 3, 4]], "max_tokens": 2,
+                          "stream": true, "ignore_eos": true, "return_token_ids": true});
+    if let Some(b) = warm.as_object_mut() {
+        b.extend(a.constrain.request_fields()?);
+    }
+    stream_one(&agent, &url, &warm).context("warm-up request")?;
     let mut runs = Vec::new();
     for &n in &a.streams {
         let r = measure(&a, &agent, &url, &model_id, n)?;
@@ -371,6 +381,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             "prompt_tokens": a.prompt_tokens,
             "max_tokens": a.max_tokens,
             "requests_per_stream": a.requests,
+            "constraint": a.constrain.request_fields()?,
             "duration_s": a.duration,
             "runs": runs,
         });

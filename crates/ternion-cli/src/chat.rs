@@ -2,20 +2,23 @@
 //!
 //! Input: one line is one message; a line ending in `\` continues on the next line, and a
 //! line `"""` opens a block that the next `"""` line closes. Commands: `/reset` (forget the
-//! conversation, keep the system prompt), `/exit`. End of input (Ctrl-D) ends the chat;
+//! conversation, keep the system prompt), `/save FILE` (the conversation as JSON messages,
+//! OpenAI's shape), `/exit`. `--json-schema` and the other constraint flags of `run` hold
+//! every reply to that output. End of input (Ctrl-D) ends the chat;
 //! an empty line does nothing. When a new message and its reply no longer fit the
 //! context, the oldest turns are dropped (the system prompt stays) and the chat goes on.
 
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use ternion::chat::{ChatTemplate, Conversation, Message, TurnText};
 use ternion::session::{GenerateOptions, GenerationStats};
 use ternion::tokenizer::Tokenizer;
 
 use crate::common::{self, ModelArgs};
+use crate::constrain::ConstrainArgs;
 use crate::run::{interrupt_flag, print_stats, SampleArgs, EXIT_INTERRUPTED};
 
 /// Arguments of `ternion chat`.
@@ -31,6 +34,8 @@ pub struct ChatArgs {
     /// Most tokens per reply.
     #[arg(short = 'n', long, default_value_t = 512)]
     n_predict: usize,
+    #[command(flatten)]
+    constrain: ConstrainArgs,
 }
 
 /// What the user did at the prompt.
@@ -39,6 +44,8 @@ enum Input {
     Message(String),
     /// `/reset`.
     Reset,
+    /// `/save FILE` (the text after the command, trimmed).
+    Save(String),
     /// `/exit` or end of input.
     End,
     /// Ctrl-C.
@@ -114,6 +121,9 @@ impl Lines {
                     }
                     "/exit" | "/quit" => return Input::End,
                     "/reset" => return Input::Reset,
+                    t if t == "/save" || t.starts_with("/save ") => {
+                        return Input::Save(t["/save".len()..].trim().to_owned())
+                    }
                     _ => return Input::Message(text),
                 }
             }
@@ -182,6 +192,20 @@ impl Dialog<'_> {
         }
         self.fresh = true;
         Ok(())
+    }
+
+    /// Writes every message, the system prompt's included, to `path` as a JSON array of
+    /// `{"role", "content"}` objects (OpenAI's shape); returns how many.
+    fn save(&self, path: &str) -> Result<usize> {
+        let messages: Vec<serde_json::Value> = self
+            .conv
+            .messages()
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let text = serde_json::to_string_pretty(&messages)? + "\n";
+        std::fs::write(path, text).with_context(|| format!("writing {path}"))?;
+        Ok(messages.len())
     }
 
     /// The messages after the system prompt.
@@ -260,6 +284,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         fresh: true,
     };
     let mut sampler = a.sample.sampler()?;
+    let constrainer = a.constrain.constrainer(tok, l.model.config().n_vocab)?;
     let mut session = common::session(&l.model, &mut l.gpu, l.n_ctx);
     let opts = GenerateOptions {
         max_tokens: a.n_predict,
@@ -270,8 +295,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let interrupted = interrupt_flag()?;
     eprintln!(
         "Loaded in {:.2} s. Type a message (end a line with \\ to continue it, or put it \
-         between \"\"\" lines); /reset clears the conversation; /exit, Ctrl-D or Ctrl-C ends \
-         the chat (Ctrl-C during a reply stops the reply).",
+         between \"\"\" lines); /reset clears the conversation; /save FILE writes it as JSON; \
+         /exit, Ctrl-D or Ctrl-C ends the chat (Ctrl-C during a reply stops the reply).",
         l.load_time.as_secs_f64()
     );
     let lines = Lines::stdin();
@@ -283,6 +308,17 @@ pub fn chat(a: ChatArgs) -> Result<()> {
                 dialog.rebuild(&[])?;
                 session.reset();
                 eprintln!("[conversation cleared]");
+                continue;
+            }
+            Input::Save(path) if path.is_empty() => {
+                eprintln!("[usage: /save FILE]");
+                continue;
+            }
+            Input::Save(path) => {
+                match dialog.save(&path) {
+                    Ok(n) => eprintln!("[saved {n} messages to {path}]"),
+                    Err(e) => eprintln!("[not saved: {e:#}]"),
+                }
                 continue;
             }
             Input::End => break,
@@ -317,6 +353,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
                     continue;
                 }
             }
+        }
+        if let Some(c) = &constrainer {
+            c.apply(&mut session)?;
         }
         let mut reply = String::new();
         let mut out = std::io::stdout().lock();

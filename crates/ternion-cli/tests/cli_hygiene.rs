@@ -452,6 +452,54 @@ fn chat_takes_multi_line_input_resets_and_shifts_a_full_context() {
 }
 
 #[test]
+fn chat_saves_the_conversation_and_holds_every_reply_to_the_constraint() {
+    let saved = tmp_dir().join("chat.json");
+    let saved_arg = saved.to_str().unwrap();
+    let chat = |constraint: &[&str], input: &str| {
+        let mut args = vec!["chat", "-m", tiny(), "-n", "24", "-t", "1", "--seed", "5"];
+        args.extend_from_slice(&["--temperature", "1", "-s", "Be brief."]);
+        args.extend_from_slice(constraint);
+        let o = with_stdin(&args, input, &[]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+        (err, v.as_array().unwrap().clone())
+    };
+    let input = format!("hello\n/save\nagain\n/save {saved_arg}\n");
+    let (err, messages) = chat(&["--regex", "[A-Z]{2}-[0-9]{3}"], &input);
+    assert!(err.contains("[usage: /save FILE]"), "{err}");
+    assert!(
+        err.contains(&format!("[saved 5 messages to {saved_arg}]")),
+        "{err}"
+    );
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "user", "assistant"]);
+    assert_eq!(messages[0]["content"], "Be brief.");
+    assert_eq!(messages[3]["content"], "again");
+    for m in [&messages[2], &messages[4]] {
+        let b = m["content"].as_str().unwrap().as_bytes();
+        assert!(
+            b.len() == 6 && b[..2].iter().all(u8::is_ascii_uppercase),
+            "{m}"
+        );
+        assert!(b[2] == b'-' && b[3..].iter().all(u8::is_ascii_digit), "{m}");
+    }
+    let input = format!("one\ntwo\nthree\n/save {saved_arg}\n");
+    let (_, messages) = chat(&["--json-object"], &input);
+    assert_eq!(messages.len(), 7);
+    for m in messages.iter().filter(|m| m["role"] == "assistant") {
+        let reply: Value = serde_json::from_str(m["content"].as_str().unwrap()).unwrap();
+        assert!(reply.is_object(), "{m}");
+    }
+    let o = with_stdin(&["chat", "-m", tiny(), "--regex", "(x"], "hi\n", &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("invalid grammar"));
+}
+
+#[test]
 fn tokenize_reads_standard_input() {
     let a = ok(&["tokenize", "-m", tiny(), "hello world"]);
     let b = with_stdin(&["tokenize", "-m", tiny(), "-"], "hello world", &[]);

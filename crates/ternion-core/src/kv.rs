@@ -17,6 +17,11 @@
 //!
 //! Pages are zero-filled allocations, so the OS commits their memory only as positions are
 //! written; freed pages stay in the pool and are reused before any new one is made.
+//!
+//! [`KvSeq::fork`] starts a sequence that shares another's pages (a prompt evaluated once
+//! for several choices). A shared page is copy-on-write: before a sequence writes into a
+//! page another one holds too, [`KvSeq::reserve`] gives it a copy of its own. A page goes
+//! back to the pool when its last holder lets it go; the pool counts it once while shared.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -191,7 +196,7 @@ impl KvPool {
     }
 
     /// Takes `n` pages (reused ones first), or none when fewer than `n` are left.
-    fn take(&self, n: usize, out: &mut Vec<Page>) -> Result<()> {
+    fn take(&self, n: usize) -> Result<Vec<Page>> {
         let words = self
             .geo
             .n_layer
@@ -202,6 +207,7 @@ impl KvPool {
             .map(|b| b / 4)
             .ok_or_else(|| Error::Request(format!("a KV page of {:?} is too large", self.geo)))?;
         let mut f = self.lock();
+        let mut out = Vec::with_capacity(n);
         let used = self.in_use.load(Relaxed);
         if used + n > self.capacity {
             return Err(Error::KvPoolExhausted {
@@ -224,13 +230,14 @@ impl KvPool {
             out.push(page);
         }
         self.in_use.fetch_add(n, Relaxed);
-        Ok(())
+        Ok(out)
     }
 
-    fn give_back(&self, pages: impl Iterator<Item = Page>) {
+    /// Lets `pages` go: those no other sequence holds return to the pool.
+    fn give_back(&self, pages: impl Iterator<Item = Arc<Page>>) {
         let mut f = self.lock();
         let before = f.pages.len();
-        f.pages.extend(pages);
+        f.pages.extend(pages.filter_map(Arc::into_inner));
         self.in_use.fetch_sub(f.pages.len() - before, Relaxed);
     }
 }
@@ -238,7 +245,8 @@ impl KvPool {
 /// One sequence's cache: its page table and the positions filled.
 pub struct KvSeq {
     pool: Arc<KvPool>,
-    pages: Vec<Page>,
+    /// Its pages; one held by another sequence too (after [`KvSeq::fork`]) is read-only.
+    pages: Vec<Arc<Page>>,
     len: usize,
     n_ctx: usize,
 }
@@ -301,15 +309,41 @@ impl KvSeq {
     }
 
     /// Makes room for `n` more positions: checks the context and takes the pages they
-    /// need from the pool (all or none).
+    /// need from the pool (all or none), a copy included for each page the positions
+    /// fall in that another sequence shares.
     pub fn reserve(&mut self, n: usize) -> Result<()> {
         self.check_room(n)?;
         let need = self.pool.geo.pages_for(self.len + n);
-        if need > self.pages.len() {
-            let pool = self.pool.clone();
-            pool.take(need - self.pages.len(), &mut self.pages)?;
+        let first = self.len / self.pool.geo.page_size;
+        let shared: Vec<usize> = (first..need.min(self.pages.len()))
+            .filter(|&i| Arc::strong_count(&self.pages[i]) > 1)
+            .collect();
+        let grow = need.saturating_sub(self.pages.len());
+        if grow + shared.len() == 0 {
+            return Ok(());
         }
+        let mut fresh = self.pool.take(grow + shared.len())?.into_iter();
+        for (&i, mut copy) in shared.iter().zip(&mut fresh) {
+            copy.data.copy_from_slice(&self.pages[i].data);
+            let old = std::mem::replace(&mut self.pages[i], Arc::new(copy));
+            self.pool.give_back(std::iter::once(old));
+        }
+        self.pages.extend(fresh.map(Arc::new));
         Ok(())
+    }
+
+    /// A new sequence holding this one's positions in the same pages (nothing is copied
+    /// until one of them writes into a shared page: see [`KvSeq::reserve`]).
+    pub fn fork(&self) -> KvSeq {
+        let held = self.pool.geo.pages_for(self.len);
+        let mut pages = Vec::with_capacity(self.pages.capacity());
+        pages.extend(self.pages[..held].iter().cloned());
+        KvSeq {
+            pool: self.pool.clone(),
+            pages,
+            len: self.len,
+            n_ctx: self.n_ctx,
+        }
     }
 
     /// Stores keys and values (`n × kv_dim` each, rounded to the cache's type) of layer `layer` for the
@@ -326,7 +360,9 @@ impl KvSeq {
             for (i, row) in src.chunks_exact(kv_dim).enumerate() {
                 let p = self.len + i;
                 let at = ((2 * layer + half) * page_size + p % page_size) * kv_dim;
-                let data = &mut self.pages[p / page_size].data;
+                let data = &mut Arc::get_mut(&mut self.pages[p / page_size])
+                    .expect("KvSeq::reserve gives a sequence its own copy of a page it writes")
+                    .data;
                 match ty {
                     KvType::F16 => {
                         let dst = &mut bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim];
@@ -398,114 +434,5 @@ impl<'a> KvLayer<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn geo() -> KvGeometry {
-        KvGeometry {
-            n_layer: 2,
-            kv_dim: 3,
-            page_size: 4,
-            ty: KvType::F16,
-        }
-    }
-
-    #[test]
-    fn rows_round_trip_across_pages() {
-        for ty in [KvType::F16, KvType::F32] {
-            round_trip(ty);
-        }
-    }
-
-    /// Integers below 2048 are exact in F16; the F32 cache also keeps fractions.
-    fn round_trip(ty: KvType) {
-        let frac = if ty == KvType::F32 { 0.1 } else { 0.0 };
-        let pool = KvPool::new(KvGeometry { ty, ..geo() }, 8);
-        let mut s = KvSeq::new(pool.clone(), 32);
-        for step in [5usize, 1, 4] {
-            s.reserve(step).unwrap();
-            for layer in 0..2 {
-                let base = s.len();
-                let k: Vec<f32> = (0..step * 3)
-                    .map(|i| (layer * 1000 + base * 3 + i) as f32 + frac)
-                    .collect();
-                let v: Vec<f32> = k.iter().map(|x| -x).collect();
-                s.write(layer, &k, &v);
-            }
-            s.advance(step);
-        }
-        assert_eq!(s.len(), 10);
-        assert_eq!(s.n_pages(), 3);
-        assert_eq!(pool.pages_in_use(), 3);
-        assert_eq!(pool.geometry().page_bytes(), 2 * 2 * 4 * 3 * ty.bytes());
-        for layer in 0..2 {
-            let l = s.layer(layer);
-            for p in 0..10 {
-                for c in 0..3 {
-                    let want = (layer * 1000 + p * 3 + c) as f32 + frac;
-                    assert_eq!(l.key(p).get(c), want, "{ty:?} layer {layer} pos {p}");
-                    assert_eq!(l.value(p).get(c), -want);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn truncate_and_drop_return_pages_and_pages_are_reused() {
-        let pool = KvPool::new(geo(), 4);
-        let mut a = KvSeq::new(pool.clone(), 100);
-        a.reserve(13).unwrap();
-        a.advance(13);
-        assert_eq!(pool.pages_in_use(), 4);
-        a.truncate(5);
-        assert_eq!((a.len(), a.n_pages(), pool.pages_in_use()), (5, 2, 2));
-        let mut b = KvSeq::new(pool.clone(), 100);
-        b.reserve(8).unwrap();
-        assert_eq!(pool.pages_in_use(), 4);
-        assert_eq!(pool.pages_allocated(), 4, "freed pages are reused");
-        let mut ids: Vec<u32> = a.page_ids().chain(b.page_ids()).collect();
-        ids.sort_unstable();
-        assert_eq!(
-            ids,
-            [0, 1, 2, 3],
-            "page ids are unique and below the capacity"
-        );
-        drop(a);
-        drop(b);
-        assert_eq!(pool.pages_in_use(), 0);
-    }
-
-    #[test]
-    fn exhausted_pool_is_an_error_and_takes_nothing() {
-        let pool = KvPool::new(geo(), 3);
-        let mut a = KvSeq::new(pool.clone(), 100);
-        a.reserve(8).unwrap();
-        let mut b = KvSeq::new(pool.clone(), 100);
-        let e = b.reserve(8).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::KvPoolExhausted {
-                    need: 2,
-                    free: 1,
-                    capacity: 3
-                }
-            ),
-            "{e}"
-        );
-        assert_eq!((b.n_pages(), pool.pages_in_use()), (0, 2));
-        b.reserve(4).unwrap();
-        assert_eq!(pool.pages_in_use(), 3);
-    }
-
-    #[test]
-    fn context_bound_is_checked_before_pages() {
-        let pool = KvPool::new(geo(), 10);
-        let mut s = KvSeq::new(pool.clone(), 6);
-        assert!(matches!(
-            s.reserve(7),
-            Err(Error::ContextFull { n_ctx: 6, .. })
-        ));
-        assert_eq!(pool.pages_in_use(), 0);
-    }
-}
+#[path = "kv_tests.rs"]
+mod tests;

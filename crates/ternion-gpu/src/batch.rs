@@ -31,6 +31,12 @@ impl BatchBackend for GpuBatch {
         self.gpu.new_seq()
     }
 
+    const FORKS: bool = true;
+
+    fn fork(seq: &GpuSeq) -> Result<GpuSeq> {
+        seq.fork()
+    }
+
     fn pages(&self) -> (usize, usize) {
         self.gpu.kv_pages()
     }

@@ -311,6 +311,7 @@ impl GpuModel {
         let g = &*self.ctx;
         self.toks.clear();
         self.ids.clear();
+        let copies;
         {
             let mut table = lock(&self.table);
             for (i, &(slot, tokens)) in parts.iter().enumerate() {
@@ -337,6 +338,7 @@ impl GpuModel {
                     .extend((len..len + tokens.len()).map(|p| [p as u32, slot | flag]));
             }
             table.reserve(parts)?;
+            copies = table.take_copies();
             let idx = &self.plan.index;
             for &(slot, _) in parts {
                 if let Some(pages) = table.take_dirty(slot) {
@@ -380,6 +382,7 @@ impl GpuModel {
             }
         };
         let mut enc = g.encoder();
+        self.plan.copy_kv_pages(&mut enc, &copies);
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             let queries = self.profiler.as_ref().map(|p| &p.queries);

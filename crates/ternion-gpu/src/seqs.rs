@@ -6,6 +6,11 @@
 //! This module is the host side: which slots and pages are taken. A [`GpuSeq`] handle owns
 //! one slot; dropping it (or truncating it) gives its pages back at once, so a server that
 //! drops a cancelled sequence frees its cache without touching the model.
+//!
+//! [`GpuSeq::fork`] opens a slot sharing another's pages (a prompt evaluated once for
+//! several choices). A page held by several slots is copy-on-write: before a slot writes
+//! into it, [`KvTable::reserve`] gives the slot a fresh page and queues the copy, which the
+//! next step records before its kernels ([`KvTable::take_copies`]).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -28,6 +33,10 @@ pub(crate) struct KvTable {
     free_pages: Vec<u32>,
     capacity: usize,
     n_ctx: usize,
+    /// Slots holding each page.
+    refs: Vec<u32>,
+    /// Whole pages to copy (from, to) before the next step's kernels.
+    copies: Vec<(u32, u32)>,
 }
 
 impl KvTable {
@@ -40,7 +49,35 @@ impl KvTable {
             free_pages: (0..pages as u32).rev().collect(),
             capacity: pages,
             n_ctx,
+            refs: vec![0; pages],
+            copies: Vec::new(),
         }))
+    }
+
+    /// Opens a slot holding the positions of `from`'s slot, in the same pages.
+    fn fork(table: &Arc<Mutex<KvTable>>, from: u32) -> Result<GpuSeq> {
+        let seq = KvTable::open(table)?;
+        let mut t = lock(table);
+        let src = &t.slots[from as usize];
+        let len = src.len;
+        let pages = src.pages[..len.div_ceil(PAGE_POSITIONS)].to_vec();
+        for &p in &pages {
+            t.refs[p as usize] += 1;
+        }
+        let slot = &mut t.slots[seq.slot as usize];
+        (slot.pages, slot.len) = (pages, len);
+        Ok(seq)
+    }
+
+    /// The indices of `slot`'s pages, among the first `want`, that positions from its
+    /// length on fall in and another slot holds too (`refs`: the holders of each page).
+    fn shared<'a>(
+        refs: &'a [u32],
+        slot: &'a Slot,
+        want: usize,
+    ) -> impl Iterator<Item = usize> + 'a {
+        (slot.len / PAGE_POSITIONS..want.min(slot.pages.len()))
+            .filter(move |&i| refs[slot.pages[i] as usize] > 1)
     }
 
     /// Takes a free slot.
@@ -68,14 +105,15 @@ impl KvTable {
         self.slots[slot as usize].len
     }
 
-    /// Pages the tokens of each `(slot, tokens)` need beyond those their slots own.
+    /// Pages the tokens of each `(slot, tokens)` need beyond those their slots own, a copy
+    /// of each shared page they write into included (counted for every holder in the
+    /// step, though the last one writes in place).
     fn pages_needed(&self, grow: &[(u32, &[u32])]) -> usize {
         grow.iter()
             .map(|&(s, tokens)| {
                 let slot = &self.slots[s as usize];
-                (slot.len + tokens.len())
-                    .div_ceil(PAGE_POSITIONS)
-                    .saturating_sub(slot.pages.len())
+                let want = (slot.len + tokens.len()).div_ceil(PAGE_POSITIONS);
+                want.saturating_sub(slot.pages.len()) + Self::shared(&self.refs, slot, want).count()
             })
             .sum()
     }
@@ -93,16 +131,35 @@ impl KvTable {
         }
         for &(s, tokens) in grow {
             let want = (self.slots[s as usize].len + tokens.len()).div_ceil(PAGE_POSITIONS);
+            let shared: Vec<usize> =
+                Self::shared(&self.refs, &self.slots[s as usize], want).collect();
+            for i in shared {
+                let Some(to) = self.free_pages.pop() else {
+                    break;
+                };
+                let slot = &mut self.slots[s as usize];
+                let from = std::mem::replace(&mut slot.pages[i], to);
+                slot.dirty = true;
+                self.refs[from as usize] -= 1;
+                self.refs[to as usize] = 1;
+                self.copies.push((from, to));
+            }
             while self.slots[s as usize].pages.len() < want {
                 let Some(p) = self.free_pages.pop() else {
                     break;
                 };
+                self.refs[p as usize] = 1;
                 let slot = &mut self.slots[s as usize];
                 slot.pages.push(p);
                 slot.dirty = true;
             }
         }
         Ok(())
+    }
+
+    /// The page copies queued by [`KvTable::reserve`], to record before the step's kernels.
+    pub(crate) fn take_copies(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.copies)
     }
 
     /// Records that `n` positions were added to `slot`.
@@ -126,7 +183,12 @@ impl KvTable {
         s.len = s.len.min(len);
         let keep = s.len.div_ceil(PAGE_POSITIONS);
         if s.pages.len() > keep {
-            self.free_pages.extend(s.pages.drain(keep..).rev());
+            for p in s.pages.drain(keep..).rev() {
+                self.refs[p as usize] -= 1;
+                if self.refs[p as usize] == 0 {
+                    self.free_pages.push(p);
+                }
+            }
             s.dirty = true;
         }
     }
@@ -178,6 +240,12 @@ impl GpuSeq {
     /// Forgets every position after the first `len`; pages past them go back to the pool.
     pub fn truncate(&self, len: usize) {
         lock(&self.table).truncate(self.slot, len);
+    }
+
+    /// A new sequence holding this one's positions in the same pages (copied only when
+    /// one of them writes into a shared page); fails when no slot is free.
+    pub fn fork(&self) -> Result<GpuSeq> {
+        KvTable::fork(&self.table, self.slot)
     }
 
     /// True when this handle belongs to the model whose table is `table`.
@@ -250,6 +318,41 @@ mod tests {
         assert_eq!(c.len(), 0, "a reopened slot starts empty");
         drop(b);
         drop(c);
+        assert_eq!(lock(&t).pages_in_use(), 0);
+    }
+
+    #[test]
+    fn forks_share_pages_and_copy_the_one_they_write() {
+        let t = KvTable::new(3, 6, 4 * PAGE_POSITIONS);
+        let a = KvTable::open(&t).unwrap();
+        let tokens = [0u32; 70];
+        lock(&t).reserve(&[(a.slot(), &tokens)]).unwrap();
+        lock(&t).advance(a.slot(), 70);
+        let b = a.fork().unwrap();
+        let c = b.fork().unwrap();
+        assert!(a.fork().is_err(), "three slots only");
+        assert_eq!((c.len(), lock(&t).pages_in_use()), (70, 3));
+        let one = &tokens[..1];
+        let parts = [(a.slot(), one), (b.slot(), one), (c.slot(), one)];
+        lock(&t).reserve(&parts).unwrap();
+        let mut table = lock(&t);
+        assert_eq!(
+            table.take_copies(),
+            [(2, 3), (2, 4)],
+            "a and b copy page 2; c keeps it"
+        );
+        assert!(table.take_copies().is_empty());
+        assert_eq!(table.pages_in_use(), 5);
+        let ids = |s: &GpuSeq| table.slots[s.slot() as usize].pages.clone();
+        assert_eq!(
+            (ids(&a), ids(&b), ids(&c)),
+            (vec![0, 1, 3], vec![0, 1, 4], vec![0, 1, 2])
+        );
+        drop(table);
+        drop(a);
+        drop(c);
+        assert_eq!(lock(&t).pages_in_use(), 3, "b holds pages 0, 1 and 4");
+        drop(b);
         assert_eq!(lock(&t).pages_in_use(), 0);
     }
 }

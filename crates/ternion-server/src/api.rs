@@ -131,7 +131,8 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     /// Window of the penalties in tokens. An extension.
     pub repeat_last_n: Option<i64>,
-    /// Number of choices (1 to [`MAX_CHOICES`]), each its own sequence.
+    /// Number of choices (1 to [`MAX_CHOICES`]), each its own sequence (sharing the
+    /// prompt's KV pages).
     pub n: Option<i64>,
     /// Keep generating past end-of-generation tokens. An extension.
     pub ignore_eos: Option<bool>,

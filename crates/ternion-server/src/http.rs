@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::access::{self, Access, RequestLog};
 use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
-use crate::engine::{Job, Ready, Reply, Shared};
+use crate::engine::{Fork, Job, Ready, Reply, Shared};
 use crate::error::StartError;
 use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
 use crate::structured;
@@ -378,31 +378,43 @@ async fn start(
     let grammar = settings.grammar.take();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let m = &st.shared.metrics;
-    // One sequence per choice, seeded one apart; a choice that cannot be queued drops the
-    // channel, which cancels those already queued.
-    for choice in 0..settings.n {
-        let constraint = match &grammar {
-            Some(spec) => Some(structured::compile(st.shared.clone(), spec.clone()).await?),
-            None => None,
-        };
+    // One job: the first choice, and the others (forks) seeded one apart, which share
+    // the prompt's evaluation where the backend allows it.
+    let own = |choice: usize| {
+        let (st, grammar, tx) = (st.shared.clone(), grammar.clone(), tx.clone());
         let mut sampler = settings.sampler.clone();
         sampler.seed = sampler.seed.wrapping_add(choice as u64);
-        let job = Job {
-            prompt: ids.clone(),
-            sampler,
-            max_tokens,
-            stop: settings.stop.clone(),
-            ignore_eos: settings.ignore_eos,
-            constraint,
-            logprobs: settings.logprobs,
-            arrived,
-            events: Reply {
-                choice,
-                tx: tx.clone(),
-            },
-        };
-        queue(st, ready, job)?;
+        async move {
+            let constraint = match grammar {
+                Some(spec) => Some(structured::compile(st, spec).await?),
+                None => None,
+            };
+            let events = Reply { choice, tx };
+            Ok::<_, ApiError>(Fork {
+                sampler,
+                constraint,
+                events,
+            })
+        }
+    };
+    let first = own(0).await?;
+    let mut forks = Vec::with_capacity(settings.n - 1);
+    for choice in 1..settings.n {
+        forks.push(own(choice).await?);
     }
+    let job = Job {
+        prompt: ids.clone(),
+        sampler: first.sampler,
+        max_tokens,
+        stop: settings.stop.clone(),
+        ignore_eos: settings.ignore_eos,
+        constraint: first.constraint,
+        logprobs: settings.logprobs,
+        arrived,
+        events: first.events,
+        forks,
+    };
+    queue(st, ready, job)?;
     drop(tx);
     m.requests_total.fetch_add(1, Relaxed);
     let meta = Meta {

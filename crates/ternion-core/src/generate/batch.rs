@@ -7,7 +7,7 @@ use super::rows::Rows;
 use crate::backend::cpu::{SeqStep, Workspace};
 use crate::kv::{KvPool, KvSeq};
 use crate::model::{Logits, Model};
-use crate::Result;
+use crate::{Error, Result};
 
 /// One sequence's part of a batched step.
 pub struct BatchStep<'a, S> {
@@ -25,6 +25,18 @@ pub trait BatchBackend {
     /// A new, empty sequence with room for `n_ctx` positions (a backend with one context
     /// size for all sequences may use its own).
     fn new_seq(&mut self, n_ctx: usize) -> Result<Self::Seq>;
+
+    /// True when [`BatchBackend::fork`] shares a sequence's cache (else it fails).
+    const FORKS: bool = false;
+
+    /// A new sequence holding the positions `seq` holds, in the same cache pages (a
+    /// prompt evaluated once for several choices).
+    fn fork(_seq: &Self::Seq) -> Result<Self::Seq> {
+        Err(Error::UnsupportedFeature {
+            what: "sharing a sequence's KV cache".into(),
+            needs: "copy-on-write KV pages (the CPU and GPU backends)".into(),
+        })
+    }
 
     /// KV pages in use and in all.
     fn pages(&self) -> (usize, usize);
@@ -62,6 +74,12 @@ impl BatchBackend for CpuBatch<'_> {
 
     fn new_seq(&mut self, n_ctx: usize) -> Result<KvSeq> {
         Ok(KvSeq::new(self.pool.clone(), n_ctx))
+    }
+
+    const FORKS: bool = true;
+
+    fn fork(seq: &KvSeq) -> Result<KvSeq> {
+        Ok(seq.fork())
     }
 
     fn pages(&self) -> (usize, usize) {

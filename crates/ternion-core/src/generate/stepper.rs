@@ -143,6 +143,24 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
         self
     }
 
+    /// Another sequence going on from this one's prompt, right after the step that
+    /// evaluated the prompt's last chunk: it holds the same evaluated tokens, draws with
+    /// its own `sampler`, and its KV state `kv` holds this one's positions (a fork of it:
+    /// [`BatchBackend::fork`]). Hand it the row this one just drew from with
+    /// [`Stepper::advance`] before planning its first step.
+    ///
+    /// [`BatchBackend::fork`]: super::BatchBackend::fork
+    pub fn fork<T: BorrowMut<Sampler>, L>(
+        &self,
+        sampler: T,
+        kv: L,
+        opts: StepperOptions,
+    ) -> Stepper<T, L> {
+        let mut s = Stepper::new(sampler, kv, self.history.clone(), self.input.clone(), opts);
+        s.fed = s.input.len();
+        s
+    }
+
     /// Reports each draw's log-probability and those of the row's `top` best tokens.
     pub fn with_logprobs(mut self, top: usize) -> Stepper<S, K> {
         self.top_logprobs = Some(top);
@@ -456,6 +474,29 @@ mod tests {
         assert_eq!((text.as_str(), end.finish), ("x", FinishReason::Stop));
         assert_eq!(steps.len(), 3);
         assert_eq!(s.generated(), [u32::from(b'x')]);
+    }
+
+    #[test]
+    fn a_fork_after_the_prompt_draws_from_the_same_row_and_goes_on_alone() {
+        let t = tok();
+        let mut a = stepper(5, &[], 1000);
+        while a.plan(&mut usize::MAX.clone()) && a.in_prompt() {
+            if a.advance(Row::Argmax(u32::from(b'a')), &t).drawn.is_some() {
+                break;
+            }
+        }
+        let opts = a.opts.clone();
+        let mut b = a.fork(Sampler::new(SamplerConfig::greedy()).unwrap(), (), opts);
+        let adv = b.advance(Row::Argmax(u32::from(b'b')), &t);
+        assert_eq!((adv.drawn, adv.text.as_deref()), (Some(98), Some("b")));
+        assert_eq!((b.prompt_len(), b.in_prompt()), (600, false));
+        assert!(
+            b.plan(&mut 0) && a.plan(&mut 0),
+            "each one's next step is its own draw"
+        );
+        assert_eq!((b.tokens(), a.tokens()), (&[98][..], &[97][..]));
+        let (history, _) = b.into_parts();
+        assert_eq!(history, a.into_parts().0);
     }
 
     /// Allows only the next byte of its text; complete after the last.

@@ -49,6 +49,28 @@ impl GpuKv {
             kv_dim,
         })
     }
+
+    /// Bytes of one page of keys (or values).
+    pub fn page_bytes(&self) -> u64 {
+        (PAGE_POSITIONS * self.kv_dim * 2) as u64
+    }
+
+    /// Records copies of whole pages `(from, to)` of the keys and the values, through
+    /// `scratch` (at least one page: a buffer cannot be copied into itself).
+    pub fn copy_pages(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        copies: &[(u32, u32)],
+        scratch: &GpuBuffer,
+    ) {
+        let b = self.page_bytes();
+        for cache in [&self.k, &self.v] {
+            for &(from, to) in copies {
+                enc.copy_buffer_to_buffer(&cache.buf, u64::from(from) * b, &scratch.buf, 0, b);
+                enc.copy_buffer_to_buffer(&scratch.buf, 0, &cache.buf, u64::from(to) * b, b);
+            }
+        }
+    }
 }
 
 /// Where each token of a step goes in the paged caches: its (position, sequence slot)

@@ -92,7 +92,10 @@ pub(crate) struct Plan {
     _acts: Vec<GpuBuffer>,
     _quant: Vec<QuantAct>,
     _qacts: Vec<QAct>,
-    _kv: Vec<GpuKv>,
+    /// Every layer's KV cache.
+    kv: Vec<GpuKv>,
+    /// One page of a layer's keys (or values), the way of a page copied within a cache.
+    kv_scratch: GpuBuffer,
     _weights: Vec<GpuWeight>,
 }
 
@@ -229,7 +232,12 @@ impl Plan {
             _acts: f32s.into_values().chain(keep).collect(),
             _quant: quant.into_values().collect(),
             _qacts: qact_bufs,
-            _kv: kv,
+            kv_scratch: GpuBuffer::zeroed(
+                ctx,
+                "kv.scratch",
+                kv.first().map_or(4, GpuKv::page_bytes),
+            )?,
+            kv,
             _weights: weights,
         })
     }
@@ -253,6 +261,13 @@ impl Plan {
             if let Some(qs) = profile {
                 pass.write_timestamp(qs, i as u32 + 1);
             }
+        }
+    }
+
+    /// Records copies of whole KV pages `(from, to)` in every layer's keys and values.
+    pub(crate) fn copy_kv_pages(&self, enc: &mut wgpu::CommandEncoder, copies: &[(u32, u32)]) {
+        for kv in &self.kv {
+            kv.copy_pages(enc, copies, &self.kv_scratch);
         }
     }
 

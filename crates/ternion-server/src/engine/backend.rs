@@ -63,6 +63,12 @@ impl BatchBackend for Gpu {
         self.batch.new_seq(n_ctx)
     }
 
+    const FORKS: bool = <ternion::generate::GpuBatch as BatchBackend>::FORKS;
+
+    fn fork(seq: &Self::Seq) -> ternion::Result<Self::Seq> {
+        <ternion::generate::GpuBatch as BatchBackend>::fork(seq)
+    }
+
     fn pages(&self) -> (usize, usize) {
         self.batch.pages()
     }

@@ -65,6 +65,52 @@ pub struct Job {
     /// Where the engine sends text and the end of the sequence. A dropped receiver
     /// cancels the sequence.
     pub events: Reply,
+    /// The request's other choices. On a backend that shares KV pages
+    /// ([`BatchBackend::FORKS`]) they go on from this sequence's prompt, evaluated once;
+    /// elsewhere each runs as a sequence of its own ([`Job::split`]).
+    pub forks: Vec<Fork>,
+}
+
+/// Another choice of a request: what it does not share with the request's first one.
+pub struct Fork {
+    /// Its sampling settings (its own seed).
+    pub sampler: SamplerConfig,
+    /// Its own compiled grammar, if the request has one.
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// Its way back to the request.
+    pub events: Reply,
+}
+
+impl Job {
+    /// Sequences the job runs: its own and its forks'.
+    pub fn width(&self) -> usize {
+        1 + self.forks.len()
+    }
+
+    /// The job of fork `f`, with `prompt` to evaluate (empty when it goes on from this
+    /// job's prompt).
+    fn sibling(&self, f: Fork, prompt: Vec<u32>) -> Job {
+        Job {
+            prompt,
+            sampler: f.sampler,
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            constraint: f.constraint,
+            logprobs: self.logprobs,
+            arrived: self.arrived,
+            events: f.events,
+            forks: Vec::new(),
+        }
+    }
+
+    /// Takes the forks out as jobs of their own, each evaluating the prompt.
+    pub fn split(&mut self) -> Vec<Job> {
+        std::mem::take(&mut self.forks)
+            .into_iter()
+            .map(|f| self.sibling(f, self.prompt.clone()))
+            .collect()
+    }
 }
 
 /// A sequence's way back to its request: the request's channel and the sequence's choice
@@ -293,6 +339,7 @@ impl Run<'_> {
             max_active: self.cfg.max_active,
             batching: self.cfg.batching,
             prefill_per_step: self.prefill_per_step,
+            pending: Default::default(),
         };
         sched.run(self.rx, self.shared);
     }

@@ -2,7 +2,13 @@
 //! (its next prompt chunk within the iteration's prompt budget, or its last token), runs
 //! the steps as one batched forward pass (or one pass per sequence with
 //! [`Batching::OneByOne`]), and retires the sequences that ended.
+//!
+//! A request of `n` choices is one job: on a backend that shares KV pages it is admitted
+//! when its `n` sequences fit beside the running ones, evaluates its prompt once and
+//! starts its other choices from there; with more choices than `max_active`, or on a
+//! backend that cannot share pages, its choices queue as jobs of their own.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
@@ -47,6 +53,9 @@ pub(super) struct Scheduler<'m, B: BatchBackend> {
     pub max_active: usize,
     pub batching: Batching,
     pub prefill_per_step: usize,
+    /// Jobs taken from the queue and not admitted yet (a request's choices split apart,
+    /// or a job waiting for room for all its choices), admitted before the queue's.
+    pub pending: VecDeque<Job>,
 }
 
 impl<B: BatchBackend> Scheduler<'_, B> {
@@ -100,6 +109,8 @@ impl<B: BatchBackend> Scheduler<'_, B> {
                 }
             }
             m.engine_steps_total.fetch_add(1, Relaxed);
+            let born: Vec<_> = active.iter_mut().flat_map(|s| s.born.drain(..)).collect();
+            active.extend(born);
             active.retain(|s| !s.ended);
             self.publish(active.len(), m);
         }
@@ -116,6 +127,10 @@ impl<B: BatchBackend> Scheduler<'_, B> {
     ) -> bool {
         loop {
             if shutting {
+                for job in self.pending.drain(..) {
+                    m.cancelled_total.fetch_add(1, Relaxed);
+                    let _ = job.events.send(Event::Error(EngineError::ShuttingDown));
+                }
                 while let Ok(job) = rx.try_recv() {
                     m.queue_length.fetch_sub(1, Relaxed);
                     m.cancelled_total.fetch_add(1, Relaxed);
@@ -123,26 +138,42 @@ impl<B: BatchBackend> Scheduler<'_, B> {
                 }
                 return true;
             }
-            if active.len() >= self.max_active {
+            // Every active sequence and the forks it will start.
+            let used: usize = active.iter().map(|s| 1 + s.forks.len()).sum();
+            if used >= self.max_active {
                 return true;
             }
-            let job = if active.is_empty() {
-                match rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(j) => j,
-                    Err(RecvTimeoutError::Timeout) => return true,
-                    Err(RecvTimeoutError::Disconnected) => return false,
-                }
+            let mut job = if let Some(j) = self.pending.pop_front() {
+                j
             } else {
-                match rx.try_recv() {
-                    Ok(j) => j,
-                    Err(TryRecvError::Empty) => return true,
-                    Err(TryRecvError::Disconnected) => return false,
-                }
+                let j = if active.is_empty() {
+                    match rx.recv_timeout(Duration::from_millis(50)) {
+                        Ok(j) => j,
+                        Err(RecvTimeoutError::Timeout) => return true,
+                        Err(RecvTimeoutError::Disconnected) => return false,
+                    }
+                } else {
+                    match rx.try_recv() {
+                        Ok(j) => j,
+                        Err(TryRecvError::Empty) => return true,
+                        Err(TryRecvError::Disconnected) => return false,
+                    }
+                };
+                m.queue_length.fetch_sub(1, Relaxed);
+                j
             };
-            m.queue_length.fetch_sub(1, Relaxed);
             if job.events.is_closed() {
                 m.cancelled_total.fetch_add(1, Relaxed);
                 continue;
+            }
+            // Forks need a slot each beside the first choice: more than fit run apart.
+            if !B::FORKS || job.width() > self.max_active {
+                for f in job.split().into_iter().rev() {
+                    self.pending.push_front(f);
+                }
+            } else if used + job.width() > self.max_active {
+                self.pending.push_front(job);
+                return true;
             }
             match Seq::new(&mut self.runner, self.n_ctx, PREFILL_CHUNK, job) {
                 Some(s) => active.push(s),
@@ -176,7 +207,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
         let result = self.runner.forward(&mut steps, top);
         drop(steps);
         match result {
-            Ok(rows) => advance_all(group, &rows, self.tok, m),
+            Ok(rows) => advance_all(group, &rows, self.tok, m, B::fork),
             Err(e) if e.is_device_fault() => return Err(e),
             Err(_) if group.len() > 1 => {
                 for s in group.iter_mut() {
@@ -195,7 +226,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
     /// The engine cannot go on (`e`, a device fault): answers every sequence and queued
     /// request with 503 and the reason, and marks the server unhealthy.
     fn fail(
-        &self,
+        &mut self,
         e: ternion::Error,
         rx: &Receiver<Job>,
         active: &mut Vec<Seq<B::Seq>>,
@@ -209,6 +240,10 @@ impl<B: BatchBackend> Scheduler<'_, B> {
         for s in active.drain(..) {
             m.failed_total.fetch_add(1, Relaxed);
             s.send(Event::Error(reason.clone()));
+        }
+        for job in self.pending.drain(..) {
+            m.failed_total.fetch_add(1, Relaxed);
+            let _ = job.events.send(Event::Error(reason.clone()));
         }
         while let Ok(job) = rx.try_recv() {
             m.queue_length.fetch_sub(1, Relaxed);

@@ -1,6 +1,7 @@
 //! One request's sequence in the engine: the library's [`Stepper`] (prompt chunks,
 //! sampling, stop strings, budget, context) with the request's event channel and the
-//! server's metrics around it.
+//! server's metrics around it. The other choices of a request (its forks) start from the
+//! first one's sequence once its prompt is in, sharing the prompt's KV pages.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -8,7 +9,7 @@ use ternion::generate::{BatchBackend, End, Row, Rows, Stepper, StepperOptions};
 use ternion::sample::Sampler;
 use ternion::tokenizer::Tokenizer;
 
-use super::{Done, Event, Job};
+use super::{Done, Event, Fork, Job};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 
@@ -20,7 +21,31 @@ pub(super) struct Seq<K> {
     pub st: Stepper<Sampler, K>,
     /// Finished, failed or cancelled: removed after this iteration.
     pub ended: bool,
+    /// The rules of its stepper (its forks' too).
+    rules: StepperOptions,
+    /// The request's other choices, started once the prompt is in.
+    pub forks: Vec<Fork>,
+    /// Forks started by the last step, for the scheduler to take into the active set.
+    pub born: Vec<Seq<K>>,
 }
+
+/// The sampler of `job` and a KV cache from `kv`; when either fails, the job is answered
+/// with the error.
+fn parts<K>(job: &Job, kv: impl FnOnce() -> ternion::Result<K>) -> Option<(Sampler, K)> {
+    let made = Sampler::new(job.sampler.clone())
+        .map_err(|e| EngineError::Sampler(e.into()))
+        .and_then(|s| Ok((s, kv().map_err(|e| EngineError::NoCache(e.into()))?)));
+    match made {
+        Ok(m) => Some(m),
+        Err(e) => {
+            let _ = job.events.send(Event::Error(e));
+            None
+        }
+    }
+}
+
+/// Makes a backend sequence holding another's positions ([`BatchBackend::fork`]).
+pub(super) type Forker<K> = fn(&K) -> ternion::Result<K>;
 
 impl<K> Seq<K> {
     /// A sequence for `job` with a cache from `runner`; when its sampler settings are
@@ -31,41 +56,50 @@ impl<K> Seq<K> {
         max_chunk: usize,
         mut job: Job,
     ) -> Option<Seq<K>> {
-        let made = Sampler::new(job.sampler.clone())
-            .map_err(|e| EngineError::Sampler(e.into()))
-            .and_then(|s| {
-                let kv = runner
-                    .new_seq(n_ctx)
-                    .map_err(|e| EngineError::NoCache(e.into()))?;
-                Ok((s, kv))
-            });
-        let (sampler, kv) = match made {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = job.events.send(Event::Error(e));
-                return None;
-            }
-        };
+        let (sampler, kv) = parts(&job, || runner.new_seq(n_ctx))?;
         let rules = StepperOptions {
             max_tokens: job.max_tokens,
             ignore_eos: job.ignore_eos,
-            stop: std::mem::take(&mut job.stop),
+            stop: job.stop.clone(),
             n_ctx,
             max_chunk,
         };
         let prompt = std::mem::take(&mut job.prompt);
-        let mut st = Stepper::new(sampler, kv, Vec::with_capacity(n_ctx), prompt, rules);
+        let st = Stepper::new(
+            sampler,
+            kv,
+            Vec::with_capacity(n_ctx),
+            prompt,
+            rules.clone(),
+        );
+        Some(Seq::start(job, st, rules))
+    }
+
+    /// A sequence for `job` over the stepper `st` made with `rules`.
+    fn start(mut job: Job, mut st: Stepper<Sampler, K>, rules: StepperOptions) -> Seq<K> {
         if let Some(c) = job.constraint.take() {
             st = st.with_constraint(c);
         }
         if let Some(top) = job.logprobs {
             st = st.with_logprobs(top);
         }
-        Some(Seq {
+        Seq {
+            forks: std::mem::take(&mut job.forks),
             st,
             job,
             ended: false,
-        })
+            rules,
+            born: Vec::new(),
+        }
+    }
+
+    /// Starts fork `f` from this sequence, whose prompt is in; when it cannot start, its
+    /// request is answered with the error.
+    fn fork(&self, f: Fork, fork: Forker<K>) -> Option<Seq<K>> {
+        let job = self.job.sibling(f, Vec::new());
+        let (sampler, kv) = parts(&job, || fork(self.st.kv()))?;
+        let st = self.st.fork(sampler, kv, self.rules.clone());
+        Some(Seq::start(job, st, self.rules.clone()))
     }
 
     pub fn send(&self, ev: Event) {
@@ -129,11 +163,25 @@ pub(super) fn advance_all<K: Send>(
     rows: &Rows<'_>,
     tok: &Tokenizer,
     m: &Metrics,
+    fork: Forker<K>,
 ) {
     let one = |s: &mut Seq<K>, row: Row<'_>| {
-        if s.advance(row, tok, m) {
-            m.finished_total.fetch_add(1, Relaxed);
-            s.ended = true;
+        let step = |s: &mut Seq<K>| {
+            if s.advance(row, tok, m) {
+                m.finished_total.fetch_add(1, Relaxed);
+                s.ended = true;
+            }
+        };
+        step(s);
+        if s.st.in_prompt() {
+            return;
+        }
+        // The prompt is in: the forks start here and draw from the same row.
+        for f in std::mem::take(&mut s.forks) {
+            if let Some(mut b) = s.fork(f, fork) {
+                step(&mut b);
+                s.born.push(b);
+            }
         }
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
