@@ -11,9 +11,7 @@ use std::error::Error;
 use std::fmt::Write as _;
 
 use ternion::model::{self, Logits};
-
-#[path = "../tests/support/shared.rs"]
-mod shared;
+use ternion_testkit::shared;
 
 /// The models (paths in `../shared`) and the formats they exercise.
 const MODELS: [(&str, &str); 12] = [
