@@ -115,7 +115,10 @@ impl Layout {
     ) -> Result<Layout> {
         let recipes = plan(cfg, &index, q8)?;
         let mut writer = GgufWriter::new();
-        let short = name.rsplit(['/', '\\']).find(|s| !s.is_empty()).unwrap_or("mlc");
+        let short = name
+            .rsplit(['/', '\\'])
+            .find(|s| !s.is_empty())
+            .unwrap_or("mlc");
         cfg.add_metadata(&mut writer, short);
         tokenizer::add_tokenizer(&mut writer, tokenizer, name, cfg)?;
         for r in &recipes {
@@ -140,7 +143,11 @@ pub fn load_dir(dir: &Path) -> Result<GgufFile> {
         &cfg,
         cache.index().clone(),
         &tokenizer,
-        |prefix| Ok(q4f16::has_code_15(cache.get(&format!("{prefix}.q_weight"))?.bytes)),
+        |prefix| {
+            Ok(q4f16::has_code_15(
+                cache.get(&format!("{prefix}.q_weight"))?.bytes,
+            ))
+        },
     )?;
     let bytes = layout.writer.to_bytes(dir, |i, _| {
         let r = &layout.recipes[i];
