@@ -142,8 +142,6 @@ pub async fn read_all<S: ByteSource>(src: &S) -> Result<GgufFile> {
 /// A model a page loads: a GGUF file ([`Gguf`]) or an MLC directory
 /// ([`crate::mlc::MlcSource`]).
 pub trait ModelSource {
-    /// A name for messages.
-    fn name(&self) -> &str;
     /// The GGUF header (metadata and tensor table; no tensor data).
     fn header(&self) -> impl Future<Output = Result<GgufFile>>;
     /// Uploads the weights `header` lists into GPU buffers, calling `progress` after each
@@ -163,10 +161,6 @@ pub trait ModelSource {
 pub struct Gguf<S>(pub S);
 
 impl<S: ByteSource> ModelSource for Gguf<S> {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-
     async fn header(&self) -> Result<GgufFile> {
         read_header(&self.0, FIRST_PREFIX).await
     }

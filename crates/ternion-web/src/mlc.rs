@@ -132,10 +132,6 @@ impl<S: ByteSource> MlcSource<S> {
 }
 
 impl<S: ByteSource> ModelSource for MlcSource<S> {
-    fn name(&self) -> &str {
-        &self.base
-    }
-
     async fn header(&self) -> Result<GgufFile> {
         self.layout.writer.header_file(Path::new(&self.base))
     }
