@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Static file server for the browser page, with HTTP range requests (the page loads
 models by ranges). Serves crates/ternion-web (the page under /www/, the wasm package under
-/pkg/) and, with --models DIR, the files of DIR under /models/.
+/pkg/) and, with --models DIR, the files of DIR under /models/ (subfolders too: an MLC
+directory under /models/<name>/).
 
     python3 scripts/web-serve.py [--port 8080] [--models DIR]
     # then open http://127.0.0.1:8080/www/
@@ -11,6 +12,7 @@ import functools
 import http.server
 import os
 import re
+import urllib.parse
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "ternion-web")
 
@@ -22,8 +24,11 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 
     def translate_path(self, path):
         if self.models and path.startswith("/models/"):
-            name = os.path.basename(path.split("?", 1)[0])
-            return os.path.join(self.models, name)
+            rel = urllib.parse.unquote(path.split("?", 1)[0][len("/models/"):])
+            parts = [p for p in rel.split("/") if p]
+            if any(p in (".", "..") or os.sep in p for p in parts):
+                return os.path.join(self.models, "\0")  # no such file: 404
+            return os.path.join(self.models, *parts)
         return super().translate_path(path)
 
     def end_headers(self):

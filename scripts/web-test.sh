@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Browser tests (issue 7): the GPU kernels through wasm-bindgen-test in headless Chromium
 # (WebGPU on SwiftShader), then the chat page end to end against the native CPU backend's
-# token ids, the "no WebGPU" negative control, and the npm package under Node.js against
+# token ids, the "no WebGPU" negative control, an MLC directory (Ternion.loadMlc) against
+# the native MLC path with the OPFS cache and WebLLM's Cache API, and the npm package under Node.js against
 # the same native ids (scripts/node-test.sh, issue 18). Installs what is missing, once:
 # Debian's chromium + chromium-driver, the wasm32-unknown-unknown target, and
 # wasm-bindgen-cli at exactly the version Cargo.lock names (kept in ~/.cargo/bin).
@@ -33,11 +34,14 @@ export WASM_BINDGEN_TEST_TIMEOUT=300
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test --release -p ternion-web --target wasm32-unknown-unknown -j2 --test kernels)
 
-# 2. The page end to end, and the negative control.
+# 2. The page end to end, and the negative control; then MLC directories (loadMlc against
+#    the native MLC path), WebLLM's Cache API entries and the OPFS cache (reload, list,
+#    clear, a quota error).
 ./scripts/web-build.sh
 cargo build --release -p ternion-cli -j2
 target="${CARGO_TARGET_DIR:-target}"
 python3 crates/ternion-web/tests/e2e.py --ternion "$target/release/ternion" ${WEB_SCREENSHOT:+--screenshot "$WEB_SCREENSHOT"}
+python3 crates/ternion-web/tests/e2e_mlc.py --ternion "$target/release/ternion"
 
 # 3. The npm package under Node.js (CPU backend), against `ternion run --json`.
 ./scripts/node-test.sh

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use ternion::mlc::synth::{write_phi3, Phi3Spec};
 use ternion::quant::GgmlType;
 use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
@@ -29,7 +30,15 @@ pub struct SynthArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Output file.
+    /// Write an MLC `q4f16_1` Phi-3 directory at --out instead (what WebLLM and
+    /// `Ternion.loadMlc` load), and the same model as `<out>.gguf`; needs --vocab with a
+    /// SentencePiece vocabulary (e.g. ../shared/vocab/ggml-vocab-phi-3.gguf).
+    #[arg(long)]
+    mlc: bool,
+    /// Largest MLC shard in bytes (MLC writes 32 MiB shards; small values give many).
+    #[arg(long, default_value_t = 32 << 20)]
+    shard_bytes: usize,
+    /// Output file (a directory with --mlc).
     #[arg(long)]
     out: PathBuf,
 }
@@ -43,6 +52,22 @@ pub fn run(a: SynthArgs) -> Result<()> {
             Shape::NAMES.join(", ")
         );
     };
+    if a.mlc {
+        let Some(vocab) = &a.vocab else {
+            bail!("--mlc needs --vocab (a SentencePiece GGUF, e.g. ggml-vocab-phi-3.gguf)");
+        };
+        let gguf = a.out.with_extension("gguf");
+        let spec = Phi3Spec {
+            shape,
+            vocab,
+            seed: a.seed,
+            code_15: false,
+            shard_bytes: a.shard_bytes,
+        };
+        write_phi3(&spec, &a.out, &gguf)?;
+        eprintln!("wrote {} and {}", a.out.display(), gguf.display());
+        return Ok(());
+    }
     let weight_type = match a.ty.to_ascii_lowercase().as_str() {
         "i2_s" => GgmlType::I2_S,
         "tq2_0" => GgmlType::TQ2_0,

@@ -7,11 +7,13 @@
 //   const r = await t.generate("Hello", { maxTokens: 32, temperature: 0 });
 //
 // `load` takes a file path, a file: URL (both read by ranges through a file handle) or an
-// http(s) URL (range requests). The backend is WebGPU when `options.gpu` is given (a
+// http(s) URL (range requests); a directory, or a URL ending in `/`, is an MLC `q4f16_1`
+// directory (`Ternion.loadMlc`; local files as file-backed Blobs). The backend is WebGPU when `options.gpu` is given (a
 // WebGPU `GPU` object, e.g. `create([])` from the `webgpu` package, Dawn for Node) or when
 // `navigator.gpu` exists, and the CPU otherwise; `options.backend` overrides the choice.
-import { open, readFile } from "node:fs/promises";
-import { fileURLToPath } from "node:url";
+import { openAsBlob } from "node:fs";
+import { open, readFile, stat } from "node:fs/promises";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import initWasm, { Ternion } from "../pkg/ternion_web.js";
 
 export { Ternion };
@@ -76,8 +78,24 @@ function asUrl(model) {
   return /^(https?|file):/i.test(String(model)) ? new URL(model) : null;
 }
 
+// A local MLC directory's files as file-backed Blobs, for `Ternion.loadMlc`'s `open`.
+async function openLocal(url) {
+  const path = fileURLToPath(url);
+  try {
+    if (!(await stat(path)).isFile()) return null;
+  } catch (e) {
+    if (e.code === "ENOENT") return null;
+    throw e;
+  }
+  return openAsBlob(path);
+}
+
+async function isDir(path) {
+  try { return (await stat(path)).isDirectory(); } catch (_) { return false; }
+}
+
 /**
- * Loads a GGUF model from a file path or URL; `options` as `Ternion.loadUrl`'s plus `gpu`
+ * Loads a GGUF model (or an MLC directory) from a file path or URL; `options` as `Ternion.loadUrl`'s plus `gpu`
  * (see the module comment), `onProgress(phase, done, total)` as weights arrive.
  */
 export async function load(model, options = {}, onProgress = undefined) {
@@ -87,10 +105,18 @@ export async function load(model, options = {}, onProgress = undefined) {
   if (backend === "webgpu") exposeGpu(gpu);
   const wasmOptions = { ...rest, backend };
   const url = asUrl(model);
+  const path = url ? (url.protocol === "file:" ? fileURLToPath(url) : null) : String(model);
+  if (path !== null && (await isDir(path))) {
+    const base = pathToFileURL(path).href.replace(/\/?$/, "/");
+    return Ternion.loadMlc(base, { ...wasmOptions, open: openLocal }, onProgress);
+  }
+  if (url && url.pathname.endsWith("/") && url.protocol !== "file:") {
+    return Ternion.loadMlc(url.href, wasmOptions, onProgress);
+  }
   if (url && url.protocol !== "file:") {
     return Ternion.loadUrl(url.href, wasmOptions, onProgress);
   }
-  const reader = await openFile(url ? fileURLToPath(url) : model);
+  const reader = await openFile(path);
   try {
     return await Ternion.loadReader(reader, wasmOptions, onProgress);
   } finally {

@@ -5,6 +5,7 @@
 //! await init();
 //! if (!Ternion.hasWebGpu()) { /* report "no WebGPU" */ }
 //! const t = await Ternion.loadUrl(url, { nCtx: 2048 }, (phase, done, total) => {});
+//! // or an MLC q4f16_1 directory: await Ternion.loadMlc(baseUrl, { nCtx: 2048 }, onProgress)
 //! const r = await t.generate("Hello", { maxTokens: 64, temperature: 0 }, (id, text) => {
 //!   out.textContent += text;          // return false to stop
 //! });
@@ -26,7 +27,9 @@ use web_sys::Blob;
 
 use crate::browser::{BlobSource, Browser, ReaderSource, UrlSource};
 use crate::engine::{Backend, CpuSeq, Engine, Generated};
-use crate::loader::{self, ByteSource, Progress};
+use crate::loader::{Gguf, ModelSource, Progress};
+use crate::mlc::MlcSource;
+use crate::webfiles::WebFiles;
 use ternion::backend::gpu::{GpuContext, GpuModelOptions, GpuOptions};
 use ternion::chat::{ChatTemplate, Conversation, TurnText};
 use ternion::gguf::GgufFile;
@@ -116,8 +119,8 @@ fn report(progress: &Option<Function>, phase: &str, p: Progress) {
     }
 }
 
-async fn load<S: ByteSource>(
-    src: S,
+async fn load<M: ModelSource>(
+    src: M,
     options: JsValue,
     progress: Option<Function>,
 ) -> Result<Ternion> {
@@ -147,22 +150,23 @@ async fn load<S: ByteSource>(
                 caps.name.as_str()
             };
             let adapter = format!("{name}: f16 {}, subgroups {}", caps.f16, caps.subgroups);
-            let header = loader::read_header(&src, loader::FIRST_PREFIX).await?;
+            let header = src.header().await?;
             let n_ctx = count(&options, "nCtx", 2048)?.max(1);
             let opts = GpuModelOptions {
                 n_ctx,
                 max_batch: count(&options, "maxBatch", 64)?.max(1),
                 ..GpuModelOptions::default()
             };
-            let gpu = loader::upload(ctx.clone(), &src, &header, opts, |p| {
-                report(&progress, "weights", p)
-            })
-            .await?;
+            let gpu = src
+                .upload(ctx.clone(), &header, opts, |p| {
+                    report(&progress, "weights", p)
+                })
+                .await?;
             ctx.check()?;
             (Arc::new(header), Backend::Gpu(Box::new(gpu)), adapter)
         }
         "cpu" => {
-            let file = Arc::new(loader::read_all(&src).await?);
+            let file = Arc::new(src.read_all().await?);
             let len = file.file_len();
             report(
                 &progress,
@@ -357,7 +361,7 @@ impl Ternion {
         on_progress: Option<Function>,
     ) -> std::result::Result<Ternion, JsValue> {
         let src = UrlSource::open(&url).await.map_err(to_js)?;
-        load(src, options, on_progress).await.map_err(to_js)
+        load(Gguf(src), options, on_progress).await.map_err(to_js)
     }
 
     /// Loads a GGUF `File` or `Blob` (a local file, or one cached in OPFS) by slices;
@@ -369,7 +373,7 @@ impl Ternion {
         options: JsValue,
         on_progress: Option<Function>,
     ) -> std::result::Result<Ternion, JsValue> {
-        load(BlobSource::new(file, name), options, on_progress)
+        load(Gguf(BlobSource::new(file, name)), options, on_progress)
             .await
             .map_err(to_js)
     }
@@ -385,6 +389,33 @@ impl Ternion {
         on_progress: Option<Function>,
     ) -> std::result::Result<Ternion, JsValue> {
         let src = ReaderSource::new(reader).map_err(to_js)?;
+        load(Gguf(src), options, on_progress).await.map_err(to_js)
+    }
+
+    /// Loads an MLC `q4f16_1` directory (Phi-3, as WebLLM ships it) from `baseUrl`:
+    /// `mlc-chat-config.json`, `tensor-cache.json` or `ndarray-cache.json`, the tokenizer
+    /// files and the shards, each tensor's records read by range and repacked into GPU
+    /// buffers. Each file comes from WebLLM's Cache API entries when present (caches
+    /// `webllm/model` and `webllm/config`, keyed by URL), else from `options.open(url)`
+    /// when given (a promise of a `Blob`, or `null` when there is no such file: the page's
+    /// OPFS cache), else by HTTP range requests. Other options and progress as
+    /// [`Ternion::load_url`].
+    #[wasm_bindgen(js_name = loadMlc)]
+    pub async fn load_mlc(
+        base_url: String,
+        options: JsValue,
+        on_progress: Option<Function>,
+    ) -> std::result::Result<Ternion, JsValue> {
+        let open = get(&options, "open")
+            .map(|f| {
+                f.dyn_into::<Function>().map_err(|_| {
+                    Error::Request("option 'open' must be a function (url) => Blob | null".into())
+                })
+            })
+            .transpose()
+            .map_err(to_js)?;
+        let files = WebFiles::new(&base_url, open);
+        let src = MlcSource::open(&files).await.map_err(to_js)?;
         load(src, options, on_progress).await.map_err(to_js)
     }
 

@@ -75,8 +75,18 @@ impl UrlSource {
     /// Finds the file's length (from a one-byte range request's `Content-Range`, else a
     /// HEAD request's `Content-Length`); errors when the server ignores ranges.
     pub async fn open(url: &str) -> Result<UrlSource> {
+        UrlSource::probe(url)
+            .await?
+            .ok_or_else(|| Error::Request(format!("{url}: HTTP status 404 (not found)")))
+    }
+
+    /// [`UrlSource::open`], but `Ok(None)` when the server answers 404 (no such file).
+    pub async fn probe(url: &str) -> Result<Option<UrlSource>> {
         let resp = fetch(&range_request(url, "GET", Some(0..1))?).await?;
         let status = resp.status();
+        if status == 404 {
+            return Ok(None);
+        }
         if status == 200 {
             return Err(Error::Request(format!(
                 "{url}: the server ignores range requests (status 200 for a range); \
@@ -100,10 +110,10 @@ impl UrlSource {
                     })?
             }
         };
-        Ok(UrlSource {
+        Ok(Some(UrlSource {
             url: url.to_owned(),
             len,
-        })
+        }))
     }
 }
 

@@ -44,7 +44,8 @@ pub struct Progress {
     pub total: u64,
 }
 
-async fn read_exact<S: ByteSource>(src: &S, range: Range<u64>) -> Result<Vec<u8>> {
+/// The bytes of `range`, checked to be exactly that many.
+pub async fn read_exact<S: ByteSource>(src: &S, range: Range<u64>) -> Result<Vec<u8>> {
     let want = range.end - range.start;
     let bytes = src.read(range.clone()).await?;
     if bytes.len() as u64 != want {
@@ -137,4 +138,45 @@ pub async fn read_all<S: ByteSource>(src: &S) -> Result<GgufFile> {
     }
     let bytes = read_exact(src, 0..src.len()).await?;
     Ok(GgufFile::from_bytes(src.name(), bytes)?)
+}
+
+/// A model a page loads: a GGUF file ([`Gguf`]) or an MLC directory
+/// ([`crate::mlc::MlcSource`]).
+pub trait ModelSource {
+    /// The GGUF header (metadata and tensor table; no tensor data).
+    fn header(&self) -> impl Future<Output = Result<GgufFile>>;
+    /// Uploads the weights `header` lists into GPU buffers, calling `progress` after each
+    /// tensor.
+    fn upload(
+        &self,
+        ctx: Arc<GpuContext>,
+        header: &GgufFile,
+        opts: GpuModelOptions,
+        progress: impl FnMut(Progress),
+    ) -> impl Future<Output = Result<GpuModel>>;
+    /// The whole model in memory for the CPU backend (at most [`CPU_MAX_BYTES`]).
+    fn read_all(&self) -> impl Future<Output = Result<GgufFile>>;
+}
+
+/// A GGUF file read by ranges.
+pub struct Gguf<S>(pub S);
+
+impl<S: ByteSource> ModelSource for Gguf<S> {
+    async fn header(&self) -> Result<GgufFile> {
+        read_header(&self.0, FIRST_PREFIX).await
+    }
+
+    async fn upload(
+        &self,
+        ctx: Arc<GpuContext>,
+        header: &GgufFile,
+        opts: GpuModelOptions,
+        progress: impl FnMut(Progress),
+    ) -> Result<GpuModel> {
+        upload(ctx, &self.0, header, opts, progress).await
+    }
+
+    async fn read_all(&self) -> Result<GgufFile> {
+        read_all(&self.0).await
+    }
 }

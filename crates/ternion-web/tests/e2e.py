@@ -11,6 +11,7 @@
 5. With --screenshot PATH, saves the page after the WebGPU generation.
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -29,11 +30,41 @@ N = 16
 
 
 def native_ids(ternion, model):
+    """The native CPU backend's greedy (prompt ids, generated ids) for `model` (a GGUF
+    file or an MLC directory)."""
     out = subprocess.run([ternion, "run", "--model", model, "--backend", "cpu", "--prompt", PROMPT,
                           "-n", str(N), "--temperature", "0", "--ignore-eos", "--json"],
                          check=True, capture_output=True, text=True).stdout
     v = json.loads(out.strip().splitlines()[-1])
     return v["prompt_tokens"], v["tokens"]
+
+
+@contextlib.contextmanager
+def serving(models):
+    """scripts/web-serve.py on a free port with `models` under /models/, for the `with`
+    block; yields the port once it answers."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "web-serve.py"),
+                               "--port", str(port), "--models", models])
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/www/index.html", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield port
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def report(failures, what):
+    """Prints the failures and exits 1, or prints that `what` passed."""
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print(f"{what}: ok")
 
 
 def page_url(port, **extra):
@@ -67,17 +98,8 @@ def main():
     prompt_ids, want = native_ids(a.ternion, model)
     print(f"native CPU: prompt {prompt_ids} -> {want}")
 
-    port = free_port()
-    server = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "web-serve.py"),
-                               "--port", str(port), "--models", work])
     failures = []
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/www/index.html", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with serving(work) as port:
         for backend, shot in (("webgpu", a.screenshot), ("cpu", None)):
             state, status, r, secs = run_page(WEBGPU_FLAGS, page_url(port, backend=backend),
                                               a.timeout, shot)
@@ -93,13 +115,7 @@ def main():
         print(f"without the WebGPU flag: state {state}: {status}")
         if state != "nowebgpu" or "no WebGPU" not in status:
             failures.append(f"negative control: state {state}, status {status!r}")
-    finally:
-        server.terminate()
-        server.wait()
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        sys.exit(1)
-    print("browser e2e: ok")
+    report(failures, "browser e2e")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ternion::backend::gpu::{GpuContext, GpuModelOptions, GpuOptions};
+use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use ternion::gguf::GgufFile;
+use ternion::mlc::synth::{write_phi3, Phi3Spec};
 use ternion::model::{LoadOptions, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::{Sampler, SamplerConfig};
@@ -19,17 +20,23 @@ use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use ternion::Result;
 use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 use ternion_web::engine::{Backend, CpuSeq, Engine, Finish, Host};
-use ternion_web::loader::{self, ByteSource, Progress};
+use ternion_web::loader::{self, ByteSource, ModelSource, Progress};
+use ternion_web::mlc::{Files, MlcSource};
+
+#[path = "../../ternion/tests/support/shared.rs"]
+mod shared;
+use shared::shared_path;
 
 /// A file in memory that records every read.
 struct Mem {
+    name: String,
     bytes: Vec<u8>,
     reads: RefCell<Vec<Range<u64>>>,
 }
 
 impl ByteSource for Mem {
     fn name(&self) -> &str {
-        "micro.gguf"
+        &self.name
     }
 
     fn len(&self) -> u64 {
@@ -69,6 +76,7 @@ fn micro_model() -> Vec<u8> {
 
 fn mem(bytes: &[u8]) -> Mem {
     Mem {
+        name: "micro.gguf".into(),
         bytes: bytes.to_vec(),
         reads: RefCell::new(Vec::new()),
     }
@@ -101,16 +109,21 @@ fn greedy() -> Sampler {
     Sampler::new(SamplerConfig::greedy()).unwrap()
 }
 
-#[test]
-fn streamed_gpu_upload_generates_the_cpu_ids() {
-    let ctx = match GpuContext::new(&GpuOptions::default()) {
-        Ok(c) => Arc::new(c),
+/// The GPU (lavapipe in CI); `None` only when `TERNION_SKIP_GPU_TESTS=1` says to skip.
+fn gpu_context() -> Option<Arc<GpuContext>> {
+    match GpuContext::new(&GpuOptions::default()) {
+        Ok(c) => Some(Arc::new(c)),
         Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
             eprintln!("skipping (TERNION_SKIP_GPU_TESTS=1): {e}");
-            return;
+            None
         }
         Err(e) => panic!("no GPU adapter ({e}); install mesa-vulkan-drivers"),
-    };
+    }
+}
+
+#[test]
+fn streamed_gpu_upload_generates_the_cpu_ids() {
+    let Some(ctx) = gpu_context() else { return };
     let bytes = micro_model();
     let src = mem(&bytes);
     let header = pollster::block_on(loader::read_header(&src, loader::FIRST_PREFIX)).unwrap();
@@ -193,4 +206,138 @@ fn streamed_gpu_upload_generates_the_cpu_ids() {
     let c = pollster::block_on(cpu.generate(&host, &prompt, &mut greedy(), 16, true, |_, _| true))
         .unwrap();
     assert_eq!(c.tokens, want, "CPU engine vs CPU session");
+}
+
+/// An MLC directory on disk, each file read into memory when opened.
+struct Dir(std::path::PathBuf, String);
+
+impl Files for Dir {
+    type File = Mem;
+
+    fn base(&self) -> &str {
+        &self.1
+    }
+
+    async fn open(&self, name: &str) -> Result<Option<Mem>> {
+        let path = self.0.join(name);
+        Ok(path.is_file().then(|| Mem {
+            name: path.display().to_string(),
+            bytes: std::fs::read(&path).unwrap(),
+            reads: RefCell::new(Vec::new()),
+        }))
+    }
+}
+
+/// A random MLC Phi-3 directory from the native test writer (`code_15`: one weight holds
+/// a code 15).
+fn mlc_dir(tag: &str, code_15: bool) -> Dir {
+    let root = std::env::temp_dir().join(format!("ternion-web-mlc-{}-{tag}", std::process::id()));
+    std::fs::remove_dir_all(&root).ok();
+    let dir = root.join("mlc");
+    let spec = Phi3Spec {
+        shape: Shape::named("micro").unwrap(),
+        vocab: &shared_path("vocab/ggml-vocab-phi-3.gguf"),
+        seed: 5,
+        code_15,
+        shard_bytes: 256 << 10,
+    };
+    write_phi3(&spec, &dir, &root.join("ref.gguf")).unwrap();
+    let base = format!("{}/", dir.display());
+    Dir(dir, base)
+}
+
+#[test]
+fn mlc_streaming_loader_equals_the_native_loader() {
+    let dir = mlc_dir("same", false);
+    let native = ternion::mlc::load_dir(&dir.0).unwrap();
+    let src = pollster::block_on(MlcSource::open(&dir)).unwrap();
+    let web = pollster::block_on(src.read_all()).unwrap();
+    assert_eq!(web.metadata, native.metadata);
+    assert_eq!(web.tensors.len(), native.tensors.len());
+    for (a, b) in web.tensors.iter().zip(&native.tensors) {
+        assert_eq!((&a.name, a.ty, &a.shape), (&b.name, b.ty, &b.shape));
+        assert!(web.tensor_data(a) == native.tensor_data(b), "{}", a.name);
+    }
+    let header = pollster::block_on(src.header()).unwrap();
+    assert!(!header.has_tensor_data());
+    assert_eq!(header.file_len(), native.file_len());
+
+    let Some(ctx) = gpu_context() else { return };
+    let opts = GpuModelOptions {
+        n_ctx: 64,
+        ..GpuModelOptions::default()
+    };
+    let mut seen: Vec<Progress> = Vec::new();
+    let gpu = pollster::block_on(src.upload(ctx.clone(), &header, opts, |p| seen.push(p))).unwrap();
+    let last = *seen.last().unwrap();
+    assert_eq!(last.done, last.total);
+    // The native MLC path on the same GPU (the same kernels) gives the same ids.
+    let model = Model::from_file(Arc::new(native), &LoadOptions::default()).unwrap();
+    let reference = GpuModel::from_model(ctx, &model, opts).unwrap();
+    let host = Native(Instant::now());
+    let tok = || Tokenizer::from_gguf(&header, &TokenizerOptions::default()).unwrap();
+    let prompt = tok()
+        .encode("Ternary weights on the web", true, true)
+        .unwrap();
+    let run = |backend| {
+        let mut e = Engine::new(tok(), backend);
+        pollster::block_on(e.generate(&host, &prompt, &mut greedy(), 16, true, |_, _| true))
+            .unwrap()
+            .tokens
+    };
+    let want = run(Backend::Gpu(Box::new(reference)));
+    let got = run(Backend::Gpu(Box::new(gpu)));
+    assert_eq!(
+        got, want,
+        "streamed MLC upload vs the native MLC path, both on the GPU"
+    );
+}
+
+#[test]
+fn mlc_streaming_loader_names_what_is_wrong() {
+    // A code 15 (never written by MLC) is refused by name; the native loader takes it.
+    let dir = mlc_dir("code15", true);
+    assert!(ternion::mlc::load_dir(&dir.0).is_ok());
+    let src = pollster::block_on(MlcSource::open(&dir)).unwrap();
+    let e = pollster::block_on(src.read_all())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("code 15") && e.contains("q_weight"), "{e}");
+
+    // A missing shard and a shard of the wrong length are named.
+    let shard = dir.0.join("params_shard_0.bin");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[1..]).unwrap();
+    let e = pollster::block_on(MlcSource::open(&dir))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("params_shard_0.bin") && e.contains("the index says"),
+        "{e}"
+    );
+    std::fs::remove_file(&shard).unwrap();
+    let e = pollster::block_on(MlcSource::open(&dir))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("params_shard_0.bin: not found"), "{e}");
+
+    // No index, no configuration.
+    std::fs::remove_file(dir.0.join("ndarray-cache.json")).unwrap();
+    let e = pollster::block_on(MlcSource::open(&dir))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("no ndarray-cache.json or tensor-cache.json"),
+        "{e}"
+    );
+    std::fs::remove_file(dir.0.join("mlc-chat-config.json")).unwrap();
+    let e = pollster::block_on(MlcSource::open(&dir))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("mlc-chat-config.json: not found"), "{e}");
 }

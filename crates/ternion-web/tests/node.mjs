@@ -1,8 +1,9 @@
 // The npm package under Node.js (run by scripts/node-test.sh): a micro synthetic model from
 // the native CLI, loaded through the package's Node entry point (imported by the package's
 // own name, so through package.json's "exports") from a file path, a file: URL and an
-// http URL served from 127.0.0.1 with range requests; each must give the native CPU
-// backend's greedy token ids (`ternion run --json`). Then the errors a caller can meet.
+// http URL served from 127.0.0.1 with range requests, and an MLC directory from
+// `ternion synth --mlc` by path; each must give the native CPU backend's greedy token ids
+// (`ternion run --json`). Then the errors a caller can meet.
 //
 //   node crates/ternion-web/tests/node.mjs --ternion target/release/ternion
 import assert from "node:assert/strict";
@@ -91,6 +92,14 @@ try {
 } finally {
   server.close();
 }
+
+// An MLC directory from the native test writer, loaded by path (file-backed Blobs), must
+// give the native MLC path's ids.
+const mlc = join(work, "mlc");
+execFileSync(args.ternion, ["synth", "--mlc", "--shape", "micro", "--seed", "7", "--vocab",
+  new URL("../../../../shared/vocab/ggml-vocab-phi-3.gguf", import.meta.url).pathname,
+  "--shard-bytes", String(256 << 10), "--out", mlc], { stdio: "pipe" });
+await generate(mlc, nativeIds(mlc), "MLC directory");
 
 // The sequence continues across calls until reset; after a reset it starts over.
 t.reset();

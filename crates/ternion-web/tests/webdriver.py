@@ -82,6 +82,15 @@ class Driver:
             time.sleep(0.25)
         raise TimeoutError(f"page state never reached {states} in {timeout} s")
 
+    def wait_js(self, script, timeout):
+        """Polls `script` until it returns something truthy."""
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.js(script):
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"never true in {timeout} s: {script}")
+
     def screenshot(self, path):
         with open(path, "wb") as f:
             f.write(base64.b64decode(self.cmd("GET", "/screenshot")))

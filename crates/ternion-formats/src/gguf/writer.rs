@@ -7,7 +7,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use super::value::{Value, ValueType};
-use super::{DEFAULT_ALIGNMENT, MAGIC};
+use super::{GgufFile, DEFAULT_ALIGNMENT, MAGIC};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -117,6 +117,20 @@ impl GgufWriter {
         w.w.reserve_exact(self.data_len as usize);
         self.data(&mut w, fill)?;
         Ok(w.w)
+    }
+
+    /// The header alone (metadata and tensor table), parsed as a [`GgufFile`] that holds no
+    /// tensor data: for loaders that make each tensor's bytes themselves and stream them.
+    pub fn header_file(&self, name: &Path) -> Result<GgufFile> {
+        let mut w = Out {
+            w: Vec::new(),
+            pos: 0,
+            path: name.to_path_buf(),
+        };
+        self.header(&mut w)?;
+        let len = w.pos + self.data_len;
+        GgufFile::parse_header(name, w.w, len)?
+            .ok_or_else(|| Error::Gguf(format!("{}: header does not parse", name.display())))
     }
 
     /// Magic, counts, metadata, tensor table and the padding up to the data.

@@ -11,8 +11,8 @@ use crate::{Error, Result};
 /// Index file names, newest first (TVM renamed `ndarray-cache.json` to `tensor-cache.json`).
 pub const INDEX_FILES: [&str; 2] = ["tensor-cache.json", "ndarray-cache.json"];
 
-/// Largest index file read (a real 3.8 B-parameter model's index is about 100 KB).
-const MAX_INDEX_BYTES: u64 = 64 << 20;
+/// Largest JSON file read (a real 3.8 B-parameter model's index is about 100 KB).
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
 
 #[derive(Deserialize)]
 struct IndexJson {
@@ -93,12 +93,33 @@ pub struct Tensor<'a> {
     pub bytes: &'a [u8],
 }
 
-struct Record {
-    shard: usize,
-    shape: Vec<u64>,
-    stored: Stored,
-    start: usize,
-    len: usize,
+/// Where one record's bytes lie.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Index of its shard in [`Index::shards`].
+    pub shard: usize,
+    /// Shape, outermost dimension first.
+    pub shape: Vec<u64>,
+    /// Element storage.
+    pub stored: Stored,
+    /// Byte range in the shard.
+    pub range: std::ops::Range<u64>,
+}
+
+/// One shard file the index names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardInfo {
+    /// File name relative to the directory (checked to stay inside it).
+    pub path: String,
+    /// Its length in bytes.
+    pub nbytes: u64,
+}
+
+/// A parsed and checked tensor index (no shard read yet): shards and records.
+#[derive(Clone, Debug)]
+pub struct Index {
+    shards: Vec<ShardInfo>,
+    records: HashMap<String, Record>,
 }
 
 /// A shard's bytes: mapped where the platform maps files, read otherwise.
@@ -118,8 +139,8 @@ impl Shard {
 
 /// The validated index and mapped shards of one MLC directory.
 pub struct Cache {
+    index: Index,
     shards: Vec<Shard>,
-    records: HashMap<String, Record>,
 }
 
 /// The index file of `dir`, if it has one.
@@ -130,37 +151,38 @@ pub fn index_path(dir: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Reads a small JSON file of `dir` into `T`, naming the file in every error.
-pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+/// Parses a small JSON file's bytes into `T`; `label` names the file in every error.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], label: &str) -> Result<T> {
+    if bytes.len() as u64 > MAX_INDEX_BYTES {
+        return Err(Error::Mlc(format!(
+            "{label}: {} bytes is more than the {MAX_INDEX_BYTES} a JSON file may have",
+            bytes.len()
+        )));
+    }
+    serde_json::from_slice(bytes).map_err(|e| Error::Mlc(format!("{label}: invalid JSON: {e}")))
+}
+
+/// Reads a file of at most `max` bytes, naming it in every error.
+pub(crate) fn read_small(path: &Path, max: u64) -> Result<Vec<u8>> {
     let len = std::fs::metadata(path)
         .map_err(|e| Error::io(path, e))?
         .len();
-    if len > MAX_INDEX_BYTES {
+    if len > max {
         return Err(Error::Mlc(format!(
-            "{}: {len} bytes is more than the {MAX_INDEX_BYTES} a JSON file may have",
+            "{}: {len} bytes is more than the {max} accepted",
             path.display()
         )));
     }
-    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_slice(&text)
-        .map_err(|e| Error::Mlc(format!("{}: invalid JSON: {e}", path.display())))
+    std::fs::read(path).map_err(|e| Error::io(path, e))
 }
 
-impl Cache {
-    /// Reads `dir`'s index, maps every shard and checks each record: a known dtype and
-    /// format, `nbytes` equal to the shape's size, the range inside its shard, each shard
-    /// file exactly `nbytes` long, names unique, shard paths inside `dir`.
-    pub fn open(dir: &Path) -> Result<Cache> {
-        let index = index_path(dir).ok_or_else(|| {
-            Error::Mlc(format!(
-                "{}: no {} or {}",
-                dir.display(),
-                INDEX_FILES[1],
-                INDEX_FILES[0]
-            ))
-        })?;
-        let json: IndexJson = read_json(&index)?;
-        let bad = |msg: String| Error::Mlc(format!("{}: {msg}", index.display()));
+impl Index {
+    /// Parses an index file's bytes and checks each record: a known dtype and format,
+    /// `nbytes` equal to the shape's size, the range inside its shard, names unique, shard
+    /// paths plain relative names. `label` names the file in errors.
+    pub fn parse(bytes: &[u8], label: &str) -> Result<Index> {
+        let json: IndexJson = parse_json(bytes, label)?;
+        let bad = |msg: String| Error::Mlc(format!("{label}: {msg}"));
         let mut shards = Vec::with_capacity(json.records.len());
         let mut records = HashMap::new();
         for (si, shard) in json.records.into_iter().enumerate() {
@@ -170,13 +192,12 @@ impl Cache {
                     shard.data_path, shard.format
                 )));
             }
-            let path = shard_path(dir, &shard.data_path).ok_or_else(|| {
-                bad(format!(
+            if !is_plain(&shard.data_path) {
+                return Err(bad(format!(
                     "shard path '{}' is not a file name inside the directory",
                     shard.data_path
-                ))
-            })?;
-            let mapped = map_shard(&path, shard.nbytes)?;
+                )));
+            }
             for r in shard.records {
                 let stored = Stored::parse(&r.dtype, &r.format).ok_or_else(|| {
                     bad(format!(
@@ -195,54 +216,94 @@ impl Cache {
                     )));
                 }
                 let end = r.byte_offset.checked_add(r.nbytes);
-                if end.is_none_or(|e| e > shard.nbytes) {
+                let Some(end) = end.filter(|&e| e <= shard.nbytes) else {
                     return Err(bad(format!(
                         "tensor '{}': bytes {}..+{} run past shard '{}' ({} bytes)",
                         r.name, r.byte_offset, r.nbytes, shard.data_path, shard.nbytes
                     )));
-                }
+                };
                 let rec = Record {
                     shard: si,
                     shape: r.shape,
                     stored,
-                    // Both fit: they lie inside a mapped file.
-                    start: r.byte_offset as usize,
-                    len: r.nbytes as usize,
+                    range: r.byte_offset..end,
                 };
                 if records.insert(r.name.clone(), rec).is_some() {
                     return Err(bad(format!("tensor '{}' appears twice", r.name)));
                 }
             }
-            shards.push(mapped);
+            shards.push(ShardInfo {
+                path: shard.data_path,
+                nbytes: shard.nbytes,
+            });
         }
-        Ok(Cache { shards, records })
+        Ok(Index { shards, records })
+    }
+
+    /// The shard files, in index order.
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.shards
+    }
+
+    /// The record named `name`.
+    pub fn record(&self, name: &str) -> Result<&Record> {
+        self.records
+            .get(name)
+            .ok_or_else(|| Error::Mlc(format!("tensor '{name}' is missing from the index")))
+    }
+}
+
+impl Cache {
+    /// Reads and checks `dir`'s index ([`Index::parse`]), then maps every shard, each
+    /// exactly as long as the index says.
+    pub fn open(dir: &Path) -> Result<Cache> {
+        let path = index_path(dir).ok_or_else(|| {
+            Error::Mlc(format!(
+                "{}: no {} or {}",
+                dir.display(),
+                INDEX_FILES[1],
+                INDEX_FILES[0]
+            ))
+        })?;
+        let bytes = read_small(&path, MAX_INDEX_BYTES)?;
+        let index = Index::parse(&bytes, &path.display().to_string())?;
+        let shards = index
+            .shards
+            .iter()
+            .map(|s| map_shard(&dir.join(&s.path), s.nbytes))
+            .collect::<Result<_>>()?;
+        Ok(Cache { index, shards })
+    }
+
+    /// The parsed index.
+    pub fn index(&self) -> &Index {
+        &self.index
     }
 
     /// The tensor named `name`.
     pub fn get(&self, name: &str) -> Result<Tensor<'_>> {
         let (name, r) = self
+            .index
             .records
             .get_key_value(name)
             .ok_or_else(|| Error::Mlc(format!("tensor '{name}' is missing from the index")))?;
+        // Both ends fit: they lie inside a mapped file.
+        let range = r.range.start as usize..r.range.end as usize;
         Ok(Tensor {
             name,
             shape: &r.shape,
             stored: r.stored,
-            bytes: &self.shards[r.shard].bytes()[r.start..r.start + r.len],
+            bytes: &self.shards[r.shard].bytes()[range],
         })
-    }
-
-    /// Whether the index has a tensor named `name`.
-    pub fn has(&self, name: &str) -> bool {
-        self.records.contains_key(name)
     }
 }
 
-/// `dir/name` when `name` is a plain relative path that stays inside `dir`.
-fn shard_path(dir: &Path, name: &str) -> Option<PathBuf> {
-    let rel = Path::new(name);
-    let plain = !name.is_empty() && rel.components().all(|c| matches!(c, Component::Normal(_)));
-    plain.then(|| dir.join(rel))
+/// Whether `name` is a plain relative path (no root, `.` or `..`).
+fn is_plain(name: &str) -> bool {
+    !name.is_empty()
+        && Path::new(name)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
 }
 
 /// Maps a shard after checking that its length is the `nbytes` the index gives.

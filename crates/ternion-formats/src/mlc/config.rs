@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::cache::read_json;
+use super::cache::{parse_json, read_small, MAX_INDEX_BYTES};
 use crate::gguf::{GgufWriter, Value};
 use crate::{Error, Result};
 
@@ -100,10 +100,17 @@ impl Phi3Config {
     /// Reads and checks `dir/mlc-chat-config.json`.
     pub fn read(dir: &Path) -> Result<Phi3Config> {
         let path = dir.join(CONFIG_FILE);
-        let j: ChatConfigJson = read_json(&path)?;
-        let bad = |msg: String| Error::Mlc(format!("{}: {msg}", path.display()));
+        let text = read_small(&path, MAX_INDEX_BYTES)?;
+        Phi3Config::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks the bytes of an `mlc-chat-config.json`; `label` names the file in
+    /// errors.
+    pub fn parse(text: &[u8], label: &str) -> Result<Phi3Config> {
+        let j: ChatConfigJson = parse_json(text, label)?;
+        let bad = |msg: String| Error::Mlc(format!("{label}: {msg}"));
         let only = |key: &str, found: &str, supported: &str| {
-            let what = format!("MLC directory: {}: {key}", path.display());
+            let what = format!("MLC directory: {label}: {key}");
             Error::unsupported(what, found, [supported], "")
         };
         if j.model_type != "phi3" {

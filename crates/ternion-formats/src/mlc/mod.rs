@@ -46,8 +46,9 @@ use std::path::Path;
 use crate::gguf::{GgufFile, GgufWriter};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
-use cache::{Cache, Stored};
+use cache::{Cache, Index, Stored};
 use config::Phi3Config;
+use tokenizer::TokenizerFiles;
 
 /// Whether `path` is a directory with an MLC tensor index.
 pub fn is_mlc_dir(path: &Path) -> bool {
@@ -64,19 +65,70 @@ pub fn open(path: &Path) -> Result<GgufFile> {
 }
 
 /// Where a GGUF tensor's data comes from.
+#[derive(Clone, Debug)]
 enum Source {
     /// `<prefix>.q_weight` / `<prefix>.q_scale`, to Q4_0 (or Q8_0 when a code is 15).
-    Quant(String),
+    Quant,
     /// A float vector, to F32.
-    Norm(String),
+    Norm(Stored),
 }
 
-/// One GGUF tensor to produce.
-struct Planned {
-    name: String,
-    ty: GgmlType,
-    shape: Vec<u64>,
+/// How one GGUF tensor is made from MLC records: which records to read, and the repack.
+#[derive(Clone, Debug)]
+pub struct Recipe {
+    /// GGUF tensor name.
+    pub name: String,
+    /// GGUF type (Q4_0, Q8_0 or F32).
+    pub ty: GgmlType,
+    /// GGUF shape, innermost dimension first.
+    pub shape: Vec<u64>,
+    /// The MLC records it is made from, in the order [`Recipe::convert`] takes them.
+    pub inputs: Vec<String>,
     source: Source,
+}
+
+/// An MLC model converted without reading its shards: the GGUF metadata and tensor table,
+/// the parsed index, and one [`Recipe`] per GGUF tensor in data order. Loaders that stream
+/// (the browser's) fetch each recipe's records and [`Recipe::convert`] them;
+/// [`load_dir`] does the same from mapped files.
+pub struct Layout {
+    /// The GGUF being built (metadata and tensor table declared; no data).
+    pub writer: GgufWriter,
+    /// The checked index.
+    pub index: Index,
+    /// One recipe per GGUF tensor, in data order.
+    pub recipes: Vec<Recipe>,
+}
+
+impl Layout {
+    /// Builds the layout of a directory named `name` from its files' bytes. `q8(prefix)`
+    /// says whether the weight `prefix` holds a code 15 (so converts to Q8_0); a loader
+    /// that cannot look at the data yet answers `false`, and a code 15 then fails in
+    /// [`Recipe::convert`].
+    pub fn new(
+        name: &str,
+        cfg: &Phi3Config,
+        index: Index,
+        tokenizer: &TokenizerFiles,
+        q8: impl FnMut(&str) -> Result<bool>,
+    ) -> Result<Layout> {
+        let recipes = plan(cfg, &index, q8)?;
+        let mut writer = GgufWriter::new();
+        let short = name
+            .rsplit(['/', '\\'])
+            .find(|s| !s.is_empty())
+            .unwrap_or("mlc");
+        cfg.add_metadata(&mut writer, short);
+        tokenizer::add_tokenizer(&mut writer, tokenizer, name, cfg)?;
+        for r in &recipes {
+            writer.declare(&r.name, r.ty, &r.shape)?;
+        }
+        Ok(Layout {
+            writer,
+            index,
+            recipes,
+        })
+    }
 }
 
 /// Converts the MLC directory `dir` into an in-memory GGUF (`phi3` metadata, tokenizer,
@@ -84,17 +136,27 @@ struct Planned {
 pub fn load_dir(dir: &Path) -> Result<GgufFile> {
     let cfg = Phi3Config::read(dir)?;
     let cache = Cache::open(dir)?;
-    let plan = plan(&cfg, &cache)?;
-    let mut w = GgufWriter::new();
-    let name = dir
-        .file_name()
-        .map_or("mlc".into(), |n| n.to_string_lossy().into_owned());
-    cfg.add_metadata(&mut w, &name);
-    tokenizer::add_tokenizer(&mut w, dir, &cfg)?;
-    for p in &plan {
-        w.declare(&p.name, p.ty, &p.shape)?;
-    }
-    let bytes = w.to_bytes(dir, |i, _| convert(&cache, &plan[i]))?;
+    let tokenizer = TokenizerFiles::read(dir)?;
+    let layout = Layout::new(
+        &dir.display().to_string(),
+        &cfg,
+        cache.index().clone(),
+        &tokenizer,
+        |prefix| {
+            Ok(q4f16::has_code_15(
+                cache.get(&format!("{prefix}.q_weight"))?.bytes,
+            ))
+        },
+    )?;
+    let bytes = layout.writer.to_bytes(dir, |i, _| {
+        let r = &layout.recipes[i];
+        let parts = r
+            .inputs
+            .iter()
+            .map(|n| Ok(cache.get(n)?.bytes))
+            .collect::<Result<Vec<_>>>()?;
+        r.convert(&parts)
+    })?;
     GgufFile::from_bytes(dir, bytes)
 }
 
@@ -140,40 +202,53 @@ pub fn tensor_map(cfg: &Phi3Config) -> Vec<Mapped> {
 }
 
 /// The GGUF tensors of `cfg`, each checked against the index.
-fn plan(cfg: &Phi3Config, cache: &Cache) -> Result<Vec<Planned>> {
+fn plan(
+    cfg: &Phi3Config,
+    index: &Index,
+    mut q8: impl FnMut(&str) -> Result<bool>,
+) -> Result<Vec<Recipe>> {
     let d = cfg.n_embd;
     tensor_map(cfg)
         .into_iter()
         .map(|m| match m.linear {
-            Some((n_in, n_out)) => Ok(Planned {
-                name: m.gguf,
-                ty: quant_type(cache, &m.mlc, n_in, n_out)?,
-                shape: vec![n_in as u64, n_out as u64],
-                source: Source::Quant(m.mlc),
-            }),
+            Some((n_in, n_out)) => {
+                check_quant(index, &m.mlc, n_in, n_out)?;
+                Ok(Recipe {
+                    name: m.gguf,
+                    ty: if q8(&m.mlc)? {
+                        GgmlType::Q8_0
+                    } else {
+                        GgmlType::Q4_0
+                    },
+                    shape: vec![n_in as u64, n_out as u64],
+                    inputs: vec![format!("{}.q_weight", m.mlc), format!("{}.q_scale", m.mlc)],
+                    source: Source::Quant,
+                })
+            }
             None => {
-                let t = cache.get(&m.mlc)?;
+                let t = index.record(&m.mlc)?;
                 if t.shape != [d as u64] || t.stored == Stored::U32 {
                     return Err(Error::Mlc(format!(
                         "tensor '{}': expected a float vector of [{d}], found {:?} {:?}",
                         m.mlc, t.stored, t.shape
                     )));
                 }
-                Ok(Planned {
+                Ok(Recipe {
                     name: m.gguf,
                     ty: GgmlType::F32,
                     shape: vec![d as u64],
-                    source: Source::Norm(m.mlc),
+                    inputs: vec![m.mlc],
+                    source: Source::Norm(t.stored),
                 })
             }
         })
         .collect()
 }
 
-/// Checks the `q_weight`/`q_scale` pair of an `n_out × n_in` weight; Q4_0 unless a code is
-/// 15.
-fn quant_type(cache: &Cache, prefix: &str, n_in: usize, n_out: usize) -> Result<GgmlType> {
-    let (w, s) = quant_pair(cache, prefix)?;
+/// Checks the `q_weight`/`q_scale` pair of an `n_out × n_in` weight.
+fn check_quant(index: &Index, prefix: &str, n_in: usize, n_out: usize) -> Result<()> {
+    let w = index.record(&format!("{prefix}.q_weight"))?;
+    let s = index.record(&format!("{prefix}.q_scale"))?;
     let (n_in, n_out) = (n_in as u64, n_out as u64);
     let g = q4f16::GROUP as u64;
     let ok = n_in % g == 0
@@ -193,40 +268,46 @@ fn quant_type(cache: &Cache, prefix: &str, n_in: usize, n_out: usize) -> Result<
             s.shape
         )));
     }
-    Ok(if q4f16::has_code_15(w.bytes) {
-        GgmlType::Q8_0
-    } else {
-        GgmlType::Q4_0
-    })
+    Ok(())
 }
 
-fn quant_pair<'a>(
-    cache: &'a Cache,
-    prefix: &str,
-) -> Result<(cache::Tensor<'a>, cache::Tensor<'a>)> {
-    Ok((
-        cache.get(&format!("{prefix}.q_weight"))?,
-        cache.get(&format!("{prefix}.q_scale"))?,
-    ))
-}
-
-/// The GGUF bytes of one planned tensor.
-fn convert(cache: &Cache, p: &Planned) -> Result<Vec<u8>> {
-    match &p.source {
-        Source::Quant(prefix) => {
-            let (w, s) = quant_pair(cache, prefix)?;
-            Ok(match p.ty {
-                GgmlType::Q8_0 => q4f16::to_q8_0(w.bytes, s.bytes),
-                _ => q4f16::to_q4_0(w.bytes, s.bytes),
-            })
-        }
-        Source::Norm(name) => {
-            let t = cache.get(name)?;
-            let n = t.stored.elem_bytes() as usize;
-            Ok(t.bytes
-                .chunks_exact(n)
-                .flat_map(|b| float_value(t.stored, b).to_le_bytes())
-                .collect())
+impl Recipe {
+    /// The GGUF bytes of this tensor from its [`Recipe::inputs`]' bytes, in that order.
+    pub fn convert(&self, parts: &[&[u8]]) -> Result<Vec<u8>> {
+        match (&self.source, parts) {
+            (Source::Quant, [w, s]) => {
+                if q4f16::groups(w, s).is_none() {
+                    return Err(Error::Mlc(format!(
+                        "'{}': q_weight of {} bytes and q_scale of {} bytes do not agree",
+                        self.name,
+                        w.len(),
+                        s.len()
+                    )));
+                }
+                match self.ty {
+                    GgmlType::Q8_0 => Ok(q4f16::to_q8_0(w, s)),
+                    _ if q4f16::has_code_15(w) => Err(Error::Mlc(format!(
+                        "'{}': a code 15, which MLC's q4f16_1 quantizer never writes (it \
+                         clamps to 0..=14) and Q4_0 cannot hold; this loader fixed the type \
+                         before reading the weights (the native loader converts such a \
+                         tensor to Q8_0)",
+                        self.inputs[0]
+                    ))),
+                    _ => Ok(q4f16::to_q4_0(w, s)),
+                }
+            }
+            (Source::Norm(stored), [b]) => {
+                let n = stored.elem_bytes() as usize;
+                Ok(b.chunks_exact(n)
+                    .flat_map(|b| float_value(*stored, b).to_le_bytes())
+                    .collect())
+            }
+            _ => Err(Error::Mlc(format!(
+                "'{}': {} inputs given, {} expected",
+                self.name,
+                parts.len(),
+                self.inputs.len()
+            ))),
         }
     }
 }

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::cache::read_json;
+use super::cache::{parse_json, read_small, MAX_INDEX_BYTES};
 use super::config::Phi3Config;
 use super::spm::{self, piece_type};
 use crate::gguf::{GgufWriter, Value, ValueType};
@@ -86,38 +86,61 @@ struct HfConfigJson {
     added_tokens_decoder: BTreeMap<String, DecoderEntry>,
 }
 
-/// Adds the `tokenizer.*` keys for the files in `dir`.
-pub fn add_tokenizer(w: &mut GgufWriter, dir: &Path, cfg: &Phi3Config) -> Result<()> {
+/// The tokenizer files of an MLC directory, as bytes.
+pub struct TokenizerFiles {
+    /// `tokenizer.model`.
+    pub spm: Vec<u8>,
+    /// `tokenizer_config.json`, when present.
+    pub hf_config: Option<Vec<u8>>,
+    /// `tokenizer.json`, when present.
+    pub hf: Option<Vec<u8>>,
+}
+
+impl TokenizerFiles {
+    /// Reads the tokenizer files of `dir` (`tokenizer.model` must be there).
+    pub fn read(dir: &Path) -> Result<TokenizerFiles> {
+        let spm_path = dir.join(SPM_FILE);
+        if !spm_path.is_file() {
+            return Err(Error::Tokenizer(format!(
+                "{}: missing; the SentencePiece model is needed for its piece scores \
+                 (tokenizer.json has none)",
+                spm_path.display()
+            )));
+        }
+        let optional = |name: &str| {
+            let p = dir.join(name);
+            p.is_file()
+                .then(|| read_small(&p, MAX_INDEX_BYTES))
+                .transpose()
+        };
+        Ok(TokenizerFiles {
+            spm: read_small(&spm_path, MAX_SPM_BYTES)?,
+            hf_config: optional(HF_CONFIG_FILE)?,
+            hf: optional(HF_FILE)?,
+        })
+    }
+}
+
+/// Adds the `tokenizer.*` keys for `files`, the tokenizer files of the directory `dir`
+/// (named in errors).
+pub fn add_tokenizer(
+    w: &mut GgufWriter,
+    files: &TokenizerFiles,
+    dir: &str,
+    cfg: &Phi3Config,
+) -> Result<()> {
     let n = cfg.n_vocab;
-    let spm_path = dir.join(SPM_FILE);
-    if !spm_path.is_file() {
-        return Err(Error::Tokenizer(format!(
-            "{}: missing; the SentencePiece model is needed for its piece scores \
-             (tokenizer.json has none)",
-            spm_path.display()
-        )));
-    }
-    let len = std::fs::metadata(&spm_path)
-        .map_err(|e| Error::io(&spm_path, e))?
-        .len();
-    if len > MAX_SPM_BYTES {
-        return Err(Error::Tokenizer(format!(
-            "{}: {len} bytes is more than the {MAX_SPM_BYTES} accepted",
-            spm_path.display()
-        )));
-    }
-    let model = spm::parse(&std::fs::read(&spm_path).map_err(|e| Error::io(&spm_path, e))?)?;
+    let spm_path = format!("{dir}/{SPM_FILE}");
+    let model = spm::parse(&files.spm)?;
     if model.model_type.is_some_and(|t| t != spm::MODEL_BPE) {
         return Err(Error::Tokenizer(format!(
-            "{}: trainer model_type {:?} is not BPE (the only SentencePiece kind mapped)",
-            spm_path.display(),
+            "{spm_path}: trainer model_type {:?} is not BPE (the only SentencePiece kind mapped)",
             model.model_type
         )));
     }
     if model.pieces.len() > n {
         return Err(Error::Tokenizer(format!(
-            "{}: {} pieces for a vocab_size of {n}",
-            spm_path.display(),
+            "{spm_path}: {} pieces for a vocab_size of {n}",
             model.pieces.len()
         )));
     }
@@ -140,37 +163,35 @@ pub fn add_tokenizer(w: &mut GgufWriter, dir: &Path, cfg: &Phi3Config) -> Result
     }
 
     let mut added = Vec::new();
-    let hf_config_path = dir.join(HF_CONFIG_FILE);
-    let hf_config: Option<HfConfigJson> = if hf_config_path.is_file() {
-        Some(read_json(&hf_config_path)?)
-    } else {
-        None
-    };
+    let hf_config_path = format!("{dir}/{HF_CONFIG_FILE}");
+    let hf_config: Option<HfConfigJson> = files
+        .hf_config
+        .as_deref()
+        .map(|b| parse_json(b, &hf_config_path))
+        .transpose()?;
     if let Some(c) = &hf_config {
         for (id, e) in &c.added_tokens_decoder {
             let id = id.parse::<u64>().map_err(|_| {
                 Error::Tokenizer(format!(
-                    "{}: added_tokens_decoder key '{id}' is not a token id",
-                    hf_config_path.display()
+                    "{hf_config_path}: added_tokens_decoder key '{id}' is not a token id"
                 ))
             })?;
             added.push((id, e.content.as_str(), e.special, &hf_config_path));
         }
     }
-    let hf_path = dir.join(HF_FILE);
-    let hf: Option<HfTokenizerJson> = if hf_path.is_file() {
-        Some(read_json(&hf_path)?)
-    } else {
-        None
-    };
+    let hf_path = format!("{dir}/{HF_FILE}");
+    let hf: Option<HfTokenizerJson> = files
+        .hf
+        .as_deref()
+        .map(|b| parse_json(b, &hf_path))
+        .transpose()?;
     for t in hf.iter().flat_map(|h| &h.added_tokens) {
         added.push((t.id, t.content.as_str(), t.special, &hf_path));
     }
     for (id, content, special, file) in added {
         let i = usize::try_from(id).ok().filter(|&i| i < n).ok_or_else(|| {
             Error::Tokenizer(format!(
-                "{}: added token '{content}' has id {id}, past the vocab_size {n}",
-                file.display()
+                "{file}: added token '{content}' has id {id}, past the vocab_size {n}"
             ))
         })?;
         tokens[i] = content.to_string();
