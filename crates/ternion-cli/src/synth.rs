@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ternion::mlc::synth::{write_phi3, Phi3Spec};
 use ternion::quant::GgmlType;
+use ternion_testkit::mlc_synth::{write_phi3, Phi3Spec};
 use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
 /// Arguments of `ternion synth`.

@@ -20,7 +20,7 @@ use ternion::mlc::cache::{Index, INDEX_FILES, MAX_INDEX_BYTES};
 use ternion::mlc::config::{Phi3Config, CONFIG_FILE};
 use ternion::mlc::tokenizer::{TokenizerFiles, HF_CONFIG_FILE, HF_FILE, SPM_FILE};
 use ternion::mlc::{Layout, Recipe};
-use ternion::{Error, Result};
+use ternion::{Error, FormatError, Result};
 
 use crate::loader::{read_exact, ByteSource, ModelSource, Progress, CPU_MAX_BYTES};
 
@@ -41,10 +41,15 @@ pub struct MlcSource<S> {
     shards: Vec<S>,
 }
 
+/// An MLC directory error (the formats crate's `Mlc` variant).
+fn mlc_err(message: String) -> Error {
+    FormatError::Mlc(message).into()
+}
+
 /// The whole of a small file (at most [`MAX_INDEX_BYTES`]).
 async fn whole<S: ByteSource>(f: &S) -> Result<Vec<u8>> {
     if f.len() > MAX_INDEX_BYTES {
-        return Err(Error::Mlc(format!(
+        return Err(mlc_err(format!(
             "{}: {} bytes is more than the {MAX_INDEX_BYTES} accepted for this file",
             f.name(),
             f.len()
@@ -55,7 +60,7 @@ async fn whole<S: ByteSource>(f: &S) -> Result<Vec<u8>> {
 
 async fn required<F: Files>(files: &F, name: &str, why: &str) -> Result<F::File> {
     files.open(name).await?.ok_or_else(|| {
-        Error::Mlc(format!(
+        mlc_err(format!(
             "{}{name}: not found; an MLC directory needs it ({why})",
             files.base()
         ))
@@ -85,7 +90,7 @@ impl<S: ByteSource> MlcSource<S> {
             }
         }
         let index = index.ok_or_else(|| {
-            Error::Mlc(format!(
+            mlc_err(format!(
                 "{base}: no {} or {} (the tensor index of an MLC directory)",
                 INDEX_FILES[1], INDEX_FILES[0]
             ))
@@ -102,7 +107,7 @@ impl<S: ByteSource> MlcSource<S> {
         for info in layout.index.shards() {
             let f = required(files, &info.path, "a shard the index names").await?;
             if f.len() != info.nbytes {
-                return Err(Error::Mlc(format!(
+                return Err(mlc_err(format!(
                     "{}: shard is {} bytes, the index says {}",
                     f.name(),
                     f.len(),
@@ -127,13 +132,13 @@ impl<S: ByteSource> MlcSource<S> {
             parts.push(read_exact(&self.shards[r.shard], range).await?);
         }
         let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-        recipe.convert(&refs)
+        Ok(recipe.convert(&refs)?)
     }
 }
 
 impl<S: ByteSource> ModelSource for MlcSource<S> {
     async fn header(&self) -> Result<GgufFile> {
-        self.layout.writer.header_file(Path::new(&self.base))
+        Ok(self.layout.writer.header_file(Path::new(&self.base))?)
     }
 
     async fn upload(
@@ -154,7 +159,7 @@ impl<S: ByteSource> ModelSource for MlcSource<S> {
         let mut done = 0;
         while let Some(t) = up.next_tensor().cloned() {
             let recipe = recipes.get(t.name.as_str()).ok_or_else(|| {
-                Error::Mlc(format!("{}: no recipe for tensor '{}'", self.base, t.name))
+                mlc_err(format!("{}: no recipe for tensor '{}'", self.base, t.name))
             })?;
             up.put(&self.tensor(recipe).await?)?;
             done += t.range.end - t.range.start;
@@ -182,6 +187,6 @@ impl<S: ByteSource> ModelSource for MlcSource<S> {
             .layout
             .writer
             .to_bytes(name, |i, _| Ok(std::mem::take(&mut data[i])))?;
-        GgufFile::from_bytes(name, bytes)
+        Ok(GgufFile::from_bytes(name, bytes)?)
     }
 }

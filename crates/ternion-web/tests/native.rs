@@ -11,21 +11,19 @@ use std::time::Instant;
 
 use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use ternion::gguf::GgufFile;
-use ternion::mlc::synth::{write_phi3, Phi3Spec};
 use ternion::model::{LoadOptions, Model};
 use ternion::quant::GgmlType;
 use ternion::sample::{Sampler, SamplerConfig};
 use ternion::session::{GenerateOptions, Session};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use ternion::Result;
+use ternion_testkit::mlc_synth::{write_phi3, Phi3Spec};
 use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 use ternion_web::engine::{Backend, CpuSeq, Engine, Finish, Host};
 use ternion_web::loader::{self, ByteSource, ModelSource, Progress};
 use ternion_web::mlc::{Files, MlcSource};
 
-#[path = "../../ternion/tests/support/shared.rs"]
-mod shared;
-use shared::shared_path;
+use ternion_testkit::shared::shared_path;
 
 /// A file in memory that records every read.
 struct Mem {
