@@ -105,17 +105,28 @@ impl KvTable {
         self.slots[slot as usize].len
     }
 
-    /// Pages the tokens of each `(slot, tokens)` need beyond those their slots own, a copy
-    /// of each shared page they write into included (counted for every holder in the
-    /// step, though the last one writes in place).
+    /// Pages the tokens of each `(slot, tokens)` need beyond those their slots own, with a
+    /// copy of each shared page they write into: a page written by w of its r holders
+    /// takes w copies, or w − 1 when all of them write (the last one writes in place, as
+    /// [`KvTable::reserve`] does).
     fn pages_needed(&self, grow: &[(u32, &[u32])]) -> usize {
-        grow.iter()
+        // One entry per (writer, shared page); empty, so no allocation, without forks.
+        let mut writes: Vec<u32> = Vec::new();
+        let fresh: usize = grow
+            .iter()
             .map(|&(s, tokens)| {
                 let slot = &self.slots[s as usize];
                 let want = (slot.len + tokens.len()).div_ceil(PAGE_POSITIONS);
-                want.saturating_sub(slot.pages.len()) + Self::shared(&self.refs, slot, want).count()
+                writes.extend(Self::shared(&self.refs, slot, want).map(|i| slot.pages[i]));
+                want.saturating_sub(slot.pages.len())
             })
-            .sum()
+            .sum();
+        writes.sort_unstable();
+        let copies: usize = writes
+            .chunk_by(|a, b| a == b)
+            .map(|w| w.len() - usize::from(w.len() >= self.refs[w[0] as usize] as usize))
+            .sum();
+        fresh + copies
     }
 
     /// Makes room for the tokens of each `(slot, tokens)` (a step's parts): every page or
@@ -131,9 +142,11 @@ impl KvTable {
         }
         for &(s, tokens) in grow {
             let want = (self.slots[s as usize].len + tokens.len()).div_ceil(PAGE_POSITIONS);
-            let shared: Vec<usize> =
-                Self::shared(&self.refs, &self.slots[s as usize], want).collect();
-            for i in shared {
+            let first = self.slots[s as usize].len / PAGE_POSITIONS;
+            for i in first..want.min(self.slots[s as usize].pages.len()) {
+                if self.refs[self.slots[s as usize].pages[i] as usize] < 2 {
+                    continue;
+                }
                 let Some(to) = self.free_pages.pop() else {
                     break;
                 };
@@ -343,6 +356,7 @@ mod tests {
         );
         assert!(table.take_copies().is_empty());
         assert_eq!(table.pages_in_use(), 5);
+        assert_eq!(table.free_pages.len(), 1);
         let ids = |s: &GpuSeq| table.slots[s.slot() as usize].pages.clone();
         assert_eq!(
             (ids(&a), ids(&b), ids(&c)),
@@ -354,5 +368,31 @@ mod tests {
         assert_eq!(lock(&t).pages_in_use(), 3, "b holds pages 0, 1 and 4");
         drop(b);
         assert_eq!(lock(&t).pages_in_use(), 0);
+    }
+
+    #[test]
+    fn the_last_holder_of_a_shared_page_needs_no_copy() {
+        // Three holders of 3 pages all write into the shared last one: 2 copies, so a pool
+        // of 5 is enough and one of 4 is short by exactly one page.
+        for (pages, ok) in [(5, true), (4, false)] {
+            let t = KvTable::new(3, pages, 4 * PAGE_POSITIONS);
+            let a = KvTable::open(&t).unwrap();
+            let tokens = [0u32; 70];
+            lock(&t).reserve(&[(a.slot(), &tokens)]).unwrap();
+            lock(&t).advance(a.slot(), 70);
+            let (b, c) = (a.fork().unwrap(), a.fork().unwrap());
+            let one = &tokens[..1];
+            let parts = [(a.slot(), one), (b.slot(), one), (c.slot(), one)];
+            let mut table = lock(&t);
+            assert_eq!(table.pages_needed(&parts), 2);
+            match table.reserve(&parts) {
+                Ok(()) => assert!(ok && table.free_pages.is_empty()),
+                Err(Error::KvPoolExhausted { need, free, .. }) => {
+                    assert!(!ok);
+                    assert_eq!((need, free), (2, 1));
+                }
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
     }
 }

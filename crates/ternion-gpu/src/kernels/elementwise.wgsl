@@ -70,7 +70,7 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
 // squares summed by a tree in shared memory.
 const HW: u32 = 64u;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(HW)
 fn head_rmsnorm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let base = wg.y * p.n + wg.x * p.hd;
     var sum = 0.0;

@@ -1,9 +1,9 @@
 // qmatvec.wgsl — out (= or +=) W · x for weights in a GGUF storage format, read as stored
 // in the file (no repacking). This file is the driver; the pipeline cache appends the
-// format's include (quant/format.rs `BlockFormat::WGSL`): formats/float.wgsl for F32, F16,
-// BF16 (f32 activations; FMT selects which), or formats/block.wgsl followed by
-// formats/<fmt>.wgsl for block formats (int8 activations of the format's pairing,
-// quant_act.wgsl). The include defines `unit(ro, u, a, db, nt) -> vec4<f32>` (the products
+// format's include (quant/format.rs `BlockFormat::WGSL`, files in ternion-formats'
+// quant/wgsl/): float.wgsl for F32, F16, BF16 (f32 activations; FMT selects which), or
+// formats/block.wgsl (this crate) followed by quant/wgsl/<fmt>.wgsl for block formats
+// (int8 activations of the format's pairing, quant_act.wgsl). The include defines `unit(ro, u, a, db, nt) -> vec4<f32>` (the products
 // of unit u of the row at byte ro with up to 4 tokens) and `gather_unit(ro, u, t)` (unit u
 // dequantized into out row t). The `gather` entry point dequantizes whole rows (token
 // embeddings stored in these formats).

@@ -300,7 +300,7 @@ impl Default for QMatvecOpts {
 /// 4-token kernel, whose workgroups cover 32 rows, keeps more of the GPU busy (H100, 32
 /// sequences decoded together: Bonsai Q2_0 823 tok/s with the tile from 16 tokens, 1,070
 /// from 64; BENCHMARKS.md).
-pub const TILED_MIN_TOKENS: u32 = 64;
+pub(crate) const TILED_MIN_TOKENS: u32 = 64;
 
 /// Tokens per `matmul_tiled` workgroup, and weight rows per workgroup.
 const TILE_TOKENS: u32 = 64;

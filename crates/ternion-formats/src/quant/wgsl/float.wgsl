@@ -1,4 +1,4 @@
-// formats/float.wgsl — qmatvec.wgsl include for F32, F16 and BF16 weights against f32
+// quant/wgsl/float.wgsl — qmatvec.wgsl include for F32, F16 and BF16 weights against f32
 // activations. FMT: 0 = F32 (4 B per element), 1 = F16 (IEEE half), 2 = BF16 (the high
 // half of an f32), little-endian, rows as stored. A unit is 4 elements.
 //

@@ -1,4 +1,4 @@
-// formats/iq4_nl.wgsl — IQ4_NL decode (block.wgsl interface). Block: 18 B / 32 elements:
+// quant/wgsl/iq4_nl.wgsl — IQ4_NL decode (block.wgsl interface). Block: 18 B / 32 elements:
 // F16 d, 16 B qs; element j is the low nibble of qs[j], j + 16 the high nibble;
 // w = d·KV[n] with ggml's kvalues_iq4nl grid. Activations Q8_0;
 // y = f32(Σ KV[n]·a)·(d·d_a) per block (ggml's vec_dot_iq4_nl_q8_0: (d_a·d)·Σ, the same

@@ -1,4 +1,4 @@
-// formats/iq4_xs.wgsl — IQ4_XS decode (block.wgsl interface). Super-block: 136 B / 256:
+// quant/wgsl/iq4_xs.wgsl — IQ4_XS decode (block.wgsl interface). Super-block: 136 B / 256:
 // F16 d, u16 scales_h, scales_l[4], qs[128]; sub-block ib = u % 8 has the 6-bit scale
 // ls = (nibble ib % 2 of scales_l[ib / 2]) | ((scales_h >> 2ib) & 3) << 4 and the IQ4_NL
 // codes qs[16ib ..] (low nibbles first); w = d·(ls − 32)·KV[n] (Unit: s0 = ls − 32).

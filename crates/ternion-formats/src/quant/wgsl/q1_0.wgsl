@@ -1,4 +1,4 @@
-// formats/q1_0.wgsl — Q1_0 (ggml type 41) decode (block.wgsl interface). Block: 18 B / 128
+// quant/wgsl/q1_0.wgsl — Q1_0 (ggml type 41) decode (block.wgsl interface). Block: 18 B / 128
 // elements: F16 d, 16 B of sign bits (element j = bit j % 8 of byte 2 + j / 8); w = ±d.
 // Unit u is elements 32(u % 4) .. of block u / 4: the 4 bytes at 2 + 4(u % 4).
 // Activations Q8_0; y = d·(d_a·f32(Σ ±a)) per unit (ggml's vec_dot_q1_0_q8_0 sums the four

@@ -1,4 +1,4 @@
-// formats/q2_0.wgsl — Q2_0 (ggml type 42) decode (block.wgsl interface). Block: 18 B / 64
+// quant/wgsl/q2_0.wgsl — Q2_0 (ggml type 42) decode (block.wgsl interface). Block: 18 B / 64
 // elements: F16 d, 16 B qs; element j = bits 2(j % 4) of byte 2 + j / 4; w = d·(code − 1).
 // Unit u is elements 32(u % 2) .. of block u / 2: the 8 bytes at 2 + 8(u % 2).
 // Activations Q8_0; y = d·(d_a·f32(Σ (code − 1)·a)) per unit (ggml's vec_dot_q2_0_q8_0

@@ -1,4 +1,4 @@
-// formats/q2_k.wgsl — Q2_K decode (block.wgsl interface). Super-block: 84 B / 256:
+// quant/wgsl/q2_k.wgsl — Q2_K decode (block.wgsl interface). Super-block: 84 B / 256:
 // scales[16] (per 16 elements: low nibble scale, high nibble min), qs[64], F16 d, F16 dmin;
 // unit v = 4h + j (v = u % 8): codes (qs[32h + l] >> 2j) & 3; w = d·sc·q − dmin·m
 // (Unit: s0 / s1 = the scale bytes of elements 0..15 / 16..31). Activations Q8_K;

@@ -1,4 +1,4 @@
-// formats/q3_k.wgsl — Q3_K decode (block.wgsl interface). Super-block: 110 B / 256:
+// quant/wgsl/q3_k.wgsl — Q3_K decode (block.wgsl interface). Super-block: 110 B / 256:
 // hmask[32], qs[64], scales[12] (sixteen 6-bit scales), F16 d; unit v = 4h + j
 // (v = u % 8): low bits (qs[32h + l] >> 2j) & 3, high bit (hmask[l] >> (4h + j)) & 1,
 // q = low − (high ? 0 : 4); scale i = (i < 8 ? scales[i] & 15 : scales[i − 8] >> 4) |

@@ -1,4 +1,4 @@
-// formats/q4_0.wgsl — Q4_0 decode (block.wgsl interface). Block: 18 B / 32 elements:
+// quant/wgsl/q4_0.wgsl — Q4_0 decode (block.wgsl interface). Block: 18 B / 32 elements:
 // F16 d, 16 B qs; element j is the low nibble of qs[j], j + 16 the high nibble;
 // w = d·(n − 8). Activations Q8_0; y = f32(Σ (n − 8)·a)·(d·d_a) per block.
 

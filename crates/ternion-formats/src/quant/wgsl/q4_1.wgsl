@@ -1,4 +1,4 @@
-// formats/q4_1.wgsl — Q4_1 decode (block.wgsl interface). Block: 20 B / 32 elements:
+// quant/wgsl/q4_1.wgsl — Q4_1 decode (block.wgsl interface). Block: 20 B / 32 elements:
 // F16 d, F16 m, 16 B qs; element j is the low nibble of qs[j], j + 16 the high nibble;
 // w = n·d + m (Unit: q = the unsigned nibble, dmin = m). Activations Q8_1 (act_d holds
 // (d_a, s_a) per block); y = (d·d_a)·f32(Σ n·a) + m·s_a per block (ggml's

@@ -1,4 +1,4 @@
-// formats/q4_k.wgsl — Q4_K decode (block.wgsl interface). Super-block: 144 B / 256: F16 d,
+// quant/wgsl/q4_k.wgsl — Q4_K decode (block.wgsl interface). Super-block: 144 B / 256: F16 d,
 // F16 dmin, 12 B of 6-bit scales/mins, 128 B qs; sub-block j (32 elements, unit u % 8) =
 // nibbles (low if j even) of qs[32(j/2) ..]; w = d·s_j·n − dmin·m_j (Unit: q = the unsigned
 // nibble, s0 = s_j, s1 = m_j). Activations Q8_K; y = (d_a·d)·f32(s_j·Σ n·a) −

@@ -1,4 +1,4 @@
-// formats/q5_0.wgsl — Q5_0 decode (block.wgsl interface). Block: 22 B / 32 elements:
+// quant/wgsl/q5_0.wgsl — Q5_0 decode (block.wgsl interface). Block: 22 B / 32 elements:
 // F16 d, qh (u32 LE at byte 2: bit j = fifth bit of element j), 16 B qs (element j the low
 // nibble of qs[j], j + 16 the high nibble); w = d·(q − 16). Activations Q8_0;
 // y = f32(Σ (q − 16)·a)·(d·d_a) per block (ggml's vec_dot_q5_0_q8_0: (d·d_a)·Σ, the same

@@ -1,4 +1,4 @@
-// formats/q5_1.wgsl — Q5_1 decode (block.wgsl interface). Block: 24 B / 32 elements:
+// quant/wgsl/q5_1.wgsl — Q5_1 decode (block.wgsl interface). Block: 24 B / 32 elements:
 // F16 d, F16 m, qh (u32 LE at byte 4: bit j = fifth bit of element j), 16 B qs (element j
 // the low nibble of qs[j], j + 16 the high nibble); w = q·d + m (Unit: q = the unsigned
 // code, dmin = m). Activations Q8_1 (act_d holds (d_a, s_a) per block);

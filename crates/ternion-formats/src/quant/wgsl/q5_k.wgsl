@@ -1,4 +1,4 @@
-// formats/q5_k.wgsl — Q5_K decode (block.wgsl interface). Super-block: 176 B / 256: F16 d,
+// quant/wgsl/q5_k.wgsl — Q5_K decode (block.wgsl interface). Super-block: 176 B / 256: F16 d,
 // F16 dmin, 12 B of 6-bit scales/mins (as Q4_K), qh[32], qs[128]; sub-block j (unit u % 8)
 // = nibbles (low if j even) of qs[32(j/2) ..] with bit j of qh[l] as fifth bit;
 // w = d·s_j·q − dmin·m_j (Unit: q = the unsigned code, s0 = s_j, s1 = m_j). Activations

@@ -1,4 +1,4 @@
-// formats/q6_k.wgsl — Q6_K decode (block.wgsl interface). Super-block: 210 B / 256:
+// quant/wgsl/q6_k.wgsl — Q6_K decode (block.wgsl interface). Super-block: 210 B / 256:
 // ql[128], qh[64], i8 scales[16], F16 d; unit v = 4h + c covers elements 32v ..: low 4 bits
 // from ql[64h + 32(c&1) + l] (nibble c/2), high 2 bits from qh[32h + l] >> 2c; a scale per
 // 16 elements (Unit s0: elements 0..15, s1: 16..31); w = d·s·(q − 32). Activations Q8_K;

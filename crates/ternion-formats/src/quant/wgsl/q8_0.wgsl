@@ -1,4 +1,4 @@
-// formats/q8_0.wgsl — Q8_0 decode (block.wgsl interface). Block: 34 B / 32 elements:
+// quant/wgsl/q8_0.wgsl — Q8_0 decode (block.wgsl interface). Block: 34 B / 32 elements:
 // F16 d, 32 × i8 q; w = d·q. Activations Q8_0; y = f32(Σ q·a)·(d·d_a) per block.
 
 fn decode(ro: u32, u: u32) -> Unit {

@@ -1,4 +1,4 @@
-// formats/tq2_0.wgsl — TQ2_0 decode (block.wgsl interface; TQ1_0 is uploaded repacked to
+// quant/wgsl/tq2_0.wgsl — TQ2_0 decode (block.wgsl interface; TQ1_0 is uploaded repacked to
 // it). Block: 66 B / 256: qs[64], F16 d; unit v = 4h + n (v = u % 8): codes
 // (qs[32h + l] >> 2n) & 3; w = d·(code − 1). Activations Q8_K; y = f32(Σ)·(d_a·d) per unit.
 
