@@ -315,10 +315,10 @@ fn decode_steps_create_nothing() {
     assert_eq!(f.ctx.counters(), before);
     assert_eq!(f.ctx.pipelines.len(), pipelines);
     let cfg = f.cpu.config();
-    // embed (1 shard) + 6 per layer (norm + q/k/v, attention split with RoPE + KV store,
-    // merge, norm + o, norm + gate/up/GLU, norm + down) + final norm + LM head (1 shard) +
-    // argmax (2).
-    assert_eq!(gpu.dispatches_per_token(), 1 + 6 * cfg.n_layer + 1 + 1 + 2);
+    // embed (1 shard) + 5 per layer (norm + q/k/v, attention split with RoPE + KV store
+    // and merge, norm + o, norm + gate/up/GLU, norm + down) + final norm + LM head (1
+    // shard) + argmax (2).
+    assert_eq!(gpu.dispatches_per_token(), 1 + 5 * cfg.n_layer + 1 + 1 + 2);
     // The exact numerics: 12 per layer (4 norms, q/k/v fused, 3 attention launches, gate,
     // up and GLU fused).
     let exact = gpu_model_with(&f, 128, Numerics::Exact);

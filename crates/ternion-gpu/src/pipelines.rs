@@ -126,10 +126,8 @@ pub enum Kernel {
     },
     /// `attention_prompt.wgsl`: a prompt step's attention over 32 × 32 tiles.
     AttentionPrompt,
-    /// `attention_fast.wgsl`: decode rows, split over KV pages (`split`) then merged.
+    /// `attention_fast.wgsl`: decode rows, split over KV pages and merged in one launch.
     AttentionFast {
-        /// The merge entry point.
-        merge: bool,
         /// `split` rotates q and k and stores the new key and value itself (a single-token
         /// step; `rope_kv.wgsl` does not run).
         rope: bool,
@@ -374,8 +372,7 @@ impl Kernel {
                 AttnStage::Merge => "merge",
                 AttnStage::Prefill => "prefill",
             },
-            Kernel::AttentionFast { merge: false, .. } => "split",
-            Kernel::AttentionFast { merge: true, .. } => "merge",
+            Kernel::AttentionFast { .. } => "split",
             Kernel::Select { partial: true, .. } => "partial",
             Kernel::Select { partial: false, .. } => "merge",
             Kernel::QMatvec { batch: false, .. } => "matvec",

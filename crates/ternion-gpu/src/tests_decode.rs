@@ -111,3 +111,53 @@ fn bench_fused_decode_kernels() {
         &|p| nq.record(p, 1),
     );
 }
+
+/// Wall-clock per launch of the fast decode attention (`attention_fast.wgsl`) at BitNet
+/// 2B-4T's shape (20 query heads, 5 kv heads of 128) for contexts of 128, 640 and 2,048
+/// keys, without and with the fused RoPE + KV store (the single-token decode launch), each
+/// recorded 200 times into one pass. Run with `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_decode_attention() {
+    use super::tests::{dims, random_kv, PagedSeq};
+    let Some(ctx) = ctx() else { return };
+    let mut r = rng(11);
+    let d = dims(20, 5, 128, 128, 5e5);
+    let kvd = d.kv_dim();
+    let step = StepUniform::new(&ctx).unwrap();
+    let warm = std::time::Instant::now();
+    for (i, n_kv) in [640usize, 128, 640, 2048].into_iter().enumerate() {
+        let seq = PagedSeq::new(&ctx, n_kv + 5, kvd, n_kv - 1, 1);
+        seq.write_rows(
+            &ctx,
+            &random_kv(&mut r, n_kv * kvd),
+            &random_kv(&mut r, n_kv * kvd),
+        );
+        seq.index
+            .write_blocks(&ctx, std::iter::once(1), &mut Vec::new());
+        step.write(&ctx, 1, (n_kv - 1) as u32);
+        let mut rnd = |n: usize| {
+            let x: Vec<f32> = (0..n).map(|_| r.random_range(-3.0..3.0)).collect();
+            GpuBuffer::from_slice(&ctx, "x", &x).unwrap()
+        };
+        let (qb, kb, vb) = (rnd(d.n_head * d.head_dim), rnd(kvd), rnd(kvd));
+        let out = GpuBuffer::zeroed(&ctx, "att", (d.n_head * d.head_dim * 4) as u64).unwrap();
+        let rope = RopeKv::new(&ctx, d, &step, &qb, &kb, &vb, seq.both()).unwrap();
+        for fused in [false, true] {
+            let opts = AttnOpts {
+                round_p: true,
+                fast: Some(&step),
+                rope: fused.then(|| rope.fused_inputs()),
+            };
+            let op = Attention::new(&ctx, d, &qb, seq.both(), &out, opts).unwrap();
+            let rec = |p: &mut wgpu::ComputePass<'_>| op.record(p, 1, n_kv as u32, false);
+            // The first context warms the GPU up to its clock.
+            while i == 0 && warm.elapsed().as_secs_f32() < 1.5 {
+                run(&ctx, |p| (0..200).for_each(|_| rec(p)));
+            }
+            let bytes = (2 * n_kv * kvd * 2) as f64;
+            let label = format!("fast attention, {n_kv} keys, fused rope {fused}");
+            time_launches(&ctx, &label, bytes, &rec);
+        }
+    }
+}

@@ -1,10 +1,11 @@
 // attention_fast.wgsl — single-token causal GQA attention with the "fast" numerics
-// (docs/ARCHITECTURE.md): split-K over the KV pages, then a merge, two launches a layer.
-// Serves every decode row: the one token of a single-token step, and each token flagged
-// DECODE_ROW in a multi-token step (attention.wgsl's `prefill` skips those under FAST), so
-// a sequence decoded beside others gets exactly the values it gets alone.
+// (docs/ARCHITECTURE.md): split-K over the KV pages, merged by the last workgroup of each
+// kv head, one launch a layer. Serves every decode row: the one token of a single-token
+// step, and each token flagged DECODE_ROW in a multi-token step (attention.wgsl's `prefill`
+// skips those under FAST), so a sequence decoded beside others gets exactly the values it
+// gets alone.
 //
-// Bindings (group 0; each entry point binds only those it uses):
+// Bindings (group 0):
 //   0 uniform AttnParams { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }
 //                     (paged_kv.wgsl; max_chunks here = FAST_KEYS / PAGE)
 //   2 storage read  q:     array<f32>        T × n_head·head_dim (rotated)
@@ -16,25 +17,35 @@
 //                                            per (sequence, head, page) Σ e·v, then m, l
 //   9 storage read  toks:  array<vec2<u32>>  T × (position, sequence slot | DECODE_ROW)
 //  10 storage read  pages: array<u32>        the page tables
+//  13 storage rw    done:  array<atomic<u32>> slots × n_head_kv: pages finished for the
+//                                            (sequence, kv head); 0 between launches
 //   6 storage read  k_raw: array<f32>        ROPE: T × kv_dim, the new keys (unrotated)
 //   7 storage read  freqs: array<f32>        ROPE: rope_kv.wgsl's frequency divisors
 //  11 storage read  v_raw: array<f32>        ROPE: T × kv_dim, the new values
 //  12 uniform RopeParams                     ROPE: rope_kv.wgsl's (rope.wgsl)
-// Variant ROPE (single-token steps; the file compiled with `#if ROPE` on): `split` rotates its group's query heads itself
-// (rope.wgsl, the same bits as rope_kv.wgsl) and the workgroup whose page holds the new
-// position rotates and stores that kv head's key and value into the cache (one writer per
-// kv head) before reading the page, so a decode step runs no rope_kv launch.
-// Dispatch: `split` (n_head_kv, ceil(n_keys / PAGE), T): one workgroup per (kv head, page
-// of keys, token) computes, for each of the G = n_head / n_head_kv query heads sharing the
-// kv head, the page's scores s = f16(q)·k · scale, m = max s, e = exp(s − m), l = Σ e and
-// Σ e·v. `merge` (n_head, 1, T): M = max over pages of m, w_c = exp(m_c − M), out =
-// Σ_c w_c·(Σ e·v)_c / Σ_c w_c·l_c, the pages summed in a fixed order. Rows that are not
-// decode rows, or whose context exceeds FAST_KEYS, are left to attention.wgsl.
+// Variant ROPE (single-token steps; the file compiled with `#if ROPE` on): the workgroup
+// rotates its group's query heads itself (rope.wgsl, the same bits as rope_kv.wgsl) and
+// the one whose page holds the new position rotates and stores that kv head's key and
+// value into the cache (one writer per kv head) before reading the page, so a decode step
+// runs no rope_kv launch.
+// Dispatch (n_head_kv, ceil(n_keys / PAGE), T): one workgroup per (kv head, page of keys,
+// token) computes, for each of the G = n_head / n_head_kv query heads sharing the kv
+// head, the page's scores s = f16(q)·k · scale, m = max s, e = exp(s − m), l = Σ e and
+// Σ e·v, into `part`. A key's row is read by 8 threads (slices of consecutive 16-byte
+// words, each summing its part of every head's product; the slices added in order), and
+// each thread's first values are loaded before the scores, so both caches' latencies
+// overlap. head_dim ≤ 256, G · head_dim ≤ MAX_GQ. Then the workgroup counts itself done (a device-scope
+// storageBarrier before the atomic: its partial sums are visible to whoever counts
+// last), and the last of the row's pages merges the G heads: M = max over pages of m,
+// w_c = exp(m_c − M), out = Σ_c w_c·(Σ e·v)_c / Σ_c w_c·l_c, pages summed in order, and
+// sets the counter back to 0. No workgroup waits for another, so the kernel needs no
+// guarantee that workgroups run concurrently. Rows that are not decode rows, or whose
+// context exceeds FAST_KEYS, are left to attention.wgsl.
 
 const WG: u32 = 256u;
 const FAST_KEYS: u32 = 2048u;
-// Query values of one kv group: G · head_dim ≤ MAX_GQ.
-const MAX_GQ: u32 = 2048u;
+// Query values of one kv group: G · head_dim ≤ MAX_GQ (and head_dim ≤ 256).
+const MAX_GQ: u32 = 1024u;
 
 @group(0) @binding(0) var<uniform> p: AttnParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
@@ -53,12 +64,26 @@ const MAX_GQ: u32 = 2048u;
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
 @group(0) @binding(9) var<storage, read> toks: array<vec2<u32>>;
 @group(0) @binding(10) var<storage, read> pages: array<u32>;
+@group(0) @binding(13) var<storage, read_write> done: array<atomic<u32>>;
+
+// Pages a merge reads at most (FAST_KEYS / PAGE), and query heads it stages at a time.
+const MAX_PAGES: u32 = 64u;
+const MERGE_HEADS: u32 = 8u;
+// Threads a key row is split over for the scores (PAGE × SLICES = WG).
+const SLICES: u32 = 8u;
 
 var<workgroup> tok_sh: vec2<u32>;
+// The group's queries; in the merge, each head's m (first half) and l (second half) per page.
 var<workgroup> q_sh: array<f32, MAX_GQ>;
-var<workgroup> e_sh: array<f32, 1024>;
-var<workgroup> ml_sh: array<vec2<f32>, 64>;
-var<workgroup> acc_sh: array<vec2<f32>, WG>;
+// Scores (head g, key j) at g·PAGE + j.
+var<workgroup> s_sh: array<f32, 1024>;
+// Partial dot products of four heads (head, key, slice); then probabilities e like s_sh.
+var<workgroup> p_sh: array<f32, 1024>;
+var<workgroup> ticket_sh: u32;
+#if ROPE
+// ROPE: θ of each rotation pair at the step's position (n_rot / 2 ≤ 128).
+var<workgroup> theta_sh: array<f32, 128>;
+#endif
 
 // Token t of the step, made uniform; the number of its keys, or 0 when this file does not
 // handle it (not a decode row, or a context past FAST_KEYS).
@@ -90,43 +115,80 @@ fn dot8(w: vec4<u32>, o: u32) -> f32 {
         + c.x * q_sh[o + 4u] + c.y * q_sh[o + 5u] + d.x * q_sh[o + 6u] + d.y * q_sh[o + 7u];
 }
 
-// f16(q)·k · scale of query head g of the group (q_sh) against key row `row` of kv head
-// kvh: eight 16-byte loads in flight at a time (a 128-wide head in two round trips),
-// summed four at a time in order.
-fn score(row: u32, kvh: u32, g: u32) -> f32 {
+// The 16-byte words of a key row that slice `sl` reads: vec4s sl, sl + 8, sl + 16, sl + 24
+// of the row (zero past head_dim / 8), so the slices of a key read consecutive words.
+struct KeyWords {
+    k0: vec4<u32>,
+    k1: vec4<u32>,
+    k2: vec4<u32>,
+    k3: vec4<u32>,
+}
+
+// Slice `sl` of key row `row` of kv head kvh.
+fn key_words(row: u32, kvh: u32, sl: u32) -> KeyWords {
     let hv = p.head_dim / 8u;
-    let base = (row * p.n_head_kv + kvh) * hv;
-    let q0 = g * p.head_dim;
-    var acc = 0.0;
-    var i = 0u;
-    for (; i + 8u <= hv; i += 8u) {
-        let w0 = k4[base + i];
-        let w1 = k4[base + i + 1u];
-        let w2 = k4[base + i + 2u];
-        let w3 = k4[base + i + 3u];
-        let w4 = k4[base + i + 4u];
-        let w5 = k4[base + i + 5u];
-        let w6 = k4[base + i + 6u];
-        let w7 = k4[base + i + 7u];
-        let o = q0 + 8u * i;
-        acc += dot8(w0, o) + dot8(w1, o + 8u) + dot8(w2, o + 16u) + dot8(w3, o + 24u);
-        acc += dot8(w4, o + 32u) + dot8(w5, o + 40u) + dot8(w6, o + 48u) + dot8(w7, o + 56u);
+    let base = (row * p.n_head_kv + kvh) * hv + sl;
+    var r: KeyWords;
+    if (sl < hv) {
+        r.k0 = k4[base];
     }
-    for (; i + 4u <= hv; i += 4u) {
-        let w0 = k4[base + i];
-        let w1 = k4[base + i + 1u];
-        let w2 = k4[base + i + 2u];
-        let w3 = k4[base + i + 3u];
-        acc += dot8(w0, q0 + 8u * i) + dot8(w1, q0 + 8u * i + 8u) + dot8(w2, q0 + 8u * i + 16u)
-            + dot8(w3, q0 + 8u * i + 24u);
+    if (sl + 8u < hv) {
+        r.k1 = k4[base + 8u];
     }
-    for (; i < hv; i++) {
-        acc += dot8(k4[base + i], q0 + 8u * i);
+    if (sl + 16u < hv) {
+        r.k2 = k4[base + 16u];
     }
-    return acc * p.scale;
+    if (sl + 24u < hv) {
+        r.k3 = k4[base + 24u];
+    }
+    return r;
+}
+
+// Slice `sl`'s part of f16(q)·k for query head g of the group (q_sh).
+fn slice_dot(k: KeyWords, g: u32, sl: u32) -> f32 {
+    let hv = p.head_dim / 8u;
+    let o = g * p.head_dim + 8u * sl;
+    var d = 0.0;
+    if (sl < hv) {
+        d += dot8(k.k0, o);
+    }
+    if (sl + 8u < hv) {
+        d += dot8(k.k1, o + 64u);
+    }
+    if (sl + 16u < hv) {
+        d += dot8(k.k2, o + 128u) + dot8(k.k3, o + 192u);
+    }
+    return d;
 }
 
 #if ROPE
+// θ of every rotation pair at the step's position, as rope.wgsl's `rope_theta` computes it
+// bit for bit: one thread walks the f32 products in order (a loop per thread of up to
+// n_rot/2 products made the fused launch ~8 µs slower on an H200), then each pair is
+// divided by its frequency factor.
+fn fill_thetas(pos: u32, li: u32) {
+    let half = rp.n_rot / 2u;
+    if (li == 0u) {
+        var theta = f32(pos);
+        for (var i = 0u; i < half; i++) {
+            theta_sh[i] = theta;
+            theta *= rp.theta_scale;
+        }
+    }
+    workgroupBarrier();
+    if (rp.has_freqs == 1u) {
+        for (var i = li; i < half; i += WG) {
+            theta_sh[i] = div_rn(theta_sh[i], freqs[i]);
+        }
+        workgroupBarrier();
+    }
+}
+
+// θ of pair i (fill_thetas' table; `pos` is the step's position it was filled for).
+fn theta_of(pos: u32, i: u32) -> f32 {
+    return theta_sh[i];
+}
+
 // Element i of q (which 0) or of the new keys (which 1), for rope.wgsl's `rope_words`.
 fn rope_src(which: u32, i: u32) -> f32 {
     if (which == 0u) {
@@ -141,7 +203,7 @@ fn rope_q(qbase: u32, gq: u32, pos: u32, li: u32) {
     let hw = hd / 2u;
     for (var i = li; i < gq * hw; i += WG) {
         let g = i / hw;
-        let r = rope_words(0u, qbase + g * hd, i % hw, pos, rp.n_rot, rp.mode, rp.theta_scale, rp.has_freqs);
+        let r = rope_words(0u, qbase + g * hd, i % hw, pos, rp.n_rot, rp.mode);
         let o = g * hd;
         if (r.n >= 1u) {
             q_sh[o + r.i0] = round_f16(r.v0.x);
@@ -169,7 +231,7 @@ fn store_kv(t: u32, kvh: u32, slot: u32, pos: u32, li: u32) {
     let cbase = crow + kvh * hw;
     let base = t * kv_dim + kvh * hd;
     for (var j = li; j < hw; j += WG) {
-        let r = rope_words(1u, base, j, pos, rp.n_rot, rp.mode, rp.theta_scale, rp.has_freqs);
+        let r = rope_words(1u, base, j, pos, rp.n_rot, rp.mode);
         if (r.n >= 1u) {
             put_k(cbase + r.i0 / 2u, pack_f16(r.v0.x, r.v0.y));
         }
@@ -181,10 +243,137 @@ fn store_kv(t: u32, kvh: u32, slot: u32, pos: u32, li: u32) {
 }
 #endif
 
+// The value words of one (head word, page) item: key j's in component j % 4 of vj/4.
+struct Vals {
+    v0: vec4<u32>,
+    v1: vec4<u32>,
+    v2: vec4<u32>,
+    v3: vec4<u32>,
+    v4: vec4<u32>,
+    v5: vec4<u32>,
+    v6: vec4<u32>,
+    v7: vec4<u32>,
+}
+
+// Four value words of consecutive keys from word `a` (rows `rs` words apart).
+fn load4(a: u32, rs: u32) -> vec4<u32> {
+    return vec4<u32>(v_cache[a], v_cache[a + rs], v_cache[a + 2u * rs], v_cache[a + 3u * rs]);
+}
+
+// Word w of kv head kvh for the page's 32 keys from cache row `row0` (32 loads in flight).
+fn load_vals(row0: u32, kvh: u32, w: u32) -> Vals {
+    let rs = p.n_head_kv * (p.head_dim / 2u);
+    let a = (row0 * p.n_head_kv + kvh) * (p.head_dim / 2u) + w;
+    return Vals(
+        load4(a, rs),
+        load4(a + 4u * rs, rs),
+        load4(a + 8u * rs, rs),
+        load4(a + 12u * rs, rs),
+        load4(a + 16u * rs, rs),
+        load4(a + 20u * rs, rs),
+        load4(a + 24u * rs, rs),
+        load4(a + 28u * rs, rs),
+    );
+}
+
 // acc + e · the value pair `v` when the key exists (rows past cnt exist, whole pages, but
 // hold no key of this sequence).
 fn pv(acc: vec2<f32>, e: f32, v: u32, live: bool) -> vec2<f32> {
     return acc + e * select(vec2<f32>(0.0), unpack2x16float(v), live);
+}
+
+// Σ e·v over keys 4i..4i+3 of head g (p_sh), in key order.
+fn pv4(acc: vec2<f32>, v: vec4<u32>, g: u32, i: u32, cnt: u32) -> vec2<f32> {
+    let e = g * PAGE + 4u * i;
+    var r = pv(acc, p_sh[e], v.x, 4u * i < cnt);
+    r = pv(r, p_sh[e + 1u], v.y, 4u * i + 1u < cnt);
+    r = pv(r, p_sh[e + 2u], v.z, 4u * i + 2u < cnt);
+    return pv(r, p_sh[e + 3u], v.w, 4u * i + 3u < cnt);
+}
+
+// Σ e·v of head g over the page's keys, in key order.
+fn pv_page(vs: Vals, g: u32, cnt: u32) -> vec2<f32> {
+    var acc = pv4(vec2<f32>(0.0), vs.v0, g, 0u, cnt);
+    acc = pv4(acc, vs.v1, g, 1u, cnt);
+    acc = pv4(acc, vs.v2, g, 2u, cnt);
+    acc = pv4(acc, vs.v3, g, 3u, cnt);
+    acc = pv4(acc, vs.v4, g, 4u, cnt);
+    acc = pv4(acc, vs.v5, g, 5u, cnt);
+    acc = pv4(acc, vs.v6, g, 6u, cnt);
+    return pv4(acc, vs.v7, g, 7u, cnt);
+}
+
+// The last page of (slot, kv head kvh) to finish merges the group's heads of token t:
+// their m and l per page staged in q_sh (MERGE_HEADS heads at a time), then a thread per
+// (head, word) sums the pages in order, four at a time.
+fn merge_group(slot: u32, kvh: u32, t: u32, n_pages: u32, li: u32) {
+    let gq = p.n_head / p.n_head_kv;
+    let hd = p.head_dim;
+    let hw = hd / 2u;
+    let lofs = MERGE_HEADS * MAX_PAGES;
+    for (var g0 = 0u; g0 < gq; g0 += MERGE_HEADS) {
+        let gn = min(MERGE_HEADS, gq - g0);
+        workgroupBarrier();
+        for (var i = li; i < gn * n_pages; i += WG) {
+            let g = i / n_pages;
+            let c = i % n_pages;
+            let b = part_base(slot, kvh * gq + g0 + g, c) + hd;
+            q_sh[g * MAX_PAGES + c] = part[b];
+            q_sh[lofs + g * MAX_PAGES + c] = part[b + 1u];
+        }
+        workgroupBarrier();
+        for (var pw = li; pw < gn * hw; pw += WG) {
+            let g = pw / hw;
+            let w = pw % hw;
+            let ms = g * MAX_PAGES;
+            var mx = NEG;
+            for (var c = 0u; c < n_pages; c++) {
+                mx = max(mx, q_sh[ms + c]);
+            }
+            let h = kvh * gq + g0 + g;
+            var l = 0.0;
+            var acc = vec2<f32>(0.0);
+            var c = 0u;
+            let st = hd + 2u;
+            for (; c + 4u <= n_pages; c += 4u) {
+                let b = part_base(slot, h, c) + 2u * w;
+                let v0 = vec2<f32>(part[b], part[b + 1u]);
+                let v1 = vec2<f32>(part[b + st], part[b + st + 1u]);
+                let v2 = vec2<f32>(part[b + 2u * st], part[b + 2u * st + 1u]);
+                let v3 = vec2<f32>(part[b + 3u * st], part[b + 3u * st + 1u]);
+                let w0 = exp(q_sh[ms + c] - mx);
+                let w1 = exp(q_sh[ms + c + 1u] - mx);
+                let w2 = exp(q_sh[ms + c + 2u] - mx);
+                let w3 = exp(q_sh[ms + c + 3u] - mx);
+                l += q_sh[lofs + ms + c] * w0;
+                l += q_sh[lofs + ms + c + 1u] * w1;
+                l += q_sh[lofs + ms + c + 2u] * w2;
+                l += q_sh[lofs + ms + c + 3u] * w3;
+                acc += w0 * v0;
+                acc += w1 * v1;
+                acc += w2 * v2;
+                acc += w3 * v3;
+            }
+            for (; c < n_pages; c++) {
+                let b = part_base(slot, h, c) + 2u * w;
+                let wc = exp(q_sh[ms + c] - mx);
+                l += q_sh[lofs + ms + c] * wc;
+                acc += wc * vec2<f32>(part[b], part[b + 1u]);
+            }
+            let o = (t * p.n_head + h) * hd + 2u * w;
+            out[o] = acc.x / l;
+            out[o + 1u] = acc.y / l;
+        }
+    }
+}
+
+// Max over the page's scores of head g (s_sh).
+fn head_max(g: u32) -> f32 {
+    var m = NEG;
+    for (var k = 0u; k < PAGE; k++) {
+        m = max(m, s_sh[g * PAGE + k]);
+    }
+    return m;
 }
 
 @compute @workgroup_size(256)
@@ -204,139 +393,96 @@ fn split(
     }
     let gq = p.n_head / p.n_head_kv;
     let hd = p.head_dim;
+    let hw = hd / 2u;
     let qbase = (t * p.n_head + kvh * gq) * hd;
 #if ROPE
     let pos = n_keys - 1u;
+    fill_thetas(pos, li);
     rope_q(qbase, gq, pos, li);
     if (c == pos / PAGE) {
         store_kv(t, kvh, slot, pos, li);
+        // This workgroup reads the row it stored below.
+        storageBarrier();
     }
-    // This workgroup reads the row it stored below.
-    storageBarrier();
 #else
     for (var i = li; i < gq * hd; i += WG) {
         q_sh[i] = round_f16(q[qbase + i]);
     }
 #endif
-    workgroupBarrier();
     let row0 = pages[slot * p.pps + c] * PAGE;
     let cnt = min(PAGE, n_keys - c * PAGE);
-    // Scores: pair (head g, key j) at g·PAGE + j.
-    for (var pr = li; pr < gq * PAGE; pr += WG) {
-        let j = pr % PAGE;
-        var s = NEG;
-        if (j < cnt) {
-            s = score(row0 + j, kvh, pr / PAGE);
-        }
-        e_sh[pr] = s;
+    // This thread's first (head, word) item's values, in flight during the scores.
+    var first: Vals;
+    if (li < gq * hw) {
+        first = load_vals(row0, kvh, li % hw);
     }
     workgroupBarrier();
-    // Per head: m, e = exp(s − m), l (a thread per head, keys in order).
-    for (var g = li; g < gq; g += WG) {
-        var m = NEG;
-        for (var j = 0u; j < cnt; j++) {
-            m = max(m, e_sh[g * PAGE + j]);
+    // Scores: thread (key j, slice sl) holds its words of key j and sums its part of each
+    // head's dot product into p_sh, four heads at a time; a thread per (head, key) adds the
+    // slices in order.
+    let sl = li % SLICES;
+    let j = li / SLICES;
+    let kw = key_words(row0 + j, kvh, sl);
+    for (var g0 = 0u; g0 < gq; g0 += 4u) {
+        for (var gi = 0u; gi < 4u && g0 + gi < gq; gi++) {
+            p_sh[gi * WG + li] = slice_dot(kw, g0 + gi, sl);
         }
-        var l = 0.0;
-        for (var j = 0u; j < PAGE; j++) {
-            var e = 0.0;
-            if (j < cnt) {
-                e = exp(e_sh[g * PAGE + j] - m);
+        workgroupBarrier();
+        let gi = li / PAGE;
+        let jk = li % PAGE;
+        if (li < 4u * PAGE && g0 + gi < gq) {
+            var d = 0.0;
+            for (var k = 0u; k < SLICES; k++) {
+                d += p_sh[gi * WG + jk * SLICES + k];
             }
-            e_sh[g * PAGE + j] = e;
-            l += e;
+            s_sh[(g0 + gi) * PAGE + jk] = select(NEG, d * p.scale, jk < cnt);
         }
-        ml_sh[g] = vec2<f32>(m, l);
+        workgroupBarrier();
+    }
+    // e = exp(s − m), m the head's max over the page.
+    for (var pr = li; pr < gq * PAGE; pr += WG) {
+        let g = pr / PAGE;
+        var e = 0.0;
+        if (pr % PAGE < cnt) {
+            e = exp(s_sh[pr] - head_max(g));
+        }
+        p_sh[pr] = e;
     }
     workgroupBarrier();
-    // Σ e·v: a thread per (head g, word w of the head), keys in order, eight loads in
-    // flight at a time.
-    let hw = hd / 2u;
-    let rs = p.n_head_kv * hw;
+    // Σ e·v: a thread per (head g, word w of the head), keys in order.
     for (var pw = li; pw < gq * hw; pw += WG) {
         let g = pw / hw;
         let w = pw % hw;
-        var acc = vec2<f32>(0.0);
-        for (var j = 0u; j < PAGE; j += 8u) {
-            let a = ((row0 + j) * p.n_head_kv + kvh) * hw + w;
-            let v0 = v_cache[a];
-            let v1 = v_cache[a + rs];
-            let v2 = v_cache[a + 2u * rs];
-            let v3 = v_cache[a + 3u * rs];
-            let v4 = v_cache[a + 4u * rs];
-            let v5 = v_cache[a + 5u * rs];
-            let v6 = v_cache[a + 6u * rs];
-            let v7 = v_cache[a + 7u * rs];
-            let e = g * PAGE + j;
-            acc = pv(acc, e_sh[e], v0, j < cnt);
-            acc = pv(acc, e_sh[e + 1u], v1, j + 1u < cnt);
-            acc = pv(acc, e_sh[e + 2u], v2, j + 2u < cnt);
-            acc = pv(acc, e_sh[e + 3u], v3, j + 3u < cnt);
-            acc = pv(acc, e_sh[e + 4u], v4, j + 4u < cnt);
-            acc = pv(acc, e_sh[e + 5u], v5, j + 5u < cnt);
-            acc = pv(acc, e_sh[e + 6u], v6, j + 6u < cnt);
-            acc = pv(acc, e_sh[e + 7u], v7, j + 7u < cnt);
+        var vs = first;
+        if (pw != li) {
+            vs = load_vals(row0, kvh, w);
         }
+        let acc = pv_page(vs, g, cnt);
         let b = part_base(slot, kvh * gq + g, c);
         part[b + 2u * w] = acc.x;
         part[b + 2u * w + 1u] = acc.y;
         if (w == 0u) {
-            part[b + hd] = ml_sh[g].x;
-            part[b + hd + 1u] = ml_sh[g].y;
+            var l = 0.0;
+            for (var k = 0u; k < PAGE; k++) {
+                l += p_sh[g * PAGE + k];
+            }
+            part[b + hd] = head_max(g);
+            part[b + hd + 1u] = l;
         }
     }
-}
-
-@compute @workgroup_size(256)
-fn merge(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nw: vec3<u32>,
-) {
-    let h = wg.x;
-    let t = wg.z;
-    let dk = decode_keys(t, nw.z, li);
-    let n_keys = dk.x;
-    let slot = dk.y;
-    if (n_keys == 0u) {
+    // Count this page done; the last one merges (its partial sums visible first).
+    storageBarrier();
+    let counter = slot * p.n_head_kv + kvh;
+    if (li == 0u) {
+        ticket_sh = atomicAdd(&done[counter], 1u);
+    }
+    let n_pages = (n_keys + PAGE - 1u) / PAGE;
+    if (workgroupUniformLoad(&ticket_sh) + 1u < n_pages) {
         return;
     }
-    let hd = p.head_dim;
-    let n_pages = (n_keys + PAGE - 1u) / PAGE;
-    if (li < n_pages) {
-        let b = part_base(slot, h, li);
-        ml_sh[li] = vec2<f32>(part[b + hd], part[b + hd + 1u]);
+    storageBarrier();
+    if (li == 0u) {
+        atomicStore(&done[counter], 0u);
     }
-    workgroupBarrier();
-    var mx = NEG;
-    for (var c = 0u; c < n_pages; c++) {
-        mx = max(mx, ml_sh[c].x);
-    }
-    var l = 0.0;
-    for (var c = 0u; c < n_pages; c++) {
-        l += ml_sh[c].y * exp(ml_sh[c].x - mx);
-    }
-    // A thread per (word w, page group pg); groups summed in order through acc_sh.
-    let hw = hd / 2u;
-    let groups = WG / hw;
-    let pg = li / hw;
-    let w = li % hw;
-    var acc = vec2<f32>(0.0);
-    if (pg < groups) {
-        for (var c = pg; c < n_pages; c += groups) {
-            let b = part_base(slot, h, c) + 2u * w;
-            acc += exp(ml_sh[c].x - mx) * vec2<f32>(part[b], part[b + 1u]);
-        }
-    }
-    acc_sh[li] = acc;
-    workgroupBarrier();
-    if (li < hw) {
-        var s = vec2<f32>(0.0);
-        for (var g = 0u; g < groups; g++) {
-            s += acc_sh[g * hw + li];
-        }
-        let o = (t * p.n_head + h) * hd + 2u * li;
-        out[o] = s.x / l;
-        out[o + 1u] = s.y / l;
-    }
+    merge_group(slot, kvh, t, n_pages, li);
 }

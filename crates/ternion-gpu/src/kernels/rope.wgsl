@@ -1,7 +1,8 @@
 // rope.wgsl — the rotary embedding shared by rope_kv.wgsl and attention_fast.wgsl's fused
 // decode (appended to both modules). The including kernel defines `rope_src(which, i)`
-// (element i of its q (which 0) or k (which 1) input) and binds `freqs` (n_rot/2 frequency
-// divisors, read only when has_freqs = 1). Numerics: see rope_kv.wgsl's header — θ of pair
+// (element i of its q (which 0) or k (which 1) input) and `theta_of(pos, i)` (the angle of
+// pair i: `rope_theta`, or a table of it the workgroup filled), and binds `freqs` (n_rot/2
+// frequency divisors, read only when has_freqs = 1). Numerics: see rope_kv.wgsl's header — θ of pair
 // i is f32(pos) multiplied i times by theta_scale, divided by freqs[i] correctly rounded;
 // cos/sin by Cody–Waite reduction and cephes polynomials, so both kernels give the same
 // bits.
@@ -71,21 +72,12 @@ struct RopeWords {
 // `pos`: NORM (mode 1) rotates pair (2j, 2j + 1) for j < n_rot/2; NEOX (mode 0) rotates the
 // pairs (2j, 2j + n_rot/2) and (2j + 1, 2j + 1 + n_rot/2) for j < n_rot/4 and writes both
 // words, and words n_rot/4 ≤ j < n_rot/2 write nothing; words j ≥ n_rot/2 are copied.
-fn rope_words(
-    which: u32,
-    base: u32,
-    j: u32,
-    pos: u32,
-    n_rot: u32,
-    mode: u32,
-    theta_scale: f32,
-    has_freqs: u32,
-) -> RopeWords {
+fn rope_words(which: u32, base: u32, j: u32, pos: u32, n_rot: u32, mode: u32) -> RopeWords {
     let half = n_rot / 2u;
     var r: RopeWords;
     if (mode == 1u && j < half) {
         let x = vec2<f32>(rope_src(which, base + 2u * j), rope_src(which, base + 2u * j + 1u));
-        let cs = cos_sin(rope_theta(pos, j, theta_scale, has_freqs));
+        let cs = cos_sin(theta_of(pos, j));
         r.n = 1u;
         r.i0 = 2u * j;
         r.v0 = vec2<f32>(x.x * cs.x - x.y * cs.y, x.x * cs.y + x.y * cs.x);
@@ -98,8 +90,8 @@ fn rope_words(
             rope_src(which, base + lo + half),
             rope_src(which, base + lo + half + 1u),
         );
-        let cs0 = cos_sin(rope_theta(pos, lo, theta_scale, has_freqs));
-        let cs1 = cos_sin(rope_theta(pos, lo + 1u, theta_scale, has_freqs));
+        let cs0 = cos_sin(theta_of(pos, lo));
+        let cs1 = cos_sin(theta_of(pos, lo + 1u));
         let c = vec2<f32>(cs0.x, cs1.x);
         let s = vec2<f32>(cs0.y, cs1.y);
         r.n = 2u;

@@ -59,6 +59,11 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 // Positions per KV page (kv.rs PAGE_POSITIONS).
 const PAGE: u32 = 32u;
 
+// θ of pair i at `pos` for rope.wgsl's `rope_words` (each thread computes its own).
+fn theta_of(pos: u32, i: u32) -> f32 {
+    return rope_theta(pos, i, p.theta_scale, p.has_freqs);
+}
+
 // Element i of head input `which` (0: q, 1: k), for rope.wgsl's `rope_words`.
 fn rope_src(which: u32, i: u32) -> f32 {
     if (which == 0u) {
@@ -95,7 +100,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (is_q) {
         // Rotated in place (a copied word is written back unchanged).
         let base = t * p.n_head * p.head_dim + head * p.head_dim;
-        let r = rope_words(0u, base, j, pos, p.n_rot, p.mode, p.theta_scale, p.has_freqs);
+        let r = rope_words(0u, base, j, pos, p.n_rot, p.mode);
         if (r.n >= 1u) {
             q[base + r.i0] = r.v0.x;
             q[base + r.i0 + 1u] = r.v0.y;
@@ -107,7 +112,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let base = t * kv_dim + (head - p.n_head) * p.head_dim;
-    let r = rope_words(1u, base, j, pos, p.n_rot, p.mode, p.theta_scale, p.has_freqs);
+    let r = rope_words(1u, base, j, pos, p.n_rot, p.mode);
     let cbase = crow + (head - p.n_head) * hw;
     if (r.n >= 1u) {
         k_cache[cbase + r.i0 / 2u] = pack_f16(r.v0.x, r.v0.y);

@@ -253,8 +253,8 @@ impl Attention {
     /// `q`: rotated f32 queries, `n_head·head_dim` per token; `out`: f32, same shape. A
     /// single token rounds its probabilities to F16 when `round_p` (the reference's decode
     /// numerics); a batch keeps them in f32. With `fast` (the "fast" numerics policy, head
-    /// widths that are a multiple of 8, at most 32 query heads of at most 2,048 values per
-    /// kv head), every decode row whose context fits [`ATTN_FAST_KEYS`] keys — a single
+    /// widths that are a multiple of 8 up to 256, at most 32 query heads of at most 1,024
+    /// values per kv head), every decode row whose context fits [`ATTN_FAST_KEYS`] keys — a single
     /// token, or the one token of a sequence in a multi-sequence step — runs split over the
     /// KV pages and merged (`attention_fast.wgsl`); and a prompt step of one sequence
     /// (head width 64 or 128) runs as tiled flash attention (`attention_prompt.wgsl`,
@@ -272,8 +272,9 @@ impl Attention {
         let group = dims.n_head / dims.n_head_kv;
         let fast = opts.fast.is_some()
             && dims.head_dim.is_multiple_of(8)
+            && dims.head_dim <= 256
             && group <= 32
-            && group * dims.head_dim <= 2048;
+            && group * dims.head_dim <= 1024;
         let tiled_ok = fast && matches!(dims.head_dim, 64 | 128) && prompt_kernel_fits(ctx);
         let n_ctx = index.n_ctx;
         let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
@@ -428,7 +429,7 @@ impl Attention {
     /// Records attention for `n_tokens` new tokens (positions and slots in the index),
     /// the longest context among them `n_kv` keys; `decode_rows` when the step holds the
     /// single tokens of several sequences (flagged DECODE_ROW). One token: the fast split
-    /// (two launches) when it fits, else the exact split (three); several: `prefill`, then
+    /// (one launch) when it fits, else the exact split (three); several: `prefill`, then
     /// the fast split over the step's decode rows when there are any.
     pub fn record(
         &self,
@@ -440,7 +441,7 @@ impl Attention {
         debug_assert!(n_tokens > 1 || n_kv <= self.n_ctx);
         let fast = self.split.as_ref().filter(|_| n_kv <= ATTN_FAST_KEYS);
         match (n_tokens, fast) {
-            (1, Some(f)) => f.record(pass, 1, n_kv, self.n_head),
+            (1, Some(f)) => f.record(pass, 1, n_kv),
             (1, None) => {
                 let chunks = n_kv.div_ceil(ATTN_CHUNK);
                 for d in [&self.scores, &self.probs_pv] {
@@ -463,7 +464,7 @@ impl Attention {
                     None => self.prefill.record(pass, n_tokens),
                 }
                 if let (true, Some(f)) = (decode_rows, &self.split) {
-                    f.record(pass, n_tokens, n_kv.min(ATTN_FAST_KEYS), self.n_head);
+                    f.record(pass, n_tokens, n_kv.min(ATTN_FAST_KEYS));
                 }
             }
         }
@@ -478,9 +479,9 @@ impl Attention {
     pub fn dispatches(&self, n_tokens: u32, n_kv: u32, decode_rows: bool) -> usize {
         let fast = self.split.is_some();
         match n_tokens {
-            1 if fast && n_kv <= ATTN_FAST_KEYS => 2,
+            1 if fast && n_kv <= ATTN_FAST_KEYS => 1,
             1 => 3,
-            _ if fast && decode_rows => 3,
+            _ if fast && decode_rows => 2,
             _ => 1,
         }
     }

@@ -1,5 +1,6 @@
 //! The split-K decode attention of the "fast" numerics (`attention_fast.wgsl`): every
-//! decode row's keys split over the KV pages, then merged.
+//! decode row's keys split over the KV pages and merged by the last page to finish, in
+//! one launch.
 
 use super::attention::{FusedRope, ATTN_FAST_KEYS};
 use super::{uniform, AttnDims, Dispatch, GpuKv, KvIndex};
@@ -9,15 +10,14 @@ use crate::kv::PAGE_POSITIONS;
 use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::Result;
 
-/// The `split` and `merge` launches and their scratch (partial sums per sequence, head and
-/// page, sized for contexts of up to [`ATTN_FAST_KEYS`]).
+/// The `split` launch and its scratch (partial sums per sequence, head and page, sized for
+/// contexts of up to [`ATTN_FAST_KEYS`]; a finished-page counter per sequence and kv head).
 pub(super) struct FastSplit {
     split: Dispatch,
     /// The split that also rotates and stores (single-token steps), when fused.
     split_rope: Option<Dispatch>,
-    merge: Dispatch,
     n_head_kv: u32,
-    _keep: [GpuBuffer; 2],
+    _keep: [GpuBuffer; 3],
 }
 
 impl FastSplit {
@@ -31,8 +31,8 @@ impl FastSplit {
         out: &GpuBuffer,
         rope: Option<&FusedRope>,
     ) -> Result<FastSplit> {
-        let pkey = |merge, rope| PipelineKey {
-            kernel: Kernel::AttentionFast { merge, rope },
+        let pkey = |rope| PipelineKey {
+            kernel: Kernel::AttentionFast { rope },
             variant: Variant::default(),
         };
         let scale = 1.0 / (dims.head_dim as f32).sqrt();
@@ -56,25 +56,33 @@ impl FastSplit {
             "attention_fast.part",
             (index.slots * dims.n_head * (dims.head_dim + 2) * 4) as u64 * u64::from(pages),
         )?;
+        // Zero between launches: the merging workgroup sets its counter back.
+        let done = GpuBuffer::zeroed(
+            ctx,
+            "attention_fast.done",
+            (index.slots * dims.n_head_kv * 4) as u64,
+        )?;
         let bindings = [
             (0, params.binding()),
             (2, q.binding()),
             (3, kv.k.binding()),
             (4, kv.v.binding()),
+            (5, out.binding()),
             (8, part.binding()),
             (9, index.toks.binding()),
             (10, index.pages.binding()),
+            (13, done.binding()),
         ];
         let n_head_kv = dims.n_head_kv as u32;
         let split = Dispatch::new(
             ctx,
-            pkey(false, false),
+            pkey(false),
             "attention_fast.split",
             &bindings,
             n_head_kv,
         )?;
-        // The rotating split binds 9 storage buffers (WebGPU's default limit is 8).
-        let fits = ctx.device.limits().max_storage_buffers_per_shader_stage >= 9;
+        // The rotating split binds 11 storage buffers (WebGPU's default limit is 8).
+        let fits = ctx.device.limits().max_storage_buffers_per_shader_stage >= 11;
         let split_rope = match rope.filter(|_| fits) {
             Some(r) => {
                 let mut b = bindings.to_vec();
@@ -86,7 +94,7 @@ impl FastSplit {
                 ]);
                 Some(Dispatch::new(
                     ctx,
-                    pkey(false, true),
+                    pkey(true),
                     "attention_fast.split_rope",
                     &b,
                     n_head_kv,
@@ -94,24 +102,11 @@ impl FastSplit {
             }
             None => None,
         };
-        let merge = Dispatch::new(
-            ctx,
-            pkey(true, false),
-            "attention_fast.merge",
-            &[
-                (0, params.binding()),
-                (5, out.binding()),
-                (8, part.binding()),
-                (9, index.toks.binding()),
-            ],
-            dims.n_head as u32,
-        )?;
         Ok(FastSplit {
             split,
             split_rope,
-            merge,
             n_head_kv: dims.n_head_kv as u32,
-            _keep: [params, part],
+            _keep: [params, part, done],
         })
     }
 
@@ -120,21 +115,14 @@ impl FastSplit {
         self.split_rope.is_some()
     }
 
-    /// The split over the pages of up to `n_kv` keys, then the merge, for `n_tokens` rows
-    /// (one token: the rotating split when there is one).
-    pub(super) fn record(
-        &self,
-        pass: &mut wgpu::ComputePass<'_>,
-        n_tokens: u32,
-        n_kv: u32,
-        n_head: u32,
-    ) {
+    /// The split over the pages of up to `n_kv` keys, merged in the same launch, for
+    /// `n_tokens` rows (one token: the rotating split when there is one).
+    pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
         let pages = n_kv.div_ceil(PAGE_POSITIONS as u32);
         let split = match (&self.split_rope, n_tokens) {
             (Some(s), 1) => s,
             _ => &self.split,
         };
         split.record_grid(pass, [self.n_head_kv, pages, n_tokens]);
-        self.merge.record_grid(pass, [n_head, 1, n_tokens]);
     }
 }
