@@ -134,10 +134,10 @@ fn context(ctx: Option<usize>, n_ctx_train: usize) -> Result<usize> {
 
 /// Runs `ternion perplexity`.
 pub fn run(a: PerplexityArgs) -> Result<()> {
+    let text = prompt::read_text(&a.file)?;
     let mut l =
         common::load_with_ctx(&a.model, false, |cfg| context(a.model.ctx, cfg.n_ctx_train))?;
     let n_ctx = l.n_ctx;
-    let text = prompt::read_text(&a.file)?;
     let add_bos = l.tokenizer.add_bos();
     let tokens = l.tokenizer.encode(&text, add_bos, false)?;
     let n_chunk = plan(tokens.len(), n_ctx, a.chunks)?;

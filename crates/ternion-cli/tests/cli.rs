@@ -1184,4 +1184,10 @@ fn perplexity_refuses_a_short_text_and_a_context_beyond_the_model_s() {
     );
     let err = fails(&["perplexity", "-m", model, "-f", text, "--chunks", "0"]);
     assert!(err.contains("--chunks must be at least 1"), "{err}");
+    let missing = tmp_dir().join("no-such-text.txt");
+    let err = fails(&["perplexity", "-m", model, "-f", missing.to_str().unwrap()]);
+    assert!(
+        err.contains("reading") && err.contains("no-such-text.txt"),
+        "{err}"
+    );
 }
