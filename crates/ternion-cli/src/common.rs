@@ -11,7 +11,7 @@ use ternion::backend::gpu::{
     GpuContext, GpuModel, GpuModelOptions, GpuOptions, Numerics, PrefillKernel,
 };
 use ternion::gguf::GgufFile;
-use ternion::model::{self, LmHead, LoadOptions, Model};
+use ternion::model::{self, Config, LmHead, LoadOptions, Model};
 use ternion::session::{GpuEngine, Session};
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
 
@@ -175,8 +175,9 @@ pub struct ModelArgs {
     /// known).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
-    /// Context size in tokens (default: the model's, at most 4096).
-    #[arg(long, short = 'c')]
+    /// Context size in tokens (default: the model's, at most 4096; for `perplexity` the
+    /// chunk size, 512).
+    #[arg(long, short = 'c', visible_alias = "ctx-size")]
     pub ctx: Option<usize>,
     /// Pre-tokenizer, by its `tokenizer.ggml.pre` name, used whatever the file says.
     /// Without it: the file's own, or llama3 (Hugging Face's for BitNet 2B-4T) when the file
@@ -241,8 +242,21 @@ pub fn tokenizer_options(pre: Option<PreTokenizer>) -> TokenizerOptions {
 }
 
 /// Opens the model named by `args` (or, when `default_model`, BitNet 2B-4T from the
-/// Hugging Face cache, downloading it on first use).
+/// Hugging Face cache, downloading it on first use), with `--ctx` or the model's context
+/// (at most 4096).
 pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
+    load_with_ctx(args, default_model, |cfg| {
+        Ok(args.ctx.unwrap_or(cfg.n_ctx_train.min(4096)))
+    })
+}
+
+/// [`load`] with the context size chosen by `n_ctx` from the model's configuration (its
+/// error stops the load before any GPU memory is taken).
+pub fn load_with_ctx(
+    args: &ModelArgs,
+    default_model: bool,
+    n_ctx: impl FnOnce(&Config) -> Result<usize>,
+) -> Result<Loaded> {
     init_threads(args.threads)?;
     let path = match (&args.model, default_model) {
         (Some(p), _) => hub::resolve(p)?,
@@ -265,8 +279,7 @@ pub fn load(args: &ModelArgs, default_model: bool) -> Result<Loaded> {
         .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file, &tokenizer_options(args.pre_tokenizer))
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
-    let train = model.config().n_ctx_train;
-    let n_ctx = args.ctx.unwrap_or(train.min(4096));
+    let n_ctx = n_ctx(model.config())?;
     if n_ctx == 0 {
         bail!("--ctx must be at least 1");
     }

@@ -11,6 +11,7 @@ mod embed;
 mod hub;
 mod inspect;
 mod logits;
+mod perplexity;
 mod prompt;
 mod run;
 mod serve;
@@ -36,6 +37,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Evaluate a prompt as one batch and write its logits as a .npy file.
     Logits(logits::LogitsArgs),
+    /// Measure a model's perplexity over a text file, as llama-perplexity does.
+    Perplexity(perplexity::PerplexityArgs),
     /// Print the token ids of a text as a JSON list.
     Tokenize(inspect::TokenizeArgs),
     /// Compute text embeddings (pooled final hidden states) on the CPU.
@@ -60,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Command::Run(a) => run::run(a),
         Command::Chat(a) => chat::chat(a),
         Command::Logits(a) => logits::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
         Command::Tokenize(a) => inspect::tokenize(a),
         Command::Embed(a) => embed::run(a),
         Command::Validate(a) => validate::run(a),

@@ -1,8 +1,8 @@
 //! Prompt input of `run` and `logits`: text (`-p`), a file (`-f`), standard input
-//! (`-p -` or `-f -`), or token ids.
+//! (`-p -` or `-f -`), or token ids; [`read_text`] also reads `perplexity`'s text.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -34,24 +34,25 @@ fn read_stdin() -> Result<String> {
     let mut s = String::new();
     std::io::stdin()
         .read_to_string(&mut s)
-        .context("reading the prompt from standard input")?;
+        .context("reading standard input")?;
     Ok(s)
+}
+
+/// The text of the file `p`, or of standard input when `p` is `-`.
+pub fn read_text(p: &Path) -> Result<String> {
+    if p.as_os_str() == "-" {
+        return read_stdin();
+    }
+    std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
 }
 
 impl PromptArgs {
     /// The prompt text, read from where the flags say; `None` when token ids are given.
     fn text(&self) -> Result<Option<String>> {
-        let from_file = |p: &PathBuf| -> Result<String> {
-            if p.as_os_str() == "-" {
-                return read_stdin();
-            }
-            std::fs::read_to_string(p)
-                .with_context(|| format!("reading the prompt file {}", p.display()))
-        };
         Ok(match (&self.prompt, &self.file) {
             (Some(p), _) if p == "-" => Some(read_stdin()?),
             (Some(p), _) => Some(p.clone()),
-            (None, Some(f)) => Some(from_file(f)?),
+            (None, Some(f)) => Some(read_text(f)?),
             (None, None) => None,
         })
     }

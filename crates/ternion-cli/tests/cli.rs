@@ -1000,3 +1000,194 @@ fn run_with_a_regex_or_a_json_schema_gives_matching_output() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid grammar"), "{err}");
 }
+
+/// A text of about 1,200 tokens of the tiny model's vocabulary, written once.
+fn ppl_text() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let text: String = (0..60)
+            .map(|i| {
+                format!(
+                    "Line {i} says that {} ternary weights fit in a byte. ",
+                    i * 7 % 13
+                )
+            })
+            .collect();
+        let p = tmp_dir().join("ppl.txt");
+        std::fs::write(&p, text).unwrap();
+        p
+    })
+}
+
+/// `ternion perplexity --json` with `extra` flags on the tiny model and [`ppl_text`].
+fn perplexity_json(extra: &[&str]) -> Value {
+    let mut args = vec![
+        "perplexity",
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "-f",
+        ppl_text().to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    last_json(&ok(&args))
+}
+
+/// The perplexity and its uncertainty computed here, llama-perplexity's way, from the
+/// logits `ternion logits` writes for each `n_ctx`-token chunk of the text (BOS in place
+/// of each chunk's first token, the second half of each chunk scored), at most `limit`
+/// chunks.
+fn perplexity_from_logits(n_ctx: usize, backend: &str, limit: usize) -> (f64, f64, usize) {
+    let model = tiny_model().to_str().unwrap();
+    let text = std::fs::read_to_string(ppl_text()).unwrap();
+    let ids = |t: &str| -> Vec<u64> {
+        let v: Value = serde_json::from_str(&ok(&["tokenize", "--model", model, t])).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    let bos = ids("")[0];
+    let tokens = ids(&text);
+    assert_eq!(tokens[0], bos, "the tiny model adds BOS");
+    let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
+    for chunk in tokens.chunks_exact(n_ctx).take(limit) {
+        let mut chunk = chunk.to_vec();
+        chunk[0] = bos;
+        let list: Vec<String> = chunk.iter().map(u64::to_string).collect();
+        let out = tmp_dir().join(format!("ppl-{backend}-{count}.npy"));
+        let (o, l) = (out.to_str().unwrap(), list.join(","));
+        ok(&[
+            "logits",
+            "--model",
+            model,
+            "--tokens",
+            &l,
+            "--out",
+            o,
+            "--backend",
+            backend,
+        ]);
+        let logits = npy_values(&out);
+        let n_vocab = logits.len() / n_ctx;
+        for j in n_ctx / 2..n_ctx - 1 {
+            let row = &logits[j * n_vocab..(j + 1) * n_vocab];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let z: f64 = row
+                .iter()
+                .map(|&v| (f64::from(v) - f64::from(max)).exp())
+                .sum();
+            let nll = z.ln() - (f64::from(row[chunk[j + 1] as usize]) - f64::from(max));
+            sum += nll;
+            sum2 += nll * nll;
+            count += 1;
+        }
+    }
+    let mean = sum / count as f64;
+    let ppl = mean.exp();
+    let err = ((sum2 / count as f64 - mean * mean) / (count - 1) as f64).sqrt() * ppl;
+    (ppl, err, count)
+}
+
+fn assert_close(got: f64, want: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= 1e-4 * want.abs(),
+        "{what}: command {got}, computed {want}"
+    );
+}
+
+#[test]
+fn perplexity_equals_the_one_computed_from_ternion_logits() {
+    // Every chunk of the text on the CPU; three on the GPU (each `ternion logits` run
+    // opens the adapter again, slow on lavapipe).
+    let mut backends = vec![("cpu", None)];
+    if gpu_tests_on() {
+        backends.push(("gpu", Some(3)));
+    }
+    for (b, limit) in backends {
+        // An odd context: positions 37..=73 of each 75-token chunk are scored.
+        let mut args = vec!["-c", "75", "--backend", b];
+        let limit_arg = limit.map(|l: usize| l.to_string());
+        if let Some(l) = &limit_arg {
+            args.extend(["--chunks", l]);
+        }
+        let v = perplexity_json(&args);
+        let n_tokens = v["tokens"].as_u64().unwrap() as usize;
+        let n_chunk = (n_tokens / 75).min(limit.unwrap_or(usize::MAX));
+        assert!(n_chunk >= 3, "{v}");
+        assert_eq!(v["chunks"].as_u64().unwrap() as usize, n_chunk, "{v}");
+        assert_eq!(v["running_ppl"].as_array().unwrap().len(), n_chunk, "{v}");
+        let (ppl, err, count) = perplexity_from_logits(75, b, n_chunk);
+        assert_eq!(v["scored"].as_u64().unwrap() as usize, count, "{v}");
+        assert_eq!(count, n_chunk * 37);
+        assert_close(v["ppl"].as_f64().unwrap(), ppl, b);
+        assert_close(v["uncertainty"].as_f64().unwrap(), err, b);
+        assert!(v["eval_tok_s"].as_f64().unwrap() > 0.0, "{v}");
+    }
+}
+
+#[test]
+fn perplexity_prints_running_values_and_the_final_estimate() {
+    let model = tiny_model().to_str().unwrap();
+    let text = ppl_text().to_str().unwrap();
+    let out = ok(&["perplexity", "-m", model, "-f", text, "--ctx-size", "128"]);
+    let v = perplexity_json(&["-c", "128"]);
+    let running: Vec<String> = v["running_ppl"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("[{}]{:.4},", i + 1, p.as_f64().unwrap()))
+        .collect();
+    let want = format!(
+        "{}\nFinal estimate: PPL = {:.4} +/- {:.5}\n",
+        running.concat(),
+        v["ppl"].as_f64().unwrap(),
+        v["uncertainty"].as_f64().unwrap()
+    );
+    assert_eq!(out, want);
+}
+
+#[test]
+fn perplexity_chunks_1_scores_one_chunk() {
+    let v = perplexity_json(&["-c", "64", "--chunks", "1"]);
+    assert_eq!(v["chunks"], 1, "{v}");
+    assert_eq!(v["scored"], 31, "{v}");
+    assert_eq!(v["running_ppl"].as_array().unwrap().len(), 1, "{v}");
+    let (ppl, _, count) = perplexity_from_logits(64, "cpu", 1);
+    assert_eq!(count, 31);
+    assert_close(v["ppl"].as_f64().unwrap(), ppl, "one chunk");
+}
+
+#[test]
+fn perplexity_refuses_a_short_text_and_a_context_beyond_the_model_s() {
+    let model = tiny_model().to_str().unwrap();
+    let text = ppl_text().to_str().unwrap();
+    let short = tmp_dir().join("short.txt");
+    std::fs::write(&short, "Too short for a context of 512 tokens.").unwrap();
+    let fails = |args: &[&str]| {
+        let out = ternion(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = fails(&["perplexity", "-m", model, "-f", short.to_str().unwrap()]);
+    assert!(
+        err.contains("you need at least 1024 tokens to evaluate perplexity with a context of 512"),
+        "{err}"
+    );
+    assert!(err.contains("tokenizes to only"), "{err}");
+    let err = fails(&["perplexity", "-m", model, "-f", text, "-c", "8192"]);
+    assert!(
+        err.contains("--ctx-size 8192 is more than the model's context of 4096 tokens"),
+        "{err}"
+    );
+    let err = fails(&["perplexity", "-m", model, "-f", text, "--chunks", "0"]);
+    assert!(err.contains("--chunks must be at least 1"), "{err}");
+    let missing = tmp_dir().join("no-such-text.txt");
+    let err = fails(&["perplexity", "-m", model, "-f", missing.to_str().unwrap()]);
+    assert!(
+        err.contains("reading") && err.contains("no-such-text.txt"),
+        "{err}"
+    );
+}
