@@ -18,11 +18,17 @@ mod neon;
 #[cfg(target_arch = "aarch64")]
 mod neon_bits;
 #[cfg(target_arch = "aarch64")]
+mod neon_dot;
+#[cfg(target_arch = "aarch64")]
 mod neon_f16;
 #[cfg(target_arch = "aarch64")]
 mod neon_kq;
 #[cfg(target_arch = "aarch64")]
+mod neon_kq2;
+#[cfg(target_arch = "aarch64")]
 mod neon_q80;
+#[cfg(target_arch = "aarch64")]
+mod neon_q81;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -227,6 +233,100 @@ pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_kq::q6_k_dot_q8k(row, q, d) },
         _ => quant::q6_k::dot_q8k(row, q, d),
+    }
+}
+
+/// Q4_1 row · Q8_1 activations (`d`: per-block scales, `s`: per-block d·Σq), equal to
+/// [`quant::q4_1::dot_q8_1`] bit for bit (x86 runs the reference).
+#[inline]
+pub fn q4_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_dot::run::<neon_q81::Q4_1>(row, neon_dot::Act { q, d, s }) },
+        _ => quant::q4_1::dot_q8_1(row, q, d, s),
+    }
+}
+
+/// Q5_1 row · Q8_1 activations (`d`: per-block scales, `s`: per-block d·Σq), equal to
+/// [`quant::q5_1::dot_q8_1`] bit for bit (x86 runs the reference).
+#[inline]
+pub fn q5_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_dot::run::<neon_q81::Q5_1>(row, neon_dot::Act { q, d, s }) },
+        _ => quant::q5_1::dot_q8_1(row, q, d, s),
+    }
+}
+
+/// IQ4_NL row · Q8_0 activations (`d`: per-block scales), equal to
+/// [`quant::iq4_nl::dot_q8_0`] bit for bit (x86 runs the reference).
+#[inline]
+pub fn iq4_nl_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_q81::Iq4Nl>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::iq4_nl::dot_q8_0(row, q, d),
+    }
+}
+
+/// Q2_K row · Q8_K activations, equal to [`quant::q2_k::dot_q8k`] bit for bit (x86 runs
+/// the reference).
+#[inline]
+pub fn q2_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Q2K>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::q2_k::dot_q8k(row, q, d),
+    }
+}
+
+/// Q3_K row · Q8_K activations, equal to [`quant::q3_k::dot_q8k`] bit for bit (x86 runs
+/// the reference).
+#[inline]
+pub fn q3_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Q3K>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::q3_k::dot_q8k(row, q, d),
+    }
+}
+
+/// Q5_K row · Q8_K activations, equal to [`quant::q5_k::dot_q8k`] bit for bit (x86 runs
+/// the reference).
+#[inline]
+pub fn q5_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Q5K>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::q5_k::dot_q8k(row, q, d),
+    }
+}
+
+/// IQ4_XS row · Q8_K activations, equal to [`quant::iq4_xs::dot_q8k`] bit for bit (x86
+/// runs the reference).
+#[inline]
+pub fn iq4_xs_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Iq4Xs>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::iq4_xs::dot_q8k(row, q, d),
     }
 }
 
