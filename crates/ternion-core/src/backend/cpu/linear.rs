@@ -359,11 +359,11 @@ impl Linear {
                     y * post_scale
                 });
             }
-            RefDot::BF16(reference) => {
+            RefDot::BF16(_) => {
                 qi.ensure_bf16(x);
                 let xs = &qi.xbf;
                 par_rows_each(out, m, |j, t| {
-                    reference(self.row(data, j), &xs[t * k..(t + 1) * k]) * post_scale
+                    simd::bf16_dot(level, self.row(data, j), &xs[t * k..(t + 1) * k]) * post_scale
                 });
             }
             RefDot::F16(_) => {
@@ -390,8 +390,8 @@ impl Linear {
                     y.map(|v| v * post_scale)
                 });
             }
-            RefDot::F32(reference) => par_rows_each(out, m, |j, t| {
-                reference(self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
+            RefDot::F32(_) => par_rows_each(out, m, |j, t| {
+                simd::f32_dot(level, self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
             }),
         }
     }

@@ -1,5 +1,6 @@
 //! Hot inner loops with runtime CPU-feature dispatch: AVX2 (+FMA, F16C) on x86-64, NEON on
-//! aarch64, and the scalar reference kernels of [`crate::quant`] everywhere else.
+//! aarch64 (with the `dotprod` extension's `sdot` where the CPU has it), and the scalar
+//! reference kernels of [`crate::quant`] everywhere else.
 //!
 //! Every kernel returns exactly what its scalar reference returns for integer dots; float
 //! dots may differ in the last bits (another summation order), never in a way that depends
@@ -20,7 +21,7 @@ mod neon_bits;
 #[cfg(target_arch = "aarch64")]
 mod neon_dot;
 #[cfg(target_arch = "aarch64")]
-mod neon_f16;
+mod neon_float;
 #[cfg(target_arch = "aarch64")]
 mod neon_kq;
 #[cfg(target_arch = "aarch64")]
@@ -404,7 +405,7 @@ pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(w.as_ptr(), x) },
         // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), [x])[0] },
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 1>(w.as_ptr(), [x])[0] },
         _ => quant::float::dot_f16(w, x),
     }
 }
@@ -422,8 +423,34 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
         // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), x) },
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 4>(w.as_ptr(), x) },
         _ => x.map(|xt| f16_dot(level, w, xt)),
+    }
+}
+
+/// Σ w_i·x_i for a little-endian BF16 row `w` (as bytes) and f32 `x` (already rounded to
+/// BF16); equal to [`quant::float::dot_bf16`] up to float summation order (x86 runs it).
+#[inline]
+pub fn bf16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), 2 * x.len(), "bf16_dot: length mismatch");
+    match level {
+        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::Bf16, 1>(w.as_ptr(), [x])[0] },
+        _ => quant::float::dot_bf16(w, x),
+    }
+}
+
+/// Σ w_i·x_i for a little-endian F32 row `w` (as bytes) and f32 `x`; equal to
+/// [`quant::float::dot_f32`] up to float summation order (x86 runs it).
+#[inline]
+pub fn f32_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), 4 * x.len(), "f32_dot: length mismatch");
+    match level {
+        // SAFETY: as in `i2s_dot`; `w` holds x.len() f32 values (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::F32, 1>(w.as_ptr(), [x])[0] },
+        _ => quant::float::dot_f32(w, x),
     }
 }
 
@@ -437,7 +464,9 @@ pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
         // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_dots(k.as_ptr().cast(), [q])[0] },
+        Level::Neon => unsafe {
+            neon_float::float_dots::<neon_float::F16, 1>(k.as_ptr().cast(), [q])[0]
+        },
         _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
     }
 }
@@ -452,7 +481,7 @@ pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
         // SAFETY: as in `i2s_dot`; lengths asserted equal.
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_axpy(out, w, v.as_ptr().cast()) },
+        Level::Neon => unsafe { neon_float::f16_axpy(out, w, v.as_ptr().cast()) },
         _ => out
             .iter_mut()
             .zip(v)

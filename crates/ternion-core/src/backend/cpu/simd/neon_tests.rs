@@ -233,11 +233,99 @@ fn neon_widens_every_half_exactly() {
     for bits in 0..=u16::MAX {
         // SAFETY: NEON is part of every aarch64 Linux target.
         let got =
-            unsafe { vgetq_lane_f32::<0>(super::super::neon_f16::widen(vdupq_n_u16(bits))[0]) };
+            unsafe { vgetq_lane_f32::<0>(super::super::neon_float::widen(vdupq_n_u16(bits))[0]) };
         let want = f16::from_bits(bits).to_f32();
         assert!(
             got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
             "half {bits:#06x}: {got} vs {want}"
         );
+    }
+}
+
+/// The BF16 and F32 dots equal the exact sum up to float rounding, at lengths with and
+/// without tails (16-, 4- and 1-element steps), as their references do.
+#[test]
+fn neon_bf16_and_f32_dots_match_reference() {
+    let mut rng = StdRng::seed_from_u64(64);
+    for n in [1, 3, 4, 7, 16, 33, 100, 2560] {
+        let w: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|_| half::bf16::from_f32(rng.random_range(-2.0..2.0)).to_f32())
+            .collect();
+        let w32: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let wbf: Vec<u8> = w
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let exact = |row: &[u8], ty: GgmlType| -> f64 {
+            let mut deq = vec![0f32; n];
+            (quant::format(ty).expect("float format").dequantize)(row, &mut deq);
+            deq.iter()
+                .zip(&x)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum()
+        };
+        let tol = 1e-5 * (n as f64).sqrt() + 1e-6;
+        let cases = [
+            (
+                "f32",
+                f32_dot(Level::Neon, &w32, &x),
+                exact(&w32, GgmlType::F32),
+            ),
+            (
+                "bf16",
+                bf16_dot(Level::Neon, &wbf, &x),
+                exact(&wbf, GgmlType::BF16),
+            ),
+            (
+                "f32 ref",
+                quant::float::dot_f32(&w32, &x),
+                exact(&w32, GgmlType::F32),
+            ),
+            (
+                "bf16 ref",
+                quant::float::dot_bf16(&wbf, &x),
+                exact(&wbf, GgmlType::BF16),
+            ),
+        ];
+        for (name, got, want) in cases {
+            assert!(
+                (f64::from(got) - want).abs() < tol,
+                "{name} n={n}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+/// The BF16 loads widen every pattern (NaNs aside) as `half` converts it.
+#[test]
+fn neon_widens_every_bf16_exactly() {
+    use super::super::neon_float::{Bf16, Elem};
+    use std::arch::aarch64::vst1q_f32;
+    let bits: Vec<u16> = (0..=u16::MAX).collect();
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let mut lanes = [0f32; 12];
+    for i in (0..bits.len()).step_by(8) {
+        // SAFETY: NEON is part of every aarch64 Linux target; elements i..i + 8 exist and
+        // `lanes` holds 12 values.
+        unsafe {
+            let [a, b] = Bf16::load8(bytes.as_ptr(), i);
+            vst1q_f32(lanes.as_mut_ptr(), a);
+            vst1q_f32(lanes.as_mut_ptr().add(4), b);
+            vst1q_f32(lanes.as_mut_ptr().add(8), Bf16::load4(bytes.as_ptr(), i));
+        }
+        for (e, &got) in lanes.iter().enumerate() {
+            let j = i + e % 8;
+            // SAFETY: element j exists.
+            let one = unsafe { Bf16::at(bytes.as_ptr(), j) };
+            let want = half::bf16::from_bits(bits[j]).to_f32();
+            for v in [got, one] {
+                assert!(
+                    v.to_bits() == want.to_bits() || (v.is_nan() && want.is_nan()),
+                    "bf16 {:#06x}: {v} vs {want}",
+                    bits[j]
+                );
+            }
+        }
     }
 }
