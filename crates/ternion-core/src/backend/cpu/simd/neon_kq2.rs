@@ -1,6 +1,6 @@
 //! aarch64 NEON kernels of Q2_K, Q3_K, Q5_K and IQ4_XS against Q8_K activations. Callers
-//! guarantee NEON (see `Level::detect`); [`neon_dot::run`] picks `sdot` where the CPU has
-//! `dotprod`.
+//! guarantee NEON (see `Level::detect`); [`super::neon_dot::run`] picks `sdot` where the
+//! CPU has `dotprod`.
 //!
 //! Layouts (docs/FORMATS.md), 256-element super-blocks:
 //! - Q2_K (84 bytes): 16 scale bytes (low nibble scale, high nibble min, one per 16

@@ -1,12 +1,12 @@
 //! aarch64 NEON kernels of the 32-element block formats with an offset or a non-linear grid:
 //! Q4_1 and Q5_1 against Q8_1 activations, IQ4_NL against Q8_0. Callers guarantee NEON
-//! (see `Level::detect`); [`neon_dot::run`] picks `sdot` where the CPU has `dotprod`.
+//! (see `Level::detect`); [`super::neon_dot::run`] picks `sdot` where the CPU has `dotprod`.
 //!
 //! Layouts (docs/FORMATS.md), element j < 16 the low nibble of `qs[j]`, j + 16 its high:
 //! - Q4_1 (20 bytes): F16 `d`, F16 `m`, `qs[16]`; value nibble·d + m.
 //! - Q5_1 (24 bytes): F16 `d`, F16 `m`, `qh[4]` (bit j: fifth bit of element j), `qs[16]`;
 //!   value (nibble | fifth bit · 16)·d + m.
-//! - IQ4_NL (18 bytes): F16 `d`, `qs[16]`; value d·KVALUES[nibble].
+//! - IQ4_NL (18 bytes): F16 `d`, `qs[16]`; value d·`KVALUES[nibble]`.
 //!
 //! Each block's integer dot is exact and the block terms are combined in the scalar
 //! reference's float order, so the results equal it bit for bit.
