@@ -54,7 +54,8 @@ pub enum Level {
 
 impl Level {
     /// The best level this CPU supports (detected once). `TERNION_SIMD=scalar` forces the
-    /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones (for testing and comparison).
+    /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones, `TERNION_SIMD=neon` the NEON
+    /// ones without the `dotprod` extension (for testing and comparison).
     pub fn detect() -> Level {
         static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
         *LEVEL.get_or_init(|| {

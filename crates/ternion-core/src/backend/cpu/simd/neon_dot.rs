@@ -83,12 +83,18 @@ pub(super) trait RowDot {
     unsafe fn dot<D: Dot>(row: &[u8], x: Act<'_>) -> f32;
 }
 
-/// Whether this CPU has the `dotprod` extension (detected once by the standard library).
+/// Whether the kernels use `sdot`: the CPU has the `dotprod` extension and
+/// `TERNION_SIMD` is not `neon` (which keeps them on plain NEON, for comparison). Decided
+/// once.
 fn dotprod() -> bool {
-    std::arch::is_aarch64_feature_detected!("dotprod")
+    static SDOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SDOT.get_or_init(|| {
+        std::env::var("TERNION_SIMD").as_deref() != Ok("neon")
+            && std::arch::is_aarch64_feature_detected!("dotprod")
+    })
 }
 
-/// `K`'s dot with `sdot` where the CPU has `dotprod`, else with plain NEON.
+/// `K`'s dot with `sdot` where [`dotprod`] says so, else with plain NEON.
 ///
 /// # Safety
 /// The CPU must have NEON.
