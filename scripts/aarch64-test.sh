@@ -29,8 +29,11 @@ aarch64=(--release --no-default-features --target "$target" -j2)
 crates=(-p ternion-formats -p ternion-core -p ternion)
 
 cargo clippy "${aarch64[@]}" "${crates[@]}" --all-targets -- -D warnings
-# The CPU kernels and the formats' reference dots, under qemu.
+# The CPU kernels and the formats' reference dots, under qemu (its default CPU has the
+# dotprod extension, so the kernels that can use `sdot` do)...
 cargo test "${aarch64[@]}" -p ternion-formats -p ternion-core --lib -- backend::cpu:: quant::
+# ...and the CPU kernels once more on a core without dotprod: their plain NEON path.
+QEMU_CPU=cortex-a53 cargo test "${aarch64[@]}" -p ternion-core --lib -- backend::cpu::
 # End to end: this machine's results, then aarch64's. After scripts/test.sh's workspace
 # build the x86 example is already built (the same features), so this build is free.
 reference="$(mktemp)"

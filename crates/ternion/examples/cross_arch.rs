@@ -14,15 +14,22 @@ use ternion::model::{self, Logits};
 use ternion_testkit::shared;
 
 /// The models (paths in `../shared`) and the formats they exercise.
-const MODELS: [(&str, &str); 12] = [
+const MODELS: [(&str, &str); 19] = [
     ("golden-bitnet/bitnet-b158-tiny-pub.gguf", "I2_S, F16 head"),
     ("golden/models/bitnet-l3-d256-tq1_0.gguf", "TQ1_0"),
     ("golden/models/bitnet-spm-d256-tq2_0.gguf", "TQ2_0"),
     ("golden/models/llama-spm-d32-q8_0.gguf", "Q8_0"),
     ("golden/models/llama-spm-d32-q4_0.gguf", "Q4_0"),
     ("golden2/models/llama-spm-d64-q5_0.gguf", "Q5_0"),
+    ("golden2/models/llama-smollm-d64-q4_1.gguf", "Q4_1"),
+    ("golden2/models/llama-spm-d64-q5_1.gguf", "Q5_1"),
+    ("golden2/models/llama-spm-d64-iq4_nl.gguf", "IQ4_NL"),
+    ("golden2/models/llama-spm-d256-q2_k.gguf", "Q2_K"),
+    ("golden2-extra/models/llama-spm-d256-q3_k.gguf", "Q3_K"),
     ("golden/models/llama-spm-d256-q4_k.gguf", "Q4_K"),
+    ("golden2-extra/models/llama-spm-d256-q5_k.gguf", "Q5_K"),
     ("golden/models/llama-spm-d256-q6_k.gguf", "Q6_K"),
+    ("golden2-extra/models/llama-spm-d256-iq4_xs.gguf", "IQ4_XS"),
     ("golden2/models/llama-spm-b128-q1_0.gguf", "Q1_0"),
     ("golden2/models/llama-spm-t64-q2_0.gguf", "Q2_0"),
     ("golden/models/llama-spm-d32-f16.gguf", "F16"),

@@ -19,8 +19,8 @@ fn check(bytes: usize, elems: usize) {
     super::format::check_row(GgmlType::IQ4_XS, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
-/// ls − 32 of sub-block ib.
-fn scale(block: &[u8], ib: usize) -> i32 {
+/// ls − 32 of sub-block ib (0..8) of a super-block (`block`: its 136 bytes).
+pub fn scale(block: &[u8], ib: usize) -> i32 {
     let h = u16::from_le_bytes([block[2], block[3]]);
     let lo = (block[4 + ib / 2] >> (4 * (ib % 2))) & 0x0F;
     i32::from(lo | ((((h >> (2 * ib)) & 3) as u8) << 4)) - 32

@@ -19,8 +19,8 @@ fn check(bytes: usize, elems: usize) {
     super::format::check_row(GgmlType::Q3_K, BLOCK_ELEMS, BLOCK_BYTES, bytes, elems);
 }
 
-/// Scale i − 32 (i = 0..16) of a super-block.
-fn scale(block: &[u8], i: usize) -> i32 {
+/// Scale i − 32 (i = 0..16) of a super-block (`block`: its 110 bytes).
+pub fn scale(block: &[u8], i: usize) -> i32 {
     let sc = &block[96..108];
     let lo = if i < 8 { sc[i] & 15 } else { sc[i - 8] >> 4 };
     let hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;

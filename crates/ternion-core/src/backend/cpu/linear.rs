@@ -347,21 +347,23 @@ impl Linear {
                 qi.ensure_q8_1(x, k);
                 let (q, d, s) = (&qi.q81, &qi.q81_d, &qi.q81_s);
                 let nb = k / act::Q8_0_BLOCK;
+                let fast = simd_q8_1(self.ty);
                 par_rows_each(out, m, |j, t| {
+                    let (w, qt) = (self.row(data, j), &q[t * k..(t + 1) * k]);
                     let bt = t * nb..(t + 1) * nb;
-                    reference(
-                        self.row(data, j),
-                        &q[t * k..(t + 1) * k],
-                        &d[bt.clone()],
-                        &s[bt],
-                    ) * post_scale
+                    let (dt, st) = (&d[bt.clone()], &s[bt]);
+                    let y = match fast {
+                        Some(f) => f(level, w, qt, dt, st),
+                        None => reference(w, qt, dt, st),
+                    };
+                    y * post_scale
                 });
             }
-            RefDot::BF16(reference) => {
+            RefDot::BF16(_) => {
                 qi.ensure_bf16(x);
                 let xs = &qi.xbf;
                 par_rows_each(out, m, |j, t| {
-                    reference(self.row(data, j), &xs[t * k..(t + 1) * k]) * post_scale
+                    simd::bf16_dot(level, self.row(data, j), &xs[t * k..(t + 1) * k]) * post_scale
                 });
             }
             RefDot::F16(_) => {
@@ -388,8 +390,8 @@ impl Linear {
                     y.map(|v| v * post_scale)
                 });
             }
-            RefDot::F32(reference) => par_rows_each(out, m, |j, t| {
-                reference(self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
+            RefDot::F32(_) => par_rows_each(out, m, |j, t| {
+                simd::f32_dot(level, self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
             }),
         }
     }
@@ -401,6 +403,8 @@ type Q8kKernel = fn(simd::Level, &[u8], &[i8], &[f32], &[i32]) -> f32;
 type BitsDots<const T: usize> = fn(simd::Level, &[u8], [simd::Q80Rows<'_>; T]) -> [f32; T];
 /// A SIMD dot against Q8_0 activations: `(level, row, q, d)`.
 type Q8_0Kernel = fn(simd::Level, &[u8], &[i8], &[f32]) -> f32;
+/// A SIMD dot against Q8_1 activations: `(level, row, q, d, s)`.
+type Q8_1Kernel = fn(simd::Level, &[u8], &[i8], &[f32], &[f32]) -> f32;
 
 /// The SIMD kernel of a Q8_K-paired format, where one exists; the others run their
 /// registry reference dot (same integer sums, correct, just slower).
@@ -410,6 +414,10 @@ pub(super) fn simd_q8k(ty: GgmlType) -> Option<Q8kKernel> {
         GgmlType::TQ1_0 => Some(simd::tq1_dot_q8k),
         GgmlType::Q4_K => Some(|l, w, q, d, _| simd::q4_k_dot_q8k(l, w, q, d)),
         GgmlType::Q6_K => Some(|l, w, q, d, _| simd::q6_k_dot_q8k(l, w, q, d)),
+        GgmlType::Q2_K => Some(|l, w, q, d, _| simd::q2_k_dot_q8k(l, w, q, d)),
+        GgmlType::Q3_K => Some(|l, w, q, d, _| simd::q3_k_dot_q8k(l, w, q, d)),
+        GgmlType::Q5_K => Some(|l, w, q, d, _| simd::q5_k_dot_q8k(l, w, q, d)),
+        GgmlType::IQ4_XS => Some(|l, w, q, d, _| simd::iq4_xs_dot_q8k(l, w, q, d)),
         _ => None,
     }
 }
@@ -420,6 +428,16 @@ pub(super) fn simd_q8_0(ty: GgmlType) -> Option<Q8_0Kernel> {
         GgmlType::Q8_0 => Some(simd::q8_0_dot),
         GgmlType::Q4_0 => Some(simd::q4_0_dot),
         GgmlType::Q5_0 => Some(simd::q5_0_dot),
+        GgmlType::IQ4_NL => Some(simd::iq4_nl_dot),
+        _ => None,
+    }
+}
+
+/// The SIMD kernel of a Q8_1-paired format, where one exists (else its reference dot).
+pub(super) fn simd_q8_1(ty: GgmlType) -> Option<Q8_1Kernel> {
+    match ty {
+        GgmlType::Q4_1 => Some(simd::q4_1_dot),
+        GgmlType::Q5_1 => Some(simd::q5_1_dot),
         _ => None,
     }
 }

@@ -1,5 +1,6 @@
 //! Hot inner loops with runtime CPU-feature dispatch: AVX2 (+FMA, F16C) on x86-64, NEON on
-//! aarch64, and the scalar reference kernels of [`crate::quant`] everywhere else.
+//! aarch64 (with the `dotprod` extension's `sdot` where the CPU has it), and the scalar
+//! reference kernels of [`crate::quant`] everywhere else.
 //!
 //! Every kernel returns exactly what its scalar reference returns for integer dots; float
 //! dots may differ in the last bits (another summation order), never in a way that depends
@@ -18,11 +19,17 @@ mod neon;
 #[cfg(target_arch = "aarch64")]
 mod neon_bits;
 #[cfg(target_arch = "aarch64")]
-mod neon_f16;
+mod neon_dot;
+#[cfg(target_arch = "aarch64")]
+mod neon_float;
 #[cfg(target_arch = "aarch64")]
 mod neon_kq;
 #[cfg(target_arch = "aarch64")]
+mod neon_kq2;
+#[cfg(target_arch = "aarch64")]
 mod neon_q80;
+#[cfg(target_arch = "aarch64")]
+mod neon_q81;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -47,7 +54,8 @@ pub enum Level {
 
 impl Level {
     /// The best level this CPU supports (detected once). `TERNION_SIMD=scalar` forces the
-    /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones (for testing and comparison).
+    /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones, `TERNION_SIMD=neon` the NEON
+    /// ones without the `dotprod` extension (for testing and comparison).
     pub fn detect() -> Level {
         static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
         *LEVEL.get_or_init(|| {
@@ -230,6 +238,100 @@ pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     }
 }
 
+/// Q4_1 row · Q8_1 activations (`d`: per-block scales, `s`: per-block d·Σq), equal to
+/// [`quant::q4_1::dot_q8_1`] bit for bit (x86 runs the reference).
+#[inline]
+pub fn q4_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_dot::run::<neon_q81::Q4_1>(row, neon_dot::Act { q, d, s }) },
+        _ => quant::q4_1::dot_q8_1(row, q, d, s),
+    }
+}
+
+/// Q5_1 row · Q8_1 activations (`d`: per-block scales, `s`: per-block d·Σq), equal to
+/// [`quant::q5_1::dot_q8_1`] bit for bit (x86 runs the reference).
+#[inline]
+pub fn q5_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_dot::run::<neon_q81::Q5_1>(row, neon_dot::Act { q, d, s }) },
+        _ => quant::q5_1::dot_q8_1(row, q, d, s),
+    }
+}
+
+/// IQ4_NL row · Q8_0 activations (`d`: per-block scales), equal to
+/// [`quant::iq4_nl::dot_q8_0`] bit for bit (x86 runs the reference).
+#[inline]
+pub fn iq4_nl_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_q81::Iq4Nl>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::iq4_nl::dot_q8_0(row, q, d),
+    }
+}
+
+/// Q2_K row · Q8_K activations, equal to [`quant::q2_k::dot_q8k`] bit for bit (x86 runs
+/// the reference).
+#[inline]
+pub fn q2_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Q2K>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::q2_k::dot_q8k(row, q, d),
+    }
+}
+
+/// Q3_K row · Q8_K activations, equal to [`quant::q3_k::dot_q8k`] bit for bit (x86 runs
+/// the reference).
+#[inline]
+pub fn q3_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Q3K>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::q3_k::dot_q8k(row, q, d),
+    }
+}
+
+/// Q5_K row · Q8_K activations, equal to [`quant::q5_k::dot_q8k`] bit for bit (x86 runs
+/// the reference).
+#[inline]
+pub fn q5_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Q5K>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::q5_k::dot_q8k(row, q, d),
+    }
+}
+
+/// IQ4_XS row · Q8_K activations, equal to [`quant::iq4_xs::dot_q8k`] bit for bit (x86
+/// runs the reference).
+#[inline]
+pub fn iq4_xs_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
+    match level {
+        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe {
+            neon_dot::run::<neon_kq2::Iq4Xs>(row, neon_dot::Act { q, d, s: &[] })
+        },
+        _ => quant::iq4_xs::dot_q8k(row, q, d),
+    }
+}
+
 /// [`q8_0_dot`] of one weight row against four activation rows (prefill); each result
 /// equals `q8_0_dot` of that row bit for bit.
 #[inline]
@@ -304,7 +406,7 @@ pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(w.as_ptr(), x) },
         // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), [x])[0] },
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 1>(w.as_ptr(), [x])[0] },
         _ => quant::float::dot_f16(w, x),
     }
 }
@@ -322,8 +424,34 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
         // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_dots(w.as_ptr(), x) },
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 4>(w.as_ptr(), x) },
         _ => x.map(|xt| f16_dot(level, w, xt)),
+    }
+}
+
+/// Σ w_i·x_i for a little-endian BF16 row `w` (as bytes) and f32 `x` (already rounded to
+/// BF16); equal to [`quant::float::dot_bf16`] up to float summation order (x86 runs it).
+#[inline]
+pub fn bf16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), 2 * x.len(), "bf16_dot: length mismatch");
+    match level {
+        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::Bf16, 1>(w.as_ptr(), [x])[0] },
+        _ => quant::float::dot_bf16(w, x),
+    }
+}
+
+/// Σ w_i·x_i for a little-endian F32 row `w` (as bytes) and f32 `x`; equal to
+/// [`quant::float::dot_f32`] up to float summation order (x86 runs it).
+#[inline]
+pub fn f32_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), 4 * x.len(), "f32_dot: length mismatch");
+    match level {
+        // SAFETY: as in `i2s_dot`; `w` holds x.len() f32 values (asserted).
+        #[cfg(target_arch = "aarch64")]
+        Level::Neon => unsafe { neon_float::float_dots::<neon_float::F32, 1>(w.as_ptr(), [x])[0] },
+        _ => quant::float::dot_f32(w, x),
     }
 }
 
@@ -337,7 +465,9 @@ pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
         // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_dots(k.as_ptr().cast(), [q])[0] },
+        Level::Neon => unsafe {
+            neon_float::float_dots::<neon_float::F16, 1>(k.as_ptr().cast(), [q])[0]
+        },
         _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
     }
 }
@@ -352,7 +482,7 @@ pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
         // SAFETY: as in `i2s_dot`; lengths asserted equal.
         #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_f16::f16_axpy(out, w, v.as_ptr().cast()) },
+        Level::Neon => unsafe { neon_float::f16_axpy(out, w, v.as_ptr().cast()) },
         _ => out
             .iter_mut()
             .zip(v)

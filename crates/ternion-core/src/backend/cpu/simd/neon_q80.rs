@@ -60,7 +60,7 @@ unsafe fn q8_0_dots<const T: usize>(row: &[u8], q: [&[i8]; T], d: [&[f32]; T]) -
 /// `p` must point at 16 readable bytes.
 #[inline]
 #[target_feature(enable = "neon")]
-unsafe fn nibbles(p: *const u8) -> [uint8x16_t; 2] {
+pub(super) unsafe fn nibbles(p: *const u8) -> [uint8x16_t; 2] {
     let qs = vld1q_u8(p);
     [vandq_u8(qs, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(qs)]
 }
