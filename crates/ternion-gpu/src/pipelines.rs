@@ -317,7 +317,7 @@ impl Kernel {
             }
             Kernel::TernaryDecode { .. } => Source::TernaryDecode,
             Kernel::TernaryMatmul { kind, .. } => match kind {
-                MatmulKind::Portable => Source::TernaryMm,
+                MatmulKind::Portable | MatmulKind::Narrow => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
             },
             Kernel::F16Matvec { .. } => Source::F16Matvec,
@@ -345,6 +345,10 @@ impl Kernel {
             Kernel::RmsNorm { quant: false } => "rmsnorm",
             Kernel::Ternary { batch: false, .. } => "matvec",
             Kernel::Ternary { batch: true, .. } => "matmul4",
+            Kernel::TernaryMatmul {
+                kind: MatmulKind::Narrow,
+                ..
+            } => "matmul_narrow",
             Kernel::TernaryMatmul { wide: false, .. } => "matmul_tiled",
             Kernel::TernaryMatmul { wide: true, .. } => "matmul_wide",
             Kernel::TernaryGlu { .. } => "matvec_glu",

@@ -14,7 +14,7 @@ use super::*;
 /// The tiled kinds the adapter of `ctx` runs (printed: the cooperative-matrix kernel only
 /// runs where the adapter lists 16×16×16 f16 matrices, not on lavapipe).
 fn kinds(ctx: &GpuContext) -> Vec<MatmulKind> {
-    let mut k = vec![MatmulKind::Portable];
+    let mut k = vec![MatmulKind::Portable, MatmulKind::Narrow];
     if ctx.caps().prefill == PrefillKernel::Coop {
         k.push(MatmulKind::Coop);
     }
@@ -47,6 +47,9 @@ fn tiled_matmul_equals_batch_kernel_and_cpu() {
         (37usize, 128usize, 2usize),
         (200, 384, 67),
         (130, 2560, 5),
+        // The narrow tiles' sizes: a full 32-token tile, partial row and token tiles.
+        (70, 384, 32),
+        (33, 128, 17),
         (64, 256, 64),
         (257, 640, 130),
         // Enough rows for the coop kernel's 128-token tiles (ops/matmul.rs WIDE_MIN_ROWS).

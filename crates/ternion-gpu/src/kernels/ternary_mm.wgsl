@@ -10,7 +10,8 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
 //   5 uniform Step { n_tokens, .. }
-// Dispatch: (ceil(M / 64), ceil(T / 64), 1), 256 threads per workgroup.
+// Dispatch: matmul_tiled (ceil(M / 64), ceil(T / 64), 1); matmul_narrow (ceil(M / 32),
+// ceil(T / 32), 1); 256 threads per workgroup.
 //
 // A workgroup owns a tile of 64 weight rows × 64 tokens and walks K one I2_S block (128
 // elements) at a time. Per block it stages in workgroup memory the tile's weights unpacked
@@ -22,6 +23,12 @@
 // products, so the loads overlap the arithmetic. Rows past M read row M−1 and tokens past T
 // read token T−1; neither is written.
 //
+// matmul_narrow, for steps of a few tokens (sequences decoded together): the same walk over
+// 32 rows × 32 tokens, so a 2,560-row matrix still spreads over 80 workgroups, with the
+// block's 32 k-words split over four groups of 64 threads (thread (tr, tt) of a group owns
+// rows 4·tr..+3 and tokens 4·tt..+3), whose integer sums are added at the end; each thread
+// stages one code word and one activation vec4 a block.
+//
 // Unpacking (ternary.wgsl's header): u32 word j (0..8) of block b of a row, shifted right
 // by 6−2g and masked with 0x03030303, holds the codes of elements 128b + 32g + 4j + 0..3,
 // which pair with packed activation word 32b + 8g + j.
@@ -29,6 +36,8 @@
 override EPILOGUE: u32 = 0u;
 const TM: u32 = 64u;
 const TN: u32 = 64u;
+// matmul_narrow's tile: rows and tokens.
+const NM: u32 = 32u;
 const KW: u32 = 32u;
 const M2: u32 = 0x03030303u;
 
@@ -47,43 +56,68 @@ var<workgroup> wsh: array<vec4<u32>, 512>;
 // [k-word][token / 4][token % 4]: 4 packed int8 activations per u32.
 var<workgroup> ash: array<vec4<u32>, 512>;
 
+// A workgroup's tile of `tm` rows × `tn` tokens and a thread's staging row: its first row
+// and token, the step's last token, the staging row lr = li % tm and word group
+// lj = li / tm, and the word offsets of weight row row0 + lr and token t0 + lr (clamped to
+// the last row and token).
+struct Tile {
+    row0: u32,
+    t0: u32,
+    last: u32,
+    lr: u32,
+    lj: u32,
+    wrow: u32,
+    arow: u32,
+}
+
+fn tile(li: u32, wg: vec3<u32>, tm: u32, tn: u32) -> Tile {
+    let row0 = wg.x * tm;
+    let t0 = wg.y * tn;
+    let last = step.n_tokens - 1u;
+    let lr = li % tm;
+    return Tile(
+        row0,
+        t0,
+        last,
+        lr,
+        li / tm,
+        min(row0 + lr, p.rows - 1u) * p.words,
+        min(t0 + lr, last) * p.words,
+    );
+}
+
 @compute @workgroup_size(256)
 fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let tr = li % 16u;
     let tt = li / 16u;
-    let row0 = wg.x * TM;
-    let t0 = wg.y * TN;
-    let last = step.n_tokens - 1u;
-
     // Staging roles: weight words j and j + 4 of row `lr`; activation vec4s q and q + 4 of
-    // token `lt` (a vec4 = k-words 4q..4q+3 of the block).
-    let lr = li % TM;
-    let lj = li / TM;
-    let wrow = min(row0 + lr, p.rows - 1u) * p.words;
-    let arow = min(t0 + lr, last) * p.words;
+    // token `lr` (a vec4 = k-words 4q..4q+3 of the block).
+    let tl = tile(li, wg, TM, TN);
+    let row0 = tl.row0;
+    let t0 = tl.t0;
+    let last = tl.last;
+    let lr = tl.lr;
+    let lj = tl.lj;
+    let wrow = tl.wrow;
+    let arow = tl.arow;
 
     let blocks = p.words / 8u;
     var wv0 = w[wrow + lj];
     var wv1 = w[wrow + lj + 4u];
     var av0 = act[arow + lj];
     var av1 = act[arow + lj + 4u];
-    // acc_i: row 4·tr + i against tokens 4·tt + 0..3 (named, not an array: a dynamically
-    // indexed array would live in local memory).
-    var acc0 = vec4<i32>(0);
-    var acc1 = vec4<i32>(0);
-    var acc2 = vec4<i32>(0);
-    var acc3 = vec4<i32>(0);
+    var acc = Acc();
     for (var b = 0u; b < blocks; b++) {
         workgroupBarrier();
         // Explicit components and shifts: a dynamically indexed vector variable would live
         // in local memory.
         let wo = lj * 16u + lr / 4u;
         let c = lr % 4u;
-        stage_codes(wv0, wo, c);
-        stage_codes(wv1, wo + 64u, c);
+        stage_codes(wv0, wo, c, 128u);
+        stage_codes(wv1, wo + 64u, c, 128u);
         let ao = lj * 64u + lr / 4u;
-        stage_act(av0, ao, c);
-        stage_act(av1, ao + 256u, c);
+        stage_act(av0, ao, c, 16u);
+        stage_act(av1, ao + 256u, c, 16u);
         workgroupBarrier();
         if (b + 1u < blocks) {
             let wn = wrow + (b + 1u) * 8u + lj;
@@ -94,32 +128,28 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
             av1 = act[an + 4u];
         }
         for (var k = 0u; k < KW; k++) {
-            let wq = wsh[k * 16u + tr];
-            let aq = ash[k * 16u + tt];
-            acc0 += dot4(wq.x, aq);
-            acc1 += dot4(wq.y, aq);
-            acc2 += dot4(wq.z, aq);
-            acc3 += dot4(wq.w, aq);
+            acc = mac(acc, wsh[k * 16u + tr], ash[k * 16u + tt]);
         }
     }
 
-    // Per-token scale and Σq of this thread's 4 tokens (past the end: the last token's).
     let tb = t0 + 4u * tt;
+    let r = row0 + 4u * tr;
+    store_row(r, acc.r0, tb, last);
+    store_row(r + 1u, acc.r1, tb, last);
+    store_row(r + 2u, acc.r2, tb, last);
+    store_row(r + 3u, acc.r3, tb, last);
+}
+
+// Scales the integer sums `d` of row `row` against tokens tb..tb+3 with each token's
+// scale and Σq (past the end: the last token's) and stores (or adds) those that exist.
+fn store_row(row: u32, d: vec4<i32>, tb: u32, last: u32) {
     let m0 = tok_scale[min(tb, last)];
     let m1 = tok_scale[min(tb + 1u, last)];
     let m2 = tok_scale[min(tb + 2u, last)];
     let m3 = tok_scale[min(tb + 3u, last)];
     let sq = bitcast<vec4<i32>>(vec4<u32>(m0.y, m1.y, m2.y, m3.y));
     let s = bitcast<vec4<f32>>(vec4<u32>(m0.x, m1.x, m2.x, m3.x));
-    let r = row0 + 4u * tr;
-    store_row(r, (vec4<f32>(acc0 - sq) / s) * p.w_scale, tb, last);
-    store_row(r + 1u, (vec4<f32>(acc1 - sq) / s) * p.w_scale, tb, last);
-    store_row(r + 2u, (vec4<f32>(acc2 - sq) / s) * p.w_scale, tb, last);
-    store_row(r + 3u, (vec4<f32>(acc3 - sq) / s) * p.w_scale, tb, last);
-}
-
-// Stores (or adds) y[j] = row `row` of token tb + j, for the rows and tokens that exist.
-fn store_row(row: u32, y: vec4<f32>, tb: u32, last: u32) {
+    let y = (vec4<f32>(d - sq) / s) * p.w_scale;
     if (row >= p.rows) {
         return;
     }
@@ -136,20 +166,40 @@ fn store_row(row: u32, y: vec4<f32>, tb: u32, last: u32) {
 }
 
 // The four 2-bit planes (shifts 6, 4, 2, 0) of code word j of a row, into k-words j,
-// j + 8, j + 16, j + 24: wsh[at + 128·g][c].
-fn stage_codes(wv: u32, at: u32, c: u32) {
+// j + 8, j + 16, j + 24: wsh[at + plane·g][c] (`plane`: vec4s between k-words j and j + 8).
+fn stage_codes(wv: u32, at: u32, c: u32, plane: u32) {
     wsh[at][c] = (wv >> 6u) & M2;
-    wsh[at + 128u][c] = (wv >> 4u) & M2;
-    wsh[at + 256u][c] = (wv >> 2u) & M2;
-    wsh[at + 384u][c] = wv & M2;
+    wsh[at + plane][c] = (wv >> 4u) & M2;
+    wsh[at + 2u * plane][c] = (wv >> 2u) & M2;
+    wsh[at + 3u * plane][c] = wv & M2;
 }
 
-// 4 consecutive k-words of a token's activations: ash[at + 16·i][c].
-fn stage_act(av: vec4<u32>, at: u32, c: u32) {
+// 4 consecutive k-words of a token's activations: ash[at + kw·i][c] (`kw`: vec4s a k-word).
+fn stage_act(av: vec4<u32>, at: u32, c: u32, kw: u32) {
     ash[at][c] = av.x;
-    ash[at + 16u][c] = av.y;
-    ash[at + 32u][c] = av.z;
-    ash[at + 48u][c] = av.w;
+    ash[at + kw][c] = av.y;
+    ash[at + 2u * kw][c] = av.z;
+    ash[at + 3u * kw][c] = av.w;
+}
+
+// A thread's sums: r_i = row 4·tr + i against tokens 4·tt + 0..3 (named, not an array: a
+// dynamically indexed array would live in local memory).
+struct Acc {
+    r0: vec4<i32>,
+    r1: vec4<i32>,
+    r2: vec4<i32>,
+    r3: vec4<i32>,
+}
+
+// `acc` plus one k-word: the 4 rows' code words `wq` against the 4 tokens' activation
+// words `aq`.
+fn mac(acc: Acc, wq: vec4<u32>, aq: vec4<u32>) -> Acc {
+    return Acc(
+        acc.r0 + dot4(wq.x, aq),
+        acc.r1 + dot4(wq.y, aq),
+        acc.r2 + dot4(wq.z, aq),
+        acc.r3 + dot4(wq.w, aq),
+    );
 }
 
 // The 4 dot products of code word `wv` with the 4 tokens' activation words in `aq`.
@@ -160,4 +210,59 @@ fn dot4(wv: u32, aq: vec4<u32>) -> vec4<i32> {
         dot4I8Packed(wv, aq.z),
         dot4I8Packed(wv, aq.w),
     );
+}
+
+@compute @workgroup_size(256)
+fn matmul_narrow(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    // Thread (kg, tr, tt): k-words 8·kg..8·kg+7 of each block, rows 4·tr..+3, tokens 4·tt..+3.
+    let kg = li / 64u;
+    let tr = li % 8u;
+    let tt = (li % 64u) / 8u;
+    // Staging roles: code word lj of row lr, activation vec4 lj of token lr, each block.
+    let tl = tile(li, wg, NM, NM);
+
+    let blocks = p.words / 8u;
+    var wv = w[tl.wrow + tl.lj];
+    var av = act[tl.arow + tl.lj];
+    var acc = Acc();
+    for (var b = 0u; b < blocks; b++) {
+        workgroupBarrier();
+        // wsh[k-word · 8 + row / 4][row % 4]: word j of a row holds k-words j, j + 8, j + 16,
+        // j + 24; ash[k-word · 8 + token / 4][token % 4]: vec4 q holds k-words 4q..4q+3.
+        let c = tl.lr % 4u;
+        stage_codes(wv, tl.lj * 8u + tl.lr / 4u, c, 64u);
+        stage_act(av, tl.lj * 32u + tl.lr / 4u, c, 8u);
+        workgroupBarrier();
+        if (b + 1u < blocks) {
+            wv = w[tl.wrow + (b + 1u) * 8u + tl.lj];
+            av = act[tl.arow + (b + 1u) * 8u + tl.lj];
+        }
+        for (var k = 8u * kg; k < 8u * kg + 8u; k++) {
+            acc = mac(acc, wsh[k * 8u + tr], ash[k * 8u + tt]);
+        }
+    }
+    // The four k-groups' sums (exact integers, any order): partial i of thread (kg, tq) at
+    // [kg][i][tq] across wsh (kg 0, 1) and ash (kg 2, 3); thread (kg = i, tq) adds row
+    // 4·tr + i's four.
+    let tq = li % 64u;
+    workgroupBarrier();
+    if (kg < 2u) {
+        let o = kg * 256u + tq;
+        wsh[o] = bitcast<vec4<u32>>(acc.r0);
+        wsh[o + 64u] = bitcast<vec4<u32>>(acc.r1);
+        wsh[o + 128u] = bitcast<vec4<u32>>(acc.r2);
+        wsh[o + 192u] = bitcast<vec4<u32>>(acc.r3);
+    } else {
+        let o = (kg - 2u) * 256u + tq;
+        ash[o] = bitcast<vec4<u32>>(acc.r0);
+        ash[o + 64u] = bitcast<vec4<u32>>(acc.r1);
+        ash[o + 128u] = bitcast<vec4<u32>>(acc.r2);
+        ash[o + 192u] = bitcast<vec4<u32>>(acc.r3);
+    }
+    workgroupBarrier();
+    let i = kg;
+    let d = bitcast<vec4<i32>>(wsh[i * 64u + tq]) + bitcast<vec4<i32>>(wsh[256u + i * 64u + tq])
+        + bitcast<vec4<i32>>(ash[i * 64u + tq]) + bitcast<vec4<i32>>(ash[256u + i * 64u + tq]);
+
+    store_row(tl.row0 + 4u * tr + i, d, tl.t0 + 4u * tt, tl.last);
 }

@@ -21,19 +21,31 @@ const WIDE_MIN_ROWS: usize = 1024;
 /// Which tiled kernel a [`TernaryMatmul`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulKind {
-    /// `ternary_mm.wgsl`: `dot4I8Packed` on staged tiles (any adapter).
+    /// `ternary_mm.wgsl` `matmul_tiled`: `dot4I8Packed` on staged tiles (any adapter).
     Portable,
     /// `ternary_coop.wgsl`: 16×16×16 f16 cooperative matrices, f32 accumulators (needs
     /// EXPERIMENTAL_COOPERATIVE_MATRIX and SHADER_F16).
     Coop,
+    /// `ternary_mm.wgsl` `matmul_narrow`: 32 × 32 tiles for steps of a few tokens
+    /// (sequences decoded together; any adapter).
+    Narrow,
 }
 
 impl MatmulKind {
     /// Weight rows per workgroup tile.
     pub fn tile_rows(self) -> u32 {
         match self {
+            MatmulKind::Narrow => 32,
             MatmulKind::Portable => 64,
             MatmulKind::Coop => 128,
+        }
+    }
+
+    /// Tokens per workgroup tile (the coop kernel's wide entry point takes twice as many).
+    pub fn tile_tokens(self) -> u32 {
+        match self {
+            MatmulKind::Narrow => 32,
+            MatmulKind::Portable | MatmulKind::Coop => MM_TILE_TOKENS,
         }
     }
 }
@@ -43,6 +55,7 @@ impl MatmulKind {
 /// kernel: × 128 tokens when the step has more than 64 and `W` at least 1,024 rows).
 pub struct TernaryMatmul {
     dispatch: Dispatch,
+    tile_tokens: u32,
     /// `ternary_coop.wgsl` `matmul_wide`, for steps of more than 64 tokens.
     wide: Option<Dispatch>,
     _params: GpuBuffer,
@@ -104,6 +117,7 @@ impl TernaryMatmul {
         };
         Ok(TernaryMatmul {
             dispatch,
+            tile_tokens: kind.tile_tokens(),
             wide,
             _params: params,
         })
@@ -117,22 +131,35 @@ impl TernaryMatmul {
             }
             _ => self
                 .dispatch
-                .record(pass, n_tokens.div_ceil(MM_TILE_TOKENS)),
+                .record(pass, n_tokens.div_ceil(self.tile_tokens)),
         }
     }
 }
 
-/// Largest step that runs the 4-token batch matvec rather than the tiled kernels: on an
-/// H100, 32 sequences decoded together ran 1,825 tok/s with it against 1,559 (cooperative
-/// matrix) and 1,238 (portable tiles), while 64-token prompt steps ran 2,919 tok/s with the
-/// cooperative-matrix kernel against 2,490 (BENCHMARKS.md).
-pub const BATCH4_MAX_TOKENS: u32 = 32;
+/// Largest step that runs the 4-token batch matvec rather than the narrow tiles: on an
+/// H200 (BENCHMARKS.md, 2026-11-26), 8 and 16 sequences decoded together ran 1,103 and
+/// 1,557 tok/s with it against 739 and 1,377 with the narrow tiles (three quarters and
+/// half empty), 32 sequences 1,985 against 2,393–2,438.
+pub const BATCH4_MAX_TOKENS: u32 = 16;
+
+/// Largest step that runs the narrow 32 × 32 tiles rather than the prompt tiles: 64-token
+/// tiles over 32 tokens are half empty (on an H100, 32 sequences ran 1,559 tok/s on the
+/// 128 × 64 cooperative-matrix tiles, 20 workgroups for a 2,560-row matrix, and 1,238 on
+/// the 64 × 64 portable ones).
+pub const NARROW_MAX_TOKENS: u32 = 32;
+
+/// Fewest rows for which a linear takes the narrow tiles: below, too few workgroups (the
+/// 640-row k and v projections of 2B-4T ran slower on 20 than in the 4-token kernel).
+const NARROW_MIN_ROWS: usize = 1024;
 
 /// An I2_S linear for steps of any size: the matvec for one token, the 4-token batch
-/// kernel up to [`BATCH4_MAX_TOKENS`], and beyond that the kernel
-/// [`Caps::prefill`](crate::Caps::prefill) names.
+/// kernel up to [`BATCH4_MAX_TOKENS`], the narrow tiles up to [`NARROW_MAX_TOKENS`] (for
+/// matrices of [`NARROW_MIN_ROWS`] rows or more), and beyond that the kernel
+/// [`Caps::prefill`](crate::Caps::prefill) names (the tiles only where it names a tiled
+/// kernel; all of them compute the same integers and scale them alike).
 pub struct TernaryLinear {
     single: TernaryMatvec,
+    narrow: Option<TernaryMatmul>,
     tiled: Option<TernaryMatmul>,
 }
 
@@ -156,17 +183,31 @@ impl TernaryLinear {
             PrefillKernel::Coop => Some(MatmulKind::Coop),
         };
         let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, Some(step))?;
-        let tiled = kind
-            .map(|k| TernaryMatmul::new(ctx, k, w, act, out, epilogue, step))
+        let tiled_of = |k| TernaryMatmul::new(ctx, k, w, act, out, epilogue, step);
+        let narrow = kind
+            .filter(|_| w.rows >= NARROW_MIN_ROWS)
+            .map(|_| tiled_of(MatmulKind::Narrow))
             .transpose()?;
-        Ok(TernaryLinear { single, tiled })
+        let tiled = kind.map(tiled_of).transpose()?;
+        Ok(TernaryLinear {
+            single,
+            narrow,
+            tiled,
+        })
     }
 
     /// Records the product for `n_tokens` tokens (the step uniform holds `n_tokens`).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
-        match &self.tiled {
-            Some(t) if n_tokens > BATCH4_MAX_TOKENS => t.record(pass, n_tokens),
-            _ => self.single.record(pass, n_tokens, n_tokens > 1),
+        let tiles = if n_tokens <= BATCH4_MAX_TOKENS {
+            None
+        } else if n_tokens <= NARROW_MAX_TOKENS {
+            self.narrow.as_ref()
+        } else {
+            self.tiled.as_ref()
+        };
+        match tiles {
+            Some(t) => t.record(pass, n_tokens),
+            None => self.single.record(pass, n_tokens, n_tokens > 1),
         }
     }
 }
