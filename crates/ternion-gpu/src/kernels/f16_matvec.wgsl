@@ -117,7 +117,9 @@ fn last(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
 // Eight token rows t0 .. t0+7 (t0 = 8·wg.y) per workgroup: each weight vector is loaded once
 // and dotted with eight hidden states; every token's sum is accumulated and reduced in the
 // same order as `body` (bit-identical rows). Rows past n_tokens repeat the last token and
-// are not written.
+// are not written. The token bases and sums are named variables: private arrays indexed
+// in a loop cost several µs a launch on NVIDIA's Vulkan compiler (BENCHMARKS.md,
+// 2026-11-26).
 @compute @workgroup_size(256)
 fn main8(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let lane = li % TPR;
@@ -125,35 +127,38 @@ fn main8(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
     let k4 = p.k / 4u;
     let t0 = wg.y * 8u;
     let last = step.n_tokens - 1u;
-    var xb: array<u32, 8>;
-    for (var j = 0u; j < 8u; j++) {
-        xb[j] = min(t0 + j, last) * k4;
-    }
+    let xa = vec4<u32>(min(t0, last), min(t0 + 1u, last), min(t0 + 2u, last), min(t0 + 3u, last)) * k4;
+    let xc = vec4<u32>(min(t0 + 4u, last), min(t0 + 5u, last), min(t0 + 6u, last), min(t0 + 7u, last)) * k4;
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
     if (row < p.rows) {
         let wbase = row * k4;
         for (var i = lane; i < k4; i += TPR) {
             let wv = load_w(wbase + i);
-            lo.x += dot(wv, load_x(xb[0] + i));
-            lo.y += dot(wv, load_x(xb[1] + i));
-            lo.z += dot(wv, load_x(xb[2] + i));
-            lo.w += dot(wv, load_x(xb[3] + i));
-            hi.x += dot(wv, load_x(xb[4] + i));
-            hi.y += dot(wv, load_x(xb[5] + i));
-            hi.z += dot(wv, load_x(xb[6] + i));
-            hi.w += dot(wv, load_x(xb[7] + i));
+            lo.x += dot(wv, load_x(xa.x + i));
+            lo.y += dot(wv, load_x(xa.y + i));
+            lo.z += dot(wv, load_x(xa.z + i));
+            lo.w += dot(wv, load_x(xa.w + i));
+            hi.x += dot(wv, load_x(xc.x + i));
+            hi.y += dot(wv, load_x(xc.y + i));
+            hi.z += dot(wv, load_x(xc.z + i));
+            hi.w += dot(wv, load_x(xc.w + i));
         }
     }
-    for (var j = 0u; j < 8u; j++) {
-        var a = lo[j % 4u];
-        if (j >= 4u) {
-            a = hi[j % 4u];
-        }
-        let s = reduce(a, li);
-        if (lane == 0u && row < p.rows && t0 + j <= last) {
-            out[(t0 + j) * p.out_stride + p.row0 + row] = s;
-        }
+    put8(li, row, t0, 0u, reduce(lo.x, li));
+    put8(li, row, t0, 1u, reduce(lo.y, li));
+    put8(li, row, t0, 2u, reduce(lo.z, li));
+    put8(li, row, t0, 3u, reduce(lo.w, li));
+    put8(li, row, t0, 4u, reduce(hi.x, li));
+    put8(li, row, t0, 5u, reduce(hi.y, li));
+    put8(li, row, t0, 6u, reduce(hi.z, li));
+    put8(li, row, t0, 7u, reduce(hi.w, li));
+}
+
+// main8: row `row`'s sum `s` for token t0 + j, written by the row's lane 0 when both exist.
+fn put8(li: u32, row: u32, t0: u32, j: u32, s: f32) {
+    if (li % TPR == 0u && row < p.rows && t0 + j <= step.n_tokens - 1u) {
+        out[(t0 + j) * p.out_stride + p.row0 + row] = s;
     }
 }
 
