@@ -13,6 +13,9 @@
 //! `TERNION_NO_MEMORY_CHECK=1` also skips them (for machines with large swap, or files on
 //! a fast disk that are deliberately larger than RAM).
 
+use std::fmt;
+use std::path::PathBuf;
+
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
 
@@ -65,30 +68,72 @@ fn skipped() -> bool {
     std::env::var(SKIP_ENV).is_ok_and(|v| v == "1")
 }
 
-/// Checks that `need` bytes (described by `what`) fit in `available` bytes; `None` for
-/// `available` means unknown, which passes. The pure core of the checks below.
-pub fn check_fits(what: &str, need: u64, available: Option<u64>) -> Result<()> {
+/// What a memory check is about: the subject of [`Error::InsufficientMemory`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemoryUse {
+    /// The tensor data of a model file.
+    ModelData {
+        /// The file.
+        file: PathBuf,
+    },
+    /// A KV cache, on top of the weights the caller also holds.
+    KvCache {
+        /// Positions.
+        n_ctx: usize,
+        /// Layers.
+        n_layer: usize,
+        /// Values per position and layer.
+        kv_dim: usize,
+        /// Bytes of weights counted with it.
+        weights: u64,
+    },
+}
+
+impl fmt::Display for MemoryUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryUse::ModelData { file } => write!(f, "{}: tensor data", file.display()),
+            MemoryUse::KvCache {
+                n_ctx,
+                n_layer,
+                kv_dim,
+                weights,
+            } => write!(
+                f,
+                "a KV cache of {n_ctx} positions × {n_layer} layers × {kv_dim} values (plus {} \
+                 of weights)",
+                human(*weights)
+            ),
+        }
+    }
+}
+
+/// Checks that `need` bytes (for `what`) fit in `available` bytes; `None` for `available`
+/// means unknown, which passes. The pure core of the checks below.
+pub fn check_fits(what: MemoryUse, need: u64, available: Option<u64>) -> Result<()> {
     match available {
-        Some(avail) if need > avail => Err(Error::Model(format!(
-            "{what} needs {} but only {} of memory is available (MemAvailable); \
-             set {SKIP_ENV}=1 to load anyway",
-            human(need),
-            human(avail)
-        ))),
+        Some(available) if need > available => Err(Error::InsufficientMemory {
+            what,
+            need,
+            available,
+        }),
         _ => Ok(()),
     }
 }
 
 /// Checks, before a model is bound, that its tensor data fits the memory available now.
 /// Call it right after the file is opened (`model::load`), before `BitNet::load`.
-/// Returns [`Error::Model`] naming the file and both sizes when it does not fit; passes
+/// Returns [`Error::InsufficientMemory`] naming the file and both sizes when it does not
+/// fit; passes
 /// when available memory is unknown or the check is disabled with `TERNION_NO_MEMORY_CHECK=1`.
 pub fn check_model_fits(file: &GgufFile) -> Result<()> {
     if skipped() {
         return Ok(());
     }
     check_fits(
-        &format!("{}: tensor data", file.path().display()),
+        MemoryUse::ModelData {
+            file: file.path().to_path_buf(),
+        },
         tensor_data_bytes(file),
         available_memory(),
     )
@@ -103,25 +148,25 @@ pub fn check_kv_cache_fits(
     n_ctx: usize,
     already: u64,
 ) -> Result<()> {
-    let what = format!("a KV cache of {n_ctx} positions × {n_layer} layers × {kv_dim} values");
-    let need = kv_cache_bytes(n_layer, kv_dim, n_ctx)
-        .ok_or_else(|| Error::Request(format!("{what}: size overflows")))?;
+    let need = kv_cache_bytes(n_layer, kv_dim, n_ctx).ok_or(Error::KvCacheOverflow {
+        n_ctx,
+        n_layer,
+        kv_dim,
+    })?;
     if skipped() {
         return Ok(());
     }
-    check_fits(
-        &format!("{what} (plus {} of weights)", human(already)),
-        need.saturating_add(already),
-        available_memory(),
-    )
-    .map_err(|e| match e {
-        Error::Model(m) => Error::Request(m),
-        e => e,
-    })
+    let what = MemoryUse::KvCache {
+        n_ctx,
+        n_layer,
+        kv_dim,
+        weights: already,
+    };
+    check_fits(what, need.saturating_add(already), available_memory())
 }
 
 /// A byte count for messages: "1.5 GiB", "512 B".
-fn human(b: u64) -> String {
+pub(crate) fn human(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -163,9 +208,16 @@ mod tests {
 
     #[test]
     fn fits_or_not() {
-        assert!(check_fits("x", 10, Some(10)).is_ok());
-        assert!(check_fits("x", 10, None).is_ok(), "unknown memory passes");
-        let e = check_fits("model.gguf: tensor data", 3 << 30, Some(1 << 30)).unwrap_err();
+        let model = || MemoryUse::ModelData {
+            file: "model.gguf".into(),
+        };
+        assert!(check_fits(model(), 10, Some(10)).is_ok());
+        assert!(
+            check_fits(model(), 10, None).is_ok(),
+            "unknown memory passes"
+        );
+        let e = check_fits(model(), 3 << 30, Some(1 << 30)).unwrap_err();
+        assert_eq!(e.kind(), "InsufficientMemory");
         let m = e.to_string();
         assert!(m.contains("3.0 GiB") && m.contains("1.0 GiB"), "{m}");
         assert!(m.contains("model.gguf") && m.contains(SKIP_ENV), "{m}");

@@ -35,6 +35,9 @@
 //!   streams them); `plan/` compiles the graph into launches, one builder per op (fusions
 //!   listed there);
 //!   `exec.rs`: [`GpuModel`], the step loop, async read-backs, timestamp profiling.
+//! - `kernel_checks.rs` (tests, and feature `test-bodies`): kernel test bodies as async
+//!   functions of a [`GpuContext`], run natively (`tests.rs`) and in the browser
+//!   (`ternion-web/tests/kernels.rs`).
 //!
 //! # A step
 //! The plan builds the ops at load time against persistent buffers (hidden state, quantized
@@ -78,6 +81,8 @@ mod exec;
 #[cfg(test)]
 mod exec_tests;
 mod greedy;
+#[cfg(any(test, feature = "test-bodies"))]
+pub mod kernel_checks;
 mod ops;
 mod pipelines;
 mod plan;

@@ -1,15 +1,12 @@
 //! Every kernel against the CPU reference, on random inputs of odd sizes (run on lavapipe
 //! in CI). Without an adapter these tests fail, unless `TERNION_SKIP_GPU_TESTS=1`.
 //!
-//! Tolerances:
-//! - embed: exact (F16 → f32 is exact).
-//! - rmsnorm (f32 out): |Δ| ≤ 2e-6·|y| + 1e-7 (f32 tree sum vs the f64 sum).
-//! - rmsnorm_quant: given the GPU's own normalised values, q, s and Σq equal the CPU
-//!   quantizer's bit for bit; against the full CPU reference, s within 1e-5 relative and at
-//!   most 1 per 1000 q values differ, by at most 1 (a .5 boundary moved by an ulp).
-//! - ternary: the integer dot is exact; y within 1e-6 relative (f32 division precision).
+//! The kernels the browser also tests (embed, RMSNorm, the I2_S matvec, top-k) have their
+//! bodies in `kernel_checks.rs`, with their tolerances; this file runs them on lavapipe,
+//! one line each.
+//!
+//! Tolerances of the others:
 //! - f16_matvec: |Δ| ≤ 1e-5 · Σ|w·x| (f32 accumulation order).
-//! - top-k / argmax: exact (values and ids, ties → lowest id).
 //! - rope_kv: q within 1e-5 of the pair's magnitude |x0|+|x1| (measured ≤ 2e-7 on
 //!   lavapipe up to position 4093, own Cody–Waite sin/cos); cached k within 1 F16 ulp of the
 //!   CPU's rounding (measured: equal); cached v bit-exact, F16 rounding edge cases included.
@@ -18,10 +15,13 @@
 //! - glu: ReLU² bit-exact; SiLU within 1e-6 relative.
 
 use half::f16;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::backend::cpu::{attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape};
+pub(super) use crate::kernel_checks::{
+    cpu_act, cpu_ternary, cpu_topk, rng, ternary_tensor, variants,
+};
 use crate::kv::PAGE_POSITIONS;
 use crate::quant::{act, i2s};
 
@@ -46,30 +46,28 @@ pub(super) fn ctx() -> Option<GpuContext> {
     ctx_with(&GpuOptions::default())
 }
 
-pub(super) fn rng(seed: u64) -> rand::rngs::StdRng {
-    rand::rngs::StdRng::seed_from_u64(seed)
-}
-
-/// Runs `f` inside one compute pass and submits once.
+/// Runs `f` inside one compute pass, submits once and waits for it.
 pub(super) fn run(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
-    let mut enc = ctx.encoder();
-    {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        f(&mut pass);
-    }
-    ctx.submit(enc);
+    kernel_checks::submit_pass(ctx, f);
     ctx.wait().expect("gpu work");
 }
 
-/// The variants worth testing for a kernel with `tpr` lanes per row.
-pub(super) fn variants(ctx: &GpuContext, tpr: u32) -> Vec<Variant> {
-    let best = ctx.variant(tpr);
-    let mut v = vec![Variant::default()];
-    if best != Variant::default() {
-        v.push(best);
-    }
-    v
+/// One test per shared kernel body ([`kernel_checks`]), blocking on it here.
+macro_rules! kernel_check {
+    ($name:ident) => {
+        #[test]
+        fn $name() {
+            let Some(ctx) = ctx() else { return };
+            pollster::block_on(kernel_checks::$name(&ctx)).expect("gpu work");
+        }
+    };
 }
+
+kernel_check!(embed_matches_f16_rows);
+kernel_check!(rmsnorm_f32_matches_cpu);
+kernel_check!(rmsnorm_quant_matches_cpu_quantizer);
+kernel_check!(ternary_matvec_matches_cpu);
+kernel_check!(topk_and_argmax_match_cpu);
 
 #[test]
 fn context_reports_caps() {
@@ -86,197 +84,6 @@ fn context_reports_caps() {
         bad,
         Err(crate::Error::NoSuchAdapter { index: 999, found }) if found >= 1
     ));
-}
-
-#[test]
-fn embed_matches_f16_rows() {
-    let Some(ctx) = ctx() else { return };
-    let (vocab, dim) = (1007usize, 70usize);
-    let mut r = rng(1);
-    let table: Vec<f16> = (0..vocab * dim)
-        .map(|_| f16::from_f32(r.random_range(-2.0..2.0)))
-        .collect();
-    let ids: Vec<u32> = (0..13).map(|_| r.random_range(0..vocab as u32)).collect();
-    let bytes: &[u8] = bytemuck::cast_slice(&table);
-    // Shards of 300 rows: 4 dispatches, the last one partial.
-    let sharded = Sharded::from_rows(&ctx, "embd", bytes, dim * 2, Some(300 * 140)).unwrap();
-    assert_eq!(sharded.shards.len(), 4);
-    let idb = GpuBuffer::from_slice(&ctx, "ids", &ids).unwrap();
-    let out = GpuBuffer::zeroed(&ctx, "x", (ids.len() * dim * 4) as u64).unwrap();
-    let want: Vec<f32> = ids
-        .iter()
-        .flat_map(|&id| table[id as usize * dim..][..dim].iter().map(|h| h.to_f32()))
-        .collect();
-    for v in variants(&ctx, 1) {
-        let op = Embed::new(&ctx, v, &sharded, &idb, &out).unwrap();
-        run(&ctx, |p| op.record(p, ids.len() as u32));
-        assert_eq!(out.read::<f32>(&ctx).unwrap(), want, "{v:?}");
-    }
-}
-
-fn random_rows(r: &mut impl Rng, rows: usize, n: usize) -> Vec<f32> {
-    (0..rows * n)
-        .map(|i| {
-            let row = i / n;
-            match row {
-                0 => 0.0,                           // all zero: scale floored
-                1 => r.random_range(-1e-7..1e-7),   // tiny
-                2 => r.random_range(-300.0..300.0), // large
-                _ => r.random_range(-3.0f32..3.0) * if i % 17 == 0 { 8.0 } else { 1.0 },
-            }
-        })
-        .collect()
-}
-
-#[test]
-fn rmsnorm_f32_matches_cpu() {
-    let Some(ctx) = ctx() else { return };
-    let mut r = rng(2);
-    for &n in &[641usize, 2560] {
-        let rows = 6;
-        let x = random_rows(&mut r, rows, n);
-        let w: Vec<f32> = (0..n).map(|_| r.random_range(0.1..2.0)).collect();
-        let mut want = vec![0f32; rows * n];
-        rms_norm(&x, &w, 1e-5, &mut want);
-        let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
-        let wb = GpuBuffer::from_slice(&ctx, "w", &w).unwrap();
-        let out = GpuBuffer::zeroed(&ctx, "y", (rows * n * 4) as u64).unwrap();
-        let op = RmsNorm::new(
-            &ctx,
-            Variant::default(),
-            &xb,
-            &wb,
-            n,
-            1e-5,
-            NormOut::F32(&out),
-        )
-        .unwrap();
-        run(&ctx, |p| op.record(p, rows as u32));
-        let got = out.read::<f32>(&ctx).unwrap();
-        for (i, (&g, &c)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - c).abs() <= 2e-6 * c.abs() + 1e-7,
-                "n {n} elem {i}: gpu {g} cpu {c}"
-            );
-        }
-    }
-}
-
-fn unpack_q(words: &[u32]) -> Vec<i8> {
-    words
-        .iter()
-        .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
-        .collect()
-}
-
-#[test]
-fn rmsnorm_quant_matches_cpu_quantizer() {
-    let Some(ctx) = ctx() else { return };
-    let mut r = rng(3);
-    let (mut diffs, mut total) = (0usize, 0usize);
-    for (&n, v) in [644usize, 2560, 6912]
-        .iter()
-        .flat_map(|n| variants(&ctx, 1).into_iter().map(move |v| (n, v)))
-    {
-        let rows = 7;
-        let x = random_rows(&mut r, rows, n);
-        let w: Vec<f32> = (0..n).map(|_| r.random_range(0.1..2.0)).collect();
-        let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
-        let wb = GpuBuffer::from_slice(&ctx, "w", &w).unwrap();
-        let yb = GpuBuffer::zeroed(&ctx, "y", (rows * n * 4) as u64).unwrap();
-        let qa = QuantAct::new(&ctx, n, rows).unwrap();
-        let plain = RmsNorm::new(&ctx, v, &xb, &wb, n, 1e-5, NormOut::F32(&yb)).unwrap();
-        let quant = RmsNorm::new(&ctx, v, &xb, &wb, n, 1e-5, NormOut::Quant(&qa)).unwrap();
-        run(&ctx, |p| {
-            plain.record(p, rows as u32);
-            quant.record(p, rows as u32);
-        });
-        let y_gpu = yb.read::<f32>(&ctx).unwrap();
-        let q_gpu = unpack_q(&qa.q.read::<u32>(&ctx).unwrap());
-        let meta = qa.meta.read::<u32>(&ctx).unwrap();
-        let mut y_cpu = vec![0f32; rows * n];
-        rms_norm(&x, &w, 1e-5, &mut y_cpu);
-        for t in 0..rows {
-            let (s_gpu, sum_gpu) = (f32::from_bits(meta[2 * t]), meta[2 * t + 1] as i32);
-            let qg = &q_gpu[t * n..][..n];
-            // 1. Exact against the CPU quantizer fed the GPU's own normalised row.
-            let mut q_ref = vec![0i8; n];
-            let p = act::quantize_per_token(&y_gpu[t * n..][..n], &mut q_ref);
-            assert_eq!(
-                s_gpu.to_bits(),
-                p.scale.to_bits(),
-                "{v:?} n {n} row {t}: scale"
-            );
-            assert_eq!(qg, &q_ref[..], "{v:?} n {n} row {t}: q");
-            assert_eq!(sum_gpu, p.sum, "{v:?} n {n} row {t}: sum");
-            // 2. Close to the full CPU reference.
-            let mut q_cpu = vec![0i8; n];
-            let pc = act::quantize_per_token(&y_cpu[t * n..][..n], &mut q_cpu);
-            assert!(
-                (s_gpu - pc.scale).abs() <= 1e-5 * pc.scale,
-                "n {n} row {t}: scale {s_gpu} vs {}",
-                pc.scale
-            );
-            for (&a, &b) in qg.iter().zip(&q_cpu) {
-                assert!((i32::from(a) - i32::from(b)).abs() <= 1);
-                diffs += usize::from(a != b);
-            }
-            total += n;
-        }
-    }
-    eprintln!("rmsnorm_quant: {diffs} of {total} q values differ from the f64-sum reference");
-    assert!(diffs * 1000 <= total, "{diffs} of {total} differ");
-}
-
-/// A random ternary I2_S tensor (codes + tail) of `rows × k`.
-pub(super) fn ternary_tensor(r: &mut impl Rng, rows: usize, k: usize) -> Vec<u8> {
-    let s = 0.37f32;
-    let w: Vec<f32> = (0..rows * k)
-        .map(|_| (r.random_range(0..3) - 1) as f32 * s)
-        .collect();
-    let mut t = vec![0u8; rows * k / 4 + i2s::TAIL_BYTES];
-    i2s::quantize_tensor(&w, &mut t);
-    t
-}
-
-/// Quantized activations for `x` (`t × k`) as the CPU makes them, uploaded.
-pub(super) fn cpu_act(
-    ctx: &GpuContext,
-    x: &[f32],
-    k: usize,
-) -> (QuantAct, Vec<i8>, Vec<act::PerToken>) {
-    let t = x.len() / k;
-    let mut q = vec![0i8; x.len()];
-    let mut per = Vec::new();
-    let mut meta = Vec::new();
-    for (xr, qr) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)) {
-        let p = act::quantize_per_token(xr, qr);
-        meta.extend([p.scale.to_bits(), p.sum as u32]);
-        per.push(p);
-    }
-    let qa = QuantAct::new(ctx, k, t).unwrap();
-    qa.q.write(ctx, 0, bytemuck::cast_slice(&q));
-    qa.meta.write(ctx, 0, bytemuck::cast_slice(&meta));
-    (qa, q, per)
-}
-
-/// The CPU reference of an I2_S product: `rows` outputs per token of the I2_S tensor
-/// `data` (rows × `k`) against the int8 activations `q` with per-token scales `per`.
-pub(super) fn cpu_ternary(
-    data: &[u8],
-    q: &[i8],
-    per: &[act::PerToken],
-    rows: usize,
-    k: usize,
-) -> Vec<f32> {
-    let scale = i2s::tensor_scale(data, rows * k);
-    (0..per.len() * rows)
-        .map(|i| {
-            let (t, j) = (i / rows, i % rows);
-            let d = i2s::dot(&data[j * k / 4..][..k / 4], &q[t * k..][..k]);
-            (d as f32 / per[t].scale) * scale
-        })
-        .collect()
 }
 
 /// The fused q/k/v launch stores exactly what three separate matvecs store.
@@ -318,55 +125,6 @@ fn ternary3_equals_three_matvecs() {
         run(&ctx, |p| op.record(p, tokens as u32));
         for (i, o) in outs.iter().enumerate() {
             assert_eq!(o.read::<f32>(&ctx).unwrap(), want[i], "{v:?} part {i}");
-        }
-    }
-}
-
-#[test]
-fn ternary_matvec_matches_cpu() {
-    let Some(ctx) = ctx() else { return };
-    let mut r = rng(4);
-    for &(rows, k, tokens) in &[(37usize, 384usize, 1usize), (641, 2560, 5), (70, 6912, 3)] {
-        let data = ternary_tensor(&mut r, rows, k);
-        let w = TernaryWeights::upload(&ctx, "w", &data, k, rows).unwrap();
-        let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
-        let (qa, q, per) = cpu_act(&ctx, &x, k);
-        let resid: Vec<f32> = (0..tokens * rows)
-            .map(|_| r.random_range(-5.0..5.0))
-            .collect();
-        let want = cpu_ternary(&data, &q, &per, rows, k);
-        let step = StepUniform::new(&ctx).unwrap();
-        step.write(&ctx, tokens as u32, 0);
-        let out = GpuBuffer::zeroed(&ctx, "y", (tokens * rows * 4) as u64).unwrap();
-        for tpr in [8u32, 32] {
-            for v in variants(&ctx, tpr) {
-                for epi in [Epilogue::Store, Epilogue::Add] {
-                    for batched in [false, true] {
-                        let op = TernaryMatvec::new(&ctx, v, tpr, &w, &qa, &out, epi, Some(&step))
-                            .unwrap();
-                        out.write(&ctx, 0, bytemuck::cast_slice(&resid));
-                        run(&ctx, |p| op.record(p, tokens as u32, batched));
-                        let got = out.read::<f32>(&ctx).unwrap();
-                        for i in 0..tokens * rows {
-                            let (g, c) = match epi {
-                                Epilogue::Store => (got[i], want[i]),
-                                Epilogue::Add => (got[i] - resid[i], want[i]),
-                            };
-                            let tol = 1e-6 * want[i].abs()
-                                + if epi == Epilogue::Add {
-                                    1e-6 * resid[i].abs()
-                                } else {
-                                    0.0
-                                };
-                            assert!(
-                                (g - c).abs() <= tol,
-                                "{rows}x{k} t{tokens} tpr {tpr} {v:?} {epi:?} batched \
-                                 {batched} elem {i}: gpu {g} cpu {c}"
-                            );
-                        }
-                    }
-                }
-            }
         }
     }
 }
@@ -449,60 +207,6 @@ fn f16_matvec_matches_cpu_over_shards() {
             }
         }
     }
-}
-
-fn cpu_topk(v: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut idx: Vec<u32> = (0..v.len() as u32)
-        .filter(|&i| !v[i as usize].is_nan())
-        .collect();
-    idx.sort_by(|&a, &b| {
-        v[b as usize]
-            .partial_cmp(&v[a as usize])
-            .unwrap()
-            .then(a.cmp(&b))
-    });
-    idx.iter().take(k).map(|&i| (i, v[i as usize])).collect()
-}
-
-#[test]
-fn topk_and_argmax_match_cpu() {
-    let Some(ctx) = ctx() else { return };
-    let mut r = rng(6);
-    for &n in &[1007usize, 128_256 + 7] {
-        // Values on a coarse grid so that ties are common; a NaN is never selected.
-        let mut v: Vec<f32> = (0..n)
-            .map(|_| r.random_range(-200..200) as f32 / 8.0)
-            .collect();
-        v[5] = f32::NAN;
-        v[n - 1] = 30.0; // the maximum, in the last (partial) chunk
-        v[n / 2] = 30.0; // tied: the lower id wins
-        let vb = GpuBuffer::from_slice(&ctx, "logits", &v).unwrap();
-        for k in [1u32, 5, 64] {
-            let op = TopK::new(&ctx, &vb, n as u32, k).unwrap();
-            let mut enc = ctx.encoder();
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                op.record(&mut pass);
-            }
-            op.record_download(&mut enc);
-            ctx.submit(enc);
-            let got = op.read(&ctx).unwrap();
-            assert_eq!(got, cpu_topk(&v, k as usize), "n {n} k {k}");
-        }
-    }
-    // Fewer candidates than k: the rest are (u32::MAX, -inf).
-    let vb = GpuBuffer::from_slice(&ctx, "few", &[1.0f32, 3.0, 2.0]).unwrap();
-    let op = TopK::new(&ctx, &vb, 3, 5).unwrap();
-    let mut enc = ctx.encoder();
-    {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        op.record(&mut pass);
-    }
-    op.record_download(&mut enc);
-    ctx.submit(enc);
-    let got = op.read(&ctx).unwrap();
-    assert_eq!(&got[..3], &[(1, 3.0), (2, 2.0), (0, 1.0)]);
-    assert_eq!(got[3], (u32::MAX, f32::NEG_INFINITY));
 }
 
 pub(super) fn dims(

@@ -21,6 +21,7 @@ use rand::Rng;
 use super::tests::{attention_case, ctx_with, dims, rng, run, variants, PagedSeq};
 use super::*;
 use crate::backend::cpu::{add_rows, gelu_ggml, layer_norm, rope};
+use crate::kernel_checks::unpack_q;
 use crate::model::graph::RopeMode;
 use crate::quant::{self, act, GgmlType, RefDot};
 
@@ -46,13 +47,6 @@ fn act_rows(r: &mut impl Rng, rows: usize, k: usize) -> Vec<f32> {
             2 => r.random_range(-200.0..200.0),
             _ => r.random_range(-3.0f32..3.0) * if i % 13 == 0 { 6.0 } else { 1.0 },
         })
-        .collect()
-}
-
-fn unpack_i8(words: &[u32]) -> Vec<i8> {
-    words
-        .iter()
-        .flat_map(|w| w.to_le_bytes().map(|b| b as i8))
         .collect()
 }
 
@@ -111,7 +105,7 @@ fn quant_act_is_bit_exact() {
             let op = QuantizeAct::new(&ctx, &xb, &qa).unwrap();
             run(&ctx, |p| op.record(p, rows as u32));
             let (q_cpu, d_cpu) = cpu_quant(kind, &x, k);
-            let q_gpu = unpack_i8(&qa.q.read::<u32>(&ctx).unwrap());
+            let q_gpu = unpack_q(&qa.q.read::<u32>(&ctx).unwrap());
             let d_gpu = qa.d.read::<f32>(&ctx).unwrap();
             for (i, (g, c)) in d_gpu.iter().zip(&d_cpu).enumerate() {
                 assert_eq!(

@@ -107,22 +107,38 @@ const UNAVAILABLE: (StatusCode, &str, Option<&str>) = (
 /// is 400 (an overlong prompt with code `context_length_exceeded`), a full cache or a
 /// lost or failing device is 503 (retry later or elsewhere), anything else is 500.
 pub fn status_of(e: &ternion::Error) -> (StatusCode, &'static str, Option<&'static str>) {
-    use ternion::{Error as E, FormatError as F, TextError as T};
+    use ternion::{Error as E, TextError as T};
     let bad = (StatusCode::BAD_REQUEST, "invalid_request_error");
     match e.root() {
         E::ContextFull { .. } => (bad.0, bad.1, Some("context_length_exceeded")),
-        E::Request(_)
-        | E::Unsupported { .. }
-        | E::Text(T::Tokenizer(_) | T::Template(_))
-        | E::Text(T::Formats(F::Request(_) | F::Unsupported { .. } | F::Tokenizer(_)))
-        | E::Formats(F::Request(_) | F::Unsupported { .. } | F::Tokenizer(_)) => {
+        E::Request(_) | E::Unsupported { .. } | E::Text(T::Tokenizer(_) | T::Template(_)) => {
             (bad.0, bad.1, None)
         }
+        E::Text(T::Formats(f)) | E::Formats(f) if is_request_error(f) => (bad.0, bad.1, None),
         E::KvPoolExhausted { .. } => UNAVAILABLE,
         e if e.is_device_fault() => UNAVAILABLE,
         E::NoAdapter { .. } | E::NoSuchAdapter { .. } | E::DeviceRequest { .. } => UNAVAILABLE,
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
     }
+}
+
+/// Whether a formats error is the caller's fault: a value this build does not support, a
+/// tokenizer file it cannot use, or a KV cache (sized by the caller's context length) that
+/// does not fit the memory there is.
+fn is_request_error(e: &ternion::FormatError) -> bool {
+    use ternion::limits::MemoryUse;
+    use ternion::FormatError as F;
+    matches!(
+        e,
+        F::Request(_)
+            | F::Unsupported { .. }
+            | F::Tokenizer(_)
+            | F::KvCacheOverflow { .. }
+            | F::InsufficientMemory {
+                what: MemoryUse::KvCache { .. },
+                ..
+            }
+    )
 }
 
 impl From<&EngineError> for ApiError {
@@ -141,6 +157,9 @@ impl From<&EngineError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ternion::gguf::{GgufPlace, GgufProblem};
+    use ternion::limits::MemoryUse;
+    use ternion::tokenizer::TokenizerError;
     use ternion::{Error as E, FormatError as F, TextError as T};
 
     #[test]
@@ -200,7 +219,13 @@ mod tests {
             ),
             // The formats and text errors the library wraps keep their statuses.
             (
-                EngineError::Generation(E::from(T::Tokenizer("bad text".into())).into()),
+                EngineError::Generation(
+                    E::from(T::Tokenizer(TokenizerError::NoByteToken {
+                        byte: 0xE2,
+                        piece: "bad text".into(),
+                    }))
+                    .into(),
+                ),
                 400,
                 None,
             ),
@@ -212,7 +237,48 @@ mod tests {
                 None,
             ),
             (
-                EngineError::Generation(E::from(F::Gguf("truncated".into())).into()),
+                EngineError::Generation(
+                    E::from(F::Gguf {
+                        file: "m.gguf".into(),
+                        at: Box::new(GgufPlace::Header),
+                        problem: GgufProblem::DataSectionPastEnd {
+                            data_offset: 64,
+                            file_len: 32,
+                        },
+                    })
+                    .into(),
+                ),
+                500,
+                None,
+            ),
+            (
+                EngineError::Generation(
+                    E::from(F::InsufficientMemory {
+                        what: MemoryUse::KvCache {
+                            n_ctx: 1 << 20,
+                            n_layer: 30,
+                            kv_dim: 640,
+                            weights: 1 << 30,
+                        },
+                        need: 1 << 40,
+                        available: 1 << 33,
+                    })
+                    .into(),
+                ),
+                400,
+                None,
+            ),
+            (
+                EngineError::Generation(
+                    E::from(F::InsufficientMemory {
+                        what: MemoryUse::ModelData {
+                            file: "m.gguf".into(),
+                        },
+                        need: 1 << 40,
+                        available: 1 << 33,
+                    })
+                    .into(),
+                ),
                 500,
                 None,
             ),

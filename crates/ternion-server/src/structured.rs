@@ -98,12 +98,12 @@ pub(crate) async fn compile(
             .ready
             .get()
             .ok_or_else(|| ApiError::unavailable("the model is still loading"))?;
-        let grammars = ready.grammars.get_or_init(|| {
-            Grammars::new(&ready.tokenizer, ready.n_vocab).map_err(|e| e.to_string())
-        });
+        let grammars = ready
+            .grammars
+            .get_or_init(|| Grammars::new(&ready.tokenizer, ready.n_vocab));
         let grammars = grammars
             .as_ref()
-            .map_err(|e| ApiError::bad_request(e.clone(), Some("response_format")))?;
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("response_format")))?;
         match grammars.compile(&spec) {
             Ok(g) => Ok(Box::new(g) as Box<dyn Constraint>),
             Err(e) => Err(

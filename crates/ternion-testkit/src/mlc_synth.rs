@@ -13,6 +13,7 @@ use serde_json::json;
 
 use crate::gguf::{GgufFile, GgufWriter};
 use crate::mlc::config::{Phi3Config, CONFIG_FILE, QUANTIZATION};
+use crate::mlc::error::MlcError;
 use crate::mlc::q4f16::{GROUP, ZERO_CODE};
 use crate::mlc::spm::{self, piece_type, Piece};
 use crate::mlc::tokenizer::{HF_CONFIG_FILE, HF_FILE, PAD_SCORE, SPM_FILE};
@@ -105,9 +106,7 @@ struct Entry {
 /// loader reads from it (`added_tokens`), not a full Hugging Face tokenizer.
 pub fn write_phi3(spec: &Phi3Spec, mlc_dir: &Path, gguf: &Path) -> Result<()> {
     let vocab = GgufFile::open(spec.vocab)?;
-    let tokens = vocab
-        .get_str_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| Error::Tokenizer(format!("{}: no tokens", spec.vocab.display())))?;
+    let tokens = vocab.require_str_array("tokenizer.ggml.tokens")?;
     let n_vocab = tokens.len();
     let sh = &spec.shape;
     let cfg = Phi3Config {
@@ -206,8 +205,10 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(v)
-        .map_err(|e| Error::Mlc(format!("{}: {e}", path.display())))?;
+    let text = serde_json::to_string_pretty(v).map_err(|error| MlcError::InvalidJson {
+        file: path.display().to_string(),
+        error,
+    })?;
     write_file(path, text.as_bytes())
 }
 
@@ -292,7 +293,7 @@ fn write_chat_config(dir: &Path, cfg: &Phi3Config) -> Result<()> {
 /// give back `vocab`'s tokens, scores and types.
 fn write_tokenizer(dir: &Path, vocab: &GgufFile, tokens: &[&str]) -> Result<()> {
     let path = vocab.path().display().to_string();
-    let bad = |m: String| Error::Tokenizer(format!("{path}: {m}"));
+    let bad = |m: String| Error::Model(format!("{path}: {m}"));
     let n = tokens.len();
     let scores = vocab
         .get_f32_array("tokenizer.ggml.scores")?

@@ -442,9 +442,7 @@ fn add_vocab(w: &mut GgufWriter, vocab: &Vocab) -> Result<usize> {
         Vocab::File { path, limit } => (*path, *limit),
     };
     let f = GgufFile::open(path)?;
-    let tokens = f
-        .get_str_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| Error::Tokenizer(format!("{}: no tokenizer.ggml.tokens", path.display())))?;
+    let tokens = f.require_str_array("tokenizer.ggml.tokens")?;
     let types = f.get_i32_array("tokenizer.ggml.token_type")?;
     let n = tokens.len();
     // Keep the first normal tokens and every special one, in their original order.

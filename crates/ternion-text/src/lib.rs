@@ -11,6 +11,6 @@ pub mod tokenizer;
 #[cfg(test)]
 use ternion_testkit::shared as test_shared;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, TemplateError, TokenizerError};
 /// The formats crate the tokenizer reads GGUF metadata through.
 pub(crate) use ternion_formats::gguf;

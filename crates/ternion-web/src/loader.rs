@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuUpload};
-use ternion::gguf::GgufFile;
+use ternion::gguf::{GgufFile, GgufPlace, GgufProblem};
 use ternion::{Error, FormatError, Result};
 
 /// First prefix read for the header; it grows ×4 until the header fits (the 2B-4T file's
@@ -49,13 +49,15 @@ pub async fn read_exact<S: ByteSource>(src: &S, range: Range<u64>) -> Result<Vec
     let want = range.end - range.start;
     let bytes = src.read(range.clone()).await?;
     if bytes.len() as u64 != want {
-        return Err(FormatError::Gguf(format!(
-            "{}: read of bytes {}..{} returned {} bytes",
-            src.name(),
-            range.start,
-            range.end,
-            bytes.len()
-        ))
+        return Err(FormatError::Gguf {
+            file: src.name().into(),
+            at: Box::new(GgufPlace::Header),
+            problem: GgufProblem::ShortRead {
+                start: range.start,
+                end: range.end,
+                got: bytes.len() as u64,
+            },
+        }
         .into());
     }
     Ok(bytes)
@@ -73,7 +75,12 @@ pub async fn read_header<S: ByteSource>(src: &S, first: u64) -> Result<GgufFile>
         }
         if n == len {
             // The whole file parses or fails with an error; never "short".
-            return Err(FormatError::Gguf(format!("{}: header not found", src.name())).into());
+            return Err(FormatError::Gguf {
+                file: src.name().into(),
+                at: Box::new(GgufPlace::Header),
+                problem: GgufProblem::HeaderIncomplete,
+            }
+            .into());
         }
         n = n.saturating_mul(4).min(len);
     }

@@ -18,6 +18,7 @@ use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuUpload};
 use ternion::gguf::GgufFile;
 use ternion::mlc::cache::{Index, INDEX_FILES, MAX_INDEX_BYTES};
 use ternion::mlc::config::{Phi3Config, CONFIG_FILE};
+use ternion::mlc::error::MlcError;
 use ternion::mlc::tokenizer::{TokenizerFiles, HF_CONFIG_FILE, HF_FILE, SPM_FILE};
 use ternion::mlc::{Layout, Recipe};
 use ternion::{Error, FormatError, Result};
@@ -41,29 +42,26 @@ pub struct MlcSource<S> {
     shards: Vec<S>,
 }
 
-/// An MLC directory error (the formats crate's `Mlc` variant).
-fn mlc_err(message: String) -> Error {
-    FormatError::Mlc(message).into()
-}
-
 /// The whole of a small file (at most [`MAX_INDEX_BYTES`]).
 async fn whole<S: ByteSource>(f: &S) -> Result<Vec<u8>> {
     if f.len() > MAX_INDEX_BYTES {
-        return Err(mlc_err(format!(
-            "{}: {} bytes is more than the {MAX_INDEX_BYTES} accepted for this file",
-            f.name(),
-            f.len()
-        )));
+        return Err(FormatError::from(MlcError::FileTooLarge {
+            file: f.name().to_string(),
+            bytes: f.len(),
+            max: MAX_INDEX_BYTES,
+        })
+        .into());
     }
     read_exact(f, 0..f.len()).await
 }
 
-async fn required<F: Files>(files: &F, name: &str, why: &str) -> Result<F::File> {
+async fn required<F: Files>(files: &F, name: &str, why: &'static str) -> Result<F::File> {
     files.open(name).await?.ok_or_else(|| {
-        mlc_err(format!(
-            "{}{name}: not found; an MLC directory needs it ({why})",
-            files.base()
-        ))
+        FormatError::from(MlcError::MissingFile {
+            file: format!("{}{name}", files.base()),
+            why,
+        })
+        .into()
     })
 }
 
@@ -90,10 +88,9 @@ impl<S: ByteSource> MlcSource<S> {
             }
         }
         let index = index.ok_or_else(|| {
-            mlc_err(format!(
-                "{base}: no {} or {} (the tensor index of an MLC directory)",
-                INDEX_FILES[1], INDEX_FILES[0]
-            ))
+            FormatError::from(MlcError::NoIndex {
+                dir: base.to_string(),
+            })
         })?;
         let spm = required(files, SPM_FILE, "the SentencePiece piece scores").await?;
         let tokenizer = TokenizerFiles {
@@ -107,12 +104,12 @@ impl<S: ByteSource> MlcSource<S> {
         for info in layout.index.shards() {
             let f = required(files, &info.path, "a shard the index names").await?;
             if f.len() != info.nbytes {
-                return Err(mlc_err(format!(
-                    "{}: shard is {} bytes, the index says {}",
-                    f.name(),
-                    f.len(),
-                    info.nbytes
-                )));
+                return Err(FormatError::from(MlcError::ShardLength {
+                    file: f.name().to_string(),
+                    len: f.len(),
+                    expected: info.nbytes,
+                })
+                .into());
             }
             shards.push(f);
         }
@@ -159,7 +156,10 @@ impl<S: ByteSource> ModelSource for MlcSource<S> {
         let mut done = 0;
         while let Some(t) = up.next_tensor().cloned() {
             let recipe = recipes.get(t.name.as_str()).ok_or_else(|| {
-                mlc_err(format!("{}: no recipe for tensor '{}'", self.base, t.name))
+                FormatError::from(MlcError::NoRecipe {
+                    dir: self.base.clone(),
+                    tensor: t.name.clone(),
+                })
             })?;
             up.put(&self.tensor(recipe).await?)?;
             done += t.range.end - t.range.start;

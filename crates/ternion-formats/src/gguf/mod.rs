@@ -1,9 +1,12 @@
 //! GGUF files: a bounds-checked, memory-mapped reader and a streaming writer.
 
+mod cursor;
+mod error;
 mod reader;
 mod value;
 mod writer;
 
+pub use error::{GgufPlace, GgufProblem};
 pub use reader::{GgufFile, TensorInfo};
 pub use value::{Value, ValueType};
 pub use writer::GgufWriter;

@@ -5,19 +5,12 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::value::{Value, ValueType};
+use super::cursor::Cursor;
+use super::error::{GgufPlace, GgufProblem};
+use super::value::Value;
 use super::{DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
-
-/// Deepest nesting of arrays inside arrays that the reader accepts.
-const MAX_ARRAY_DEPTH: usize = 4;
-
-/// Most array elements all metadata values may hold together. Array lengths are already
-/// bounded by the bytes left, but a decoded element takes 32 bytes of memory while a u8 or
-/// bool element takes 1 byte of file: without a total, a 1 GiB file could ask for 32 GiB.
-/// Real files hold a few million at most (vocabulary, scores, types, merges).
-pub const MAX_METADATA_ELEMENTS: u64 = 1 << 24;
 
 /// Where a tensor lives in the file and what it holds.
 #[derive(Clone, Debug)]
@@ -108,11 +101,14 @@ impl GgufFile {
     ) -> Result<Option<Self>> {
         let name = name.into();
         if prefix.len() as u64 > file_len {
-            return Err(Error::Gguf(format!(
-                "{}: prefix of {} bytes is longer than the file ({file_len} bytes)",
-                name.display(),
-                prefix.len()
-            )));
+            return Err(Error::Gguf {
+                file: name,
+                at: Box::new(GgufPlace::Header),
+                problem: GgufProblem::PrefixTooLong {
+                    prefix: prefix.len() as u64,
+                    file_len,
+                },
+            });
         }
         let short = Cell::new(false);
         match Self::parse(name, Bytes::Owned(prefix), file_len, &short) {
@@ -123,51 +119,40 @@ impl GgufFile {
 
     fn parse(path: PathBuf, bytes: Bytes, file_len: u64, short: &Cell<bool>) -> Result<Self> {
         let buf = raw(&bytes);
-        let ctx = |msg: String| Error::Gguf(format!("{}: {msg}", path.display()));
-        let mut r = Cursor {
-            buf,
-            len: file_len,
-            short,
-            pos: 0,
-            elements_left: MAX_METADATA_ELEMENTS,
+        // The place is built only when there is an error to report.
+        let fail = |at: GgufPlace, problem: GgufProblem| Error::Gguf {
+            file: path.clone(),
+            at: Box::new(at),
+            problem,
         };
-        let magic = r.bytes(4).map_err(&ctx)?;
+        let ctx = |problem| fail(GgufPlace::Header, problem);
+        let mut r = Cursor::new(buf, file_len, short);
+        let magic: [u8; 4] = r.array().map_err(ctx)?;
         if magic != MAGIC {
-            return Err(ctx(format!("not a GGUF file (magic {magic:02x?})")));
+            return Err(ctx(GgufProblem::BadMagic { magic }));
         }
-        let version = r.u32().map_err(&ctx)?;
-        if version == 1 {
-            return Err(ctx("GGUF version 1 is not supported (only 2 and 3)".into()));
-        }
+        let version = r.u32().map_err(ctx)?;
         if version != 2 && version != 3 {
-            let hint = if version.swap_bytes() <= 3 {
-                " (a big-endian file?)"
-            } else {
-                ""
-            };
-            return Err(ctx(format!(
-                "unsupported GGUF version {version}{hint}; expected 2 or 3"
-            )));
+            return Err(ctx(GgufProblem::UnsupportedVersion { version }));
         }
-        let n_tensors = r.u64().map_err(&ctx)?;
-        let n_kv = r.u64().map_err(&ctx)?;
+        let n_tensors = r.u64().map_err(ctx)?;
+        let n_kv = r.u64().map_err(ctx)?;
         // Each metadata entry takes at least 8 (key length) + 4 (type) + 1 bytes, each tensor
         // info at least 8 + 4 + 8 + 4 + 8: bound the counts by the bytes left.
-        r.check_count(n_kv, 13, "metadata entries").map_err(&ctx)?;
-        r.check_count(n_tensors, 32, "tensor infos").map_err(&ctx)?;
+        r.check_count(n_kv, 13, "metadata entries").map_err(ctx)?;
+        r.check_count(n_tensors, 32, "tensor infos").map_err(ctx)?;
 
         let mut metadata = Vec::with_capacity(n_kv as usize);
         let mut meta_index = HashMap::with_capacity(n_kv as usize);
         for i in 0..n_kv {
             let key = r
                 .string()
-                .map_err(|e| ctx(format!("metadata entry {i}: key: {e}")))?;
-            let ty = r.u32().map_err(|e| ctx(format!("metadata '{key}': {e}")))?;
-            let value = r
-                .value(ty, 0)
-                .map_err(|e| ctx(format!("metadata '{key}': {e}")))?;
+                .map_err(|p| fail(GgufPlace::MetadataKey { index: i }, p))?;
+            let kctx = |p| fail(GgufPlace::Metadata { key: key.clone() }, p);
+            let ty = r.u32().map_err(kctx)?;
+            let value = r.value(ty, 0).map_err(kctx)?;
             if meta_index.insert(key.clone(), metadata.len()).is_some() {
-                return Err(ctx(format!("duplicate metadata key '{key}'")));
+                return Err(ctx(GgufProblem::DuplicateKey { key }));
             }
             metadata.push((key, value));
         }
@@ -177,10 +162,9 @@ impl GgufFile {
             Some(&i) => match metadata[i].1.as_int() {
                 Some(a) if a > 0 && a <= 1 << 30 && (a & (a - 1)) == 0 => a as u64,
                 _ => {
-                    return Err(ctx(format!(
-                        "general.alignment must be a power of two, found {}",
-                        metadata[i].1.summary()
-                    )))
+                    return Err(ctx(GgufProblem::BadAlignment {
+                        found: metadata[i].1.summary(),
+                    }))
                 }
             },
         };
@@ -189,17 +173,23 @@ impl GgufFile {
         for i in 0..n_tensors {
             let name = r
                 .string()
-                .map_err(|e| ctx(format!("tensor info {i}: name: {e}")))?;
-            let tctx = |e: String| ctx(format!("tensor '{name}': {e}"));
+                .map_err(|p| fail(GgufPlace::TensorName { index: i }, p))?;
+            let tctx = |p| {
+                let tensor = name.clone();
+                fail(GgufPlace::TensorInfo { tensor }, p)
+            };
             let n_dims = r.u32().map_err(tctx)?;
             if n_dims == 0 || n_dims as usize > MAX_DIMS {
-                return Err(tctx(format!("n_dims {n_dims} not in 1..={MAX_DIMS}")));
+                return Err(tctx(GgufProblem::BadDimCount {
+                    n_dims,
+                    max: MAX_DIMS,
+                }));
             }
             let mut shape = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
                 let d = r.u64().map_err(tctx)?;
                 if d == 0 || d > i64::MAX as u64 {
-                    return Err(tctx(format!("dimension {d} out of range")));
+                    return Err(tctx(GgufProblem::DimensionOutOfRange { dim: d }));
                 }
                 shape.push(d);
             }
@@ -209,11 +199,12 @@ impl GgufFile {
         }
 
         let data_offset =
-            align_up(r.pos as u64, alignment).ok_or_else(|| ctx("data offset overflows".into()))?;
+            align_up(r.pos(), alignment).ok_or_else(|| ctx(GgufProblem::DataOffsetOverflow))?;
         if data_offset > file_len && !infos.is_empty() {
-            return Err(ctx(format!(
-                "truncated: data section starts at {data_offset} but the file has {file_len} bytes"
-            )));
+            return Err(ctx(GgufProblem::DataSectionPastEnd {
+                data_offset,
+                file_len,
+            }));
         }
 
         let mut tensors = Vec::with_capacity(infos.len());
@@ -224,35 +215,40 @@ impl GgufFile {
                 type_id,
                 type_name: "unknown".into(),
             })?;
-            let tctx = |e: String| ctx(format!("tensor '{name}' ({ty}, shape {shape:?}): {e}"));
+            let tctx = |p| {
+                let (tensor, shape) = (name.clone(), shape.clone());
+                fail(GgufPlace::Tensor { tensor, ty, shape }, p)
+            };
             if shape[0] % ty.block_elems() as u64 != 0 {
-                return Err(tctx(format!(
-                    "row length {} is not a multiple of the block size {}",
-                    shape[0],
-                    ty.block_elems()
-                )));
+                return Err(tctx(GgufProblem::RowNotWholeBlocks {
+                    row: shape[0],
+                    block: ty.block_elems(),
+                }));
             }
             let size = ty
                 .tensor_bytes(&shape)
-                .ok_or_else(|| tctx("size overflows".into()))?;
+                .ok_or_else(|| tctx(GgufProblem::SizeOverflow))?;
             if rel % alignment != 0 {
-                return Err(tctx(format!(
-                    "offset {rel} is not a multiple of the alignment {alignment}"
-                )));
+                return Err(tctx(GgufProblem::MisalignedOffset {
+                    offset: rel,
+                    alignment,
+                }));
             }
             let offset = data_offset
                 .checked_add(rel)
-                .ok_or_else(|| tctx("offset overflows".into()))?;
+                .ok_or_else(|| tctx(GgufProblem::OffsetOverflow))?;
             let end = offset
                 .checked_add(size)
-                .ok_or_else(|| tctx("end overflows".into()))?;
+                .ok_or_else(|| tctx(GgufProblem::EndOverflow))?;
             if end > file_len {
-                return Err(tctx(format!(
-                    "data [{offset}, {end}) lies past the end of the file ({file_len} bytes)"
-                )));
+                return Err(tctx(GgufProblem::TruncatedTensorData {
+                    start: offset,
+                    end,
+                    file_len,
+                }));
             }
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
-                return Err(ctx(format!("duplicate tensor name '{name}'")));
+                return Err(ctx(GgufProblem::DuplicateTensor { tensor: name }));
             }
             tensors.push(TensorInfo {
                 name,
@@ -262,7 +258,12 @@ impl GgufFile {
                 size,
             });
         }
-        check_overlaps(&tensors).map_err(&ctx)?;
+        if let Some((tensor, other)) = find_overlap(&tensors) {
+            return Err(fail(
+                GgufPlace::TensorInfo { tensor },
+                GgufProblem::Overlap { other },
+            ));
+        }
 
         Ok(GgufFile {
             path,
@@ -343,15 +344,17 @@ impl GgufFile {
         }
     }
 
-    fn meta_err(&self, key: &str, what: &str) -> Error {
+    fn meta_err(&self, key: &str, what: &'static str) -> Error {
         let found = match self.get(key) {
             None => "nothing".to_string(),
             Some(v) => v.summary(),
         };
-        Error::Model(format!(
-            "{}: metadata '{key}': expected {what}, found {found}",
-            self.path.display()
-        ))
+        Error::Metadata {
+            file: self.path.clone(),
+            key: key.to_string(),
+            expected: what,
+            found,
+        }
     }
 
     /// A non-negative integer that fits u32, or `None` when the key is absent.
@@ -417,6 +420,12 @@ impl GgufFile {
         }
     }
 
+    /// A required array of strings.
+    pub fn require_str_array(&self, key: &str) -> Result<Vec<&str>> {
+        self.get_str_array(key)?
+            .ok_or_else(|| self.meta_err(key, "an array of strings"))
+    }
+
     /// An array of numbers as f32, or `None` when the key is absent.
     pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
         match self.get(key) {
@@ -462,7 +471,9 @@ fn align_up(x: u64, a: u64) -> Option<u64> {
     Some(x.checked_add(a - 1)? / a * a)
 }
 
-fn check_overlaps(tensors: &[TensorInfo]) -> std::result::Result<(), String> {
+/// The first pair of tensors whose data overlap (the one that starts first, then the
+/// other), if any.
+fn find_overlap(tensors: &[TensorInfo]) -> Option<(String, String)> {
     let mut spans: Vec<(u64, u64, &str)> = tensors
         .iter()
         .map(|t| (t.offset, t.offset + t.size, t.name.as_str()))
@@ -470,128 +481,8 @@ fn check_overlaps(tensors: &[TensorInfo]) -> std::result::Result<(), String> {
     spans.sort_unstable();
     for w in spans.windows(2) {
         if w[1].0 < w[0].1 {
-            return Err(format!(
-                "tensors '{}' and '{}' overlap in the file",
-                w[0].2, w[1].2
-            ));
+            return Some((w[0].2.to_string(), w[1].2.to_string()));
         }
     }
-    Ok(())
-}
-
-/// A bounds-checked little-endian reader over the file's bytes (or a prefix of them).
-struct Cursor<'a> {
-    /// The bytes at hand: the whole file, or a prefix of it.
-    buf: &'a [u8],
-    /// Length of the whole file: counts and lengths are bounded by it.
-    len: u64,
-    /// Set when a read needed bytes of the file past the end of `buf`.
-    short: &'a Cell<bool>,
-    pos: usize,
-    /// Array elements the metadata may still hold ([`MAX_METADATA_ELEMENTS`] in all).
-    elements_left: u64,
-}
-
-type R<T> = std::result::Result<T, String>;
-
-impl<'a> Cursor<'a> {
-    fn remaining(&self) -> u64 {
-        self.len - self.pos as u64
-    }
-
-    fn bytes(&mut self, n: u64) -> R<&'a [u8]> {
-        if n > self.remaining() {
-            return Err(format!(
-                "truncated: need {n} bytes at offset {}, file has {}",
-                self.pos, self.len
-            ));
-        }
-        if n > (self.buf.len() - self.pos) as u64 {
-            self.short.set(true);
-            return Err(format!(
-                "the header runs past the {} bytes read so far",
-                self.buf.len()
-            ));
-        }
-        let s = &self.buf[self.pos..self.pos + n as usize];
-        self.pos += n as usize;
-        Ok(s)
-    }
-
-    fn array<const N: usize>(&mut self) -> R<[u8; N]> {
-        Ok(self.bytes(N as u64)?.try_into().expect("length checked"))
-    }
-
-    fn u32(&mut self) -> R<u32> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> R<u64> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-
-    fn check_count(&self, n: u64, min_each: u64, what: &str) -> R<()> {
-        match n.checked_mul(min_each) {
-            Some(b) if b <= self.remaining() => Ok(()),
-            _ => Err(format!(
-                "{n} {what} cannot fit in the {} bytes left",
-                self.remaining()
-            )),
-        }
-    }
-
-    fn string(&mut self) -> R<String> {
-        let len = self.u64()?;
-        if len > self.remaining() {
-            return Err(format!(
-                "string length {len} runs past the end of the file ({} bytes left)",
-                self.remaining()
-            ));
-        }
-        Ok(String::from_utf8_lossy(self.bytes(len)?).into_owned())
-    }
-
-    fn value(&mut self, type_id: u32, depth: usize) -> R<Value> {
-        let ty =
-            ValueType::from_id(type_id).ok_or_else(|| format!("unknown value type {type_id}"))?;
-        Ok(match ty {
-            ValueType::U8 => Value::U8(self.array::<1>()?[0]),
-            ValueType::I8 => Value::I8(self.array::<1>()?[0] as i8),
-            ValueType::U16 => Value::U16(u16::from_le_bytes(self.array()?)),
-            ValueType::I16 => Value::I16(i16::from_le_bytes(self.array()?)),
-            ValueType::U32 => Value::U32(self.u32()?),
-            ValueType::I32 => Value::I32(i32::from_le_bytes(self.array()?)),
-            ValueType::F32 => Value::F32(f32::from_le_bytes(self.array()?)),
-            ValueType::Bool => match self.array::<1>()?[0] {
-                0 => Value::Bool(false),
-                1 => Value::Bool(true),
-                b => return Err(format!("invalid bool byte {b}")),
-            },
-            ValueType::Str => Value::Str(self.string()?),
-            ValueType::U64 => Value::U64(self.u64()?),
-            ValueType::I64 => Value::I64(i64::from_le_bytes(self.array()?)),
-            ValueType::F64 => Value::F64(f64::from_le_bytes(self.array()?)),
-            ValueType::Array => {
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(format!("arrays nested deeper than {MAX_ARRAY_DEPTH}"));
-                }
-                let elem_id = self.u32()?;
-                let elem = ValueType::from_id(elem_id)
-                    .ok_or_else(|| format!("unknown array element type {elem_id}"))?;
-                let len = self.u64()?;
-                self.check_count(len, elem.min_encoded_len(), "array elements")?;
-                self.elements_left = self.elements_left.checked_sub(len).ok_or_else(|| {
-                    format!(
-                        "array of {len} elements exceeds the limit of \
-                         {MAX_METADATA_ELEMENTS} metadata array elements in all"
-                    )
-                })?;
-                let mut items = Vec::with_capacity(len as usize);
-                for _ in 0..len {
-                    items.push(self.value(elem_id, depth + 1)?);
-                }
-                Value::Array(elem, items)
-            }
-        })
-    }
+    None
 }

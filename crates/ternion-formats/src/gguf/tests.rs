@@ -43,7 +43,10 @@ fn parse(bytes: Vec<u8>) -> crate::Result<GgufFile> {
 
 fn expect_gguf_err(bytes: Vec<u8>, needle: &str) {
     match parse(bytes) {
-        Err(Error::Gguf(msg)) => assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}"),
+        Err(e @ Error::Gguf { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(needle), "message {msg:?} lacks {needle:?}")
+        }
         Err(e) => panic!("wrong error kind: {e}"),
         Ok(_) => panic!("hostile file accepted (expected error containing {needle:?})"),
     }
@@ -74,6 +77,82 @@ fn version_2_is_read() {
     let mut b = sample_bytes();
     b[4..8].copy_from_slice(&2u32.to_le_bytes());
     assert_eq!(parse(b).unwrap().version, 2);
+}
+
+#[test]
+fn errors_name_the_problem_and_its_place() {
+    let problem = |b: Vec<u8>| match parse(b) {
+        Err(Error::Gguf { file, at, problem }) => {
+            assert_eq!(file, std::path::Path::new("test.gguf"));
+            (*at, problem)
+        }
+        other => panic!("expected a GGUF error, got {:?}", other.map(|f| f.version)),
+    };
+    let mut b = sample_bytes();
+    b[..4].copy_from_slice(b"GGML");
+    assert_eq!(
+        problem(b),
+        (GgufPlace::Header, GgufProblem::BadMagic { magic: *b"GGML" })
+    );
+    for (version, message) in [
+        (1u32, "GGUF version 1 is not supported (only 2 and 3)"),
+        (3u32.swap_bytes(), "(a big-endian file?)"),
+        (9, "unsupported GGUF version 9; expected 2 or 3"),
+    ] {
+        let mut b = sample_bytes();
+        b[4..8].copy_from_slice(&version.to_le_bytes());
+        let Err(e) = parse(b) else {
+            panic!("version {version} accepted")
+        };
+        assert!(
+            matches!(&e, Error::Gguf { problem: GgufProblem::UnsupportedVersion { version: v }, .. } if *v == version)
+        );
+        assert!(e.to_string().contains(message), "{e}");
+        assert_eq!(e.kind(), "Gguf");
+    }
+    // A bool byte other than 0 or 1 is reported at its metadata key.
+    let mut b = sample_bytes();
+    let at = find(&b, b"a.bool") + 6 + 4;
+    b[at] = 7;
+    let (at, p) = problem(b);
+    assert_eq!(
+        at,
+        GgufPlace::Metadata {
+            key: "a.bool".into()
+        }
+    );
+    assert_eq!(p, GgufProblem::InvalidBool { byte: 7 });
+    // A tensor of 5 dimensions is reported at the tensor.
+    let mut b = sample_bytes();
+    let at = find(&b, b"t.f32") + 5;
+    b[at..at + 4].copy_from_slice(&5u32.to_le_bytes());
+    assert_eq!(
+        problem(b),
+        (
+            GgufPlace::TensorInfo {
+                tensor: "t.f32".into()
+            },
+            GgufProblem::BadDimCount { n_dims: 5, max: 4 }
+        )
+    );
+}
+
+#[test]
+fn metadata_of_the_wrong_type_names_key_and_expectation() {
+    let f = parse(sample_bytes()).unwrap();
+    match f.get_u32("a.strings") {
+        Err(Error::Metadata { key, expected, .. }) => assert_eq!(
+            (key.as_str(), expected),
+            ("a.strings", "an unsigned 32-bit integer")
+        ),
+        other => panic!("expected a metadata error, got {other:?}"),
+    }
+    let e = f.require_str_array("absent").unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("metadata 'absent': expected an array of strings, found nothing"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -219,7 +298,7 @@ fn row_bytes_overflow_is_an_error() {
 /// file of byte arrays cannot ask for tens of gigabytes.
 #[test]
 fn metadata_elements_are_capped_in_total() {
-    let limit = reader::MAX_METADATA_ELEMENTS;
+    let limit = cursor::MAX_METADATA_ELEMENTS;
     let header = |n_kv: u64| {
         let mut b = Vec::new();
         b.extend_from_slice(b"GGUF");
@@ -291,7 +370,10 @@ fn header_checks_the_declared_length() {
     // Tensor data past the declared end is the same error as for a truncated file.
     let short_len = full.len() as u64 - 1;
     match GgufFile::parse_header("p.gguf", head.clone(), short_len) {
-        Err(Error::Gguf(m)) => assert!(m.contains("past the end of the file"), "{m}"),
+        Err(Error::Gguf {
+            problem: GgufProblem::TruncatedTensorData { file_len, .. },
+            ..
+        }) => assert_eq!(file_len, short_len),
         other => panic!("expected an error, got {:?}", other.map(|o| o.is_some())),
     }
     assert!(

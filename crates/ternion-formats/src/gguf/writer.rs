@@ -7,7 +7,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use super::value::{Value, ValueType};
-use super::{GgufFile, DEFAULT_ALIGNMENT, MAGIC};
+use super::{GgufFile, GgufPlace, GgufProblem, DEFAULT_ALIGNMENT, MAGIC};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -67,11 +67,13 @@ impl GgufWriter {
 
     /// Declares a tensor; its data must later be written in declaration order.
     pub fn declare(&mut self, name: &str, ty: GgmlType, shape: &[u64]) -> Result<&mut Self> {
-        let size = ty.tensor_bytes(shape).ok_or_else(|| {
-            Error::Gguf(format!(
-                "tensor '{name}': shape {shape:?} does not fit type {ty}"
-            ))
-        })?;
+        let size = ty
+            .tensor_bytes(shape)
+            .ok_or_else(|| Error::ShapeDoesNotFit {
+                tensor: name.to_string(),
+                ty,
+                shape: shape.to_vec(),
+            })?;
         let offset = self.data_len;
         self.data_len = (offset + size).div_ceil(self.alignment) * self.alignment;
         self.tensors.push(Declared {
@@ -129,8 +131,11 @@ impl GgufWriter {
         };
         self.header(&mut w)?;
         let len = w.pos + self.data_len;
-        GgufFile::parse_header(name, w.w, len)?
-            .ok_or_else(|| Error::Gguf(format!("{}: header does not parse", name.display())))
+        GgufFile::parse_header(name, w.w, len)?.ok_or_else(|| Error::Gguf {
+            file: name.to_path_buf(),
+            at: Box::new(GgufPlace::Header),
+            problem: GgufProblem::HeaderIncomplete,
+        })
     }
 
     /// Magic, counts, metadata, tensor table and the padding up to the data.
@@ -165,14 +170,13 @@ impl GgufWriter {
         for (i, t) in self.tensors.iter().enumerate() {
             let data = fill(i, &t.name)?;
             if data.len() as u64 != t.size {
-                return Err(Error::Gguf(format!(
-                    "tensor '{}': {} bytes given, {} expected for {} {:?}",
-                    t.name,
-                    data.len(),
-                    t.size,
-                    t.ty,
-                    t.shape
-                )));
+                return Err(Error::TensorDataSize {
+                    tensor: t.name.clone(),
+                    ty: t.ty,
+                    shape: t.shape.clone(),
+                    given: data.len() as u64,
+                    expected: t.size,
+                });
             }
             w.put(&data)?;
             w.pad(self.alignment)?;

@@ -6,6 +6,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::error::MlcError;
 use crate::{Error, Result};
 
 /// Index file names, newest first (TVM renamed `ndarray-cache.json` to `tensor-cache.json`).
@@ -154,12 +155,20 @@ pub fn index_path(dir: &Path) -> Option<PathBuf> {
 /// Parses a small JSON file's bytes into `T`; `label` names the file in every error.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], label: &str) -> Result<T> {
     if bytes.len() as u64 > MAX_INDEX_BYTES {
-        return Err(Error::Mlc(format!(
-            "{label}: {} bytes is more than the {MAX_INDEX_BYTES} a JSON file may have",
-            bytes.len()
-        )));
+        return Err(MlcError::FileTooLarge {
+            file: label.to_string(),
+            bytes: bytes.len() as u64,
+            max: MAX_INDEX_BYTES,
+        }
+        .into());
     }
-    serde_json::from_slice(bytes).map_err(|e| Error::Mlc(format!("{label}: invalid JSON: {e}")))
+    serde_json::from_slice(bytes).map_err(|error| {
+        MlcError::InvalidJson {
+            file: label.to_string(),
+            error,
+        }
+        .into()
+    })
 }
 
 /// Reads a file of at most `max` bytes, naming it in every error.
@@ -168,10 +177,12 @@ pub(crate) fn read_small(path: &Path, max: u64) -> Result<Vec<u8>> {
         .map_err(|e| Error::io(path, e))?
         .len();
     if len > max {
-        return Err(Error::Mlc(format!(
-            "{}: {len} bytes is more than the {max} accepted",
-            path.display()
-        )));
+        return Err(MlcError::FileTooLarge {
+            file: path.display().to_string(),
+            bytes: len,
+            max,
+        }
+        .into());
     }
     std::fs::read(path).map_err(|e| Error::io(path, e))
 }
@@ -182,45 +193,60 @@ impl Index {
     /// paths plain relative names. `label` names the file in errors.
     pub fn parse(bytes: &[u8], label: &str) -> Result<Index> {
         let json: IndexJson = parse_json(bytes, label)?;
-        let bad = |msg: String| Error::Mlc(format!("{label}: {msg}"));
+        let file = || label.to_string();
         let mut shards = Vec::with_capacity(json.records.len());
         let mut records = HashMap::new();
         for (si, shard) in json.records.into_iter().enumerate() {
             if shard.format != "raw-shard" {
-                return Err(bad(format!(
-                    "shard '{}' has format '{}' (only 'raw-shard' is known)",
-                    shard.data_path, shard.format
-                )));
+                return Err(MlcError::ShardFormat {
+                    file: file(),
+                    shard: shard.data_path,
+                    format: shard.format,
+                }
+                .into());
             }
             if !is_plain(&shard.data_path) {
-                return Err(bad(format!(
-                    "shard path '{}' is not a file name inside the directory",
-                    shard.data_path
-                )));
+                return Err(MlcError::ShardPath {
+                    file: file(),
+                    shard: shard.data_path,
+                }
+                .into());
             }
             for r in shard.records {
-                let stored = Stored::parse(&r.dtype, &r.format).ok_or_else(|| {
-                    bad(format!(
-                        "tensor '{}': unsupported dtype '{}' with format '{}'",
-                        r.name, r.dtype, r.format
-                    ))
-                })?;
+                let Some(stored) = Stored::parse(&r.dtype, &r.format) else {
+                    return Err(MlcError::UnsupportedDtype {
+                        file: file(),
+                        tensor: r.name,
+                        dtype: r.dtype,
+                        format: r.format,
+                    }
+                    .into());
+                };
                 let want = r
                     .shape
                     .iter()
                     .try_fold(stored.elem_bytes(), |acc, &d| acc.checked_mul(d));
                 if want != Some(r.nbytes) {
-                    return Err(bad(format!(
-                        "tensor '{}': nbytes {} does not match shape {:?} of {}",
-                        r.name, r.nbytes, r.shape, r.dtype
-                    )));
+                    return Err(MlcError::NbytesMismatch {
+                        file: file(),
+                        tensor: r.name,
+                        nbytes: r.nbytes,
+                        shape: r.shape,
+                        dtype: r.dtype,
+                    }
+                    .into());
                 }
                 let end = r.byte_offset.checked_add(r.nbytes);
                 let Some(end) = end.filter(|&e| e <= shard.nbytes) else {
-                    return Err(bad(format!(
-                        "tensor '{}': bytes {}..+{} run past shard '{}' ({} bytes)",
-                        r.name, r.byte_offset, r.nbytes, shard.data_path, shard.nbytes
-                    )));
+                    return Err(MlcError::RecordPastShard {
+                        file: file(),
+                        tensor: r.name,
+                        offset: r.byte_offset,
+                        nbytes: r.nbytes,
+                        shard: shard.data_path,
+                        shard_bytes: shard.nbytes,
+                    }
+                    .into());
                 };
                 let rec = Record {
                     shard: si,
@@ -229,7 +255,11 @@ impl Index {
                     range: r.byte_offset..end,
                 };
                 if records.insert(r.name.clone(), rec).is_some() {
-                    return Err(bad(format!("tensor '{}' appears twice", r.name)));
+                    return Err(MlcError::DuplicateTensor {
+                        file: file(),
+                        tensor: r.name,
+                    }
+                    .into());
                 }
             }
             shards.push(ShardInfo {
@@ -247,9 +277,7 @@ impl Index {
 
     /// The record named `name`.
     pub fn record(&self, name: &str) -> Result<&Record> {
-        self.records
-            .get(name)
-            .ok_or_else(|| Error::Mlc(format!("tensor '{name}' is missing from the index")))
+        self.records.get(name).ok_or_else(|| missing(name))
     }
 }
 
@@ -257,13 +285,8 @@ impl Cache {
     /// Reads and checks `dir`'s index ([`Index::parse`]), then maps every shard, each
     /// exactly as long as the index says.
     pub fn open(dir: &Path) -> Result<Cache> {
-        let path = index_path(dir).ok_or_else(|| {
-            Error::Mlc(format!(
-                "{}: no {} or {}",
-                dir.display(),
-                INDEX_FILES[1],
-                INDEX_FILES[0]
-            ))
+        let path = index_path(dir).ok_or_else(|| MlcError::NoIndex {
+            dir: dir.display().to_string(),
         })?;
         let bytes = read_small(&path, MAX_INDEX_BYTES)?;
         let index = Index::parse(&bytes, &path.display().to_string())?;
@@ -286,7 +309,7 @@ impl Cache {
             .index
             .records
             .get_key_value(name)
-            .ok_or_else(|| Error::Mlc(format!("tensor '{name}' is missing from the index")))?;
+            .ok_or_else(|| missing(name))?;
         // Both ends fit: they lie inside a mapped file.
         let range = r.range.start as usize..r.range.end as usize;
         Ok(Tensor {
@@ -296,6 +319,14 @@ impl Cache {
             bytes: &self.shards[r.shard].bytes()[range],
         })
     }
+}
+
+/// The error for a tensor the index does not have.
+fn missing(name: &str) -> Error {
+    MlcError::MissingTensor {
+        tensor: name.to_string(),
+    }
+    .into()
 }
 
 /// Whether `name` is a plain relative path (no root, `.` or `..`).
@@ -311,10 +342,12 @@ fn map_shard(path: &Path, nbytes: u64) -> Result<Shard> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len != nbytes {
-        return Err(Error::Mlc(format!(
-            "{}: shard is {len} bytes, the index says {nbytes}",
-            path.display()
-        )));
+        return Err(MlcError::ShardLength {
+            file: path.display().to_string(),
+            len,
+            expected: nbytes,
+        }
+        .into());
     }
     if len == 0 {
         return Ok(Shard(None));

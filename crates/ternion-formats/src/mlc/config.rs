@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::cache::{parse_json, read_small, MAX_INDEX_BYTES};
+use super::error::{ConfigProblem, MlcError};
 use crate::gguf::{GgufWriter, Value};
 use crate::{Error, Result};
 
@@ -108,7 +109,13 @@ impl Phi3Config {
     /// errors.
     pub fn parse(text: &[u8], label: &str) -> Result<Phi3Config> {
         let j: ChatConfigJson = parse_json(text, label)?;
-        let bad = |msg: String| Error::Mlc(format!("{label}: {msg}"));
+        let bad = |problem: ConfigProblem| -> Error {
+            MlcError::Config {
+                file: label.to_string(),
+                problem,
+            }
+            .into()
+        };
         let only = |key: &str, found: &str, supported: &str| {
             let what = format!("MLC directory: {label}: {key}");
             Error::unsupported(what, found, [supported], "")
@@ -121,18 +128,17 @@ impl Phi3Config {
         }
         let m = &j.model_config;
         if m.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(bad(
-                "model_config.rope_scaling is set (LongRoPE, the 128k models): not supported"
-                    .into(),
-            ));
+            return Err(bad(ConfigProblem::RopeScaling));
         }
-        let dim = |name: &str, v: u32| -> Result<usize> {
-            if v == 0 || v > MAX_DIM {
-                return Err(bad(format!(
-                    "model_config.{name} = {v} is out of range 1..={MAX_DIM}"
-                )));
+        let dim = |key: &'static str, value: u32| -> Result<usize> {
+            if value == 0 || value > MAX_DIM {
+                return Err(bad(ConfigProblem::OutOfRange {
+                    key,
+                    value,
+                    max: MAX_DIM,
+                }));
             }
-            Ok(v as usize)
+            Ok(value as usize)
         };
         let n_embd = dim("hidden_size", m.hidden_size)?;
         let n_head = dim("num_attention_heads", m.num_attention_heads)?;
@@ -143,23 +149,27 @@ impl Phi3Config {
                 .unwrap_or(m.num_attention_heads),
         )?;
         if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
-            return Err(bad(format!(
-                "{n_head} heads do not divide hidden_size {n_embd}, or {n_head_kv} key/value heads do not divide them"
-            )));
+            return Err(bad(ConfigProblem::Heads {
+                n_embd,
+                n_head,
+                n_head_kv,
+            }));
         }
         let head_dim = n_embd / n_head;
         if m.head_dim.is_some_and(|h| h != 0 && h as usize != head_dim) {
-            return Err(bad(format!(
-                "model_config.head_dim {:?} is not hidden_size / num_attention_heads = {head_dim}",
-                m.head_dim
-            )));
+            return Err(bad(ConfigProblem::HeadDim {
+                found: m.head_dim,
+                head_dim,
+            }));
         }
         let factor = m.partial_rotary_factor.unwrap_or(1.0);
         let n_rot = (head_dim as f32 * factor) as usize;
         if !(factor > 0.0 && factor <= 1.0) || n_rot == 0 || !n_rot.is_multiple_of(2) {
-            return Err(bad(format!(
-                "partial_rotary_factor {factor} gives {n_rot} rotated dimensions of {head_dim}"
-            )));
+            return Err(bad(ConfigProblem::RotaryFactor {
+                factor,
+                n_rot,
+                head_dim,
+            }));
         }
         let ctx = m
             .max_position_embeddings
@@ -177,15 +187,12 @@ impl Phi3Config {
             .filter(|&b| b != 0.0)
             .unwrap_or(10_000.0);
         if !(rope_base.is_finite() && rope_base > 0.0) {
-            return Err(bad(format!(
-                "RoPE base {rope_base} is not a positive number"
-            )));
+            return Err(bad(ConfigProblem::RopeBase { base: rope_base }));
         }
         if !(m.rms_norm_eps.is_finite() && m.rms_norm_eps > 0.0) {
-            return Err(bad(format!(
-                "rms_norm_eps {} is not a positive number",
-                m.rms_norm_eps
-            )));
+            return Err(bad(ConfigProblem::RmsEps {
+                eps: m.rms_norm_eps,
+            }));
         }
         let id = |name: &str, v: &Option<serde_json::Value>| -> Result<Option<u32>> {
             let first = match v {
@@ -198,7 +205,12 @@ impl Phi3Config {
                     .as_u64()
                     .and_then(|i| u32::try_from(i).ok())
                     .map(Some)
-                    .ok_or_else(|| bad(format!("{name} {x} is not a token id"))),
+                    .ok_or_else(|| {
+                        bad(ConfigProblem::TokenId {
+                            key: name.to_string(),
+                            value: x.to_string(),
+                        })
+                    }),
             }
         };
         Ok(Phi3Config {

@@ -34,6 +34,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod error;
 pub mod q4f16;
 pub mod spm;
 pub mod tokenizer;
@@ -45,9 +46,10 @@ use std::path::Path;
 
 use crate::gguf::{GgufFile, GgufWriter};
 use crate::quant::GgmlType;
-use crate::{Error, Result};
+use crate::Result;
 use cache::{Cache, Index, Stored};
 use config::Phi3Config;
+use error::MlcError;
 use tokenizer::TokenizerFiles;
 
 /// Whether `path` is a directory with an MLC tensor index.
@@ -228,10 +230,13 @@ fn plan(
             None => {
                 let t = index.record(&m.mlc)?;
                 if t.shape != [d as u64] || t.stored == Stored::U32 {
-                    return Err(Error::Mlc(format!(
-                        "tensor '{}': expected a float vector of [{d}], found {:?} {:?}",
-                        m.mlc, t.stored, t.shape
-                    )));
+                    return Err(MlcError::NormShape {
+                        tensor: m.mlc,
+                        width: d,
+                        stored: t.stored,
+                        shape: t.shape.clone(),
+                    }
+                    .into());
                 }
                 Ok(Recipe {
                     name: m.gguf,
@@ -257,16 +262,15 @@ fn check_quant(index: &Index, prefix: &str, n_in: usize, n_out: usize) -> Result
         && s.stored == Stored::F16
         && s.shape == [n_out, n_in / g];
     if !ok {
-        return Err(Error::Mlc(format!(
-            "'{prefix}': expected q_weight uint32 [{n_out}, {}] and q_scale float16 [{n_out}, {}] \
-             for a {n_out} × {n_in} weight, found {:?} {:?} and {:?} {:?}",
-            n_in / 8,
-            n_in / g,
-            w.stored,
-            w.shape,
-            s.stored,
-            s.shape
-        )));
+        return Err(MlcError::QuantShape {
+            prefix: prefix.to_string(),
+            n_in,
+            n_out,
+            group: g,
+            weight: (w.stored, w.shape.clone()),
+            scale: (s.stored, s.shape.clone()),
+        }
+        .into());
     }
     Ok(())
 }
@@ -277,22 +281,19 @@ impl Recipe {
         match (&self.source, parts) {
             (Source::Quant, [w, s]) => {
                 if q4f16::groups(w, s).is_none() {
-                    return Err(Error::Mlc(format!(
-                        "'{}': q_weight of {} bytes and q_scale of {} bytes do not agree",
-                        self.name,
-                        w.len(),
-                        s.len()
-                    )));
+                    return Err(MlcError::QuantBytes {
+                        tensor: self.name.clone(),
+                        weight_bytes: w.len(),
+                        scale_bytes: s.len(),
+                    }
+                    .into());
                 }
                 match self.ty {
                     GgmlType::Q8_0 => Ok(q4f16::to_q8_0(w, s)),
-                    _ if q4f16::has_code_15(w) => Err(Error::Mlc(format!(
-                        "'{}': a code 15, which MLC's q4f16_1 quantizer never writes (it \
-                         clamps to 0..=14) and Q4_0 cannot hold; this loader fixed the type \
-                         before reading the weights (the native loader converts such a \
-                         tensor to Q8_0)",
-                        self.inputs[0]
-                    ))),
+                    _ if q4f16::has_code_15(w) => Err(MlcError::Code15 {
+                        tensor: self.inputs[0].clone(),
+                    }
+                    .into()),
                     _ => Ok(q4f16::to_q4_0(w, s)),
                 }
             }
@@ -302,12 +303,12 @@ impl Recipe {
                     .flat_map(|b| float_value(*stored, b).to_le_bytes())
                     .collect())
             }
-            _ => Err(Error::Mlc(format!(
-                "'{}': {} inputs given, {} expected",
-                self.name,
-                parts.len(),
-                self.inputs.len()
-            ))),
+            _ => Err(MlcError::InputCount {
+                tensor: self.name.clone(),
+                given: parts.len(),
+                expected: self.inputs.len(),
+            }
+            .into()),
         }
     }
 }

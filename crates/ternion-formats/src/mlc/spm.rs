@@ -5,6 +5,7 @@
 //! USER_DEFINED=4 UNUSED=5 BYTE=6), field 2 `trainer_spec` (its field 3 `model_type`:
 //! UNIGRAM=1 BPE=2 WORD=3 CHAR=4). Every other field is skipped by wire type.
 
+use super::error::{SpmProblem, TokenizerFileError};
 use crate::{Error, Result};
 
 /// SentencePiece's piece types (the numbering llama.cpp's token types share).
@@ -45,8 +46,8 @@ pub struct SpmModel {
     pub model_type: Option<u64>,
 }
 
-fn err(msg: &str) -> Error {
-    Error::Tokenizer(format!("tokenizer.model: {msg}"))
+fn err(problem: SpmProblem) -> Error {
+    TokenizerFileError::Spm(problem).into()
 }
 
 /// A protobuf reader over one message's bytes.
@@ -69,21 +70,21 @@ impl<'a> Wire<'a> {
             let (&byte, rest) = self
                 .b
                 .split_first()
-                .ok_or_else(|| err("truncated varint"))?;
+                .ok_or_else(|| err(SpmProblem::TruncatedVarint))?;
             self.b = rest;
             v |= u64::from(byte & 0x7F) << shift;
             if byte & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        Err(err("varint longer than 10 bytes"))
+        Err(err(SpmProblem::VarintTooLong))
     }
 
     fn take(&mut self, n: u64) -> Result<&'a [u8]> {
         let n = usize::try_from(n)
             .ok()
             .filter(|&n| n <= self.b.len())
-            .ok_or_else(|| err("field runs past the end"))?;
+            .ok_or_else(|| err(SpmProblem::FieldPastEnd))?;
         let (head, rest) = self.b.split_at(n);
         self.b = rest;
         Ok(head)
@@ -109,7 +110,7 @@ impl<'a> Wire<'a> {
                 let b = self.take(4)?;
                 Field::Fixed32([b[0], b[1], b[2], b[3]])
             }
-            t => return Err(err(&format!("unsupported wire type {t}"))),
+            wire_type => return Err(err(SpmProblem::WireType { wire_type })),
         };
         Ok(Some((key >> 3, value)))
     }
@@ -131,7 +132,7 @@ pub fn parse(bytes: &[u8]) -> Result<SpmModel> {
                     }
                 }
             }
-            (1 | 2, _) => return Err(err("pieces or trainer_spec is not a message")),
+            (1 | 2, _) => return Err(err(SpmProblem::NotAMessage)),
             _ => {}
         }
     }
@@ -149,12 +150,12 @@ fn parse_piece(b: &[u8]) -> Result<Piece> {
         match (field, value) {
             (1, Field::Bytes(s)) => {
                 p.piece = std::str::from_utf8(s)
-                    .map_err(|_| err("a piece is not UTF-8"))?
+                    .map_err(|_| err(SpmProblem::PieceNotUtf8))?
                     .to_string();
             }
             (2, Field::Fixed32(f)) => p.score = f32::from_le_bytes(f),
             (3, Field::Varint(t)) => p.kind = i32::try_from(t).unwrap_or(i32::MAX),
-            (1..=3, _) => return Err(err("a piece field has the wrong wire type")),
+            (1..=3, _) => return Err(err(SpmProblem::PieceWireType)),
             _ => {}
         }
     }

@@ -6,8 +6,10 @@ use rand::{Rng, SeedableRng};
 
 use super::cache::INDEX_FILES;
 use super::config::CONFIG_FILE;
+use super::error::{SpmProblem, TokenizerFileError};
 use super::*;
 use crate::quant::{q4_0, q8_0};
+use crate::Error;
 use ternion_testkit::mlc_synth::fixture;
 
 /// Packs codes eight per little-endian uint32 (element k at bit 4k), as MLC stores them.
@@ -134,13 +136,16 @@ fn hostile_directories_give_typed_errors() {
             .set_len(len - 1)
             .unwrap();
     });
-    assert!(matches!(&e, Error::Mlc(m) if m.contains("shard is")), "{e}");
+    assert!(
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("shard is")),
+        "{e}"
+    );
 
     let e = broken("json", |d| {
         std::fs::write(d.join(INDEX_FILES[1]), b"{\"records\": [").unwrap()
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("invalid JSON")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("invalid JSON")),
         "{e}"
     );
 
@@ -148,7 +153,7 @@ fn hostile_directories_give_typed_errors() {
         std::fs::write(d.join(CONFIG_FILE), b"[1, 2]").unwrap()
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("invalid JSON")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("invalid JSON")),
         "{e}"
     );
 
@@ -159,7 +164,7 @@ fn hostile_directories_give_typed_errors() {
         })
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("does not match shape")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("does not match shape")),
         "{e}"
     );
 
@@ -169,7 +174,7 @@ fn hostile_directories_give_typed_errors() {
         })
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("run past shard")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("run past shard")),
         "{e}"
     );
 
@@ -184,7 +189,7 @@ fn hostile_directories_give_typed_errors() {
         })
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("transformer.h.1.mlp.down_proj.q_scale")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("transformer.h.1.mlp.down_proj.q_scale")),
         "{e}"
     );
 
@@ -194,7 +199,7 @@ fn hostile_directories_give_typed_errors() {
         })
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("unsupported dtype 'int4x8'")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("unsupported dtype 'int4x8'")),
         "{e}"
     );
 
@@ -204,7 +209,7 @@ fn hostile_directories_give_typed_errors() {
         })
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("format 'zstd'")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("format 'zstd'")),
         "{e}"
     );
 
@@ -212,7 +217,7 @@ fn hostile_directories_give_typed_errors() {
         edit_index(d, |v| v["records"][0]["dataPath"] = "../ref.gguf".into())
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("not a file name inside")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("not a file name inside")),
         "{e}"
     );
 
@@ -228,7 +233,7 @@ fn hostile_directories_give_typed_errors() {
         })
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("mlp.gate_up_proj")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("mlp.gate_up_proj")),
         "{e}"
     );
 
@@ -253,7 +258,7 @@ fn hostile_directories_give_typed_errors() {
         })
     });
     assert!(
-        matches!(&e, Error::Mlc(m) if m.contains("rope_scaling")),
+        matches!(&e, Error::Mlc(m) if m.to_string().contains("rope_scaling")),
         "{e}"
     );
 
@@ -261,7 +266,8 @@ fn hostile_directories_give_typed_errors() {
         std::fs::remove_file(d.join(tokenizer::SPM_FILE)).unwrap()
     });
     assert!(
-        matches!(&e, Error::Tokenizer(m) if m.contains("tokenizer.model")),
+        matches!(&e, Error::Tokenizer(TokenizerFileError::SpmMissing { path })
+            if path.ends_with("tokenizer.model")),
         "{e}"
     );
 
@@ -273,9 +279,13 @@ fn hostile_directories_give_typed_errors() {
         std::fs::write(&p, &b).unwrap();
     });
     assert!(
-        matches!(&e, Error::Tokenizer(m) if m.contains("tokenizer.model")),
+        matches!(
+            &e,
+            Error::Tokenizer(TokenizerFileError::Spm(SpmProblem::FieldPastEnd))
+        ),
         "{e}"
     );
+    assert!(e.to_string().contains("tokenizer.model"), "{e}");
 
     let e = broken("added", |d| {
         let p = d.join(tokenizer::HF_FILE);
@@ -283,7 +293,7 @@ fn hostile_directories_give_typed_errors() {
         std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     });
     assert!(
-        matches!(&e, Error::Tokenizer(m) if m.contains("past the vocab_size")),
+        matches!(&e, Error::Tokenizer(TokenizerFileError::AddedTokenId { id, .. }) if *id == 1 << 40),
         "{e}"
     );
 }

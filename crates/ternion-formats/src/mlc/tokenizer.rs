@@ -21,9 +21,10 @@ use serde::Deserialize;
 
 use super::cache::{parse_json, read_small, MAX_INDEX_BYTES};
 use super::config::Phi3Config;
+use super::error::TokenizerFileError;
 use super::spm::{self, piece_type};
 use crate::gguf::{GgufWriter, Value, ValueType};
-use crate::{Error, Result};
+use crate::Result;
 
 /// The SentencePiece model file.
 pub const SPM_FILE: &str = "tokenizer.model";
@@ -101,11 +102,7 @@ impl TokenizerFiles {
     pub fn read(dir: &Path) -> Result<TokenizerFiles> {
         let spm_path = dir.join(SPM_FILE);
         if !spm_path.is_file() {
-            return Err(Error::Tokenizer(format!(
-                "{}: missing; the SentencePiece model is needed for its piece scores \
-                 (tokenizer.json has none)",
-                spm_path.display()
-            )));
+            return Err(TokenizerFileError::SpmMissing { path: spm_path }.into());
         }
         let optional = |name: &str| {
             let p = dir.join(name);
@@ -133,16 +130,19 @@ pub fn add_tokenizer(
     let spm_path = format!("{dir}/{SPM_FILE}");
     let model = spm::parse(&files.spm)?;
     if model.model_type.is_some_and(|t| t != spm::MODEL_BPE) {
-        return Err(Error::Tokenizer(format!(
-            "{spm_path}: trainer model_type {:?} is not BPE (the only SentencePiece kind mapped)",
-            model.model_type
-        )));
+        return Err(TokenizerFileError::NotBpe {
+            file: spm_path,
+            model_type: model.model_type,
+        }
+        .into());
     }
     if model.pieces.len() > n {
-        return Err(Error::Tokenizer(format!(
-            "{spm_path}: {} pieces for a vocab_size of {n}",
-            model.pieces.len()
-        )));
+        return Err(TokenizerFileError::TooManyPieces {
+            file: spm_path,
+            pieces: model.pieces.len(),
+            vocab: n,
+        }
+        .into());
     }
     let mut tokens: Vec<String> = (0..n).map(|i| format!("[PAD{i}]")).collect();
     let mut scores = vec![PAD_SCORE; n];
@@ -171,11 +171,12 @@ pub fn add_tokenizer(
         .transpose()?;
     if let Some(c) = &hf_config {
         for (id, e) in &c.added_tokens_decoder {
-            let id = id.parse::<u64>().map_err(|_| {
-                Error::Tokenizer(format!(
-                    "{hf_config_path}: added_tokens_decoder key '{id}' is not a token id"
-                ))
-            })?;
+            let id = id
+                .parse::<u64>()
+                .map_err(|_| TokenizerFileError::AddedTokenKey {
+                    file: hf_config_path.clone(),
+                    key: id.clone(),
+                })?;
             added.push((id, e.content.as_str(), e.special, &hf_config_path));
         }
     }
@@ -190,9 +191,12 @@ pub fn add_tokenizer(
     }
     for (id, content, special, file) in added {
         let i = usize::try_from(id).ok().filter(|&i| i < n).ok_or_else(|| {
-            Error::Tokenizer(format!(
-                "{file}: added token '{content}' has id {id}, past the vocab_size {n}"
-            ))
+            TokenizerFileError::AddedTokenId {
+                file: file.to_string(),
+                content: content.to_string(),
+                id,
+                vocab: n,
+            }
         })?;
         tokens[i] = content.to_string();
         scores[i] = ADDED_SCORE;

@@ -172,6 +172,50 @@ pub use format::{ActFormat, BlockFormat, Format, RefDot};
 
 use crate::{Error, Result};
 
+/// Why a row of a tensor cannot be dequantized (inside [`Error::TensorRow`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RowProblem {
+    /// The output slice is not one row long.
+    #[error("output holds {output} elements, the row has {row}")]
+    OutputLength {
+        /// Elements the output holds.
+        output: usize,
+        /// Elements in a row.
+        row: usize,
+    },
+    /// Rows of no elements.
+    #[error("rows of 0 elements")]
+    EmptyRows,
+    /// A row is not a whole number of blocks.
+    #[error("row length {row} is not a multiple of the block size {block}")]
+    NotWholeBlocks {
+        /// Elements in a row.
+        row: usize,
+        /// Elements in a block.
+        block: usize,
+    },
+    /// The tensor's bytes are not whole rows (plus the I2_S tail).
+    #[error("{bytes} bytes are not whole rows of {row_bytes} bytes plus the {tail}-byte tail")]
+    NotWholeRows {
+        /// Bytes of the tensor.
+        bytes: usize,
+        /// Bytes of a row.
+        row_bytes: usize,
+        /// Bytes after the rows.
+        tail: usize,
+    },
+    /// The row asked for is past the last one.
+    #[error("row {row} is out of range ({rows} rows of {row_bytes} bytes)")]
+    RowOutOfRange {
+        /// The row asked for.
+        row: usize,
+        /// Rows in the tensor.
+        rows: usize,
+        /// Bytes of a row.
+        row_bytes: usize,
+    },
+}
+
 /// Whether `ty` stores ternary weights {−1, 0, +1}·scale (I2_S, TQ1_0, TQ2_0).
 pub fn is_ternary(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::I2_S | GgmlType::TQ1_0 | GgmlType::TQ2_0)
@@ -223,7 +267,7 @@ pub fn supported() -> impl Iterator<Item = &'static Format> {
 ///
 /// Types outside the registry ([`format`]) give [`Error::UnsupportedType`]; a row length
 /// that is not whole blocks, a `dst` of the wrong length or a row past the end of the data
-/// give [`Error::Model`].
+/// give [`Error::TensorRow`].
 pub fn dequantize_row(
     ty: GgmlType,
     tensor_name: &str,
@@ -237,21 +281,25 @@ pub fn dequantize_row(
         type_id: ty.id(),
         type_name: ty.name().to_string(),
     })?;
-    let bad = |what: String| Error::Model(format!("tensor '{tensor_name}' ({ty}): {what}"));
+    let bad = |problem: RowProblem| Error::TensorRow {
+        tensor: tensor_name.to_string(),
+        ty,
+        problem,
+    };
     if dst.len() != n_per_row {
-        return Err(bad(format!(
-            "output holds {} elements, the row has {n_per_row}",
-            dst.len()
-        )));
+        return Err(bad(RowProblem::OutputLength {
+            output: dst.len(),
+            row: n_per_row,
+        }));
     }
     if n_per_row == 0 {
-        return Err(bad("rows of 0 elements".to_string()));
+        return Err(bad(RowProblem::EmptyRows));
     }
     let row_bytes = ty.row_bytes(n_per_row as u64).ok_or_else(|| {
-        bad(format!(
-            "row length {n_per_row} is not a multiple of the block size {}",
-            ty.block_elems()
-        ))
+        bad(RowProblem::NotWholeBlocks {
+            row: n_per_row,
+            block: ty.block_elems(),
+        })
     })? as usize;
     let data_bytes = match ty {
         GgmlType::I2_S => tensor
@@ -259,11 +307,11 @@ pub fn dequantize_row(
             .checked_sub(i2s::TAIL_BYTES)
             .filter(|packed| packed % row_bytes == 0)
             .ok_or_else(|| {
-                bad(format!(
-                    "{} bytes are not whole rows of {row_bytes} bytes plus the {}-byte tail",
-                    tensor.len(),
-                    i2s::TAIL_BYTES
-                ))
+                bad(RowProblem::NotWholeRows {
+                    bytes: tensor.len(),
+                    row_bytes,
+                    tail: i2s::TAIL_BYTES,
+                })
             })?,
         _ => tensor.len(),
     };
@@ -271,10 +319,11 @@ pub fn dequantize_row(
     let src = match start.and_then(|s| Some(s..s.checked_add(row_bytes)?)) {
         Some(range) if range.end <= data_bytes => &tensor[range],
         _ => {
-            return Err(bad(format!(
-                "row {row} is out of range ({} rows of {row_bytes} bytes)",
-                data_bytes / row_bytes
-            )))
+            return Err(bad(RowProblem::RowOutOfRange {
+                row,
+                rows: data_bytes / row_bytes,
+                row_bytes,
+            }))
         }
     };
     if ty == GgmlType::I2_S {

@@ -152,11 +152,17 @@ fn dispatcher_errors() {
     let mut short = vec![0f32; 100];
     assert!(matches!(
         dequantize_row(GgmlType::Q8_0, "x", &t, 100, 0, &mut short),
-        Err(Error::Model(m)) if m.contains("multiple of the block size 32")
+        Err(Error::TensorRow {
+            problem: RowProblem::NotWholeBlocks { block: 32, .. },
+            ..
+        })
     ));
     assert!(matches!(
         dequantize_row(GgmlType::Q8_0, "x", &t, 64, 0, &mut dst),
-        Err(Error::Model(m)) if m.contains("output holds 256")
+        Err(Error::TensorRow {
+            problem: RowProblem::OutputLength { output: 256, .. },
+            ..
+        })
     ));
 }
 

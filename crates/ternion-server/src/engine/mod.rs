@@ -188,7 +188,7 @@ pub struct Ready {
     /// The bounded request queue.
     pub jobs: SyncSender<Job>,
     /// The grammar compiler of the vocabulary, built on the first structured request.
-    pub grammars: OnceLock<Result<Grammars, String>>,
+    pub grammars: OnceLock<ternion::Result<Grammars>>,
 }
 
 /// State shared by the HTTP side and the engine thread.

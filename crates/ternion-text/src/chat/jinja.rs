@@ -9,7 +9,7 @@ use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{context, Environment, ErrorKind, Value};
 
 use super::Message;
-use crate::{jinja_budget, Error, Result};
+use crate::{jinja_budget, Result, TemplateError};
 
 /// Instruction budget of one Jinja render: ample for real templates over long
 /// conversations, yet a runaway loop stops within a fraction of a second.
@@ -61,10 +61,8 @@ pub(super) fn render_jinja(
                 .name("jinja".into())
                 .stack_size(RENDER_STACK_BYTES)
                 .spawn_scoped(s, render)
-                .map_err(|e| Error::Template(format!("cannot start the template renderer: {e}")))?;
-            worker
-                .join()
-                .map_err(|_| Error::Template("the template renderer panicked".into()))?
+                .map_err(|error| TemplateError::RendererStart { error })?;
+            worker.join().map_err(|_| TemplateError::RendererPanicked)?
         })
     }
     #[cfg(target_arch = "wasm32")]
@@ -144,7 +142,7 @@ pub(super) fn render_jinja_here(
         None => ctx,
     };
     jinja_budget::render(&mut env, source, ctx, JINJA_FUEL)
-        .map_err(|e| Error::Template(e.to_string()))
+        .map_err(|error| TemplateError::Render { error }.into())
 }
 
 /// Output style of [`tojson`], following Python's `json.dumps`.

@@ -19,7 +19,8 @@ mod tests;
 
 use std::fmt::Write as _;
 
-use crate::{Error, Result};
+pub use crate::error::TemplateError;
+use crate::Result;
 use jinja::render_jinja;
 
 /// One chat message.
@@ -137,9 +138,10 @@ fn render_bitnet(messages: &[Message]) -> Result<String> {
             "user" => write!(out, "User: {}<|eot_id|>Assistant: ", m.content),
             "assistant" => write!(out, "{}", m.content),
             other => {
-                return Err(Error::Template(format!(
-                    "BitNet format has no role '{other}' (system, user, assistant)"
-                )))
+                return Err(TemplateError::UnknownRole {
+                    role: other.to_string(),
+                }
+                .into())
             }
         }
         .expect("writing to a String cannot fail");

@@ -2,6 +2,7 @@
 
 use super::jinja::{civil_from_days, days_from_civil, render_jinja_here, strftime};
 use super::*;
+use crate::Error;
 
 const LLAMA3: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
@@ -169,7 +170,8 @@ fn chatml_jinja_matches_builtin() {
 fn raise_exception_is_a_template_error() {
     let src = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}";
     match render_one(src) {
-        Err(Error::Template(msg)) => {
+        Err(Error::Template(e)) => {
+            let msg = e.to_string();
             assert!(msg.contains("Conversation roles must alternate"), "{msg}")
         }
         other => panic!("expected a template error, got {other:?}"),
@@ -236,7 +238,10 @@ fn strftime_now_formats() {
 #[test]
 fn hostile_templates_error() {
     let expect_err = |src: &str, what: &str| match render_one(src) {
-        Err(Error::Template(msg)) => assert!(msg.contains(what), "{msg}"),
+        Err(Error::Template(e)) => {
+            let msg = e.to_string();
+            assert!(msg.contains(what), "{msg}")
+        }
         other => panic!("expected a template error, got {other:?}"),
     };
     expect_err(
@@ -264,7 +269,10 @@ fn huge_tojson_indent_is_an_error() {
         "{{ [1] | tojson(257) }}",
     ] {
         match render_one(src) {
-            Err(Error::Template(msg)) => assert!(msg.contains("indent"), "{msg}"),
+            Err(Error::Template(e)) => {
+                let msg = e.to_string();
+                assert!(msg.contains("indent"), "{msg}")
+            }
             other => panic!("{src}: expected a template error, got {other:?}"),
         }
     }
@@ -302,7 +310,10 @@ fn value_nesting_is_bounded_on_every_target() {
     ];
     for src in &too_deep {
         match render_one(src) {
-            Err(Error::Template(msg)) => assert!(msg.contains("nested more than"), "{msg}"),
+            Err(Error::Template(e)) => {
+                let msg = e.to_string();
+                assert!(msg.contains("nested more than"), "{msg}")
+            }
             other => panic!("expected a nesting error for {src}, got {other:?}"),
         }
     }
@@ -350,7 +361,8 @@ fn hostile_templates_fail_in_bounded_memory_and_time() {
     for src in cases {
         let t = std::time::Instant::now();
         match render_one(src) {
-            Err(Error::Template(msg)) => {
+            Err(Error::Template(e)) => {
+                let msg = e.to_string();
                 assert!(
                     ["budget", "larger than", "too large", "fuel"]
                         .iter()

@@ -12,7 +12,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use super::unicode::ByteLevel;
 use super::vocab::Vocab;
-use crate::{Error, Result};
+use crate::{Result, TokenizerError};
 
 const NONE: usize = usize::MAX;
 const NO_PIECE: u32 = u32::MAX;
@@ -36,12 +36,10 @@ impl Bpe {
             bytes: ByteLevel::new(),
         };
         let rank_limit = u32::try_from(merges.len())
-            .map_err(|_| Error::Tokenizer(format!("{} merges is too many", merges.len())))?;
+            .map_err(|_| TokenizerError::TooManyMerges { len: merges.len() })?;
         for (rank, m) in (0..rank_limit).zip(merges) {
             if m.is_empty() {
-                return Err(Error::Tokenizer(format!(
-                    "tokenizer.ggml.merges[{rank}] is empty"
-                )));
+                return Err(TokenizerError::EmptyMerge { rank }.into());
             }
             let Some(space) = m.as_bytes()[1..].iter().position(|&b| b == b' ') else {
                 continue;
@@ -65,7 +63,7 @@ impl Bpe {
         let id = u32::try_from(vocab.len() + self.extra.len())
             .ok()
             .filter(|&id| id != NO_PIECE)
-            .ok_or_else(|| Error::Tokenizer("too many distinct merge strings".into()))?;
+            .ok_or(TokenizerError::TooManyMergeStrings)?;
         self.extra.insert(s.to_owned(), id);
         Ok(id)
     }

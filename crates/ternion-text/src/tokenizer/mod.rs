@@ -20,6 +20,7 @@ mod tests_golden2;
 
 pub use stream::StreamDecoder;
 
+pub use crate::error::TokenizerError;
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
 use bpe::Bpe;
@@ -235,12 +236,12 @@ impl Tokenizer {
     /// [`Error::Tokenizer`] on a missing token list or merges, arrays of the wrong length,
     /// an unsupported `tokenizer.ggml.model`, or an unknown `tokenizer.ggml.pre`.
     pub fn from_gguf(file: &GgufFile, opts: &TokenizerOptions) -> Result<Tokenizer> {
-        let kind = file.get_str("tokenizer.ggml.model")?.ok_or_else(|| {
-            Error::Tokenizer(format!(
-                "{}: no tokenizer.ggml.model",
-                file.path().display()
-            ))
-        })?;
+        let kind =
+            file.get_str("tokenizer.ggml.model")?
+                .ok_or_else(|| TokenizerError::MissingKey {
+                    file: file.path().to_path_buf(),
+                    key: "tokenizer.ggml.model",
+                })?;
         let mut vocab = Vocab::load(file)?;
         let n = vocab.len();
         let in_range = |id: u32| ((id as usize) < n).then_some(id);
@@ -248,11 +249,8 @@ impl Tokenizer {
             "gpt2" => {
                 let merges = file
                     .get_str_array("tokenizer.ggml.merges")?
-                    .ok_or_else(|| {
-                        Error::Tokenizer(format!(
-                            "{}: byte-level BPE vocabulary without tokenizer.ggml.merges",
-                            file.path().display()
-                        ))
+                    .ok_or_else(|| TokenizerError::MissingMerges {
+                        file: file.path().to_path_buf(),
                     })?;
                 let (pre, ignore_merges) = match (opts.pre, file.get_str("tokenizer.ggml.pre")?) {
                     (Some(p), _) => (p, p == PreTokenizer::Llama3),

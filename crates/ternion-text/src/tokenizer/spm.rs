@@ -7,7 +7,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use super::vocab::Vocab;
-use crate::{Error, Result};
+use crate::{Result, TokenizerError};
 
 const NONE: usize = usize::MAX;
 
@@ -136,9 +136,10 @@ impl Spm {
                 None => {
                     for b in piece.bytes() {
                         out.push(self.byte_tokens[usize::from(b)].ok_or_else(|| {
-                            Error::Tokenizer(format!(
-                                "no token for byte 0x{b:02X} (needed by {piece:?})"
-                            ))
+                            TokenizerError::NoByteToken {
+                                byte: b,
+                                piece: piece.to_string(),
+                            }
                         })?);
                     }
                 }

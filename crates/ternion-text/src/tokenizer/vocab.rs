@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::gguf::GgufFile;
-use crate::{Error, Result};
+use crate::{Result, TokenizerError};
 
 /// A token's type, from `tokenizer.ggml.token_type` (llama.cpp's `llama_token_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,34 +53,34 @@ impl Vocab {
     pub(crate) fn load(file: &GgufFile) -> Result<Vocab> {
         let tokens = file
             .get_str_array("tokenizer.ggml.tokens")?
-            .ok_or_else(|| {
-                Error::Tokenizer(format!(
-                    "{}: no tokenizer.ggml.tokens array",
-                    file.path().display()
-                ))
+            .ok_or_else(|| TokenizerError::MissingKey {
+                file: file.path().to_path_buf(),
+                key: "tokenizer.ggml.tokens",
             })?;
         let n = tokens.len();
         if n == 0 || u32::try_from(n).is_err() {
-            return Err(Error::Tokenizer(format!(
-                "tokenizer.ggml.tokens has {n} entries"
-            )));
+            return Err(TokenizerError::VocabSize { len: n }.into());
         }
         let scores = match file.get_f32_array("tokenizer.ggml.scores")? {
             Some(s) if s.len() != n => {
-                return Err(Error::Tokenizer(format!(
-                    "tokenizer.ggml.scores has {} entries for {n} tokens",
-                    s.len()
-                )))
+                return Err(TokenizerError::ArrayLength {
+                    key: "tokenizer.ggml.scores",
+                    len: s.len(),
+                    n_tokens: n,
+                }
+                .into())
             }
             Some(s) => s,
             None => vec![0.0; n],
         };
         let attrs = match file.get_i32_array("tokenizer.ggml.token_type")? {
             Some(t) if t.len() != n => {
-                return Err(Error::Tokenizer(format!(
-                    "tokenizer.ggml.token_type has {} entries for {n} tokens",
-                    t.len()
-                )))
+                return Err(TokenizerError::ArrayLength {
+                    key: "tokenizer.ggml.token_type",
+                    len: t.len(),
+                    n_tokens: n,
+                }
+                .into())
             }
             Some(t) => t.into_iter().map(Attr::from_type).collect(),
             None => vec![Attr::Normal; n],
