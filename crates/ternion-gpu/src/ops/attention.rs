@@ -28,6 +28,7 @@ impl AttnDims {
     fn check(&self) -> Result<()> {
         let ok = self.n_head_kv > 0
             && self.n_head.is_multiple_of(self.n_head_kv)
+            && self.head_dim > 0
             && self.head_dim.is_multiple_of(2)
             && self.head_dim <= 512
             && self.n_rot.is_multiple_of(4)
@@ -37,7 +38,7 @@ impl AttnDims {
         } else {
             Err(Error::KernelArgs(format!(
                 "attention: unsupported geometry {self:?} (need n_head_kv | n_head, even \
-                 head_dim ≤ 512, n_rot a multiple of 4 and ≤ head_dim)"
+                 head_dim in 2..=512, n_rot a multiple of 4 and ≤ head_dim)"
             )))
         }
     }
