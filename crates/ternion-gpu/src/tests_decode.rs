@@ -6,6 +6,7 @@
 use super::ops::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 use super::tests::{ctx, rng, run, ternary_tensor, time_launches};
 use super::*;
+use crate::quant::i2s;
 use rand::Rng;
 
 #[test]
@@ -158,6 +159,57 @@ fn bench_decode_attention() {
             let bytes = (2 * n_kv * kvd * 2) as f64;
             let label = format!("fast attention, {n_kv} keys, fused rope {fused}");
             time_launches(&ctx, &label, bytes, &rec);
+        }
+    }
+}
+
+/// The fast fused norm + I2_S matvec (`ternary_decode.wgsl` `matvec_n`) at 2B-4T's widths,
+/// 2,560 and 6,912 (every thread of the prologue holding one, then two groups of sixteen
+/// values), against the CPU: RMSNorm in f64, the CPU's int8 quantizer, the I2_S dot.
+/// Within a few int8 steps of the token's scale (the fast norm may round a value the
+/// other way) plus 1e-5 relative.
+#[test]
+fn fused_norm_matvec_matches_cpu_at_real_widths() {
+    use super::tests::{cpu_act, cpu_ternary};
+    let Some(ctx) = ctx() else { return };
+    let mut r = rng(12);
+    let rows = 70usize;
+    for k in [2560usize, 6912] {
+        let data = ternary_tensor(&mut r, rows, k);
+        let w = TernaryWeights::upload(&ctx, "w", &data, k, rows).unwrap();
+        let x: Vec<f32> = (0..k).map(|_| r.random_range(-2.0..2.0)).collect();
+        let g: Vec<f32> = (0..k).map(|_| r.random_range(0.5..1.5)).collect();
+        let input = NormIn {
+            x: GpuBuffer::from_slice(&ctx, "x", &x).unwrap(),
+            w: GpuBuffer::from_slice(&ctx, "nw", &g).unwrap(),
+            k,
+            eps: 1e-5,
+        };
+        let out = GpuBuffer::zeroed(&ctx, "y", (rows * 4) as u64).unwrap();
+        let kind = NormMatvecKind::One {
+            w: &w,
+            out: &out,
+            epilogue: Epilogue::Store,
+        };
+        let op = NormMatvec::new(&ctx, &input, kind).unwrap();
+        run(&ctx, |p| op.record(p));
+        let got = out.read::<f32>(&ctx).unwrap();
+
+        let ms = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / k as f64;
+        let inv = 1.0 / (ms + 1e-5).sqrt();
+        let xn: Vec<f32> = x
+            .iter()
+            .zip(&g)
+            .map(|(&v, &gw)| (f64::from(v) * inv) as f32 * gw)
+            .collect();
+        let (_, q, per) = cpu_act(&ctx, &xn, k);
+        let want = cpu_ternary(&data, &q, &per, rows, k);
+        let step = i2s::tensor_scale(&data, rows * k) / per[0].scale;
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 4.0 * step + 1e-5 * b.abs(),
+                "k {k} row {i}: gpu {a} cpu {b} (one int8 step {step})"
+            );
         }
     }
 }

@@ -201,32 +201,78 @@ fn quant4(v: vec4<f32>, g: vec4<f32>, inv: f32, s: f32) -> vec4<i32> {
     return vec4<i32>(clamp(round(y * s), vec4<f32>(-128.0), vec4<f32>(127.0)));
 }
 
-// RMSNorm and int8 quantization of row t of x into act_sh and tok_sh (see the header).
-fn prologue(t: u32, li: u32) {
-    let n4 = nrm.k / 4u;
-    let base = t * n4;
-    var acc = vec2<f32>(0.0, 0.0);
-    for (var c = li; c < n4; c += WG) {
-        let v = x[base + c];
-        acc = vec2<f32>(acc.x + dot(v, v), max(acc.y, max4(abs(v * nw[c]))));
+// Sixteen values of a row (x) and their norm weights (g), read once by the thread that
+// quantizes them (zero past the row's end).
+struct Group {
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+    x2: vec4<f32>,
+    x3: vec4<f32>,
+    g0: vec4<f32>,
+    g1: vec4<f32>,
+    g2: vec4<f32>,
+    g3: vec4<f32>,
+}
+
+// Group c (values 16c..16c+15) of the row starting at vec4 `base`, when c < n16.
+fn load_group(base: u32, c: u32, n16: u32) -> Group {
+    var r: Group;
+    if (c < n16) {
+        let e = 4u * c;
+        r = Group(
+            x[base + e],
+            x[base + e + 1u],
+            x[base + e + 2u],
+            x[base + e + 3u],
+            nw[e],
+            nw[e + 1u],
+            nw[e + 2u],
+            nw[e + 3u],
+        );
     }
-    let r = reduce_sum_max(acc, li);
+    return r;
+}
+
+// (Σx², max|x·g|) of a group.
+fn group_stats(q: Group) -> vec2<f32> {
+    let ss = (dot(q.x0, q.x0) + dot(q.x1, q.x1)) + (dot(q.x2, q.x2) + dot(q.x3, q.x3));
+    let m = max(max(max4(abs(q.x0 * q.g0)), max4(abs(q.x1 * q.g1))), max(max4(abs(q.x2 * q.g2)), max4(abs(q.x3 * q.g3))));
+    return vec2<f32>(ss, m);
+}
+
+// Quantizes a group into act_sh[c]; returns its Σq (per lane of the packed words).
+fn quant_group(q: Group, c: u32, inv: f32, s: f32) -> vec4<i32> {
+    let q0 = quant4(q.x0, q.g0, inv, s);
+    let q1 = quant4(q.x1, q.g1, inv, s);
+    let q2 = quant4(q.x2, q.g2, inv, s);
+    let q3 = quant4(q.x3, q.g3, inv, s);
+    act_sh[c] = vec4<u32>(pack4xI8(q0), pack4xI8(q1), pack4xI8(q2), pack4xI8(q3));
+    return q0 + q1 + q2 + q3;
+}
+
+// RMSNorm and int8 quantization of row t of x into act_sh and tok_sh (see the header):
+// thread li holds groups li and li + WG of the row in registers (K ≤ 4·MAX_WORDS = 32·WG
+// values), so the row is read once.
+fn prologue(t: u32, li: u32) {
+    let n16 = nrm.k / 16u;
+    let base = t * (nrm.k / 4u);
+    let a = load_group(base, li, n16);
+    let b = load_group(base, li + WG, n16);
+    let sa = group_stats(a);
+    let sb = group_stats(b);
+    let r = reduce_sum_max(vec2<f32>(sa.x + sb.x, max(sa.y, sb.y)), li);
     let inv = inverseSqrt(r.x / f32(nrm.k) + nrm.eps);
     let amax = r.y * inv;
     var s = 12700000.0;
     if (amax > 1e-5) {
         s = 127.0 / amax;
     }
-    // Each thread quantizes 16 values into one vec4 of packed words.
     var qs = vec4<i32>(0);
-    for (var c = li; c < n4 / 4u; c += WG) {
-        let e = 4u * c;
-        let q0 = quant4(x[base + e], nw[e], inv, s);
-        let q1 = quant4(x[base + e + 1u], nw[e + 1u], inv, s);
-        let q2 = quant4(x[base + e + 2u], nw[e + 2u], inv, s);
-        let q3 = quant4(x[base + e + 3u], nw[e + 3u], inv, s);
-        qs += q0 + q1 + q2 + q3;
-        act_sh[c] = vec4<u32>(pack4xI8(q0), pack4xI8(q1), pack4xI8(q2), pack4xI8(q3));
+    if (li < n16) {
+        qs += quant_group(a, li, inv, s);
+    }
+    if (li + WG < n16) {
+        qs += quant_group(b, li + WG, inv, s);
     }
     let total = reduce_all(qs, li);
     if (li == 0u) {
