@@ -166,8 +166,9 @@ fn bench_decode_attention() {
 /// The fast fused norm + I2_S matvec (`ternary_decode.wgsl` `matvec_n`) at 2B-4T's widths,
 /// 2,560 and 6,912 (every thread of the prologue holding one, then two groups of sixteen
 /// values), against the CPU: RMSNorm in f64, the CPU's int8 quantizer, the I2_S dot.
-/// Within a few int8 steps of the token's scale (the fast norm may round a value the
-/// other way) plus 1e-5 relative.
+/// Within two int8 steps of the token's scale (the fast norm may round a value the other
+/// way, each such flip moving a row by one step; lavapipe shows none: worst 0.002 steps)
+/// plus 1e-5 relative.
 #[test]
 fn fused_norm_matvec_matches_cpu_at_real_widths() {
     use super::tests::{cpu_act, cpu_ternary};
@@ -207,7 +208,7 @@ fn fused_norm_matvec_matches_cpu_at_real_widths() {
         let step = i2s::tensor_scale(&data, rows * k) / per[0].scale;
         for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
             assert!(
-                (a - b).abs() <= 4.0 * step + 1e-5 * b.abs(),
+                (a - b).abs() <= 2.0 * step + 1e-5 * b.abs(),
                 "k {k} row {i}: gpu {a} cpu {b} (one int8 step {step})"
             );
         }

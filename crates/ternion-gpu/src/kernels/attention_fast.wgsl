@@ -34,11 +34,11 @@
 // Σ e·v, into `part`. A key's row is read by 8 threads (slices of consecutive 16-byte
 // words, each summing its part of every head's product; the slices added in order), and
 // each thread's first values are loaded before the scores, so both caches' latencies
-// overlap. head_dim ≤ 256, G · head_dim ≤ MAX_GQ. Then the workgroup counts itself done (a device-scope
-// storageBarrier before the atomic: its partial sums are visible to whoever counts
-// last), and the last of the row's pages merges the G heads: M = max over pages of m,
-// w_c = exp(m_c − M), out = Σ_c w_c·(Σ e·v)_c / Σ_c w_c·l_c, pages summed in order, and
-// sets the counter back to 0. No workgroup waits for another, so the kernel needs no
+// overlap (head_dim ≤ 256, G · head_dim ≤ MAX_GQ). Then the workgroup counts itself done
+// (a device-scope storageBarrier before the atomic: its partial sums are visible to
+// whoever counts last), and the last of the row's pages merges the G heads: M = max over
+// pages of m, w_c = exp(m_c − M), out = Σ_c w_c·(Σ e·v)_c / Σ_c w_c·l_c, pages summed in
+// order, and sets the counter back to 0. No workgroup waits for another, so the kernel needs no
 // guarantee that workgroups run concurrently. Rows that are not decode rows, or whose
 // context exceeds FAST_KEYS, are left to attention.wgsl.
 

@@ -134,22 +134,34 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
 
     let tb = t0 + 4u * tt;
     let r = row0 + 4u * tr;
-    store_row(r, acc.r0, tb, last);
-    store_row(r + 1u, acc.r1, tb, last);
-    store_row(r + 2u, acc.r2, tb, last);
-    store_row(r + 3u, acc.r3, tb, last);
+    let ts = tok_scales(tb, last);
+    store_row(r, acc.r0, ts, tb, last);
+    store_row(r + 1u, acc.r1, ts, tb, last);
+    store_row(r + 2u, acc.r2, ts, tb, last);
+    store_row(r + 3u, acc.r3, ts, tb, last);
 }
 
-// Scales the integer sums `d` of row `row` against tokens tb..tb+3 with each token's
-// scale and Σq (past the end: the last token's) and stores (or adds) those that exist.
-fn store_row(row: u32, d: vec4<i32>, tb: u32, last: u32) {
+// The scale s and Σq of tokens tb..tb+3 (past the end: the last token's).
+struct TokScales {
+    sq: vec4<i32>,
+    s: vec4<f32>,
+}
+
+fn tok_scales(tb: u32, last: u32) -> TokScales {
     let m0 = tok_scale[min(tb, last)];
     let m1 = tok_scale[min(tb + 1u, last)];
     let m2 = tok_scale[min(tb + 2u, last)];
     let m3 = tok_scale[min(tb + 3u, last)];
-    let sq = bitcast<vec4<i32>>(vec4<u32>(m0.y, m1.y, m2.y, m3.y));
-    let s = bitcast<vec4<f32>>(vec4<u32>(m0.x, m1.x, m2.x, m3.x));
-    let y = (vec4<f32>(d - sq) / s) * p.w_scale;
+    return TokScales(
+        bitcast<vec4<i32>>(vec4<u32>(m0.y, m1.y, m2.y, m3.y)),
+        bitcast<vec4<f32>>(vec4<u32>(m0.x, m1.x, m2.x, m3.x)),
+    );
+}
+
+// Scales the integer sums `d` of row `row` against tokens tb..tb+3 (their scales `ts`)
+// and stores (or adds) those that exist.
+fn store_row(row: u32, d: vec4<i32>, ts: TokScales, tb: u32, last: u32) {
+    let y = (vec4<f32>(d - ts.sq) / ts.s) * p.w_scale;
     if (row >= p.rows) {
         return;
     }
@@ -264,5 +276,6 @@ fn matmul_narrow(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
     let d = bitcast<vec4<i32>>(wsh[i * 64u + tq]) + bitcast<vec4<i32>>(wsh[256u + i * 64u + tq])
         + bitcast<vec4<i32>>(ash[i * 64u + tq]) + bitcast<vec4<i32>>(ash[256u + i * 64u + tq]);
 
-    store_row(tl.row0 + 4u * tr + i, d, tl.t0 + 4u * tt, tl.last);
+    let tb = tl.t0 + 4u * tt;
+    store_row(tl.row0 + 4u * tr + i, d, tok_scales(tb, tl.last), tb, tl.last);
 }

@@ -51,11 +51,12 @@ impl MatmulKind {
 }
 
 /// `out (= or +=) W · dequant(act)` for every token of a step, `n_tokens` read from the
-/// step uniform; one workgroup per [`MatmulKind::tile_rows`] rows × 64 tokens (the coop
-/// kernel: × 128 tokens when the step has more than 64 and `W` at least 1,024 rows).
+/// step uniform; one workgroup per [`MatmulKind::tile_rows`] rows ×
+/// [`MatmulKind::tile_tokens`] tokens (the coop kernel: × 128 tokens when the step has more
+/// than 64 and `W` at least 1,024 rows).
 pub struct TernaryMatmul {
     dispatch: Dispatch,
-    tile_tokens: u32,
+    kind: MatmulKind,
     /// `ternary_coop.wgsl` `matmul_wide`, for steps of more than 64 tokens.
     wide: Option<Dispatch>,
     _params: GpuBuffer,
@@ -117,7 +118,7 @@ impl TernaryMatmul {
         };
         Ok(TernaryMatmul {
             dispatch,
-            tile_tokens: kind.tile_tokens(),
+            kind,
             wide,
             _params: params,
         })
@@ -131,7 +132,7 @@ impl TernaryMatmul {
             }
             _ => self
                 .dispatch
-                .record(pass, n_tokens.div_ceil(self.tile_tokens)),
+                .record(pass, n_tokens.div_ceil(self.kind.tile_tokens())),
         }
     }
 }
@@ -139,7 +140,7 @@ impl TernaryMatmul {
 /// Largest step that runs the 4-token batch matvec rather than the narrow tiles: on an
 /// H200 (BENCHMARKS.md, 2026-11-26), 12 sequences decoded together ran 1,582–1,585 tok/s
 /// either way, 16 sequences 1,800–1,816 with it against 2,057–2,141 with the narrow tiles
-/// (a quarter empty), 32 sequences 1,985 against 2,393–2,438 (before the kernels lost
+/// (half empty), 32 sequences 1,985 against 2,393–2,438 (before the kernels lost
 /// naga's loop counters: then 16 sequences were faster with it, 1,557 against 1,377).
 pub const BATCH4_MAX_TOKENS: u32 = 12;
 
