@@ -37,7 +37,7 @@ pub enum PrefillKernel {
 }
 
 /// Workgroup memory `ternary_coop.wgsl` declares, in bytes.
-const COOP_WORKGROUP_BYTES: u32 = (8704 + 8704) * 2 + 2048 * 4;
+const COOP_WORKGROUP_BYTES: u32 = (2560 + 2560) * 8 + 2048 * 4;
 
 /// True when the adapter runs `ternary_coop.wgsl`: 16×16×16 f16·f16 + f32 subgroup
 /// matrices, f16, subgroups of exactly 32 lanes and enough workgroup memory.
@@ -89,6 +89,10 @@ pub struct Caps {
     pub name: String,
     /// Backend name, e.g. "vulkan".
     pub backend: String,
+    /// The driver keeps every buffer access inside its binding (Vulkan: robustBufferAccess,
+    /// a feature every Vulkan device has and wgpu enables), so shader modules are created
+    /// without naga's own bounds checks (pipelines.rs).
+    pub robust_buffers: bool,
 }
 
 /// One adapter as listed for `--device N`.
@@ -325,6 +329,7 @@ impl GpuContext {
             max_buffer: limits.max_buffer_size,
             name: info.name.clone(),
             backend: info.backend.to_string(),
+            robust_buffers: info.backend == wgpu::Backend::Vulkan,
         };
         Ok(GpuContext {
             device,

@@ -537,18 +537,25 @@ impl GpuContext {
                         label: Some(file),
                         source: wgpu::ShaderSource::Wgsl(code.into()),
                     };
-                    // SAFETY: the kernels are this crate's own WGSL, not user input. Buffer
-                    // bounds checks stay on (memory safety). Every loop of every kernel is
-                    // bounded by its construction (strides are constants, limits come from
-                    // host-validated uniforms, and no workgroup waits on another), and
-                    // every divisor is a constant or a host-validated non-zero size, so
-                    // the loop counters and division guards naga would inject add nothing
-                    // but instructions: without them an H200 decodes 2B-4T 1.22× faster,
-                    // prompts 1.11×, 32 sequences 1.24× (BENCHMARKS.md, 2026-11-26).
+                    // SAFETY: the kernels are this crate's own WGSL, not user input. Every
+                    // loop of every kernel is bounded by its construction (strides are
+                    // constants, limits come from host-validated uniforms, and no
+                    // workgroup waits on another), every divisor is a constant or a
+                    // host-validated non-zero size, and every index into a workgroup or
+                    // function array is below its constant size by construction, so the
+                    // loop counters, division guards and index clamps naga would inject
+                    // add nothing but instructions: without the first two an H200 decodes
+                    // 2B-4T 1.22× faster, prompts 1.11×, 32 sequences 1.24×; without the
+                    // clamps decode gains another 1.02×, prompts 1.02–1.04×
+                    // (BENCHMARKS.md, 2026-11-26). Buffer accesses stay bounded: naga
+                    // checks them, except on Vulkan (`Caps::robust_buffers`), whose
+                    // robustBufferAccess — required of every Vulkan device and enabled by
+                    // wgpu — keeps each access inside its binding.
                     let m = unsafe {
                         let mut checks = wgpu::ShaderRuntimeChecks::checked();
                         checks.force_loop_bounding = false;
                         checks.int_div_checks = false;
+                        checks.bounds_checks = !self.caps().robust_buffers;
                         self.device.create_shader_module_trusted(desc, checks)
                     };
                     modules.insert((src, key.variant), m.clone());

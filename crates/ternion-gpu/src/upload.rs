@@ -407,6 +407,7 @@ mod tests {
             max_buffer,
             name: "test adapter".into(),
             backend: "none".into(),
+            robust_buffers: false,
         }
     }
 

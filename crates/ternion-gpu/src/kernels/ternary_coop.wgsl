@@ -20,17 +20,20 @@
 // for steps of more than 64 tokens and M ≥ 1024) (ceil(M / 128), ceil(T / 128), 1); 256
 // threads per workgroup.
 //
-// A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 64 elements (half
-// an I2_S block: codes at shifts 6−4h and 4−4h of the block's 8 words per row, activation
-// words 16h..16h+15). Each stage unpacks the weights to f16 −1/0/1 (A, column-major
-// [k][row], rows padded to 136) and the activations to f16 (B, row-major [k][token],
-// padded to 72) in workgroup memory: a store instruction's 32 lanes (consecutive rows or
-// tokens) write 64 consecutive bytes, free of bank conflicts. Subgroup s multiplies rows
-// 32·(s % 4)..+32 by tokens 32·(s / 4)..+32: 2×2 accumulators of 16×16, 4 multiply-adds
-// per 16-wide k step. At the end each accumulator goes through a 16×16 f32 scratch of its
-// subgroup, and the lanes scale and store it. (64-row tiles, twice the workgroups,
-// measured slower at 512 tokens: BENCHMARKS.md.) Rows past M read row M−1 and tokens past
-// T read token T−1; neither is written. Layout of the codes: see ternary.wgsl's header.
+// A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 32 elements (one
+// bit plane of an I2_S block: the codes at shift 6 − 2·(s % 4) of block s / 4's 8 words per
+// row; activation vec4s 2s, 2s + 1). Each stage is unpacked to f16 in workgroup memory:
+// the weights −1/0/1 row-major ([row][k], A) and the activations token-major ([token][k],
+// B, read as a column-major fragment), each row 32 elements + 8 of padding (80 bytes, so
+// the fragment loads' eight 16-byte rows fall in distinct banks), four elements per
+// 8-byte store. Two buffers alternate: the words of stage s + 1 are loaded before stage s's
+// products and unpacked after them into the other buffer, one barrier a stage. Subgroup s
+// multiplies rows 32·(s % 4)..+32 by tokens 32·(s / 4)..+32: 2×2 accumulators of 16×16, 4
+// multiply-adds per 16-wide k step. At the end each accumulator goes through a 16×16 f32
+// scratch of its subgroup, and the lanes scale and store it. 48 KiB of workgroup memory
+// (the adapter must allow it; context.rs). (64-row tiles, twice the workgroups, measured
+// slower at 512 tokens: BENCHMARKS.md.) Rows past M read row M−1 and tokens past T read
+// token T−1; neither is written. Layout of the codes: see ternary.wgsl's header.
 
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -38,11 +41,10 @@ enable wgpu_cooperative_matrix;
 override EPILOGUE: u32 = 0u;
 const TM: u32 = 128u;
 const TN: u32 = 64u;
-const KS: u32 = 64u;
-const LDA: u32 = 136u;
-const LDB: u32 = 72u;
 const TNW: u32 = 128u;
-const LDBW: u32 = 136u;
+const KS: u32 = 32u;
+const LD4: u32 = 10u;
+const BUF: u32 = 1280u;
 
 struct Params { rows: u32, words: u32, w_scale: f32, zero: u32 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
@@ -54,36 +56,43 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
 
-var<workgroup> wa: array<f16, 8704>; // KS × LDA, [k][row]
-var<workgroup> xb: array<f16, 8704>; // KS × LDB (matmul_wide: KS × LDBW), [k][token]
+var<workgroup> wa: array<vec4<f16>, 2560>; // 2 buffers × TM rows × LD4 vec4s, [row][k]
+var<workgroup> xb: array<vec4<f16>, 2560>; // 2 buffers × TNW tokens × LD4 vec4s, [token][k]
 var<workgroup> cs: array<f32, 2048>; // 8 subgroups × 16 × 16
 
-// The codes at bits 2..3 of each byte of `codes` (elements 4j..4j+3 of the stage's first
-// 32) to wa k-rows at..at + 4 and those at bits 0..1 (the next 32) to k-rows at + 32..,
-// as f16 −1 / 0 / 1. `codes` is a block word shifted right by 4 − 4·(stage half).
-fn unpack_codes(codes: u32, at: u32) {
-    let lo = vec4<i32>(bitcast<vec4<i32>>((vec4<u32>(codes >> 2u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(3u)));
-    let hi = vec4<i32>(bitcast<vec4<i32>>((vec4<u32>(codes) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(3u)));
-    let a = vec4<f16>(lo - 1);
-    let b = vec4<f16>(hi - 1);
-    wa[at] = a.x;
-    wa[at + LDA] = a.y;
-    wa[at + 2u * LDA] = a.z;
-    wa[at + 3u * LDA] = a.w;
-    wa[at + 32u * LDA] = b.x;
-    wa[at + 33u * LDA] = b.y;
-    wa[at + 34u * LDA] = b.z;
-    wa[at + 35u * LDA] = b.w;
+// The 4 codes at bits `sh`..`sh`+1 of the bytes of `word` as f16 −1 / 0 / 1 (byte j is
+// element j of the four).
+fn codes4(word: u32, sh: u32) -> vec4<f16> {
+    let c = (vec4<u32>(word >> sh) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(3u);
+    return vec4<f16>(vec4<i32>(c) - vec4<i32>(1));
 }
 
-// The 4 int8 activations of packed word `v` as f16 into xb k-rows at..at + 4 (`ld` halves
-// per k-row).
-fn unpack_act(v: u32, at: u32, ld: u32) {
-    let q = vec4<f16>(unpack4xI8(v));
-    xb[at] = q.x;
-    xb[at + ld] = q.y;
-    xb[at + 2u * ld] = q.z;
-    xb[at + 3u * ld] = q.w;
+// This thread's 16 weights of a stage into wa at `at`: element 4j + i is byte i of word j
+// of `wv` (block bytes 16·lh..16·lh+15), its code at bits `sh`..`sh`+1.
+fn stage_codes(wv: vec4<u32>, sh: u32, at: u32) {
+    // Explicit components: a dynamically indexed vector variable would live in local memory.
+    wa[at] = codes4(wv.x, sh);
+    wa[at + 1u] = codes4(wv.y, sh);
+    wa[at + 2u] = codes4(wv.z, sh);
+    wa[at + 3u] = codes4(wv.w, sh);
+}
+
+// 16 int8 activations (a packed vec4) into xb at `at` as f16.
+fn stage_act(av: vec4<u32>, at: u32) {
+    xb[at] = vec4<f16>(unpack4xI8(av.x));
+    xb[at + 1u] = vec4<f16>(unpack4xI8(av.y));
+    xb[at + 2u] = vec4<f16>(unpack4xI8(av.z));
+    xb[at + 3u] = vec4<f16>(unpack4xI8(av.w));
+}
+
+// The weight fragment of 16 rows from wa vec4 `at` (row-major, LD4 vec4s a row).
+fn frag_a(at: u32) -> coop_mat16x16<f16, A> {
+    return coopLoadT<coop_mat16x16<f16, A>>(&wa[at], LD4);
+}
+
+// The activation fragment of 16 tokens from xb vec4 `at` (column-major, LD4 a token).
+fn frag_b(at: u32) -> coop_mat16x16<f16, B> {
+    return coopLoad<coop_mat16x16<f16, B>>(&xb[at], LD4);
 }
 
 // One accumulator through the subgroup's scratch: store, then scale and write rows
@@ -95,28 +104,8 @@ fn drain(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, r0: u32, tk0: u32) {
     workgroupBarrier();
 }
 
-// Stage `st`'s weight codes of this thread (row column `lr`, block words 4·lh..4·lh+3 in
-// `wv`) into wa.
-fn stage_codes(wv: vec4<u32>, st: u32, lr: u32, lh: u32) {
-    // Explicit components: a dynamically indexed vector variable would live in local memory.
-    let sh = 4u - 4u * (st % 2u);
-    let wb = 16u * lh * LDA + lr;
-    unpack_codes(wv.x >> sh, wb);
-    unpack_codes(wv.y >> sh, wb + 4u * LDA);
-    unpack_codes(wv.z >> sh, wb + 8u * LDA);
-    unpack_codes(wv.w >> sh, wb + 12u * LDA);
-}
-
-// Activation vec4 `q` of a stage (k 16·q..16·q+15) of token column `lt` into xb.
-fn stage_act(av: vec4<u32>, q: u32, lt: u32, ld: u32) {
-    let xo = 16u * q * ld + lt;
-    unpack_act(av.x, xo, ld);
-    unpack_act(av.y, xo + 4u * ld, ld);
-    unpack_act(av.z, xo + 8u * ld, ld);
-    unpack_act(av.w, xo + 12u * ld, ld);
-}
-
-// Scales and stores accumulator (fr, fc) of subgroup `sg` from its scratch.
+// Scales and stores the accumulator in subgroup `sg`'s scratch (column-major: element
+// (row m, token n) at n·16 + m).
 fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
     let last = step.n_tokens - 1u;
     for (var i = 0u; i < 8u; i++) {
@@ -136,6 +125,47 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
     }
 }
 
+// Staging roles of thread `li` for a tile of `tn` tokens (64 or 128): weight row li % 128
+// with block bytes 16·(li / 128)..+16, and for li < 2·tn token li % tn with activation
+// vec4 (li / tn) % 2 of each stage.
+struct Roles { lr: u32, lh: u32, lt: u32, la: u32, acts: bool, wrow: u32, arow: u32 }
+
+fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
+    var r: Roles;
+    r.lr = li % TM;
+    r.lh = li / TM;
+    r.lt = li % tn;
+    r.la = (li / tn) % 2u;
+    r.acts = li < 2u * tn;
+    r.wrow = min(row0 + r.lr, p.rows - 1u) * (p.words / 4u);
+    r.arow = min(t0 + r.lt, step.n_tokens - 1u) * p.words;
+    return r;
+}
+
+// A thread's words of a stage: its block words (the weights of four stages) and its
+// activation vec4.
+struct Words { w: vec4<u32>, a: vec4<u32> }
+
+// The words of stage `s` (elements 32·s..32·s+31: bit plane s % 4 of I2_S block s / 4),
+// the block words loaded only when s starts a block.
+fn load_words(r: Roles, s: u32, prev: Words) -> Words {
+    var n = prev;
+    if (s % 4u == 0u) {
+        n.w = w[r.wrow + 2u * (s / 4u) + r.lh];
+    }
+    n.a = act[r.arow + 2u * s + r.la];
+    return n;
+}
+
+// Writes stage `s` from its words into buffer s % 2.
+fn stage(r: Roles, s: u32, wd: Words) {
+    let o = (s % 2u) * BUF;
+    stage_codes(wd.w, 6u - 2u * (s % 4u), o + r.lr * LD4 + 4u * r.lh);
+    if (r.acts) {
+        stage_act(wd.a, o + r.lt * LD4 + 4u * r.la);
+    }
+}
+
 @compute @workgroup_size(256)
 fn matmul_tiled(
     @builtin(local_invocation_index) li: u32,
@@ -145,17 +175,7 @@ fn matmul_tiled(
 ) {
     let row0 = wg.x * TM;
     let t0 = wg.y * TN;
-    let last = step.n_tokens - 1u;
-
-    // Staging roles: weight row `lr`, words 4·lh..4·lh+3 of each block; token `lt`,
-    // activation vec4 `lq` (k 16·lq..16·lq+15) of each stage.
-    let lr = li % TM;
-    let lh = li / TM;
-    let lt = li % TN;
-    let lq = li / TN;
-    let wrow = min(row0 + lr, p.rows - 1u) * (p.words / 4u);
-    let arow = min(t0 + lt, last) * p.words;
-
+    let r = roles(li, row0, t0, TN);
     let rb = 32u * (sg % 4u);
     let tb = 32u * (sg / 4u);
     var c00 = coop_mat16x16<f32, C>();
@@ -163,34 +183,34 @@ fn matmul_tiled(
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
 
-    let stages = p.words / 4u;
-    var wv = w[wrow + lh];
-    var av = act[arow + lq];
-    for (var st = 0u; st < stages; st++) {
-        let h = st % 2u;
-        workgroupBarrier();
-        stage_codes(wv, st, lr, lh);
-        stage_act(av, lq, lt, LDB);
-        workgroupBarrier();
-        if (st + 1u < stages) {
-            if (h == 1u) {
-                wv = w[wrow + (st + 1u) + lh];
-            }
-            av = act[arow + 4u * (st + 1u) + lq];
+    let stages = p.words / 2u;
+    var wd = load_words(r, 0u, Words());
+    stage(r, 0u, wd);
+    workgroupBarrier();
+    for (var s = 0u; s < stages; s++) {
+        // Stage s + 1's words are loaded before stage s's products and stored after them,
+        // into the other buffer (read by nobody since the last barrier).
+        let nxt = s + 1u;
+        if (nxt < stages) {
+            wd = load_words(r, nxt, wd);
         }
-        for (var kk = 0u; kk < KS; kk += 16u) {
-            let a0 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb], LDA);
-            let a1 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb + 16u], LDA);
-            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDB + tb], LDB);
-            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDB + tb + 16u], LDB);
+        let o = (s % 2u) * BUF;
+        for (var kq = 0u; kq < KS / 4u; kq += 4u) {
+            let a0 = frag_a(o + rb * LD4 + kq);
+            let a1 = frag_a(o + (rb + 16u) * LD4 + kq);
+            let b0 = frag_b(o + tb * LD4 + kq);
+            let b1 = frag_b(o + (tb + 16u) * LD4 + kq);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c10 = coopMultiplyAdd(a1, b0, c10);
             c11 = coopMultiplyAdd(a1, b1, c11);
         }
+        if (nxt < stages) {
+            stage(r, nxt, wd);
+        }
+        workgroupBarrier();
     }
 
-    // Accumulator layout in the scratch: column-major, element (row m, token n) at n·16 + m.
     let r0 = row0 + rb;
     let tk0 = t0 + tb;
     drain(c00, sg, lane, r0, tk0);
@@ -212,16 +232,7 @@ fn matmul_wide(
 ) {
     let row0 = wg.x * TM;
     let t0 = wg.y * TNW;
-    let last = step.n_tokens - 1u;
-
-    // Staging roles: weight row `lr`, words 4·lh..4·lh+3 of each block; token `lt`,
-    // activation vec4s 2·lh and 2·lh + 1 of each stage.
-    let lr = li % TM;
-    let lh = li / TM;
-    let lt = li % TNW;
-    let wrow = min(row0 + lr, p.rows - 1u) * (p.words / 4u);
-    let arow = min(t0 + lt, last) * p.words;
-
+    let r = roles(li, row0, t0, TNW);
     let rb = 32u * (sg % 4u);
     let tb = 64u * (sg / 4u);
     var c00 = coop_mat16x16<f32, C>();
@@ -233,30 +244,23 @@ fn matmul_wide(
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
 
-    let stages = p.words / 4u;
-    var wv = w[wrow + lh];
-    var av0 = act[arow + 2u * lh];
-    var av1 = act[arow + 2u * lh + 1u];
-    for (var st = 0u; st < stages; st++) {
-        workgroupBarrier();
-        stage_codes(wv, st, lr, lh);
-        stage_act(av0, 2u * lh, lt, LDBW);
-        stage_act(av1, 2u * lh + 1u, lt, LDBW);
-        workgroupBarrier();
-        if (st + 1u < stages) {
-            if (st % 2u == 1u) {
-                wv = w[wrow + (st + 1u) + lh];
-            }
-            av0 = act[arow + 4u * (st + 1u) + 2u * lh];
-            av1 = act[arow + 4u * (st + 1u) + 2u * lh + 1u];
+    let stages = p.words / 2u;
+    var wd = load_words(r, 0u, Words());
+    stage(r, 0u, wd);
+    workgroupBarrier();
+    for (var s = 0u; s < stages; s++) {
+        let nxt = s + 1u;
+        if (nxt < stages) {
+            wd = load_words(r, nxt, wd);
         }
-        for (var kk = 0u; kk < KS; kk += 16u) {
-            let a0 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb], LDA);
-            let a1 = coopLoad<coop_mat16x16<f16, A>>(&wa[kk * LDA + rb + 16u], LDA);
-            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb], LDBW);
-            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb + 16u], LDBW);
-            let b2 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb + 32u], LDBW);
-            let b3 = coopLoadT<coop_mat16x16<f16, B>>(&xb[kk * LDBW + tb + 48u], LDBW);
+        let o = (s % 2u) * BUF;
+        for (var kq = 0u; kq < KS / 4u; kq += 4u) {
+            let a0 = frag_a(o + rb * LD4 + kq);
+            let a1 = frag_a(o + (rb + 16u) * LD4 + kq);
+            let b0 = frag_b(o + tb * LD4 + kq);
+            let b1 = frag_b(o + (tb + 16u) * LD4 + kq);
+            let b2 = frag_b(o + (tb + 32u) * LD4 + kq);
+            let b3 = frag_b(o + (tb + 48u) * LD4 + kq);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c02 = coopMultiplyAdd(a0, b2, c02);
@@ -266,6 +270,10 @@ fn matmul_wide(
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
         }
+        if (nxt < stages) {
+            stage(r, nxt, wd);
+        }
+        workgroupBarrier();
     }
 
     let r0 = row0 + rb;
