@@ -7,26 +7,29 @@
 # and the ratios. Runs from the repository root on a machine without network, from the
 # folder scripts/dawn-bundle.sh builds (Node.js, dawn.node, the wasm package, `ternion`).
 #
-#   scripts/dawn-bench.sh [--bundle DIR] [--out DIR] [--rounds N] [-P N] [-n N]
-#                         [--synthetic NAME] [--ternion BIN] [--dawn FLAG]... [--cpu]
+#   scripts/dawn-bench.sh [--bundle DIR] [--out DIR] [--work DIR] [--rounds N] [-P N]
+#                         [-n N] [--synthetic NAME] [--ternion BIN] [--dawn FLAG]... [--cpu]
 #
-# --bundle: the folder (default devweb). --out: where results.jsonl and table.txt go
-# (default /tmp/ternion-dawn). --synthetic: the model as `ternion bench --synthetic` names
+# --bundle: the folder (default devweb). --work: where the tools are unpacked and the
+# model written (default /tmp/ternion-dawn). --out: where results.jsonl and table.txt go
+# (default: --work). --synthetic: the model as `ternion bench --synthetic` names
 # it (default 2b-4t-i2_s). --ternion: a native binary instead of the bundle's.
 # --dawn FLAG is passed to Dawn's create() (default backend=vulkan; e.g.
 # enable-dawn-features=disable_robustness to see what bounds checks cost). The Vulkan
 # loader (libvulkan.so.1) must be installed; VK_DRIVER_FILES is pointed at the NVIDIA
 # driver's ICD file when no ICD is registered. --cpu (no GPU): the tiny model on the CPU
 # backends, and every kernel variant compiled by Dawn's null backend (no figures).
+# crates/ternion-web/pkg is replaced by the bundle's (the wasm that matches its ternion).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bundle=devweb out=/tmp/ternion-dawn rounds=2 n_prompt="" n_gen="" ternion="" cpu=0 model_name=""
+bundle=devweb work=/tmp/ternion-dawn out="" rounds=2 n_prompt="" n_gen="" ternion="" cpu=0 model_name=""
 dawn_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --work) work="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     -P) n_prompt="$2"; shift 2 ;;
     -n) n_gen="$2"; shift 2 ;;
@@ -43,11 +46,12 @@ if [ "$cpu" = 1 ]; then
 else
   model_name="${model_name:-2b-4t-i2_s}"; n_prompt="${n_prompt:-512}"; n_gen="${n_gen:-128}"
 fi
+out="${out:-$work}"
 [ -d "$bundle" ] || { echo "error: no bundle folder '$bundle' (scripts/dawn-bundle.sh builds it)" >&2; exit 1; }
 
 # Unpack what is newer than the last unpack.
-tools="$out/tools"
-mkdir -p "$tools/webgpu/dist/linux-x64" "$out"
+tools="$work/tools"
+mkdir -p "$tools/webgpu/dist/linux-x64" "$tools/lib" "$out"
 unxz_to() {
   if [ ! -e "$2" ] || [ "$1" -nt "$2" ]; then
     if command -v xz >/dev/null; then xz -dc "$1" >"$2.part"
@@ -60,6 +64,7 @@ unxz_to() {
 unxz_to "$bundle/node.xz" "$tools/node"
 unxz_to "$bundle/dawn.node.xz" "$tools/webgpu/dist/linux-x64/dawn.node"
 cp "$bundle/webgpu/index.js" "$bundle/webgpu/package.json" "$tools/webgpu/"
+[ ! -f "$bundle/libstdc++.so.6.xz" ] || unxz_to "$bundle/libstdc++.so.6.xz" "$tools/lib/libstdc++.so.6"
 if [ -z "$ternion" ]; then
   unxz_to "$bundle/ternion.xz" "$tools/ternion"
   ternion="$tools/ternion"
@@ -67,10 +72,17 @@ fi
 rm -rf crates/ternion-web/pkg
 tar -C crates/ternion-web -xJf "$bundle/pkg.tar.xz"
 node="$tools/node"
+# dawn.node needs GLIBCXX_3.4.30 (GCC 12's libstdc++): the bundle's when the system's is older.
+if ! "$node" -e "require('$tools/webgpu/dist/linux-x64/dawn.node')" 2>/dev/null; then
+  export LD_LIBRARY_PATH="$tools/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  "$node" -e "require('$tools/webgpu/dist/linux-x64/dawn.node')"
+fi
+# Dawn warns on every start without it.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 echo "node $("$node" --version), $("$ternion" --version 2>/dev/null || echo ternion), bundle: $(head -1 "$bundle/MANIFEST" 2>/dev/null || echo '(no MANIFEST)')"
 
 if [ "$cpu" = 0 ]; then
-  if ! ldconfig -p | grep -q 'libvulkan\.so\.1'; then
+  if ! ldconfig -p | grep 'libvulkan\.so\.1' >/dev/null; then
     echo "error: no Vulkan loader (libvulkan.so.1): install libvulkan1 first" >&2
     exit 1
   fi
@@ -81,7 +93,7 @@ if [ "$cpu" = 0 ]; then
   fi
 fi
 
-export XDG_CACHE_HOME="$out/cache"
+export XDG_CACHE_HOME="$work/cache"
 model="$XDG_CACHE_HOME/ternion/synth-$model_name.gguf"
 backend=gpu
 [ "$cpu" = 1 ] && backend=cpu

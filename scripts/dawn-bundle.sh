@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the folder that scripts/dawn-bench.sh unpacks on a GPU machine without network
 # (issue 18): the wasm package (scripts/web-build.sh), the native `ternion` built from
-# the same tree, a Node.js binary, and the `webgpu` package's linux-x64 Dawn (dawn.node),
-# each xz-compressed (about 36 MB in all), with a MANIFEST of versions and sizes.
+# the same tree, a Node.js binary, the `webgpu` package's linux-x64 Dawn (dawn.node), and
+# this machine's libstdc++ (dawn.node needs GCC 12's; used only where the GPU machine's is
+# older), each xz-compressed (about 36 MB in all), with a MANIFEST of versions and sizes.
 #
 #   scripts/dawn-bundle.sh [OUT_DIR]        # default: devweb (add it to .git/info/exclude)
 #
@@ -45,12 +46,14 @@ cp "$webgpu/index.js" "$webgpu/package.json" "$webgpu/LICENSE.md" "$out/webgpu/"
 xz -T2 -6 -c "$webgpu/dist/linux-x64/dawn.node" >"$out/dawn.node.xz"
 xz -T2 -6 -c "$node_bin" >"$out/node.xz"
 xz -T2 -6 -c "$target/release/ternion" >"$out/ternion.xz"
+libstdcxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ { print $NF; exit }')
+xz -T2 -6 -c "$(readlink -f "$libstdcxx")" >"$out/libstdc++.so.6.xz"
 tar -C crates/ternion-web -cJf "$out/pkg.tar.xz" pkg
 {
   echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "node $("$node_bin" --version)"
   echo "webgpu $(sed -nE 's/.*"version": "([^"]+)".*/\1/p' "$webgpu/package.json")"
-  (cd "$out" && sha256sum dawn.node.xz node.xz ternion.xz pkg.tar.xz)
+  (cd "$out" && sha256sum dawn.node.xz node.xz ternion.xz pkg.tar.xz libstdc++.so.6.xz)
 } >"$out/MANIFEST"
 du -ab "$out" | sort -k2 >>"$out/MANIFEST"
 cat "$out/MANIFEST"
