@@ -22,7 +22,20 @@ import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import init, { load } from "ternion-web";
 
-const { values: opt, positionals } = parseArgs({
+const USAGE = "usage: node-bench.mjs MODEL.gguf [-P N] [-n N] [--ubatch N] [--warmup-ms MS] " +
+  "[--variants all|LIST] [--no-f16] [--no-subgroups] [--cpu] [--webgpu DIR] [--dawn FLAG]... " +
+  "[--repeat N] [--no-generate]";
+
+function args(spec) {
+  try {
+    return parseArgs(spec);
+  } catch (e) {
+    console.error(`${e.message}\n${USAGE}`);
+    process.exit(2);
+  }
+}
+
+const { values: opt, positionals } = args({
   allowPositionals: true,
   options: {
     "prompt-tokens": { type: "string", short: "P", default: "512" },
@@ -50,9 +63,7 @@ function whole(name, min) {
 }
 
 if (positionals.length !== 1) {
-  console.error("usage: node-bench.mjs MODEL.gguf [-P N] [-n N] [--ubatch N] [--warmup-ms MS] " +
-    "[--variants all|LIST] [--no-f16] [--no-subgroups] [--cpu] [--webgpu DIR] [--dawn FLAG]... " +
-    "[--repeat N] [--no-generate]");
+  console.error(USAGE);
   process.exit(2);
 }
 const model = positionals[0];
