@@ -417,6 +417,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let v = json!({
             "model": path.display().to_string(),
             "backend": backend,
+            "kernels": gpu.as_ref().map(|g| {
+                let c = g.context().caps();
+                json!({
+                    "adapter": c.name,
+                    "f16": c.f16,
+                    "subgroups": c.subgroups,
+                    "subgroup_min_size": c.subgroup_min_size,
+                    "prefill": format!("{:?}", c.prefill).to_lowercase(),
+                })
+            }),
             "dispatches_per_token": dispatches,
             "threads": threads,
             "simd": ternion::backend::cpu::simd::Level::detect().name(),

@@ -44,6 +44,12 @@ pub struct BackendArgs {
     /// (docs/ARCHITECTURE.md, "Numerics").
     #[arg(long, value_enum, default_value = "fast")]
     pub gpu_numerics: GpuNumerics,
+    /// GPU: keep the SHADER_F16 kernel variants off (f32 only), to measure what they give.
+    #[arg(long)]
+    pub gpu_no_f16: bool,
+    /// GPU: keep the subgroup kernel variants off (reductions in workgroup memory).
+    #[arg(long)]
+    pub gpu_no_subgroups: bool,
 }
 
 /// `--gpu-numerics` choices (see `ternion::backend::gpu::Numerics`).
@@ -111,6 +117,8 @@ impl BackendArgs {
                 GpuPrefill::Tiled => PrefillKernel::Tiled,
                 GpuPrefill::Coop => PrefillKernel::Coop,
             }),
+            disable_f16: self.gpu_no_f16,
+            disable_subgroups: self.gpu_no_subgroups,
             ..GpuOptions::default()
         };
         let ctx = match GpuContext::new(&opts) {

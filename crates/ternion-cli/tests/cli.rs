@@ -426,6 +426,53 @@ fn bench_json_reports_speeds() {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
     }
     assert_eq!(v["backend"], "cpu");
+    assert!(v["kernels"].is_null(), "{v}");
+}
+
+#[test]
+fn gpu_bench_reports_its_kernel_variants_and_turns_them_off() {
+    if !gpu_tests_on() {
+        return;
+    }
+    let model = tiny_model();
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--model",
+            model.to_str().unwrap(),
+            "--backend",
+            "gpu",
+            "-P",
+            "16",
+            "-n",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        last_json(&ok(&args))
+    };
+    let v = bench(&[]);
+    let k = &v["kernels"];
+    assert!(k["adapter"].as_str().is_some_and(|a| !a.is_empty()), "{v}");
+    assert!(k["f16"].is_boolean() && k["subgroups"].is_boolean(), "{v}");
+    assert!(
+        ["batch4", "tiled", "coop"].contains(&k["prefill"].as_str().unwrap()),
+        "{v}"
+    );
+    let v = bench(&[
+        "--gpu-no-f16",
+        "--gpu-no-subgroups",
+        "--gpu-prefill",
+        "tiled",
+    ]);
+    let k = &v["kernels"];
+    assert_eq!(
+        (&k["f16"], &k["subgroups"]),
+        (&false.into(), &false.into()),
+        "{v}"
+    );
+    assert_eq!(k["prefill"], "tiled", "{v}");
+    assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 #[test]

@@ -180,11 +180,20 @@ impl Fault {
     }
 }
 
-async fn enumerate(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+/// The adapters of `backends`; in a browser, with `subgroups`, adapters that offer the
+/// `subgroups` feature ask for it when opening their device (`web.rs`).
+async fn enumerate(
+    backends: wgpu::Backends,
+    #[cfg_attr(not(target_arch = "wasm32"), allow(unused_variables))] subgroups: bool,
+) -> Vec<wgpu::Adapter> {
+    let desc = wgpu::InstanceDescriptor {
         backends,
         ..wgpu::InstanceDescriptor::new_without_display_handle()
-    });
+    };
+    #[cfg(target_arch = "wasm32")]
+    let instance = super::web::instance(desc, subgroups);
+    #[cfg(not(target_arch = "wasm32"))]
+    let instance = wgpu::Instance::new(desc);
     instance.enumerate_adapters(backends).await
 }
 
@@ -201,7 +210,7 @@ fn type_rank(t: wgpu::DeviceType) -> u32 {
 /// The adapters of `backends`, in the order `--device N` indexes them (blocks: native only).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters(backends: wgpu::Backends) -> Vec<AdapterListing> {
-    pollster::block_on(enumerate(backends))
+    pollster::block_on(enumerate(backends, false))
         .iter()
         .enumerate()
         .map(|(index, a)| {
@@ -225,9 +234,10 @@ impl GpuContext {
 
     /// Opens the adapter chosen by `opts`, with the adapter's own limits and the optional
     /// features the kernels can use (SHADER_F16, SUBGROUP, TIMESTAMP_QUERY). In a browser
-    /// the one adapter is the page's WebGPU (`navigator.gpu`).
+    /// the one adapter is the page's WebGPU (`navigator.gpu`), and `subgroups` is asked for
+    /// past wgpu when offered (`web.rs`).
     pub async fn new_async(opts: &GpuOptions) -> Result<GpuContext> {
-        let mut adapters = enumerate(opts.backends).await;
+        let mut adapters = enumerate(opts.backends, !opts.disable_subgroups).await;
         if adapters.is_empty() {
             let hint = if cfg!(target_arch = "wasm32") {
                 "navigator.gpu gave no WebGPU adapter (a browser without WebGPU, or a Node.js gpu object without one)"
@@ -319,9 +329,14 @@ impl GpuContext {
             });
         });
 
+        // A browser's device may have `subgroups` without wgpu knowing (`web.rs`).
+        #[cfg(target_arch = "wasm32")]
+        let web_subgroups = !opts.disable_subgroups && super::web::device_has_subgroups(&device);
+        #[cfg(not(target_arch = "wasm32"))]
+        let web_subgroups = false;
         let caps = Caps {
             f16: features.contains(wgpu::Features::SHADER_F16),
-            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroups: features.contains(wgpu::Features::SUBGROUP) || web_subgroups,
             subgroup_min_size: info.subgroup_min_size,
             prefill,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),

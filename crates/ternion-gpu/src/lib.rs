@@ -12,7 +12,9 @@
 //!   (an enum with each kernel's small integer specialisations, passed to WGSL as
 //!   `override` constants) × [`Variant`] (f16, subgroups). Feature-gated code in a kernel
 //!   sits between `#if NAME` / `#else` / `#endif` lines (one small preprocessor, see
-//!   [`preprocess`]); nothing else rewrites shader text. Pipelines use automatic layouts.
+//!   [`preprocess`]); nothing else rewrites shader text but, in a browser, the
+//!   `enable subgroups;` put in front of subgroup variants (`web.rs`). Pipelines use
+//!   automatic layouts.
 //! - `buffers.rs`: [`GpuBuffer`] (typed upload, read-back for tests) and [`Sharded`], a
 //!   row-major matrix split into shards of whole rows that each fit one binding (the
 //!   657 MB F16 embedding / LM head against lavapipe's 128 MiB limit). Kernels over a
@@ -104,6 +106,8 @@ mod tests_mm;
 #[cfg(test)]
 mod tests_plan;
 mod upload;
+#[cfg(target_arch = "wasm32")]
+mod web;
 
 pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
 pub use batch::GpuBatch;

@@ -533,6 +533,8 @@ impl GpuContext {
                         code.push_str(include_str!("kernels/paged_kv.wgsl"));
                     }
                     code.push_str(include_str!("kernels/common.wgsl"));
+                    #[cfg(target_arch = "wasm32")]
+                    super::web::directives(&mut code, key.variant);
                     let desc = wgpu::ShaderModuleDescriptor {
                         label: Some(file),
                         source: wgpu::ShaderSource::Wgsl(code.into()),

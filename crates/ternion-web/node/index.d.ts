@@ -22,6 +22,10 @@ export interface LoadOptions {
   backend?: "webgpu" | "cpu";
   nCtx?: number;
   maxBatch?: number;
+  /** `false` keeps the shader-f16 kernel variants off (WebGPU). */
+  f16?: boolean;
+  /** `false` keeps the subgroup kernel variants off (WebGPU). */
+  subgroups?: boolean;
   gpu?: unknown;
 }
 

@@ -84,6 +84,11 @@ fn flag(obj: &JsValue, key: &str) -> bool {
     get(obj, key).is_some_and(|v| v.is_truthy())
 }
 
+/// True when option `key` is given and false (an absent option means on).
+fn off(obj: &JsValue, key: &str) -> bool {
+    get(obj, key).is_some_and(|v| !v.is_truthy())
+}
+
 fn text(obj: &JsValue, key: &str) -> Option<String> {
     get(obj, key).and_then(|v| v.as_string())
 }
@@ -138,7 +143,14 @@ async fn load<M: ModelSource>(
                     hint: NO_WEBGPU,
                 });
             }
-            let ctx = GpuContext::new_async(&GpuOptions::default()).await?;
+            // `f16: false` / `subgroups: false` keep those kernel variants off (to
+            // measure what each costs).
+            let gpu_opts = GpuOptions {
+                disable_f16: off(&options, "f16"),
+                disable_subgroups: off(&options, "subgroups"),
+                ..GpuOptions::default()
+            };
+            let ctx = GpuContext::new_async(&gpu_opts).await?;
             // The core's upload API takes an Arc (shared across threads natively); a page
             // has one thread.
             #[allow(clippy::arc_with_non_send_sync)]
@@ -232,26 +244,57 @@ fn sampler(options: &JsValue) -> Result<Sampler> {
     })
 }
 
+/// What a call gets while a generation (or a benchmark) runs.
+fn busy_error() -> Error {
+    Error::Request("a generation is already running".into())
+}
+
+/// Sets `o[key] = v`.
+fn set(o: &Object, key: &str, v: JsValue) -> Result<()> {
+    Reflect::set(o, &key.into(), &v)
+        .map(|_| ())
+        .map_err(|_| Error::Request("building the result".into()))
+}
+
 fn result_object(g: &Generated) -> Result<JsValue> {
     let o = Object::new();
     let ids = |v: &[u32]| Array::from_iter(v.iter().map(|&i| JsValue::from(i)));
-    let set = |k: &str, v: JsValue| {
-        Reflect::set(&o, &k.into(), &v)
-            .map(|_| ())
-            .map_err(|_| Error::Request("building the result".into()))
-    };
-    set("promptTokens", ids(&g.prompt_tokens).into())?;
-    set("tokens", ids(&g.tokens).into())?;
-    set("text", g.text.as_str().into())?;
-    set("finish", g.finish.as_str().into())?;
-    set("promptMs", g.prompt_ms.into())?;
-    set("decodeMs", g.decode_ms.into())?;
-    set("promptTokS", g.prompt_tok_s().into())?;
-    set("decodeTokS", g.decode_tok_s().into())?;
+    set(&o, "promptTokens", ids(&g.prompt_tokens).into())?;
+    set(&o, "tokens", ids(&g.tokens).into())?;
+    set(&o, "text", g.text.as_str().into())?;
+    set(&o, "finish", g.finish.as_str().into())?;
+    set(&o, "promptMs", g.prompt_ms.into())?;
+    set(&o, "decodeMs", g.decode_ms.into())?;
+    set(&o, "promptTokS", g.prompt_tok_s().into())?;
+    set(&o, "decodeTokS", g.decode_tok_s().into())?;
     Ok(o.into())
 }
 
 impl Inner {
+    // As in `generate`, the borrow held across the awaits is the "busy" flag.
+    #[allow(clippy::await_holding_refcell_ref)]
+    async fn bench(&self, options: JsValue) -> Result<JsValue> {
+        let n_prompt = count(&options, "promptTokens", 512)?;
+        let n_gen = count(&options, "genTokens", 128)?;
+        let warmup_ms = num(&options, "warmupMs")?.unwrap_or(1500.0);
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy_error())?;
+        let b = engine
+            .bench(&Browser::default(), n_prompt, n_gen, warmup_ms)
+            .await?;
+        let o = Object::new();
+        set(&o, "promptTokens", b.n_prompt.into())?;
+        set(&o, "genTokens", b.n_gen.into())?;
+        set(&o, "prefillMs", b.prefill_ms.into())?;
+        set(&o, "decodeMs", b.decode_ms.into())?;
+        set(&o, "prefillTokS", b.prefill_tok_s().into())?;
+        set(&o, "decodeTokS", b.decode_tok_s().into())?;
+        set(&o, "warmupMs", b.warmup_ms.into())?;
+        set(&o, "warmupRounds", b.warmup_rounds.into())?;
+        let ids = Array::from_iter(b.ids.iter().map(|&i| JsValue::from(i)));
+        set(&o, "ids", ids.into())?;
+        Ok(o.into())
+    }
+
     /// The prompt's ids: given ids, a chat turn, or raw text.
     fn prompt_ids(&self, prompt: &str, options: &JsValue) -> Result<Vec<u32>> {
         if let Some(ids) = get(options, "tokens") {
@@ -309,10 +352,7 @@ impl Inner {
         let max_tokens = count(&options, "maxTokens", 256)?;
         let ignore_eos = flag(&options, "ignoreEos");
         self.stop.set(false);
-        let mut engine = self
-            .engine
-            .try_borrow_mut()
-            .map_err(|_| Error::Request("a generation is already running".into()))?;
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy_error())?;
         let host = Browser::default();
         let g = engine
             .generate(
@@ -352,7 +392,8 @@ impl Ternion {
     }
 
     /// Loads a GGUF file from `url` by HTTP range requests (the header, then each tensor
-    /// straight into GPU buffers). `options`: `{ backend: "webgpu" | "cpu", nCtx, maxBatch }`;
+    /// straight into GPU buffers). `options`: `{ backend: "webgpu" | "cpu", nCtx, maxBatch,
+    /// f16, subgroups }` (`f16: false` / `subgroups: false` keep those kernel variants off);
     /// `onProgress(phase, done, total)` is called as weights arrive.
     #[wasm_bindgen(js_name = loadUrl)]
     pub async fn load_url(
@@ -472,5 +513,47 @@ impl Ternion {
     #[wasm_bindgen(getter)]
     pub fn adapter(&self) -> String {
         self.inner.adapter.clone()
+    }
+
+    /// The GPU's kernel variants: `{ name, f16, subgroups, subgroupMinSize, prefill }`
+    /// (`subgroups`: reductions within subgroups where a row's lanes fit the smallest
+    /// subgroup, else in workgroup memory; `prefill`: the kernel of prompt batches); null
+    /// on the CPU backend.
+    #[wasm_bindgen(getter)]
+    pub fn gpu(&self) -> std::result::Result<JsValue, JsValue> {
+        let engine = self
+            .inner
+            .engine
+            .try_borrow()
+            .map_err(|_| to_js(busy_error()))?;
+        let Backend::Gpu(g) = engine.backend() else {
+            return Ok(JsValue::NULL);
+        };
+        let caps = g.context().caps();
+        let o = Object::new();
+        set(&o, "name", caps.name.as_str().into()).map_err(to_js)?;
+        set(&o, "f16", caps.f16.into()).map_err(to_js)?;
+        set(&o, "subgroups", caps.subgroups.into()).map_err(to_js)?;
+        set(&o, "subgroupMinSize", caps.subgroup_min_size.into()).map_err(to_js)?;
+        set(
+            &o,
+            "prefill",
+            format!("{:?}", caps.prefill).to_lowercase().into(),
+        )
+        .map_err(to_js)?;
+        Ok(o.into())
+    }
+
+    /// Times prefill and decode as `ternion bench` does natively (same random prompt, a
+    /// warm-up first, greedy decode): `options` `{ promptTokens: 512, genTokens: 128,
+    /// warmupMs: 1500 }`. Resolves to `{ promptTokens, genTokens, prefillMs, decodeMs,
+    /// prefillTokS, decodeTokS, warmupMs, warmupRounds, ids }`. Forgets the sequence
+    /// before and after; load with `nCtx` above prompt + generated tokens and `maxBatch`
+    /// as the prefill step (`ternion bench --ubatch`, 512).
+    pub fn bench(&self, options: JsValue) -> js_sys::Promise {
+        let inner = self.inner.clone();
+        wasm_bindgen_futures::future_to_promise(
+            async move { inner.bench(options).await.map_err(to_js) },
+        )
     }
 }

@@ -255,7 +255,11 @@ const SLICE_MS: f64 = 50.0;
 
 impl Host for Browser {
     fn now_ms(&self) -> f64 {
-        js_sys::Date::now()
+        // performance.now(): sub-millisecond, on a page, in a worker and in Node.js.
+        match Reflect::get(&js_sys::global(), &"performance".into()) {
+            Ok(p) if p.is_object() => p.unchecked_into::<web_sys::Performance>().now(),
+            _ => js_sys::Date::now(),
+        }
     }
 
     async fn pause(&self) {

@@ -56,6 +56,14 @@ impl Backend {
         }
     }
 
+    /// The model's vocabulary size (rows of its LM head).
+    pub fn n_vocab(&self) -> usize {
+        match self {
+            Backend::Gpu(g) => g.config().n_vocab,
+            Backend::Cpu(c) => c.model.config().n_vocab,
+        }
+    }
+
     /// Most tokens one forward pass takes (prompts run in chunks of at most this many).
     fn max_chunk(&self) -> usize {
         match self {
@@ -199,6 +207,11 @@ impl Engine {
     /// The forward pass in use.
     pub fn backend(&self) -> &Backend {
         &self.backend
+    }
+
+    /// The forward pass, to drive directly (the benchmark).
+    pub(crate) fn backend_mut(&mut self) -> &mut Backend {
+        &mut self.backend
     }
 
     /// Tokens fed so far.

@@ -7,6 +7,7 @@
 //! - [`mlc`]: MLC `q4f16_1` directories (WebLLM's Phi-3 shards), each tensor's records
 //!   read by range and repacked as the native loader does, into the same GPU upload.
 //! - [`engine`]: one sequence on a loaded model and its asynchronous generation loop.
+//! - [`bench`]: prefill and decode speed, timed as `ternion bench` times native backends.
 //! - `api` (wasm32 only): the JavaScript class `Ternion` — `loadUrl`, `loadFile`,
 //!   `loadReader`, `loadMlc`, `generate` with a streaming callback, `stop`, `reset` — see `README.md`
 //!   ("In the browser", "Node.js") for building, serving and the JavaScript side.
@@ -16,6 +17,7 @@
 //! The loader and engine are plain async Rust over small traits ([`loader::ByteSource`],
 //! [`engine::Host`]), so native tests run them on lavapipe against the CPU backend.
 
+pub mod bench;
 pub mod engine;
 pub mod loader;
 pub mod mlc;

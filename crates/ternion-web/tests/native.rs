@@ -13,12 +13,14 @@ use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
 use ternion::gguf::GgufFile;
 use ternion::model::{LoadOptions, Model};
 use ternion::quant::GgmlType;
+use ternion::sample::argmax;
 use ternion::sample::{Sampler, SamplerConfig};
 use ternion::session::{GenerateOptions, Session};
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 use ternion::Result;
 use ternion_testkit::mlc_synth::{write_phi3, Phi3Spec};
 use ternion_testkit::synth::{self, Shape, Spec, Vocab};
+use ternion_web::bench::bench_prompt;
 use ternion_web::engine::{Backend, CpuSeq, Engine, Finish, Host};
 use ternion_web::loader::{self, ByteSource, ModelSource, Progress};
 use ternion_web::mlc::{Files, MlcSource};
@@ -204,6 +206,78 @@ fn streamed_gpu_upload_generates_the_cpu_ids() {
     let c = pollster::block_on(cpu.generate(&host, &prompt, &mut greedy(), 16, true, |_, _| true))
         .unwrap();
     assert_eq!(c.tokens, want, "CPU engine vs CPU session");
+}
+
+#[test]
+fn bench_decodes_the_cli_prompt_greedily_and_leaves_the_sequence_empty() {
+    let Some(ctx) = gpu_context() else { return };
+    let bytes = micro_model();
+    let src = mem(&bytes);
+    let header = pollster::block_on(loader::read_header(&src, loader::FIRST_PREFIX)).unwrap();
+    let opts = GpuModelOptions {
+        n_ctx: 40,
+        max_batch: 8,
+        ..GpuModelOptions::default()
+    };
+    let gpu = pollster::block_on(loader::upload(ctx, &src, &header, opts, |_| {})).unwrap();
+    let file = Arc::new(GgufFile::from_bytes("micro.gguf", bytes).unwrap());
+    let model = Model::from_file(file, &LoadOptions::default()).unwrap();
+    let tok = || Tokenizer::from_gguf(&header, &TokenizerOptions::default()).unwrap();
+    let (n_prompt, n_gen) = (20, 12);
+
+    // The reference: `ternion bench`'s CPU timing loop on the same prompt.
+    let prompt = bench_prompt(model.config().n_vocab, n_prompt);
+    assert!(prompt
+        .iter()
+        .all(|&id| (id as usize) < model.config().n_vocab));
+    assert_eq!(prompt[..10], bench_prompt(model.config().n_vocab, 10));
+    let want: Vec<u32> = {
+        let mut s = Session::new(&model, 40);
+        let mut next = argmax(s.prefill(&prompt).unwrap());
+        let mut ids = vec![next];
+        for _ in 0..n_gen {
+            next = argmax(s.decode(next).unwrap());
+            ids.push(next);
+        }
+        ids
+    };
+
+    let host = Native(Instant::now());
+    let mut web = Engine::new(tok(), Backend::Gpu(Box::new(gpu)));
+    // A sequence in progress is forgotten first.
+    pollster::block_on(web.generate(&host, &[1, 2, 3], &mut greedy(), 2, true, |_, _| true))
+        .unwrap();
+    // 20 prompt tokens in steps of at most 8 (max_batch), and 10 ms of warm-up rounds.
+    let b = pollster::block_on(web.bench(&host, n_prompt, n_gen, 10.0)).unwrap();
+    assert_eq!(b.ids, want, "GPU bench vs the CPU session");
+    assert_eq!((b.n_prompt, b.n_gen), (n_prompt, n_gen));
+    assert!(b.warmup_rounds >= 1 && b.warmup_ms >= 10.0, "{b:?}");
+    assert!(b.prefill_ms > 0.0 && b.decode_ms > 0.0, "{b:?}");
+    assert!(b.prefill_tok_s() > 0.0 && b.decode_tok_s() > 0.0);
+    assert!(web.fed().is_empty());
+
+    // Too long for the context, no prompt, or a warm-up that is not a time: clear errors.
+    let err = |r: Result<_>| r.unwrap_err().to_string();
+    let e = err(pollster::block_on(web.bench(&host, 30, 10, 0.0)));
+    assert!(e.contains("context of 40") && e.contains("nCtx"), "{e}");
+    let e = err(pollster::block_on(web.bench(&host, 0, 4, 0.0)));
+    assert!(e.contains("at least 1"), "{e}");
+    let e = err(pollster::block_on(web.bench(&host, 4, 4, f64::NAN)));
+    assert!(e.contains("warm-up"), "{e}");
+
+    // The CPU backend runs the same prompt to the same ids.
+    let state = model.cpu_state(40);
+    let mut cpu = Engine::new(
+        tok(),
+        Backend::Cpu(Box::new(CpuSeq {
+            model,
+            state,
+            n_ctx: 40,
+        })),
+    );
+    let c = pollster::block_on(cpu.bench(&host, n_prompt, n_gen, 0.0)).unwrap();
+    assert_eq!(c.ids, want, "CPU bench vs the CPU session");
+    assert!(cpu.fed().is_empty());
 }
 
 /// An MLC directory on disk, each file read into memory when opened.
