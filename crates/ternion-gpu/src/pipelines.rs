@@ -539,20 +539,15 @@ impl GpuContext {
                         label: Some(file),
                         source: wgpu::ShaderSource::Wgsl(code.into()),
                     };
-                    // SAFETY: the kernels are this crate's own WGSL, not user input. Every
-                    // loop of every kernel is bounded by its construction (strides are
-                    // constants, limits come from host-validated uniforms, and no
-                    // workgroup waits on another), every divisor is a constant or a
-                    // host-validated non-zero size, and every index into a workgroup or
-                    // function array is below its constant size by construction, so the
-                    // loop counters, division guards and index clamps naga would inject
-                    // add nothing but instructions: without the first two an H200 decodes
-                    // 2B-4T 1.22× faster, prompts 1.11×, 32 sequences 1.24×; without the
-                    // clamps decode gains another 1.02×, prompts 1.02–1.04×
-                    // (BENCHMARKS.md, 2026-11-26). Buffer accesses stay bounded: naga
-                    // checks them, except on Vulkan (`Caps::robust_buffers`), whose
-                    // robustBufferAccess — required of every Vulkan device and enabled by
-                    // wgpu — keeps each access inside its binding.
+                    // SAFETY: the kernels are this crate's own WGSL. Every loop is bounded by
+                    // construction (constant strides, host-validated limits, no workgroup
+                    // waits on another), every divisor is a constant or a host-checked
+                    // non-zero size, every workgroup/function array index is below its
+                    // constant size by construction: naga's loop counters, division guards
+                    // and index clamps add only instructions (decode 1.22× and 1.02×
+                    // faster without them on an H200, BENCHMARKS.md 2026-11-26). Buffer
+                    // accesses stay bounded: by naga, or on Vulkan (`Caps::robust_buffers`)
+                    // by the driver's robustBufferAccess, which wgpu enables.
                     let m = unsafe {
                         let mut checks = wgpu::ShaderRuntimeChecks::checked();
                         checks.force_loop_bounding = false;
