@@ -132,7 +132,7 @@ pub fn gguf_reader(data: &[u8]) {
         }
         let template = file.get_str("tokenizer.chat_template").ok().flatten();
         let t = ChatTemplate::from_metadata(template);
-        let _ = t.render(&[Message::new("user", "hi")], true, "<s>", "</s>");
+        let _ = t.render(&[Message::new("user", "hi")], true, "<s>", "</s>", true);
     }
 }
 
@@ -408,10 +408,10 @@ pub fn chat_template(data: &[u8]) {
     let _ = ChatTemplate::Jinja {
         source: source.clone(),
     }
-    .render(&messages, gen, "<s>", "</s>");
-    let _ = ChatTemplate::from_metadata(Some(&source)).render(&messages, gen, "", "");
-    let _ = ChatTemplate::ChatMl.render(&messages, gen, "<s>", "</s>");
-    let _ = ChatTemplate::BitNet.render(&messages, gen, "<s>", "</s>");
+    .render(&messages, gen, "<s>", "</s>", true);
+    let _ = ChatTemplate::from_metadata(Some(&source)).render(&messages, gen, "", "", false);
+    let _ = ChatTemplate::ChatMl.render(&messages, gen, "<s>", "</s>", true);
+    let _ = ChatTemplate::BitNet.render(&messages, gen, "<s>", "</s>", true);
 }
 
 // ---------------------------------------------------------------------------------------

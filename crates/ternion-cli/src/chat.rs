@@ -179,8 +179,8 @@ impl Dialog<'_> {
     fn rebuild(&mut self, history: &[Message]) -> Result<()> {
         self.conv = Conversation::new(
             self.template.clone(),
-            self.bos.clone(),
-            self.eos.clone(),
+            (self.bos.clone(), self.eos.clone()),
+            self.tok.add_bos(),
             self.system.clone(),
         );
         for m in history {
@@ -275,7 +275,12 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     };
     let (bos, eos) = (piece(tok.bos_id()), piece(tok.eos_id()));
     let mut dialog = Dialog {
-        conv: Conversation::new(template.clone(), bos.clone(), eos.clone(), a.system.clone()),
+        conv: Conversation::new(
+            template.clone(),
+            (bos.clone(), eos.clone()),
+            tok.add_bos(),
+            a.system.clone(),
+        ),
         template,
         bos,
         eos,

@@ -257,8 +257,8 @@ async fn chat(
                 &messages,
                 tools_json.as_ref(),
                 true,
-                &ready.bos_text,
-                &ready.eos_text,
+                (&ready.bos_text, &ready.eos_text),
+                ready.tokenizer.add_bos(),
             )
             .map_err(|e| {
                 ApiError::bad_request(

@@ -324,8 +324,8 @@ impl Inner {
             };
             Conversation::new(
                 self.template.clone(),
-                piece(tok.bos_id()),
-                piece(tok.eos_id()),
+                (piece(tok.bos_id()), piece(tok.eos_id())),
+                tok.add_bos(),
                 text(options, "system"),
             )
         });

@@ -30,7 +30,7 @@ fn check_chatml(model: &str, system: &str) {
     let source = file.get_str("tokenizer.chat_template").unwrap();
     assert!(source.is_some(), "{model}: no chat template");
     let text = ChatTemplate::from_metadata(source)
-        .render(&conversation(), true, "", "<|im_end|>")
+        .render(&conversation(), true, "", "<|im_end|>", false)
         .unwrap();
     let want = format!(
         "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n\

@@ -5,8 +5,10 @@
 //! Hugging Face Jinja template (rendered with minijinja, with HF's conventions) and ChatML,
 //! llama.cpp's fallback when a model has no template.
 //!
-//! Rendered text never starts with the BOS token: the tokenizer adds BOS, so a leading BOS
-//! text produced by a Jinja template is stripped once. Special-token texts such as
+//! Where the tokenizer adds BOS itself, a leading BOS text produced by a Jinja template is
+//! stripped once (as llama.cpp's `common_chat_template_direct_apply` does when the
+//! vocabulary's `add_bos` is set); where it does not (SmolLM2, whose BOS is
+//! `<|im_start|>`), the text is kept. Special-token texts such as
 //! `<|eot_id|>` stay in the text; the caller tokenizes with special-token parsing on.
 //!
 //! A [`Conversation`] tracks what has already been fed to the model and hands back only the
@@ -81,16 +83,23 @@ impl ChatTemplate {
     /// `add_generation_prompt` is set. BitNet's format always opens the assistant turn
     /// after a user message, so the flag does not change it, and it accepts only the
     /// roles system, user and assistant. `bos_token` and `eos_token` are the texts of those
-    /// tokens, given to Jinja templates; one leading `bos_token` in the output is stripped
-    /// because the tokenizer adds BOS itself.
+    /// tokens, given to Jinja templates; when `add_bos` (the tokenizer adds BOS itself), one
+    /// leading `bos_token` in the output is stripped.
     pub fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
         bos_token: &str,
         eos_token: &str,
+        add_bos: bool,
     ) -> Result<String> {
-        self.render_with_tools(messages, None, add_generation_prompt, bos_token, eos_token)
+        self.render_with_tools(
+            messages,
+            None,
+            add_generation_prompt,
+            (bos_token, eos_token),
+            add_bos,
+        )
     }
 
     /// Whether the template renders a `tools` list itself (a Jinja template that names
@@ -100,14 +109,14 @@ impl ChatTemplate {
     }
 
     /// [`ChatTemplate::render`] with OpenAI's `tools` array given to Jinja templates as
-    /// `tools` (the other formats have no place for it).
+    /// `tools` (the other formats have no place for it); `bos_eos` are the BOS and EOS texts.
     pub fn render_with_tools(
         &self,
         messages: &[Message],
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
-        bos_token: &str,
-        eos_token: &str,
+        (bos_token, eos_token): (&str, &str),
+        add_bos: bool,
     ) -> Result<String> {
         match self {
             ChatTemplate::BitNet => render_bitnet(messages),
@@ -122,7 +131,7 @@ impl ChatTemplate {
                     eos_token,
                 )?;
                 match out.strip_prefix(bos_token) {
-                    Some(rest) if !bos_token.is_empty() => Ok(rest.to_owned()),
+                    Some(rest) if add_bos && !bos_token.is_empty() => Ok(rest.to_owned()),
                     _ => Ok(out),
                 }
             }
@@ -180,22 +189,25 @@ pub struct Conversation {
     template: ChatTemplate,
     bos_token: String,
     eos_token: String,
+    add_bos: bool,
     messages: Vec<Message>,
     fed: String,
 }
 
 impl Conversation {
-    /// Starts a conversation, with `system` as its first message when given.
+    /// Starts a conversation, with `system` as its first message when given; `add_bos`
+    /// tells whether the tokenizer adds BOS itself ([`ChatTemplate::render`]).
     pub fn new(
         template: ChatTemplate,
-        bos_token: String,
-        eos_token: String,
+        (bos_token, eos_token): (String, String),
+        add_bos: bool,
         system: Option<String>,
     ) -> Self {
         Conversation {
             template,
             bos_token,
             eos_token,
+            add_bos,
             messages: system
                 .into_iter()
                 .map(|s| Message::new("system", s))
@@ -210,17 +222,19 @@ impl Conversation {
     /// returned. On a template error the message is not kept.
     pub fn add_user(&mut self, text: &str) -> Result<TurnText> {
         self.messages.push(Message::new("user", text));
-        let full =
-            match self
-                .template
-                .render(&self.messages, true, &self.bos_token, &self.eos_token)
-            {
-                Ok(full) => full,
-                Err(e) => {
-                    self.messages.pop();
-                    return Err(e);
-                }
-            };
+        let full = match self.template.render(
+            &self.messages,
+            true,
+            &self.bos_token,
+            &self.eos_token,
+            self.add_bos,
+        ) {
+            Ok(full) => full,
+            Err(e) => {
+                self.messages.pop();
+                return Err(e);
+            }
+        };
         let turn = match full.strip_prefix(self.fed.as_str()) {
             Some(delta) => TurnText::Append(delta.to_owned()),
             None => TurnText::Restart(full.clone()),

@@ -28,7 +28,7 @@ fn jinja(source: &str) -> ChatTemplate {
 }
 
 fn render_one(source: &str) -> Result<String> {
-    jinja(source).render(&msgs(&[("user", "hi")]), true, BOS, EOS)
+    jinja(source).render(&msgs(&[("user", "hi")]), true, BOS, EOS, true)
 }
 
 #[test]
@@ -54,12 +54,12 @@ fn bitnet_matches_llama_cli_example() {
         ("user", "How are you?"),
     ]);
     assert_eq!(
-        ChatTemplate::BitNet.render(&m, true, BOS, EOS).unwrap(),
+        ChatTemplate::BitNet.render(&m, true, BOS, EOS, true).unwrap(),
         "System: You are a helpful assistantUser: Hello<|eot_id|>Assistant: Hi thereUser: How are you?<|eot_id|>Assistant: "
     );
     let bad = msgs(&[("tool", "x")]);
     assert!(matches!(
-        ChatTemplate::BitNet.render(&bad, true, BOS, EOS),
+        ChatTemplate::BitNet.render(&bad, true, BOS, EOS, true),
         Err(Error::Template(_))
     ));
 }
@@ -68,8 +68,8 @@ fn bitnet_matches_llama_cli_example() {
 fn bitnet_three_turn_conversation() {
     let mut c = Conversation::new(
         ChatTemplate::BitNet,
-        BOS.into(),
-        EOS.into(),
+        (BOS.into(), EOS.into()),
+        true,
         Some("S".into()),
     );
     let mut fed = String::new();
@@ -96,20 +96,25 @@ fn bitnet_three_turn_conversation() {
 #[test]
 fn llama3_renders_and_strips_bos() {
     let m = msgs(&[("system", " S "), ("user", "Hello")]);
-    let out = jinja(LLAMA3).render(&m, true, BOS, EOS).unwrap();
+    let out = jinja(LLAMA3).render(&m, true, BOS, EOS, true).unwrap();
     assert_eq!(
         out,
         "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>\
          <|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>\
          <|start_header_id|>assistant<|end_header_id|>\n\n"
     );
-    let out = jinja(LLAMA3).render(&m, false, BOS, EOS).unwrap();
+    let out = jinja(LLAMA3).render(&m, false, BOS, EOS, true).unwrap();
     assert!(out.ends_with("Hello<|eot_id|>"), "{out}");
 }
 
 #[test]
 fn llama3_conversation_appends() {
-    let mut c = Conversation::new(jinja(LLAMA3), BOS.into(), EOS.into(), Some("S".into()));
+    let mut c = Conversation::new(
+        jinja(LLAMA3),
+        (BOS.into(), EOS.into()),
+        true,
+        Some("S".into()),
+    );
     let TurnText::Append(first) = c.add_user("A").unwrap() else {
         panic!("first turn must append");
     };
@@ -140,7 +145,9 @@ fn chatml_jinja_matches_builtin() {
         ("assistant", "R"),
         ("user", "B"),
     ]);
-    let from_jinja = jinja(CHATML_JINJA).render(&m, true, BOS, EOS).unwrap();
+    let from_jinja = jinja(CHATML_JINJA)
+        .render(&m, true, BOS, EOS, true)
+        .unwrap();
     let expected = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nA<|im_end|>\n\
                     <|im_start|>assistant\nR<|im_end|>\n<|im_start|>user\nB<|im_end|>\n\
                     <|im_start|>assistant\n";
@@ -152,10 +159,12 @@ fn chatml_jinja_matches_builtin() {
         ("user", "B"),
     ]);
     assert_eq!(
-        ChatTemplate::ChatMl.render(&m, true, BOS, EOS).unwrap(),
+        ChatTemplate::ChatMl
+            .render(&m, true, BOS, EOS, true)
+            .unwrap(),
         expected
     );
-    let mut c = Conversation::new(ChatTemplate::ChatMl, BOS.into(), EOS.into(), None);
+    let mut c = Conversation::new(ChatTemplate::ChatMl, (BOS.into(), EOS.into()), true, None);
     c.add_user("A").unwrap();
     c.add_assistant("R");
     assert_eq!(
@@ -176,7 +185,7 @@ fn raise_exception_is_a_template_error() {
         }
         other => panic!("expected a template error, got {other:?}"),
     }
-    let mut c = Conversation::new(jinja(src), BOS.into(), EOS.into(), None);
+    let mut c = Conversation::new(jinja(src), (BOS.into(), EOS.into()), true, None);
     assert!(c.add_user("x").is_err());
     assert!(c.messages().is_empty());
 }
@@ -185,13 +194,19 @@ fn raise_exception_is_a_template_error() {
 fn python_methods_loop_and_tokens() {
     let src = "{% for m in messages %}{{ m.content.strip().upper() }}|{{ m.content.startswith(' h') }}|{{ m.content.split('i') | length }}|{{ loop.first }}{{ loop.last }}{% endfor %}{{ eos_token }}";
     let out = jinja(src)
-        .render(&msgs(&[("user", " hi ")]), false, BOS, EOS)
+        .render(&msgs(&[("user", " hi ")]), false, BOS, EOS, true)
         .unwrap();
     assert_eq!(out, "HI|True|2|TrueTrue<|end_of_text|>");
     // loop controls as HF enables them.
     let src = "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}";
     let out = jinja(src)
-        .render(&msgs(&[("user", "a"), ("user", "b")]), false, BOS, EOS)
+        .render(
+            &msgs(&[("user", "a"), ("user", "b")]),
+            false,
+            BOS,
+            EOS,
+            true,
+        )
         .unwrap();
     assert_eq!(out, "a");
 }
@@ -427,7 +442,7 @@ fn tools_tool_calls_and_results_reach_the_template() {
     result.tool_call_id = Some("c1".into());
     let m = vec![Message::new("user", "hi"), call, result];
     let out = t
-        .render_with_tools(&m, Some(&tools), false, BOS, EOS)
+        .render_with_tools(&m, Some(&tools), false, (BOS, EOS), true)
         .unwrap();
     assert_eq!(
         out,
@@ -436,6 +451,33 @@ fn tools_tool_calls_and_results_reach_the_template() {
          <|im_start|>assistant\n<tool_call>{\"arguments\": \"{}\", \"name\": \"f\"}</tool_call><|im_end|>\n\
          <|im_start|>tool\n[c1] 42<|im_end|>\n"
     );
-    let plain = t.render(&m[..1], false, BOS, EOS).unwrap();
+    let plain = t.render(&m[..1], false, BOS, EOS, true).unwrap();
     assert_eq!(plain, "<|im_start|>user\nhi<|im_end|>\n");
+}
+
+/// SmolLM2-135M-Instruct's `tokenizer.chat_template`, as its GGUF stores it.
+const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+#[test]
+fn smollm2_template_adds_its_default_system_turn_as_jinja2_does() {
+    let m = msgs(&[(
+        "user",
+        "What is the capital of France? Answer in one sentence.",
+    )]);
+    // Python's jinja2 renders the file's template to this text (docs/VALIDATION.md).
+    assert_eq!(
+        jinja(SMOLLM2)
+            .render(&m, true, "<|im_start|>", "<|im_end|>", false)
+            .unwrap(),
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging \
+         Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France? Answer in one \
+         sentence.<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let with_system = msgs(&[("system", "Be brief."), ("user", "Hi")]);
+    assert_eq!(
+        jinja(SMOLLM2)
+            .render(&with_system, false, "<|im_start|>", "<|im_end|>", false)
+            .unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    );
 }
