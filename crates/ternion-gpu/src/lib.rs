@@ -103,6 +103,7 @@ mod tests_fam;
 mod tests_mm;
 #[cfg(test)]
 mod tests_plan;
+mod topk;
 mod upload;
 
 pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
