@@ -21,6 +21,17 @@ fn openai_client_gets_schema_valid_json_and_tool_calls() {
     python_checks(&s, "openai_structured.py", &["tiny"], "all checks passed");
 }
 
+/// The same checks on the GPU backend, where constrained requests draw from the top-k
+/// selected under their token masks on the device.
+#[test]
+fn openai_client_gets_schema_valid_json_and_tool_calls_on_the_gpu() {
+    if !python::openai_available() || skip_gpu() {
+        return;
+    }
+    let s = Server::start(&["--backend", "gpu"]);
+    python_checks(&s, "openai_structured.py", &["tiny"], "all checks passed");
+}
+
 #[test]
 fn the_chat_page_is_served_at_the_root_without_the_key() {
     let s = Server::start(&["--api-key", "sk-page"]);
