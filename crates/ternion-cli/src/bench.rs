@@ -179,7 +179,11 @@ fn time_cpu_batched(
         let mut steps: Vec<BatchStep<'_, KvSeq>> = kvs
             .iter_mut()
             .zip(inputs)
-            .map(|(seq, &tokens)| BatchStep { seq, tokens })
+            .map(|(seq, &tokens)| BatchStep {
+                seq,
+                tokens,
+                mask: None,
+            })
             .collect();
         let rows = backend.forward(&mut steps, false)?;
         for (i, n) in next.iter_mut().enumerate() {

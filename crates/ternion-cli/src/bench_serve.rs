@@ -66,6 +66,10 @@ pub struct BenchServeArgs {
     /// In-process server: one sequence per forward pass instead of batching.
     #[arg(long)]
     no_batch: bool,
+    /// In-process server on a GPU: constrained requests read back whole logits rows
+    /// instead of the top-k under their token masks (see `ternion serve`).
+    #[arg(long)]
+    no_gpu_mask: bool,
     /// In-process server: prompt tokens evaluated per engine step (see `ternion serve`).
     #[arg(long, default_value_t = 256)]
     prefill_per_step: usize,
@@ -258,6 +262,7 @@ impl InProcess {
             prefill_per_step: a.prefill_per_step,
             batching: crate::serve::batching(a.no_batch),
             device: crate::serve::device(&a.backend),
+            gpu_mask: !a.no_gpu_mask,
             ..ServerConfig::new(model)
         };
         let rt = crate::serve::http_runtime()?;
@@ -378,6 +383,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
             "model": model_id,
             "threads": threads,
             "batching": server.as_ref().map(|_| if a.no_batch { "one-by-one" } else { "stacked" }),
+            "gpu_mask": server.as_ref().map(|_| !a.no_gpu_mask),
             "prompt_tokens": a.prompt_tokens,
             "max_tokens": a.max_tokens,
             "requests_per_stream": a.requests,

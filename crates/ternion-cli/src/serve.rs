@@ -48,6 +48,11 @@ pub struct ServeArgs {
     /// (the scheduler before batching; for comparisons).
     #[arg(long)]
     no_batch: bool,
+    /// On a GPU, read back a constrained request's whole logits row and mask it on the
+    /// host instead of selecting its top-k under the token mask on the GPU (the way before
+    /// GPU masks; for comparisons).
+    #[arg(long)]
+    no_gpu_mask: bool,
     /// Require `Authorization: Bearer KEY` on every request (401 otherwise); `/health`
     /// and `/metrics` stay open unless --api-key-all.
     #[arg(long, env = "TERNION_API_KEY", hide_env_values = true)]
@@ -134,6 +139,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         prefill_per_step: a.prefill_per_step,
         batching: batching(a.no_batch),
         device: device(&a.model.backend),
+        gpu_mask: !a.no_gpu_mask,
         access: Access {
             api_key: a.api_key.clone().filter(|k| !k.is_empty()),
             api_key_all: a.api_key_all,

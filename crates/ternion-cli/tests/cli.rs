@@ -996,38 +996,48 @@ fn llama_with_ternary_weights_on_cpu_and_gpu() {
     assert!(d < 0.5, "i2_s vs tq2_0 max |diff| {d}");
 }
 
+/// `ternion run --json` of the tiny model on "Hi" (60 tokens at most, temperature 1, seed
+/// 7, one thread) with `extra` flags.
+fn run_sampled(extra: &[&str]) -> Value {
+    let model = tiny_model().to_str().unwrap();
+    let mut args = vec![
+        "run",
+        "--model",
+        model,
+        "--prompt",
+        "Hi",
+        "-n",
+        "60",
+        "--temperature",
+        "1",
+        "--seed",
+        "7",
+        "-t",
+        "1",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    last_json(&ok(&args))
+}
+
+/// `run` under `--regex` [`PLATE`] ended with text matching it.
+fn assert_plate(v: &Value) {
+    assert_eq!(v["finish_reason"], "stop", "{v}");
+    let b = v["text"].as_str().unwrap().as_bytes();
+    assert!(
+        b.len() == 6 && b[..2].iter().all(u8::is_ascii_uppercase) && b[2] == b'-',
+        "{v}"
+    );
+    assert!(b[3..].iter().all(u8::is_ascii_digit), "{v}");
+}
+
+/// A regular expression for constrained runs.
+const PLATE: &str = "[A-Z]{2}-[0-9]{3}";
+
 #[test]
 fn run_with_a_regex_or_a_json_schema_gives_matching_output() {
     let model = tiny_model().to_str().unwrap();
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "--model",
-            model,
-            "--prompt",
-            "Hi",
-            "-n",
-            "60",
-            "--temperature",
-            "1",
-            "--seed",
-            "7",
-            "-t",
-            "1",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        last_json(&ok(&args))
-    };
-    let v = run(&["--regex", "[A-Z]{2}-[0-9]{3}"]);
-    let t = v["text"].as_str().unwrap();
-    assert_eq!(v["finish_reason"], "stop", "{v}");
-    let b = t.as_bytes();
-    assert!(
-        b.len() == 6 && b[..2].iter().all(u8::is_ascii_uppercase) && b[2] == b'-',
-        "{t}"
-    );
-    assert!(b[3..].iter().all(u8::is_ascii_digit), "{t}");
+    assert_plate(&run_sampled(&["--regex", PLATE]));
     let schema = tmp_dir().join("schema.json");
     std::fs::write(
         &schema,
@@ -1036,7 +1046,7 @@ fn run_with_a_regex_or_a_json_schema_gives_matching_output() {
             "required": ["ok", "n"], "additionalProperties": false}"#,
     )
     .unwrap();
-    let v = run(&["--json-schema", schema.to_str().unwrap()]);
+    let v = run_sampled(&["--json-schema", schema.to_str().unwrap()]);
     let obj: Value = serde_json::from_str(v["text"].as_str().unwrap()).unwrap();
     assert!(
         obj["ok"].is_boolean() && obj["n"].as_u64().unwrap() <= 9,
@@ -1046,6 +1056,44 @@ fn run_with_a_regex_or_a_json_schema_gives_matching_output() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid grammar"), "{err}");
+}
+
+/// On the GPU, `run` draws constrained tokens from the top-k selected under the mask on
+/// the device, and `bench-serve` measures constrained requests that way or, with
+/// `--no-gpu-mask`, from whole rows (its JSON says which).
+#[test]
+fn gpu_run_and_bench_serve_constrain_through_the_masked_top_k() {
+    if !gpu_tests_on() {
+        return;
+    }
+    assert_plate(&run_sampled(&["--regex", PLATE, "--backend", "gpu"]));
+    let model = tiny_model().to_str().unwrap();
+    for (extra, masked) in [(None, true), (Some("--no-gpu-mask"), false)] {
+        let mut args = vec![
+            "bench-serve",
+            "--model",
+            model,
+            "--backend",
+            "gpu",
+            "--streams",
+            "2",
+            "--prompt-tokens",
+            "8",
+            "--max-tokens",
+            "12",
+            "--regex",
+            "[0-9a-f]{4,8}",
+            "--json",
+        ];
+        args.extend(extra);
+        let v = last_json(&ok(&args));
+        assert_eq!(v["gpu_mask"], masked, "{v}");
+        let tokens = v["runs"][0]["tokens"].as_u64().unwrap();
+        assert!(
+            (2..=2 * 8).contains(&tokens),
+            "two answers of 4 to 8 hex digits: {v}"
+        );
+    }
 }
 
 /// A text of about 1,200 tokens of the tiny model's vocabulary, written once.

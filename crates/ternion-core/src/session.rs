@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::cpu::CpuState;
-use crate::generate::{check_room, next_chunk, Constraint, Need, Row, Stepper, StepperOptions};
+use crate::generate::{
+    check_room, next_chunk, Constraint, Mask, Need, Row, Stepper, StepperOptions,
+};
 use crate::kv::KvPool;
 use crate::model::{Logits, Model};
 use crate::sample::Sampler;
@@ -79,11 +81,16 @@ pub trait Engine {
     fn top_k(&self) -> usize {
         0
     }
+    /// True when [`Engine::decode_row`] selects its top-k under the token mask it is given
+    /// (exactly the top-k of the row masked on the host).
+    fn masks_top(&self) -> bool {
+        false
+    }
     /// Runs one token after the cached positions and returns its row: at least what
-    /// `need` asks for. This default reads back the whole logits row; an engine may read
-    /// back less.
-    fn decode_row(&mut self, id: u32, need: Need) -> Result<Row<'_>> {
-        let _ = need;
+    /// `need` asks for, its top-k under `mask` (if any) where [`Engine::masks_top`] holds.
+    /// This default reads back the whole logits row; an engine may read back less.
+    fn decode_row(&mut self, id: u32, need: Need, mask: Option<&Mask>) -> Result<Row<'_>> {
+        let _ = (need, mask);
         Ok(Row::Logits(self.forward(&[id], Logits::Last)?))
     }
 }
@@ -332,14 +339,19 @@ impl<'m> Session<'m> {
         t0: Instant,
         on_text: &mut impl FnMut(&str) -> bool,
     ) -> Result<crate::generate::End> {
-        let top_k = self.engine.top_k();
+        let (top_k, masked) = (self.engine.top_k(), self.engine.masks_top());
         loop {
             st.plan(&mut usize::MAX.clone());
             let row = if st.in_prompt() {
                 Row::Logits(self.engine.forward(st.tokens(), Logits::Last)?)
             } else {
                 stats.decode_steps += 1;
-                self.engine.decode_row(st.tokens()[0], st.need(top_k))?
+                let need = st.need(top_k, masked);
+                if need == Need::Top && masked {
+                    st.prepare_mask();
+                }
+                let (_, tokens, mask) = st.step_parts();
+                self.engine.decode_row(tokens[0], need, mask)?
             };
             let adv = st.advance(row, tok);
             if t1.is_none() && !st.in_prompt() {

@@ -1,9 +1,9 @@
 //! The GPU implementation of [`BatchBackend`]: sequences are [`GpuSeq`]s of one
 //! [`GpuModel`] (paged KV caches on the device), a step is one
 //! [`GpuModel::forward_seqs`] (or its top-k variant, which reads back k pairs per
-//! sequence instead of a vocabulary of floats).
+//! sequence instead of a vocabulary of floats, each selected under its step's token mask).
 
-use crate::generate::{BatchBackend, BatchStep, Rows};
+use crate::generate::{BatchBackend, BatchStep, Mask, Rows};
 use crate::Result;
 use crate::{GpuModel, GpuSeq, GpuSeqStep};
 
@@ -45,7 +45,12 @@ impl BatchBackend for GpuBatch {
         self.gpu.top_k()
     }
 
+    fn masks_top(&self) -> bool {
+        true
+    }
+
     fn forward(&mut self, steps: &mut [BatchStep<'_, GpuSeq>], top: bool) -> Result<Rows<'_>> {
+        let masks: Vec<Option<&Mask>> = steps.iter().map(|s| s.mask).collect();
         let steps: Vec<GpuSeqStep<'_>> = steps
             .iter()
             .map(|s| GpuSeqStep {
@@ -54,7 +59,9 @@ impl BatchBackend for GpuBatch {
             })
             .collect();
         if top && self.gpu.top_k() > 0 {
-            self.gpu.forward_seqs_topk(&steps).map(Rows::Top)
+            self.gpu
+                .forward_seqs_topk_masked(&steps, &masks)
+                .map(Rows::Top)
         } else {
             let vocab = self.gpu.config().n_vocab;
             self.gpu

@@ -1,7 +1,7 @@
 //! The GPU [`Engine`] of a [`Session`](crate::session::Session): one sequence on a
 //! [`GpuModel`].
 
-use crate::generate::{Need, Row, PREFILL_CHUNK};
+use crate::generate::{Mask, Need, Row, PREFILL_CHUNK};
 use crate::model::Logits;
 use crate::session::Engine;
 use crate::{GpuModel, Result};
@@ -87,10 +87,15 @@ impl Engine for GpuEngine<'_> {
         self.model.top_k()
     }
 
-    /// Reads back only the argmax (greedy) or the GPU top-k when the sampler draws from
-    /// it exactly as from the whole row: an id or k pairs instead of a vocabulary of
-    /// floats. The row is then not on the host: the next prompt refreshes the logits.
-    fn decode_row(&mut self, id: u32, need: Need) -> Result<Row<'_>> {
+    fn masks_top(&self) -> bool {
+        true
+    }
+
+    /// Reads back only the argmax (greedy) or the GPU top-k (under `mask`, if any) when
+    /// the sampler draws from it exactly as from the whole row: an id or k pairs instead
+    /// of a vocabulary of floats. The row is then not on the host: the next prompt
+    /// refreshes the logits.
+    fn decode_row(&mut self, id: u32, need: Need, mask: Option<&Mask>) -> Result<Row<'_>> {
         match need {
             Need::Argmax => {
                 self.logits.clear();
@@ -112,7 +117,7 @@ impl Engine for GpuEngine<'_> {
             Need::Top => {
                 self.drop_ahead();
                 self.logits.clear();
-                self.top = self.model.topk_step(id)?;
+                self.top = self.model.topk_step_masked(id, mask)?;
                 Ok(Row::Top(&self.top))
             }
             Need::Logits => Ok(Row::Logits(self.forward(&[id], Logits::Last)?)),

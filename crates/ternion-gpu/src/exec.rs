@@ -108,7 +108,7 @@ pub struct GpuModel {
     opts: GpuModelOptions,
     pub(super) plan: Plan,
     argmax: TopK,
-    topk: TopK,
+    pub(super) topk: TopK,
     staging: GpuBuffer,
     pub(super) profiler: Option<Profiler>,
     /// Slots and pages of the KV caches.
@@ -491,13 +491,7 @@ impl GpuModel {
 
     /// Decodes one token and returns the `top_k` best (id, logit) pairs, best first.
     pub async fn topk_step_async(&mut self, token: u32) -> Result<Vec<(u32, f32)>> {
-        self.step(
-            &[(self.main.slot(), std::slice::from_ref(&token))],
-            Out::TopK,
-        )?;
-        let best = self.topk.read_async(&self.ctx).await?;
-        self.collect_profile().await?;
-        Ok(best)
+        self.topk_step_masked_async(token, None).await
     }
 
     /// Runs one step over several sequences — each `steps[i].tokens` at the positions after
@@ -527,19 +521,7 @@ impl GpuModel {
         &mut self,
         steps: &[GpuSeqStep<'_>],
     ) -> Result<Vec<Vec<(u32, f32)>>> {
-        let parts = self.parts(steps)?;
-        let out = if parts.len() == 1 {
-            Out::TopK
-        } else {
-            Out::PickedTopK
-        };
-        self.step(&parts, out)?;
-        let best = self
-            .topk
-            .read_rows_async(&self.ctx, parts.len() as u32)
-            .await?;
-        self.collect_profile().await?;
-        Ok(best)
+        self.forward_seqs_topk_masked_async(steps, &[]).await
     }
 
     /// Blocking [`GpuModel::forward_seqs_topk_async`].
@@ -548,7 +530,7 @@ impl GpuModel {
     }
 
     /// The `(slot, tokens)` parts of `steps`, checked to be this model's sequences.
-    fn parts<'a>(&self, steps: &[GpuSeqStep<'a>]) -> Result<Vec<(u32, &'a [u32])>> {
+    pub(super) fn parts<'a>(&self, steps: &[GpuSeqStep<'a>]) -> Result<Vec<(u32, &'a [u32])>> {
         if let Some(s) = steps.iter().find(|s| !s.seq.belongs_to(&self.table)) {
             return Err(Error::Request(format!(
                 "{:?} was opened on another model",

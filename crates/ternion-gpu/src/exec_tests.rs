@@ -511,24 +511,19 @@ impl crate::session::Engine for FullRows<'_> {
     }
 }
 
-/// Generation on the GPU reads back only the top-k when the sampler allows (greedy: runs
-/// ahead on the GPU and drops the overshoot), and draws the same tokens as from whole rows
-/// (greedy and sampled, the same seeds), over two turns of one session.
-#[test]
-fn generation_from_the_gpu_top_k_equals_whole_rows() {
+/// For each `(temperature, seed)`: the ids `generate` gets from a session on the GPU engine
+/// and from one on the same engine reading back whole rows ([`FullRows`]), with a sampler
+/// of that temperature and seed drawing from the engine's top-k.
+fn on_both_engines(
+    f: &Fixture,
+    runs: &[(f32, u64)],
+    generate: impl Fn(&mut crate::session::Session<'_>, &mut crate::sample::Sampler) -> Vec<u32>,
+) -> Vec<[Vec<u32>; 2]> {
     use crate::sample::{Sampler, SamplerConfig};
-    use crate::session::{Engine, GenerateOptions, Session};
-    use crate::GpuEngine;
-    let Some(f) = fixture() else { return };
-    let path = golden_file("bitnet-b158-tiny-pub.gguf");
-    let file = crate::gguf::GgufFile::open(&path).unwrap();
-    let tok = crate::tokenizer::Tokenizer::from_gguf(&file, &Default::default()).unwrap();
-    let (mut a, mut b) = (gpu_model(&f, 64), gpu_model(&f, 64));
-    let opts = GenerateOptions {
-        max_tokens: 21,
-        ignore_eos: true,
-    };
-    for (temperature, seed) in [(0.0, 0), (0.8, 3), (1.2, 11)] {
+    use crate::session::{Engine, Session};
+    let (mut a, mut b) = (gpu_model(f, 64), gpu_model(f, 64));
+    let mut out = Vec::new();
+    for &(temperature, seed) in runs {
         let cfg = SamplerConfig {
             temperature,
             top_k: a.top_k(),
@@ -536,25 +531,148 @@ fn generation_from_the_gpu_top_k_equals_whole_rows() {
             ..SamplerConfig::default()
         };
         let engines: [Box<dyn Engine + '_>; 2] = [
-            Box::new(GpuEngine::new(&mut a)),
-            Box::new(FullRows(GpuEngine::new(&mut b))),
+            Box::new(crate::GpuEngine::new(&mut a)),
+            Box::new(FullRows(crate::GpuEngine::new(&mut b))),
         ];
-        let ids: Vec<Vec<u32>> = engines
-            .into_iter()
-            .map(|e| {
-                let mut s = Session::with_engine(e);
-                let mut sampler = Sampler::new(cfg.clone()).unwrap();
-                let mut ids = s
-                    .generate(&f.prompts[0], &tok, &mut sampler, &opts, |_| true)
-                    .unwrap()
-                    .generated;
-                let turn = &f.prompts[1][..5];
-                let next = s.generate(turn, &tok, &mut sampler, &opts, |_| true);
-                ids.extend(next.unwrap().generated);
-                ids
+        assert!(engines[0].masks_top() && !engines[1].masks_top());
+        out.push(engines.map(|e| {
+            let mut s = Session::with_engine(e);
+            generate(&mut s, &mut Sampler::new(cfg.clone()).unwrap())
+        }));
+    }
+    out
+}
+
+/// The tiny model's tokenizer.
+fn tiny_tokenizer() -> crate::tokenizer::Tokenizer {
+    let path = golden_file("bitnet-b158-tiny-pub.gguf");
+    let file = crate::gguf::GgufFile::open(&path).unwrap();
+    crate::tokenizer::Tokenizer::from_gguf(&file, &Default::default()).unwrap()
+}
+
+/// Generation on the GPU reads back only the top-k when the sampler allows (greedy: runs
+/// ahead on the GPU and drops the overshoot), and draws the same tokens as from whole rows
+/// (greedy and sampled, the same seeds), over two turns of one session.
+#[test]
+fn generation_from_the_gpu_top_k_equals_whole_rows() {
+    use crate::session::GenerateOptions;
+    let Some(f) = fixture() else { return };
+    let tok = tiny_tokenizer();
+    let opts = GenerateOptions {
+        max_tokens: 21,
+        ignore_eos: true,
+    };
+    let runs = [(0.0, 0), (0.8, 3), (1.2, 11)];
+    let ids = on_both_engines(&f, &runs, |s, sampler| {
+        let mut ids = s
+            .generate(&f.prompts[0], &tok, sampler, &opts, |_| true)
+            .unwrap()
+            .generated;
+        let turn = &f.prompts[1][..5];
+        let next = s.generate(turn, &tok, sampler, &opts, |_| true);
+        ids.extend(next.unwrap().generated);
+        ids
+    });
+    for ([a, b], (temperature, _)) in ids.iter().zip(runs) {
+        assert_eq!(a.len(), 42);
+        assert_eq!(a, b, "temperature {temperature}");
+    }
+}
+
+/// The GPU top-k of each sequence's last row under its own token mask (one sequence
+/// without) equals the best k of its logits with the ids the mask does not allow at −inf;
+/// the next step without masks selects over whole rows again.
+#[test]
+fn masked_top_k_of_each_sequence_matches_its_masked_logits() {
+    use crate::kernel_checks::mask_of;
+    let Some(f) = fixture() else { return };
+    let n = f.cpu.config().n_vocab;
+    let mut alone = multi_seq_model(&f, 0, None);
+    let mut gpu = multi_seq_model(&f, 3, None);
+    let seqs: Vec<GpuSeq> = (0..3).map(|_| gpu.new_seq().unwrap()).collect();
+    let masks = [
+        Some(mask_of(n, |i| i % 97 == 3)),
+        None,
+        Some(mask_of(n, |i| i == 5)),
+    ];
+    let given: Vec<Option<&[u32]>> = masks.iter().map(|m| m.as_deref()).collect();
+    let steps: Vec<GpuSeqStep<'_>> = seqs.iter().zip(&f.prompts).map(|(s, p)| st(s, p)).collect();
+    let got = gpu.forward_seqs_topk_masked(&steps, &given).unwrap();
+    for ((p, best), mask) in f.prompts.iter().zip(&got).zip(&masks) {
+        alone.truncate(0);
+        let row = alone.forward(p, Logits::Last).unwrap();
+        let masked: Vec<f32> = (row.iter().enumerate())
+            .map(|(i, &v)| match mask {
+                Some(m) if !crate::generate::allows(m, i as u32) => f32::NEG_INFINITY,
+                _ => v,
             })
             .collect();
-        assert_eq!(ids[0].len(), 42);
-        assert_eq!(ids[0], ids[1], "temperature {temperature}");
+        assert_eq!(best, &crate::kernel_checks::cpu_topk(&masked, 8));
+    }
+    let next: Vec<u32> = got.iter().map(|b| b[0].0).collect();
+    let steps: Vec<GpuSeqStep<'_>> = (seqs.iter().zip(&next))
+        .map(|(s, id)| st(s, std::slice::from_ref(id)))
+        .collect();
+    let plain = gpu.forward_seqs_topk(&steps).unwrap();
+    for ((p, id), best) in f.prompts.iter().zip(&next).zip(&plain) {
+        alone.truncate(0);
+        alone.forward(p, Logits::Last).unwrap();
+        let row = alone.forward(&[*id], Logits::Last).unwrap();
+        assert_eq!(best, &crate::kernel_checks::cpu_topk(&row, 8));
+    }
+}
+
+/// Allows the ids `i` with `(i · 7919 + n) % 997 == 0` at its `n`-th draw (about one id in
+/// 997: rarely among a row's best 8 unless masked on the GPU); complete after 16 draws.
+struct Sparse {
+    drawn: usize,
+    mask: Vec<u32>,
+    n_vocab: usize,
+}
+
+impl crate::generate::Constraint for Sparse {
+    fn mask(&mut self, _left: usize) -> std::result::Result<&crate::generate::Mask, String> {
+        let n = self.drawn;
+        let allow = |i: usize| (i * 7919 + n).is_multiple_of(997);
+        self.mask = crate::kernel_checks::mask_of(self.n_vocab, allow);
+        Ok(&self.mask)
+    }
+
+    fn commit(&mut self, id: u32) -> std::result::Result<bool, String> {
+        if !crate::generate::allows(&self.mask, id) {
+            return Err(format!("{id} is not allowed"));
+        }
+        self.drawn += 1;
+        Ok(self.drawn == 16)
+    }
+}
+
+/// Constrained generation on the GPU engine draws from the top-k selected under the mask
+/// on the device the same tokens as from whole rows masked on the host (greedy and
+/// sampled, the same seeds).
+#[test]
+fn constrained_generation_from_the_masked_gpu_top_k_equals_whole_rows() {
+    use crate::session::GenerateOptions;
+    let Some(f) = fixture() else { return };
+    let tok = tiny_tokenizer();
+    let n_vocab = f.cpu.config().n_vocab;
+    let opts = GenerateOptions {
+        max_tokens: 21,
+        ignore_eos: true,
+    };
+    let runs = [(0.0, 0), (0.8, 3)];
+    let ids = on_both_engines(&f, &runs, |s, sampler| {
+        s.set_constraint(Box::new(Sparse {
+            drawn: 0,
+            mask: Vec::new(),
+            n_vocab,
+        }));
+        s.generate(&f.prompts[0], &tok, sampler, &opts, |_| true)
+            .unwrap()
+            .generated
+    });
+    for ([a, b], (temperature, _)) in ids.iter().zip(runs) {
+        assert!(!a.is_empty());
+        assert_eq!(a, b, "temperature {temperature}");
     }
 }

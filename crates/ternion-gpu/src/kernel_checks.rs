@@ -13,7 +13,7 @@
 //!   quantizer's bit for bit; against the full CPU reference, s within 1e-5 relative and at
 //!   most 1 per 1000 q values differ, by at most 1 (a .5 boundary moved by an ulp).
 //! - ternary: the integer dot is exact; y within 1e-6 relative (f32 division precision).
-//! - top-k / argmax: exact (values and ids, ties → lowest id).
+//! - top-k / argmax: exact (values and ids, ties → lowest id), masked rows too.
 
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -336,5 +336,76 @@ pub async fn topk_and_argmax_match_cpu(ctx: &GpuContext) -> Result<()> {
     let got = run_topk(ctx, &op).await?;
     assert_eq!(&got[..3], &[(1, 3.0), (2, 2.0), (0, 1.0)]);
     assert_eq!(got[3], (u32::MAX, f32::NEG_INFINITY));
+    ctx.check()
+}
+
+/// Runs a top-k over its first `rows` rows and reads back each row's candidates.
+async fn run_topk_rows(ctx: &GpuContext, op: &TopK, rows: u32) -> Result<Vec<Vec<(u32, f32)>>> {
+    let mut enc = ctx.encoder();
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        op.record_rows(&mut pass, rows);
+    }
+    op.record_download_rows(&mut enc, rows);
+    ctx.submit(enc);
+    op.read_rows_async(ctx, rows).await
+}
+
+/// A token mask of `n` ids allowing those `allow` picks.
+pub fn mask_of(n: usize, allow: impl Fn(usize) -> bool) -> Vec<u32> {
+    let mut m = vec![0u32; n.div_ceil(32)];
+    for id in (0..n).filter(|&i| allow(i)) {
+        m[id / 32] |= 1 << (id % 32);
+    }
+    m
+}
+
+/// Masked top-k over several rows equals the CPU top-k of each row with the ids its mask
+/// does not allow set to −inf: random masks, a mask allowing fewer than k ids, one allowing
+/// exactly one, a mask shorter than the row, a row without a mask, NaNs allowed and not;
+/// clearing the masks gives the plain top-k back.
+pub async fn masked_topk_matches_cpu(ctx: &GpuContext) -> Result<()> {
+    let mut r = rng(7);
+    for &n in &[1007usize, 128_256 + 7] {
+        let rows = 6usize;
+        let mut v: Vec<f32> = (0..n * rows)
+            .map(|_| r.random_range(-200..200) as f32 / 8.0)
+            .collect();
+        v[5] = f32::NAN; // row 0, allowed by its mask below: never selected
+        v[n + 2] = f32::NAN; // row 1: not allowed, so it counts as −inf
+        let masks: Vec<Option<Vec<u32>>> = vec![
+            Some(mask_of(n, |i| i % 3 != 1)),
+            Some(mask_of(n, |i| i.is_multiple_of(7))),
+            Some(mask_of(n, |i| [9, n - 1, n / 2].contains(&i))),
+            Some(mask_of(n, |i| i == n / 3)),
+            None,
+            Some(mask_of(n / 2, |i| i.is_multiple_of(2))),
+        ];
+        let vb = GpuBuffer::from_slice(ctx, "logits", &v)?;
+        for k in [1u32, 5, 64] {
+            let mut op = TopK::rows(ctx, &vb, n as u32, k, rows as u32 + 1)?;
+            let given: Vec<Option<&[u32]>> = masks.iter().map(|m| m.as_deref()).collect();
+            op.set_masks(ctx, &given)?;
+            let got = run_topk_rows(ctx, &op, rows as u32).await?;
+            for (row, mask) in masks.iter().enumerate() {
+                let mut want = v[row * n..(row + 1) * n].to_vec();
+                if let Some(m) = mask {
+                    for (id, x) in want.iter_mut().enumerate() {
+                        if !crate::generate::allows(m, id as u32) {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                let want = cpu_topk(&want, k as usize);
+                assert_eq!(got[row], want, "n {n} k {k} row {row}");
+            }
+            op.set_masks(ctx, &[])?;
+            let plain = run_topk_rows(ctx, &op, rows as u32).await?;
+            for (row, got) in plain.iter().enumerate() {
+                let want = cpu_topk(&v[row * n..(row + 1) * n], k as usize);
+                assert_eq!(got, &want, "n {n} k {k} row {row}, masks cleared");
+            }
+        }
+    }
     ctx.check()
 }

@@ -105,6 +105,7 @@ mod tests_fam;
 mod tests_mm;
 #[cfg(test)]
 mod tests_plan;
+mod topk;
 mod upload;
 #[cfg(target_arch = "wasm32")]
 mod web;

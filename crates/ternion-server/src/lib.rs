@@ -72,13 +72,16 @@ pub struct ServerConfig {
     pub prefill_per_step: usize,
     /// CPU or GPU.
     pub device: Device,
+    /// On a GPU, apply a constrained request's token mask to the GPU top-k (the default)
+    /// instead of reading back its whole logits row (`false`, for comparisons).
+    pub gpu_mask: bool,
     /// API key and CORS origins.
     pub access: Access,
 }
 
 impl ServerConfig {
     /// Defaults for `model_path`: 4 active sequences, a queue of 64, 1 MiB bodies, 10 s
-    /// shutdown grace, 256 prompt tokens per step.
+    /// shutdown grace, 256 prompt tokens per step, token masks applied on the GPU.
     pub fn new(model_path: impl Into<PathBuf>) -> ServerConfig {
         ServerConfig {
             model_path: model_path.into(),
@@ -93,6 +96,7 @@ impl ServerConfig {
             batching: Batching::Stacked,
             prefill_per_step: 256,
             device: Device::Cpu,
+            gpu_mask: true,
             access: Access::default(),
         }
     }
@@ -168,6 +172,7 @@ impl Server {
                 batching: cfg.batching,
                 prefill_per_step: cfg.prefill_per_step,
                 device: cfg.device,
+                gpu_mask: cfg.gpu_mask,
             },
             shared.clone(),
             loaded_tx,

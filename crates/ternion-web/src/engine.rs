@@ -321,7 +321,7 @@ impl Engine {
             } else {
                 host.pause().await;
                 let id = st.tokens()[0];
-                match st.need(0) {
+                match st.need(0, false) {
                     Need::Argmax => {
                         let best = self.backend.argmax(id).await?;
                         st.advance(Row::Argmax(best), &self.tokenizer)

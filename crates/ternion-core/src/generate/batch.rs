@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::constraint::Mask;
 use super::rows::Rows;
 use crate::backend::cpu::{SeqStep, Workspace};
 use crate::kv::{KvPool, KvSeq};
@@ -15,6 +16,9 @@ pub struct BatchStep<'a, S> {
     pub seq: &'a mut S,
     /// Its tokens, after the positions it holds (at least one).
     pub tokens: &'a [u32],
+    /// The tokens its draw may take (a constrained sequence's next mask), for a backend
+    /// that applies it to its top-k ([`BatchBackend::masks_top`]); `None`: any token.
+    pub mask: Option<&'a Mask>,
 }
 
 /// A backend that runs several sequences' steps as one forward pass.
@@ -44,9 +48,17 @@ pub trait BatchBackend {
     /// Pairs of the top-k the backend can hand back instead of whole rows (0: none).
     fn top_k(&self) -> usize;
 
+    /// True when the top-k of a step with a [`BatchStep::mask`] selects only among the
+    /// tokens the mask allows (exactly the top-k of the row masked on the host), so that a
+    /// constrained sequence can draw from k pairs. The default: masks are not applied.
+    fn masks_top(&self) -> bool {
+        false
+    }
+
     /// Runs every step as one pass (checked first: on an error no sequence changed) and
     /// returns each step's last row: its top-k pairs when `top` is set (and
-    /// [`BatchBackend::top_k`] is not 0), else its logits.
+    /// [`BatchBackend::top_k`] is not 0; under each step's mask where
+    /// [`BatchBackend::masks_top`] holds), else its logits.
     fn forward(&mut self, steps: &mut [BatchStep<'_, Self::Seq>], top: bool) -> Result<Rows<'_>>;
 }
 

@@ -8,7 +8,7 @@
 use std::borrow::BorrowMut;
 
 use super::chunking::next_chunk;
-use super::constraint::Constraint;
+use super::constraint::{allows, Constraint, Mask};
 use super::rows::{Need, Row};
 use super::stop::StopFilter;
 use crate::sample::{logprobs, Sampler, TokenLogprobs};
@@ -103,6 +103,11 @@ pub struct Stepper<S, K = ()> {
     finish: Option<FinishReason>,
     /// What the output must match (`None`: anything, at no cost).
     constraint: Option<Box<dyn Constraint>>,
+    /// The mask of the next draw, computed before its step ran ([`Stepper::prepare_mask`]),
+    /// or why the constraint could not give one.
+    ready_mask: Option<Result<Vec<u32>, String>>,
+    /// Scratch for the allowed pairs of a masked top-k row.
+    allowed: Vec<(u32, f32)>,
     /// How many of the row's best tokens to report with each draw's log-probability
     /// (`None`: no log-probabilities).
     top_logprobs: Option<usize>,
@@ -132,6 +137,8 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
             decoder: StreamDecoder::new(),
             finish: None,
             constraint: None,
+            ready_mask: None,
+            allowed: Vec::new(),
             top_logprobs: None,
         }
     }
@@ -193,26 +200,62 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
         planned(&self.input, self.fed, self.in_flight, &self.last)
     }
 
-    /// The KV state and the tokens of the planned step, to hand to a backend together.
-    pub fn step_parts(&mut self) -> (&mut K, &[u32]) {
+    /// The KV state and the tokens of the planned step, to hand to a backend together,
+    /// with the mask of the draw that follows it when [`Stepper::prepare_mask`] computed one.
+    pub fn step_parts(&mut self) -> (&mut K, &[u32], Option<&Mask>) {
         let tokens = planned(&self.input, self.fed, self.in_flight, &self.last);
-        (&mut self.kv, tokens)
+        let mask = match &self.ready_mask {
+            Some(Ok(m)) => Some(m.as_slice()),
+            _ => None,
+        };
+        (&mut self.kv, tokens, mask)
     }
 
     /// The least this sequence's next draw needs from a row, where the backend's top-k
-    /// holds `top_k` pairs (0: none).
-    pub fn need(&self, top_k: usize) -> Need {
+    /// holds `top_k` pairs (0: none) and, with `masked`, selects under a step's token mask
+    /// ([`BatchBackend::masks_top`]): a constrained draw then takes the top-k as an
+    /// unconstrained one does (greedy or a top-k sampler without penalties).
+    ///
+    /// [`BatchBackend::masks_top`]: super::BatchBackend::masks_top
+    pub fn need(&self, top_k: usize, masked: bool) -> Need {
         let s = self.sampler.borrow();
         let cfg = s.config();
-        if self.constraint.is_some() || self.top_logprobs.is_some() {
+        let constrained = self.constraint.is_some();
+        if self.top_logprobs.is_some() || (constrained && !masked) {
             Need::Logits
-        } else if cfg.temperature <= 0.0 && !cfg.penalties_active() {
+        } else if !constrained && cfg.temperature <= 0.0 && !cfg.penalties_active() {
             Need::Argmax
         } else if top_k > 0 && s.needs_only_top(top_k) {
             Need::Top
         } else {
             Need::Logits
         }
+    }
+
+    /// Computes the token mask of the draw that follows the planned step now, before the
+    /// step runs, for a backend that applies it to its top-k ([`Stepper::step_parts`]
+    /// hands it out; [`Stepper::advance`] draws under it). Does nothing for a sequence
+    /// without a constraint, a step after which nothing is drawn, or a mask already
+    /// computed for this step.
+    pub fn prepare_mask(&mut self) {
+        let draws = self.in_flight > 0
+            && self.fed + self.in_flight >= self.input.len()
+            && self.generated.len() < self.opts.max_tokens;
+        if !draws || self.ready_mask.is_some() {
+            return;
+        }
+        // As in `draw`, where the step's tokens are in the history.
+        let left = self.left(self.history.len() + self.in_flight);
+        if let Some(c) = self.constraint.as_mut() {
+            self.ready_mask = Some(c.mask(left).map(<[u32]>::to_vec));
+        }
+    }
+
+    /// Tokens a constrained draw may still add, where the history holds `evaluated` tokens:
+    /// the rest of the budget, within the context.
+    fn left(&self, evaluated: usize) -> usize {
+        (self.opts.max_tokens - self.generated.len())
+            .min(self.opts.n_ctx.saturating_sub(evaluated + 1))
     }
 
     /// Takes the planned step's row back after the backend ran it: records the evaluated
@@ -299,8 +342,12 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
     }
 
     /// Draws the next token from `row` (among those the constraint allows), and records it
-    /// with the constraint. Returns the token and whether the constraint is complete.
+    /// with the constraint. Returns the token and whether the constraint is complete. A
+    /// constrained draw takes a whole row, or top-k pairs selected under its mask (pairs the
+    /// mask does not allow are dropped: those of a masked top-k are −inf and weigh nothing).
     fn draw(&mut self, row: Row<'_>) -> Result<(u32, bool), String> {
+        let left = self.left(self.history.len());
+        let ready = self.ready_mask.take();
         let sampler = self.sampler.borrow_mut();
         let Some(c) = self.constraint.as_mut() else {
             let id = match row {
@@ -310,12 +357,26 @@ impl<S: BorrowMut<Sampler>, K> Stepper<S, K> {
             };
             return Ok((id, false));
         };
-        let Row::Logits(logits) = row else {
-            return Err("a constrained sequence needs whole logits rows".into());
+        let mask = match &ready {
+            Some(Ok(m)) => m.as_slice(),
+            Some(Err(e)) => return Err(e.clone()),
+            None => c.mask(left)?,
         };
-        let left = (self.opts.max_tokens - self.generated.len())
-            .min(self.opts.n_ctx.saturating_sub(self.history.len() + 1));
-        let id = sampler.sample_masked(logits, &self.history, c.mask(left)?);
+        let id = match row {
+            Row::Logits(logits) => sampler.sample_masked(logits, &self.history, mask),
+            Row::Top(top) => {
+                self.allowed.clear();
+                (self.allowed).extend(top.iter().filter(|p| allows(mask, p.0)));
+                sampler.sample_top(&self.allowed)
+            }
+            Row::Argmax(_) => {
+                return Err(
+                    "a constrained sequence needs whole logits rows or a masked \
+                            top-k"
+                        .into(),
+                )
+            }
+        };
         Ok((id, c.commit(id)?))
     }
 
@@ -393,174 +454,4 @@ fn planned<'a>(input: &'a [u32], fed: usize, in_flight: usize, last: &'a Option<
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sample::SamplerConfig;
-
-    fn tok() -> Tokenizer {
-        crate::synth::byte_tokenizer()
-    }
-
-    fn stepper(max_tokens: usize, stop: &[&str], n_ctx: usize) -> Stepper<Sampler> {
-        Stepper::new(
-            Sampler::new(SamplerConfig::greedy()).unwrap(),
-            (),
-            Vec::new(),
-            (0..600).map(|i| i % 200).collect(),
-            StepperOptions {
-                max_tokens,
-                ignore_eos: false,
-                stop: stop.iter().map(|s| s.to_string()).collect(),
-                n_ctx,
-                max_chunk: 512,
-            },
-        )
-    }
-
-    /// Steps until the end, answering each draw with the next of `draws` (argmax rows);
-    /// returns the text, the size of every step and the end.
-    fn run(s: &mut Stepper<Sampler>, t: &Tokenizer, draws: &[u32]) -> (String, Vec<usize>, End) {
-        let (mut text, mut steps, mut draws) = (String::new(), Vec::new(), draws.iter().peekable());
-        loop {
-            assert!(
-                s.plan(&mut usize::MAX.clone()),
-                "a running sequence has a step"
-            );
-            steps.push(s.tokens().len());
-            let adv = s.advance(Row::Argmax(**draws.peek().unwrap()), t);
-            if adv.drawn.is_some() {
-                draws.next();
-            }
-            text.push_str(adv.text.as_deref().unwrap_or(""));
-            if let Some(end) = adv.end {
-                text.push_str(&end.text);
-                return (text, steps, end);
-            }
-        }
-    }
-
-    fn bytes(s: &str) -> Vec<u32> {
-        s.bytes().map(u32::from).collect()
-    }
-
-    #[test]
-    fn prompt_in_chunks_then_one_token_per_step_up_to_the_budget() {
-        let t = tok();
-        let mut s = stepper(3, &[], 1000);
-        let (text, steps, end) = run(&mut s, &t, &bytes("abc"));
-        assert_eq!(steps, [512, 88, 1, 1]);
-        assert_eq!((text.as_str(), end.finish), ("abc", FinishReason::Length));
-        let (history, last) = s.into_parts();
-        assert_eq!(history.len(), 602);
-        assert_eq!(
-            last,
-            Some(u32::from(b'c')),
-            "the last draw is left to evaluate"
-        );
-    }
-
-    #[test]
-    fn stop_strings_eog_and_the_context_end_a_sequence() {
-        let t = tok();
-        let mut s = stepper(10, &["yz"], 1000);
-        let (text, _, end) = run(&mut s, &t, &bytes("xyyzq"));
-        assert_eq!((text.as_str(), end.finish), ("xy", FinishReason::Stop));
-        let mut s = stepper(10, &[], 603);
-        let (_, _, end) = run(&mut s, &t, &bytes("xxxxxxxx"));
-        assert_eq!(end.finish, FinishReason::Context);
-        assert_eq!(s.generated().len(), 3);
-        let mut s = stepper(10, &[], 1000);
-        let (text, steps, end) = run(&mut s, &t, &[u32::from(b'x'), 257]);
-        assert_eq!((text.as_str(), end.finish), ("x", FinishReason::Stop));
-        assert_eq!(steps.len(), 3);
-        assert_eq!(s.generated(), [u32::from(b'x')]);
-    }
-
-    #[test]
-    fn a_fork_after_the_prompt_draws_from_the_same_row_and_goes_on_alone() {
-        let t = tok();
-        let mut a = stepper(5, &[], 1000);
-        while a.plan(&mut usize::MAX.clone()) && a.in_prompt() {
-            if a.advance(Row::Argmax(u32::from(b'a')), &t).drawn.is_some() {
-                break;
-            }
-        }
-        let opts = a.opts.clone();
-        let mut b = a.fork(Sampler::new(SamplerConfig::greedy()).unwrap(), (), opts);
-        let adv = b.advance(Row::Argmax(u32::from(b'b')), &t);
-        assert_eq!((adv.drawn, adv.text.as_deref()), (Some(98), Some("b")));
-        assert_eq!((b.prompt_len(), b.in_prompt()), (600, false));
-        assert!(
-            b.plan(&mut 0) && a.plan(&mut 0),
-            "each one's next step is its own draw"
-        );
-        assert_eq!((b.tokens(), a.tokens()), (&[98][..], &[97][..]));
-        let (history, _) = b.into_parts();
-        assert_eq!(history, a.into_parts().0);
-    }
-
-    /// Allows only the next byte of its text; complete after the last.
-    struct Spell {
-        text: &'static [u8],
-        at: usize,
-        mask: Vec<u32>,
-    }
-
-    impl Constraint for Spell {
-        fn mask(&mut self, _left: usize) -> Result<&crate::generate::Mask, String> {
-            let b = self.text[self.at];
-            self.mask = vec![0; 9];
-            self.mask[usize::from(b / 32)] |= 1 << (b % 32);
-            Ok(&self.mask)
-        }
-
-        fn commit(&mut self, id: u32) -> Result<bool, String> {
-            if id != u32::from(self.text[self.at]) {
-                return Err(format!("{id} is not allowed"));
-            }
-            self.at += 1;
-            Ok(self.at == self.text.len())
-        }
-    }
-
-    fn spell(text: &'static [u8]) -> Box<Spell> {
-        Box::new(Spell {
-            text,
-            at: 0,
-            mask: Vec::new(),
-        })
-    }
-
-    #[test]
-    fn a_constraint_chooses_the_tokens_and_ends_the_sequence_with_logprobs_of_the_row() {
-        let t = tok();
-        let logits: Vec<f32> = (0..259).map(|i| ((i * 37) % 11) as f32 * 0.5).collect();
-        let mut s = stepper(10, &[], 1000)
-            .with_constraint(spell(b"ok!"))
-            .with_logprobs(3);
-        assert_eq!(s.need(8), Need::Logits);
-        let mut text = String::new();
-        let end = loop {
-            assert!(s.plan(&mut usize::MAX.clone()));
-            let adv = s.advance(Row::Logits(&logits), &t);
-            if let Some(id) = adv.drawn {
-                assert_eq!(adv.logprobs, Some(logprobs(&logits, id, 3)));
-            }
-            text.push_str(adv.text.as_deref().unwrap_or(""));
-            if let Some(end) = adv.end {
-                break end;
-            }
-        };
-        assert_eq!((text.as_str(), end.finish), ("ok!", FinishReason::Stop));
-        assert_eq!(end.error, None);
-        // A backend that hands a constrained sequence its argmax alone is an error.
-        let mut s = stepper(10, &[], 1000).with_constraint(spell(b"x"));
-        let end = loop {
-            assert!(s.plan(&mut usize::MAX.clone()));
-            if let Some(end) = s.advance(Row::Argmax(3), &t).end {
-                break end;
-            }
-        };
-        assert!(end.error.unwrap().contains("logits"), "{:?}", s.finish());
-    }
-}
+mod tests;

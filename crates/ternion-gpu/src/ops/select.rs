@@ -1,8 +1,9 @@
-//! GPU top-k / argmax over the logits.
+//! GPU top-k / argmax over the logits, each row optionally under a token mask.
 
 use super::{uniform, Dispatch};
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
+use crate::generate::Mask;
 use crate::pipelines::{Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
@@ -12,7 +13,9 @@ pub const SELECT_CHUNK: u32 = 4096;
 pub const MAX_TOPK: u32 = 64;
 
 /// Top-k (k ≤ 64) of each row of f32 logits, best first, ties to the lower index; k = 1 is
-/// argmax. Only the k (value, id) pairs of each row need to come back to the host.
+/// argmax. Only the k (value, id) pairs of each row need to come back to the host. A row
+/// given a token mask ([`TopK::set_masks`]) selects as if the ids its mask does not allow
+/// were −inf: exactly the top-k of the row masked on the host.
 pub struct TopK {
     partial: Dispatch,
     merge: Dispatch,
@@ -21,6 +24,12 @@ pub struct TopK {
     /// Their ids.
     pub ids: GpuBuffer,
     staging: GpuBuffer,
+    /// One flag word per row (non-zero: masked), then each row's mask bits.
+    masks: GpuBuffer,
+    /// Flag words as last written (all 0 until a row is masked).
+    flags: Vec<u32>,
+    /// Scratch for one row's mask bits, `n` bits rounded up to words.
+    bits: Vec<u32>,
     k: u32,
     max_rows: u32,
     _keep: Vec<GpuBuffer>,
@@ -54,13 +63,15 @@ impl TopK {
         let vals = GpuBuffer::zeroed(ctx, "topk.vals", rows * u64::from(k) * 4)?;
         let ids = GpuBuffer::zeroed(ctx, "topk.ids", rows * u64::from(k) * 4)?;
         let dummy = GpuBuffer::zeroed(ctx, "topk.unused", 4)?;
+        let words = n.div_ceil(32);
+        let masks = GpuBuffer::zeroed(ctx, "topk.masks", rows * (1 + u64::from(words)) * 4)?;
         let staging = GpuBuffer::with_usage(
             ctx,
             "topk.staging",
             rows * u64::from(k) * 8,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         )?;
-        let p1 = uniform(ctx, "topk.params1", &[n, SELECT_CHUNK, chunks, 0])?;
+        let p1 = uniform(ctx, "topk.params1", &[n, SELECT_CHUNK, chunks, max_rows])?;
         let p2 = uniform(ctx, "topk.params2", &[cand as u32, 0, 1, 0])?;
         let key = |partial| PipelineKey {
             kernel: Kernel::Select { k, partial },
@@ -76,6 +87,7 @@ impl TopK {
                 (2, cand_v.binding()),
                 (3, cand_i.binding()),
                 (4, dummy.binding()),
+                (5, masks.binding()),
             ],
             chunks,
         )?;
@@ -89,6 +101,7 @@ impl TopK {
                 (2, vals.binding()),
                 (3, ids.binding()),
                 (4, cand_i.binding()),
+                (5, masks.binding()),
             ],
             1,
         )?;
@@ -98,10 +111,47 @@ impl TopK {
             vals,
             ids,
             staging,
+            masks,
+            flags: vec![0; max_rows as usize],
+            bits: vec![0; words as usize],
             k,
             max_rows,
             _keep: vec![cand_v, cand_i, dummy, p1, p2],
         })
+    }
+
+    /// Sets the token masks of the passes recorded next: row `i` selects only among the
+    /// ids `masks[i]` allows (see [`allows`](crate::generate::allows): ids past the mask's
+    /// end are not allowed), every id where it is `None` or past `masks`. Writes only
+    /// what changed: nothing while no row is or was masked.
+    pub fn set_masks(&mut self, ctx: &GpuContext, masks: &[Option<&Mask>]) -> Result<()> {
+        if masks.len() > self.max_rows as usize {
+            return Err(Error::KernelArgs(format!(
+                "top-k masks: {} rows given, the top-k has {}",
+                masks.len(),
+                self.max_rows
+            )));
+        }
+        let (rows, words) = (self.flags.len() as u64, self.bits.len() as u64);
+        let mut changed = false;
+        for (i, flag) in self.flags.iter_mut().enumerate() {
+            let mask = masks.get(i).copied().flatten();
+            let want = u32::from(mask.is_some());
+            changed |= *flag != want;
+            *flag = want;
+            if let Some(mask) = mask {
+                let n = mask.len().min(self.bits.len());
+                self.bits[..n].copy_from_slice(&mask[..n]);
+                self.bits[n..].fill(0);
+                // Bits of ids past the row's length in its last word are never read.
+                let at = (rows + i as u64 * words) * 4;
+                self.masks.write(ctx, at, bytemuck::cast_slice(&self.bits));
+            }
+        }
+        if changed {
+            self.masks.write(ctx, 0, bytemuck::cast_slice(&self.flags));
+        }
+        Ok(())
     }
 
     /// Records both passes over the first row.

@@ -1,5 +1,6 @@
 //! The GPU backend of the engine: the model loaded onto the device, with the fault
-//! injection the tests use to check a real device loss end to end.
+//! injection the tests use to check a real device loss end to end, and the choice of
+//! constrained sequences' rows ([`EngineConfig::gpu_mask`]).
 
 use ternion::generate::{BatchBackend, BatchStep, Rows};
 use ternion::model::Model;
@@ -46,6 +47,7 @@ pub(super) fn gpu(
     Ok(Gpu {
         batch: GpuBatch::new(Box::new(gpu)),
         lose_after,
+        mask: cfg.gpu_mask,
     })
 }
 
@@ -54,6 +56,9 @@ pub(super) fn gpu(
 pub(super) struct Gpu {
     batch: ternion::generate::GpuBatch,
     lose_after: Option<u64>,
+    /// Select constrained sequences' top-k under their masks (else they read back whole
+    /// rows).
+    mask: bool,
 }
 
 impl BatchBackend for Gpu {
@@ -77,6 +82,10 @@ impl BatchBackend for Gpu {
         self.batch.top_k()
     }
 
+    fn masks_top(&self) -> bool {
+        self.mask && self.batch.masks_top()
+    }
+
     fn forward(
         &mut self,
         steps: &mut [BatchStep<'_, Self::Seq>],
@@ -87,6 +96,11 @@ impl BatchBackend for Gpu {
                 self.batch.gpu().context().device.destroy();
             }
             *n = n.saturating_sub(1);
+        }
+        if !self.mask {
+            for s in steps.iter_mut() {
+                s.mask = None;
+            }
         }
         self.batch.forward(steps, top)
     }

@@ -239,6 +239,11 @@ pub struct EngineConfig {
     pub prefill_per_step: usize,
     /// CPU or GPU.
     pub device: Device,
+    /// On a GPU, select a constrained sequence's top-k under its token mask, so that only
+    /// k pairs come back as for an unconstrained one (the default); `false` reads back its
+    /// whole logits row and masks it on the host (for comparisons). The CPU always masks
+    /// whole rows.
+    pub gpu_mask: bool,
 }
 
 /// Smallest prompt budget of an iteration (a prompt chunk may not leave one token behind).

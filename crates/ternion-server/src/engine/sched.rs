@@ -194,14 +194,20 @@ impl<B: BatchBackend> Scheduler<'_, B> {
     ) -> Result<(), ternion::Error> {
         m.forward_passes_total.fetch_add(1, Relaxed);
         // The k best of each row are all the samplers need unless one of them has
-        // penalties or looks past the top-k.
-        let k = self.runner.top_k();
-        let top = k > 0 && group.iter().all(|s| s.st.need(k) != Need::Logits);
+        // penalties or looks past the top-k; a constrained sequence's mask then goes with
+        // its step when the backend selects under it.
+        let (k, masked) = (self.runner.top_k(), self.runner.masks_top());
+        let top = k > 0 && group.iter().all(|s| s.st.need(k, masked) != Need::Logits);
+        if top && masked {
+            for s in group.iter_mut() {
+                s.st.prepare_mask();
+            }
+        }
         let mut steps: Vec<BatchStep<'_, B::Seq>> = group
             .iter_mut()
             .map(|s| {
-                let (seq, tokens) = s.st.step_parts();
-                BatchStep { seq, tokens }
+                let (seq, tokens, mask) = s.st.step_parts();
+                BatchStep { seq, tokens, mask }
             })
             .collect();
         let result = self.runner.forward(&mut steps, top);
