@@ -26,6 +26,21 @@ use crate::{
     StepUniform, TernaryMatvec, TernaryWeights, TopK, Variant,
 };
 
+/// Expands `$runner!(body)` for every kernel test body of this module: each test runner
+/// defines its own `$runner` macro (how to await a body and on which contexts) and lists
+/// the bodies through this one list, so a new body reaches both runners at once.
+#[macro_export]
+macro_rules! each_kernel_check {
+    ($runner:ident) => {
+        $runner!(embed_matches_f16_rows);
+        $runner!(rmsnorm_f32_matches_cpu);
+        $runner!(rmsnorm_quant_matches_cpu_quantizer);
+        $runner!(ternary_matvec_matches_cpu);
+        $runner!(topk_and_argmax_match_cpu);
+        $runner!(masked_topk_matches_cpu);
+    };
+}
+
 /// A seeded generator, so that every run (and both runners) sees the same inputs.
 pub fn rng(seed: u64) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed)

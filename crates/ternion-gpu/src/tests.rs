@@ -63,12 +63,7 @@ macro_rules! kernel_check {
     };
 }
 
-kernel_check!(embed_matches_f16_rows);
-kernel_check!(rmsnorm_f32_matches_cpu);
-kernel_check!(rmsnorm_quant_matches_cpu_quantizer);
-kernel_check!(ternary_matvec_matches_cpu);
-kernel_check!(topk_and_argmax_match_cpu);
-kernel_check!(masked_topk_matches_cpu);
+crate::each_kernel_check!(kernel_check);
 
 #[test]
 fn context_reports_caps() {

@@ -157,6 +157,23 @@ fn load_words(r: Roles, s: u32, prev: Words) -> Words {
     return n;
 }
 
+// Stage 0 loaded, unpacked and visible to the workgroup; returns its words.
+fn first_stage(r: Roles) -> Words {
+    let wd = load_words(r, 0u, Words());
+    stage(r, 0u, wd);
+    workgroupBarrier();
+    return wd;
+}
+
+// The words of stage s + 1 when there is one (loaded before stage s's products and
+// unpacked after them, into the buffer nobody reads since the last barrier), else `wd`.
+fn next_words(r: Roles, s: u32, stages: u32, wd: Words) -> Words {
+    if (s + 1u < stages) {
+        return load_words(r, s + 1u, wd);
+    }
+    return wd;
+}
+
 // Writes stage `s` from its words into buffer s % 2.
 fn stage(r: Roles, s: u32, wd: Words) {
     let o = (s % 2u) * BUF;
@@ -184,16 +201,9 @@ fn matmul_tiled(
     var c11 = coop_mat16x16<f32, C>();
 
     let stages = p.words / 2u;
-    var wd = load_words(r, 0u, Words());
-    stage(r, 0u, wd);
-    workgroupBarrier();
+    var wd = first_stage(r);
     for (var s = 0u; s < stages; s++) {
-        // Stage s + 1's words are loaded before stage s's products and stored after them,
-        // into the other buffer (read by nobody since the last barrier).
-        let nxt = s + 1u;
-        if (nxt < stages) {
-            wd = load_words(r, nxt, wd);
-        }
+        wd = next_words(r, s, stages, wd);
         let o = (s % 2u) * BUF;
         for (var kq = 0u; kq < KS / 4u; kq += 4u) {
             let a0 = frag_a(o + rb * LD4 + kq);
@@ -205,8 +215,8 @@ fn matmul_tiled(
             c10 = coopMultiplyAdd(a1, b0, c10);
             c11 = coopMultiplyAdd(a1, b1, c11);
         }
-        if (nxt < stages) {
-            stage(r, nxt, wd);
+        if (s + 1u < stages) {
+            stage(r, s + 1u, wd);
         }
         workgroupBarrier();
     }
@@ -245,14 +255,9 @@ fn matmul_wide(
     var c13 = coop_mat16x16<f32, C>();
 
     let stages = p.words / 2u;
-    var wd = load_words(r, 0u, Words());
-    stage(r, 0u, wd);
-    workgroupBarrier();
+    var wd = first_stage(r);
     for (var s = 0u; s < stages; s++) {
-        let nxt = s + 1u;
-        if (nxt < stages) {
-            wd = load_words(r, nxt, wd);
-        }
+        wd = next_words(r, s, stages, wd);
         let o = (s % 2u) * BUF;
         for (var kq = 0u; kq < KS / 4u; kq += 4u) {
             let a0 = frag_a(o + rb * LD4 + kq);
@@ -270,8 +275,8 @@ fn matmul_wide(
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
         }
-        if (nxt < stages) {
-            stage(r, nxt, wd);
+        if (s + 1u < stages) {
+            stage(r, s + 1u, wd);
         }
         workgroupBarrier();
     }
