@@ -493,6 +493,10 @@ impl GpuContext {
         }
         let src = key.kernel.source();
         let (file, text) = src.text();
+        #[cfg(feature = "kernel-dev")]
+        let dev = kernel_override(file);
+        #[cfg(feature = "kernel-dev")]
+        let text = dev.as_deref().unwrap_or(text);
         #[cfg(not(target_arch = "wasm32"))]
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = {
@@ -539,7 +543,8 @@ impl GpuContext {
                         label: Some(file),
                         source: wgpu::ShaderSource::Wgsl(code.into()),
                     };
-                    // SAFETY: the kernels are this crate's own WGSL. Every loop is bounded by
+                    // SAFETY: the kernels are this crate's own WGSL (or, in a `kernel-dev`
+                    // build, a developer's edit of one, held to the same rules). Every loop is bounded by
                     // construction (constant strides, host-validated limits, no workgroup
                     // waits on another), every divisor is a constant or a host-checked
                     // non-zero size, every workgroup/function array index is below its
@@ -597,4 +602,20 @@ impl GpuContext {
             .insert(key, pipeline.clone());
         Ok(pipeline)
     }
+}
+
+/// Feature `kernel-dev`: the text of kernel file `file` from the folder that
+/// `TERNION_KERNEL_DIR` names, when it holds that file, so kernel variants can be timed on a
+/// GPU machine without rebuilding (docs/ARCHITECTURE.md, "Adding a kernel"). Never in a
+/// release build: such a file is compiled as trusted, like the crate's own kernels.
+#[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
+fn kernel_override(file: &str) -> Option<String> {
+    let dir = std::env::var_os("TERNION_KERNEL_DIR")?;
+    std::fs::read_to_string(std::path::Path::new(&dir).join(file)).ok()
+}
+
+/// Feature `kernel-dev` in the browser: no files to read.
+#[cfg(all(feature = "kernel-dev", target_arch = "wasm32"))]
+fn kernel_override(_file: &str) -> Option<String> {
+    None
 }

@@ -18,14 +18,17 @@
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
 // Dispatch: (≥ block count, n_head, 1); workgroups past the count return. head_dim is 64 or
-// 128 (the host checks). Workgroup memory: 29,072 bytes (the host checks the limit).
+// 128 (the host checks). Workgroup memory: 30,096 bytes (the host checks the limit).
 //
 // A workgroup takes a block of BQ = 32 queries of one head and walks the keys one KV page
-// (BK = 32 keys) at a time, the page's keys and values loaded once for the block. Scores:
-// thread t computes query t / 8 against keys t % 8 + 8i (i < 4), four independent sums
-// sharing each query word. Softmax and P·V: thread t owns query t / 8 and head words
-// t % 8 + 8x (x < head_dim / 16: eight lanes read eight consecutive words), takes the
-// tile's max, rescales its running sums and adds e·v over the 32 keys in order.
+// (BK = 32 keys) at a time, the page's keys and values loaded once for the block: each
+// thread's share of the next page is loaded into registers while the current one is
+// computed. Scores: thread t computes query t / 8 against keys t % 8 + 8i (i < 4), four
+// independent sums sharing each query word; the row's new maximum comes from the eight
+// threads' maxima of their four scores (pm_sh), and each thread turns its four scores into
+// e = exp(s − max) in s_sh. P·V: thread t owns query t / 8 and head words t % 8 + 8x
+// (x < head_dim / 16: eight lanes read eight consecutive words), rescales its running
+// sums and adds e·v over the 32 keys in order.
 
 const WG: u32 = 256u;
 const BQ: u32 = 32u;
@@ -47,8 +50,73 @@ const SP: u32 = 33u;
 var<workgroup> q_sh: array<u32, 2080>; // BQ × HWP F16 pairs
 var<workgroup> k_sh: array<u32, 2080>; // BK × HWP
 var<workgroup> v_sh: array<u32, 2048>; // BK × 64
-var<workgroup> s_sh: array<f32, 1056>; // BQ × SP scaled scores
+var<workgroup> s_sh: array<f32, 1056>; // BQ × SP probabilities e
+var<workgroup> pm_sh: array<f32, 256>; // each thread's maximum of its four scores
 var<workgroup> tok_sh: vec4<u32>;
+
+// A thread's share of one page of keys and values: items li + 256·n (n < 8) of the page's
+// BK × head_dim/2 words, key word n in component n % 4 of k0 (n < 4) or k1, values alike.
+struct Tile {
+    k0: vec4<u32>,
+    k1: vec4<u32>,
+    v0: vec4<u32>,
+    v1: vec4<u32>,
+}
+
+// (key, value) word of item i of the page from cache row row0 (first key k0): word i % hw
+// of key i / hw, zero past the page, the sequence's keys or the tile.
+fn tile_word(row0: u32, k0: u32, n_keys: u32, kvh: u32, i: u32) -> vec2<u32> {
+    let hw = p.head_dim / 2u;
+    let j = i / hw;
+    var r = vec2<u32>(0u, 0u);
+    if (i < BK * hw && k0 + j < n_keys) {
+        let at = ((row0 + j) * p.n_head_kv + kvh) * hw + i % hw;
+        r = vec2<u32>(k_cache[at], v_cache[at]);
+    }
+    return r;
+}
+
+// Issues the loads of this thread's share of the page of keys k0..k0 + 32.
+fn load_tile(slot: u32, k0: u32, n_keys: u32, kvh: u32, li: u32) -> Tile {
+    let row0 = pages[slot * p.pps + k0 / PAGE] * PAGE;
+    let a0 = tile_word(row0, k0, n_keys, kvh, li);
+    let a1 = tile_word(row0, k0, n_keys, kvh, li + WG);
+    let a2 = tile_word(row0, k0, n_keys, kvh, li + 2u * WG);
+    let a3 = tile_word(row0, k0, n_keys, kvh, li + 3u * WG);
+    let a4 = tile_word(row0, k0, n_keys, kvh, li + 4u * WG);
+    let a5 = tile_word(row0, k0, n_keys, kvh, li + 5u * WG);
+    let a6 = tile_word(row0, k0, n_keys, kvh, li + 6u * WG);
+    let a7 = tile_word(row0, k0, n_keys, kvh, li + 7u * WG);
+    return Tile(
+        vec4<u32>(a0.x, a1.x, a2.x, a3.x),
+        vec4<u32>(a4.x, a5.x, a6.x, a7.x),
+        vec4<u32>(a0.y, a1.y, a2.y, a3.y),
+        vec4<u32>(a4.y, a5.y, a6.y, a7.y),
+    );
+}
+
+// Item i's key and value words into the tiles (items past the tile are not stored).
+fn put(kw: u32, vw: u32, i: u32) {
+    let hw = p.head_dim / 2u;
+    if (i < BK * hw) {
+        let j = i / hw;
+        let w = i % hw;
+        k_sh[j * HWP + w] = kw;
+        v_sh[j * 64u + w] = vw;
+    }
+}
+
+// This thread's share of a page into k_sh and v_sh.
+fn store_tile(t: Tile, li: u32) {
+    put(t.k0.x, t.v0.x, li);
+    put(t.k0.y, t.v0.y, li + WG);
+    put(t.k0.z, t.v0.z, li + 2u * WG);
+    put(t.k0.w, t.v0.w, li + 3u * WG);
+    put(t.k1.x, t.v1.x, li + 4u * WG);
+    put(t.k1.y, t.v1.y, li + 5u * WG);
+    put(t.k1.z, t.v1.z, li + 6u * WG);
+    put(t.k1.w, t.v1.w, li + 7u * WG);
+}
 
 // Adds e · the value pair at word `at` of the value tile to `a`.
 fn pv(a: vec2<f32>, e: f32, at: u32) -> vec2<f32> {
@@ -104,24 +172,15 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     var a5 = vec2<f32>(0.0);
     var a6 = vec2<f32>(0.0);
     var a7 = vec2<f32>(0.0);
+    var tile = load_tile(slot, 0u, n_keys, kvh, li);
     for (var k0 = 0u; k0 < n_keys; k0 += BK) {
         workgroupBarrier();
-        // The page of keys k0..k0 + 32 (zeros past the last key).
-        let row0 = pages[slot * p.pps + k0 / PAGE] * PAGE;
-        for (var i = li; i < BK * hw; i += WG) {
-            let j = i / hw;
-            let w = i % hw;
-            var kv = 0u;
-            var vv = 0u;
-            if (k0 + j < n_keys) {
-                let at = ((row0 + j) * p.n_head_kv + kvh) * hw + w;
-                kv = k_cache[at];
-                vv = v_cache[at];
-            }
-            k_sh[j * HWP + w] = kv;
-            v_sh[j * 64u + w] = vv;
-        }
+        // The page of keys k0..k0 + 32 (zeros past the last key), then the next one's loads.
+        store_tile(tile, li);
         workgroupBarrier();
+        if (k0 + BK < n_keys) {
+            tile = load_tile(slot, k0 + BK, n_keys, kvh, li);
+        }
         // Four scores, each Σ over the head's F16 pairs in order (the CPU reference's).
         var c0 = 0.0;
         var c1 = 0.0;
@@ -138,16 +197,24 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             c2 += a.x * b2.x + a.y * b2.y;
             c3 += a.x * b3.x + a.y * b3.y;
         }
-        let srow = sq * SP + sk;
-        s_sh[srow] = select(NEG, c0 * p.scale, k0 + sk <= s_pos);
-        s_sh[srow + 8u] = select(NEG, c1 * p.scale, k0 + sk + 8u <= s_pos);
-        s_sh[srow + 16u] = select(NEG, c2 * p.scale, k0 + sk + 16u <= s_pos);
-        s_sh[srow + 24u] = select(NEG, c3 * p.scale, k0 + sk + 24u <= s_pos);
+        let s0 = select(NEG, c0 * p.scale, k0 + sk <= s_pos);
+        let s1 = select(NEG, c1 * p.scale, k0 + sk + 8u <= s_pos);
+        let s2 = select(NEG, c2 * p.scale, k0 + sk + 16u <= s_pos);
+        let s3 = select(NEG, c3 * p.scale, k0 + sk + 24u <= s_pos);
+        pm_sh[li] = max(max(s0, s1), max(s2, s3));
         workgroupBarrier();
-        var mt = m;
-        for (var j = 0u; j < BK; j++) {
-            mt = max(mt, s_sh[qi * SP + j]);
-        }
+        // The row's maximum so far (sq = qi: the row's eight threads hold its 32 scores).
+        let pr = qi * 8u;
+        let mt = max(
+            max(max(m, max(pm_sh[pr], pm_sh[pr + 1u])), max(pm_sh[pr + 2u], pm_sh[pr + 3u])),
+            max(max(pm_sh[pr + 4u], pm_sh[pr + 5u]), max(pm_sh[pr + 6u], pm_sh[pr + 7u])),
+        );
+        let srow = sq * SP + sk;
+        s_sh[srow] = exp(s0 - mt);
+        s_sh[srow + 8u] = exp(s1 - mt);
+        s_sh[srow + 16u] = exp(s2 - mt);
+        s_sh[srow + 24u] = exp(s3 - mt);
+        workgroupBarrier();
         let alpha = exp(m - mt);
         l *= alpha;
         a0 *= alpha;
@@ -159,7 +226,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         a6 *= alpha;
         a7 *= alpha;
         for (var j = 0u; j < BK; j++) {
-            let e = exp(s_sh[qi * SP + j] - mt);
+            let e = s_sh[qi * SP + j];
             l += e;
             let vb = j * 64u + w0;
             a0 = pv(a0, e, vb);

@@ -9,7 +9,7 @@ use crate::{Error, Result};
 /// Queries per workgroup of the prompt kernel (`attention_prompt.wgsl` BQ).
 pub const ATTN_PROMPT_QUERIES: u32 = 32;
 /// Workgroup memory `attention_prompt.wgsl` declares, in bytes.
-const ATTN_PROMPT_BYTES: u32 = 29_072;
+const ATTN_PROMPT_BYTES: u32 = 30_096;
 
 /// True when `ctx`'s device allows the workgroup memory of `attention_prompt.wgsl` (most
 /// do; WebGPU's default limit, 16 KiB, does not: such devices run prompts with
