@@ -38,10 +38,12 @@
 // Weight layout (ternary.wgsl explains it): vec4 v of a row is words 4v..4v+3 of I2_S block
 // v/2; shifted right by 6−2g and masked, word e pairs with activation word
 // 32·(v/2) + 8g + 4·(v%2) + e, i.e. component e of activation vec4 8·(v/2) + 2g + v%2.
-// A workgroup is 256 threads = 256/TPR rows × TPR lanes. Each lane loads its first PRE
-// vec4s of the row before the prologue, so their memory latency hides behind the norm
-// (they cover a 2,560-wide row entirely, and 8/13.5 of a 6,912-wide one at TPR 8); then
-// lanes stride over the rest four vec4s at a time (four loads in flight).
+// A workgroup is 256 threads = 256/TPR rows × TPR lanes. Each thread first issues the loads
+// of its part of the row to normalise, then those of its lane's first PRE vec4s of the
+// weight row, so the norm's inputs come back first and the weights' memory latency hides
+// behind the norm (PRE vec4s cover a 2,560-wide row entirely, and 8/13.5 of a 6,912-wide
+// one at TPR 8); then lanes stride over the rest four vec4s at a time (four loads in
+// flight).
 // Reductions: variant SUBGROUPS sums the prologue's partials with subgroupAdd/subgroupMax
 // and then over the subgroups in order (2 barriers each), and a row's TPR lanes with
 // subgroupShuffleXor (the host picks the variant only when TPR ≤ the smallest subgroup);
@@ -250,14 +252,27 @@ fn quant_group(q: Group, c: u32, inv: f32, s: f32) -> vec4<i32> {
     return q0 + q1 + q2 + q3;
 }
 
-// RMSNorm and int8 quantization of row t of x into act_sh and tok_sh (see the header):
-// thread li holds groups li and li + WG of the row in registers (K ≤ 4·MAX_WORDS = 32·WG
-// values), so the row is read once.
-fn prologue(t: u32, li: u32) {
+// The two groups of row t of x (and their norm weights) thread li normalises: groups li
+// and li + WG (K ≤ 4·MAX_WORDS = 32·WG values), so the row is read once.
+struct RowPart {
+    a: Group,
+    b: Group,
+}
+
+// Issues the loads of thread li's part of row t (before the weight loads of a matvec, whose
+// latency the norm then hides).
+fn load_row(t: u32, li: u32) -> RowPart {
     let n16 = nrm.k / 16u;
     let base = t * (nrm.k / 4u);
-    let a = load_group(base, li, n16);
-    let b = load_group(base, li + WG, n16);
+    return RowPart(load_group(base, li, n16), load_group(base, li + WG, n16));
+}
+
+// RMSNorm and int8 quantization of a row (thread li holding `part`, from load_row) into
+// act_sh and tok_sh (see the header).
+fn prologue(part: RowPart, li: u32) {
+    let n16 = nrm.k / 16u;
+    let a = part.a;
+    let b = part.b;
     let sa = group_stats(a);
     let sb = group_stats(b);
     let r = reduce_sum_max(vec2<f32>(sa.x + sb.x, max(sa.y, sb.y)), li);
@@ -287,7 +302,7 @@ fn norm_quant(ids: Ids) {
     let wg = ids.wg;
     enter(ids);
     let t = wg.x;
-    prologue(t, li);
+    prologue(load_row(t, li), li);
     let n16 = nrm.k / 16u;
     for (var c = li; c < n16; c += WG) {
         qa[t * n16 + c] = act_sh[c];
@@ -430,8 +445,9 @@ fn matvec_n(ids: Ids) {
     let lane = li % TPR;
     let row = wg.x * (WG / TPR) + li / TPR;
     let live = row < p.rows;
+    let x_part = load_row(0u, li);
     let pre = prefetch(0u, row, lane, live);
-    prologue(0u, li);
+    prologue(x_part, li);
     var acc = vec2<i32>(pre_dots(pre, lane), 0);
     if (live) {
         acc += row_dots(row, lane, 0u, false);
@@ -455,9 +471,10 @@ fn glu_n(ids: Ids) {
     let lane = li % TPR;
     let row = wg.x * (WG / TPR) + li / TPR;
     let live = row < p.rows;
+    let x_part = load_row(0u, li);
     let pre_g = prefetch(0u, row, lane, live);
     let pre_u = prefetch(1u, row, lane, live);
-    prologue(0u, li);
+    prologue(x_part, li);
     var acc = vec2<i32>(pre_dots(pre_g, lane), pre_dots(pre_u, lane));
     if (live) {
         acc += row_dots(row, lane, 0u, true);
@@ -495,8 +512,9 @@ fn matvec3_n(ids: Ids) {
         part = 1u;
         r = row - parts.m1;
     }
+    let x_part = load_row(0u, li);
     let pre = prefetch(part, r, lane, live);
-    prologue(0u, li);
+    prologue(x_part, li);
     var acc = vec2<i32>(pre_dots(pre, lane), 0);
     if (live) {
         acc += row_dots(r, lane, part, false);
