@@ -189,8 +189,11 @@ for (engine, variant), rs in sorted(runs.items()):
     tg = [x["decode_tok_s"] for x in rs]
     best[(engine, variant)] = (mean(pp), mean(tg))
     print(f"{engine:<10} {variant:<32} {cell(pp):>26} {cell(tg):>26}")
-    if "generate_decode_tok_s" in rs[0]:
+    if rs[0].get("generate_decode_tok_s") is not None:
         g = [x["generate_decode_tok_s"] for x in rs]
+        print(f"{'':<10} {'  generate(), chained':<32} {'':>26} {cell(g):>26}")
+    if rs[0].get("generate_per_token_decode_tok_s") is not None:
+        g = [x["generate_per_token_decode_tok_s"] for x in rs]
         print(f"{'':<10} {'  generate(), token by token':<32} {'':>26} {cell(g):>26}")
 native = {v: s for (e, v), s in best.items() if e == "native"}
 dawn = {v: s for (e, v), s in best.items() if e == "dawn"}

@@ -118,6 +118,7 @@ pub use context::list_adapters;
 pub use context::{AdapterListing, Caps, Counters, GpuContext, GpuOptions, PrefillKernel};
 pub use engine::GpuEngine;
 pub use exec::{GpuModel, GpuModelOptions};
+pub use greedy::GreedyChain;
 pub use ops::{
     ActQuant, Attention, AttnDims, AttnOpts, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex,
     MatIn, MatmulKind, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights,

@@ -4,9 +4,12 @@
 // Chrome) or the CPU, and times prefill and decode as `ternion bench` times native wgpu
 // (`Ternion#bench`: the same random prompt, a warm-up, greedy decode with the argmax on
 // the GPU). Prints one JSON line per kernel variant; scripts/dawn-bench.sh runs it next to
-// the native bench. `generate_*` fields time `generate()` on the same model: what an app
-// sees, each token read back before the next step (--no-generate skips it: Dawn's
-// backend=null, which validates every kernel but computes nothing, needs that).
+// the native bench. `generate_*` fields time `generate()` on the same model (greedy, the
+// bench's ids as the prompt): what an app sees, greedy steps chained on the GPU with the
+// ids read back a few at a time and streamed to the callback; `generate_per_token_*` the
+// same with `chain: false`, each token read back before the next step (--no-generate
+// skips both: Dawn's backend=null, which validates every kernel but computes nothing,
+// needs that).
 //
 //   node crates/ternion-web/examples/node-bench.mjs MODEL.gguf -P 512 -n 128
 //   node crates/ternion-web/examples/node-bench.mjs MODEL.gguf --variants all
@@ -125,12 +128,28 @@ async function run(gpu, adapter, asked) {
   const kernels = t.gpu;
   for (let r = 0; r < repeat; r++) {
     const b = await t.bench({ promptTokens: nPrompt, genTokens: nGen, warmupMs });
-    // What an app sees: generate() reads every token back before the next step.
+    // What an app sees: generate() with a callback per token; chained greedy steps, and
+    // with `chain: false` one step per token, each read back before the next.
     let g = {};
+    let gp = {};
     if (!opt["no-generate"]) {
       const tokens = Array.from({ length: nPrompt }, (_, i) => b.ids[i % b.ids.length]);
-      g = await t.generate("", { tokens, maxTokens: nGen, temperature: 0, ignoreEos: true });
-      t.reset();
+      const gen = async (chain) => {
+        let streamed = 0;
+        const r = await t.generate("", {
+          tokens, maxTokens: nGen, temperature: 0, ignoreEos: true, chain,
+        }, (id) => { if (id !== undefined) streamed++; });
+        t.reset();
+        if (streamed !== r.tokens.length) {
+          throw new Error(`generate(chain: ${chain}): ${streamed} callbacks for ${r.tokens.length} tokens`);
+        }
+        return r;
+      };
+      g = await gen(true);
+      gp = await gen(false);
+      if (JSON.stringify(g.tokens) !== JSON.stringify(gp.tokens)) {
+        throw new Error("generate(): chained and per-token ids differ");
+      }
     }
     console.log(JSON.stringify({
       engine: `ternion-web (wasm) on Node ${process.version}`,
@@ -159,6 +178,7 @@ async function run(gpu, adapter, asked) {
       ids_head: b.ids.slice(0, 8),
       generate_prompt_tok_s: g.promptTokS,
       generate_decode_tok_s: g.decodeTokS,
+      generate_per_token_decode_tok_s: gp.decodeTokS,
     }));
   }
   t.free();

@@ -353,6 +353,7 @@ impl Inner {
         let ignore_eos = flag(&options, "ignoreEos");
         self.stop.set(false);
         let mut engine = self.engine.try_borrow_mut().map_err(|_| busy_error())?;
+        engine.set_chained(!off(&options, "chain"));
         let host = Browser::default();
         let g = engine
             .generate(
@@ -466,7 +467,10 @@ impl Ternion {
     /// `maxTokens` (256), `temperature` (0.8; 0 = greedy), `topK`, `topP`, `minP`,
     /// `repeatPenalty`, `repeatLastN`, `presencePenalty`, `frequencyPenalty`, `seed`,
     /// `ignoreEos`, `chat` (render the turn with the model's chat template), `system`,
-    /// `tokens` (prompt ids instead of text).
+    /// `tokens` (prompt ids instead of text), `chain` (on WebGPU, greedy steps are chained
+    /// on the GPU with the ids read back a few at a time, and a sampled step reads back
+    /// only its top-k where that draws the same token; `chain: false` reads every step's
+    /// argmax or logits row back before the next step, for comparison: the same tokens).
     pub fn generate(
         &self,
         prompt: String,

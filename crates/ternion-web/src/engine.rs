@@ -1,12 +1,16 @@
 //! One sequence on a loaded model: the asynchronous generation loop the browser API drives
 //! (native tests drive the same code). The forward pass is the core crate's: the GPU plan
-//! ([`GpuModel`]) or, for small files, the CPU model ([`Model`]).
+//! ([`GpuModel`]) or, for small files, the CPU model ([`Model`]). On the GPU, greedy
+//! decode steps are chained as natively ([`GpuModel::greedy_chain`]: the ids come back a
+//! few steps at a time) and sampled steps read back only the top-k where that suffices.
 
 use std::future::Future;
 
 use ternion::backend::cpu::CpuState;
 use ternion::backend::gpu::GpuModel;
-use ternion::generate::{End, FinishReason, Need, Row, Stepper, StepperOptions, PREFILL_CHUNK};
+use ternion::generate::{
+    Advance, End, FinishReason, Need, Row, Stepper, StepperOptions, PREFILL_CHUNK,
+};
 use ternion::model::{Logits, Model};
 use ternion::sample::Sampler;
 use ternion::tokenizer::Tokenizer;
@@ -61,6 +65,15 @@ impl Backend {
         match self {
             Backend::Gpu(g) => g.config().n_vocab,
             Backend::Cpu(c) => c.model.config().n_vocab,
+        }
+    }
+
+    /// Pairs of the GPU top-k a decode step can read back instead of a whole row (0: none,
+    /// on the CPU).
+    fn top_k(&self) -> usize {
+        match self {
+            Backend::Gpu(g) => g.top_k(),
+            Backend::Cpu(_) => 0,
         }
     }
 
@@ -185,6 +198,8 @@ pub struct Engine {
     pending: Option<u32>,
     /// Stop strings of [`Engine::generate`].
     stops: Vec<String>,
+    /// Chained greedy steps and top-k read-backs on the GPU ([`Engine::set_chained`]).
+    chained: bool,
 }
 
 impl Engine {
@@ -196,6 +211,7 @@ impl Engine {
             fed: Vec::new(),
             pending: None,
             stops: Vec::new(),
+            chained: true,
         }
     }
 
@@ -230,6 +246,16 @@ impl Engine {
     /// which is not emitted (none by default).
     pub fn set_stops(&mut self, stops: Vec<String>) {
         self.stops = stops;
+    }
+
+    /// On (the default), the GPU backend chains greedy decode steps (each argmax feeds the
+    /// next step on the GPU, the ids come back a few steps at a time, steps past the end
+    /// are discarded) and a sampled step reads back only the top-k where the sampler draws
+    /// from it exactly as from the whole row. Off, every decode step reads back its argmax
+    /// or its whole logits row before the next one runs. Both give the same tokens and
+    /// leave the same cache; off is there to compare them.
+    pub fn set_chained(&mut self, on: bool) {
+        self.chained = on;
     }
 
     /// Forgets the sequence.
@@ -286,7 +312,9 @@ impl Engine {
             decode_ms: 0.0,
         };
         let t0 = host.now_ms();
-        let ran = self.steps(host, &mut st, &mut out, t0, &mut on_token).await;
+        let ran = self
+            .steps(host, &mut st, max_tokens, &mut out, t0, &mut on_token)
+            .await;
         out.decode_ms = host.now_ms() - t0 - out.prompt_ms;
         out.tokens = st.take_generated();
         let (history, last) = st.into_parts();
@@ -301,16 +329,26 @@ impl Engine {
         Ok(out)
     }
 
-    /// Steps `st` to its end: prompt chunks, then one token per step (the host's event
-    /// loop runs before each).
+    /// Steps `st` to its end: prompt chunks, then the decode steps (the host's event loop
+    /// runs before each, and between the batches of chained greedy steps). With
+    /// [`Engine::set_chained`] on (the default) the GPU chains greedy steps
+    /// ([`chained`]) and a sampled step reads back only the top-k when the sampler draws
+    /// from it exactly as from the whole row; otherwise each step reads back its argmax or
+    /// its whole logits row.
     async fn steps<H: Host>(
         &mut self,
         host: &H,
         st: &mut Stepper<&mut Sampler>,
+        max_tokens: usize,
         out: &mut Generated,
         t0: f64,
         on_token: &mut impl FnMut(Option<u32>, &str) -> bool,
     ) -> Result<End> {
+        let top_k = if self.chained {
+            self.backend.top_k()
+        } else {
+            0
+        };
         loop {
             st.plan(&mut usize::MAX.clone());
             let adv = if st.in_prompt() {
@@ -321,26 +359,87 @@ impl Engine {
             } else {
                 host.pause().await;
                 let id = st.tokens()[0];
-                match st.need(0, false) {
-                    Need::Argmax => {
-                        let best = self.backend.argmax(id).await?;
-                        st.advance(Row::Argmax(best), &self.tokenizer)
+                let (logits, top);
+                let row = match (st.need(top_k, false), &mut self.backend) {
+                    (Need::Argmax, Backend::Gpu(g)) if self.chained => {
+                        let max = max_tokens.saturating_sub(st.generated().len());
+                        match chained(g, host, &self.tokenizer, st, max, out, on_token).await? {
+                            Some(end) => return Ok(end),
+                            None => continue,
+                        }
                     }
-                    Need::Top | Need::Logits => {
-                        let logits = self.backend.logits(&[id]).await?;
-                        st.advance(Row::Logits(&logits), &self.tokenizer)
+                    (Need::Argmax, b) => Row::Argmax(b.argmax(id).await?),
+                    (Need::Top, Backend::Gpu(g)) => {
+                        top = g.topk_step_async(id).await?;
+                        Row::Top(&top)
                     }
-                }
+                    (_, b) => {
+                        logits = b.logits(&[id]).await?;
+                        Row::Logits(&logits)
+                    }
+                };
+                st.advance(row, &self.tokenizer)
             };
-            if let (Some(id), Some(text)) = (adv.drawn, &adv.text) {
-                out.text.push_str(text);
-                if !on_token(Some(id), text) {
-                    return Ok(st.cancel(adv.end));
-                }
-            }
-            if let Some(end) = adv.end {
+            if let Some(end) = emit(st, adv, out, on_token) {
                 return Ok(end);
             }
         }
+    }
+}
+
+/// Hands a step's drawn token and its text to `on_token` (and `out`); returns the end of
+/// the sequence: the step's, or a cancellation when `on_token` returned false.
+fn emit(
+    st: &mut Stepper<&mut Sampler>,
+    adv: Advance,
+    out: &mut Generated,
+    on_token: &mut impl FnMut(Option<u32>, &str) -> bool,
+) -> Option<End> {
+    if let (Some(id), Some(text)) = (adv.drawn, &adv.text) {
+        out.text.push_str(text);
+        if !on_token(Some(id), text) {
+            return Some(st.cancel(adv.end));
+        }
+    }
+    adv.end
+}
+
+/// Greedy decode steps chained on the GPU ([`GpuModel::greedy_chain`], as native greedy
+/// decoding runs them): at most `max` steps from the token `st` planned, their ids back a
+/// batch at a time, each handed to `st` and `on_token` in order as one
+/// `argmax_step` per token would be; the host's event loop runs between batches. At the
+/// end of the sequence the steps past it are discarded, so the cache holds exactly the
+/// tokens `st` evaluated. Returns that end, or `None` when the steps ran out first.
+async fn chained<H: Host>(
+    g: &mut GpuModel,
+    host: &H,
+    tok: &Tokenizer,
+    st: &mut Stepper<&mut Sampler>,
+    max: usize,
+    out: &mut Generated,
+    on_token: &mut impl FnMut(Option<u32>, &str) -> bool,
+) -> Result<Option<End>> {
+    let mut chain = g.greedy_chain(st.tokens()[0], max)?;
+    let mut kept = 0;
+    loop {
+        let ids = chain.next_ids().await?;
+        if ids.is_empty() {
+            return match kept {
+                0 => Err(Error::Request(
+                    "no room for a greedy step (token budget or context spent)".into(),
+                )),
+                _ => Ok(None),
+            };
+        }
+        for id in ids {
+            kept += 1;
+            let adv = st.advance(Row::Argmax(id), tok);
+            if let Some(end) = emit(st, adv, out, on_token) {
+                chain.finish(kept)?;
+                return Ok(Some(end));
+            }
+            st.plan(&mut usize::MAX.clone());
+        }
+        host.pause().await;
     }
 }

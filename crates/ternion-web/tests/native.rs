@@ -4,8 +4,9 @@
 //! `TERNION_SKIP_GPU_TESTS=1`.
 #![cfg(not(target_arch = "wasm32"))]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,7 +22,7 @@ use ternion::Result;
 use ternion_testkit::mlc_synth::{write_phi3, Phi3Spec};
 use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 use ternion_web::bench::bench_prompt;
-use ternion_web::engine::{Backend, CpuSeq, Engine, Finish, Host};
+use ternion_web::engine::{Backend, CpuSeq, Engine, Finish, Generated, Host};
 use ternion_web::loader::{self, ByteSource, ModelSource, Progress};
 use ternion_web::mlc::{Files, MlcSource};
 
@@ -49,18 +50,32 @@ impl ByteSource for Mem {
     }
 }
 
-struct Native(Instant);
+/// A host that counts its pauses.
+struct Native(Instant, Cell<usize>);
+
+impl Native {
+    fn new() -> Native {
+        Native(Instant::now(), Cell::new(0))
+    }
+}
 
 impl Host for Native {
     fn now_ms(&self) -> f64 {
         self.0.elapsed().as_secs_f64() * 1e3
     }
 
-    async fn pause(&self) {}
+    async fn pause(&self) {
+        self.1.set(self.1.get() + 1);
+    }
 }
 
+/// The micro synthetic model's bytes (written to a file of its own per call: the tests
+/// run in parallel).
 fn micro_model() -> Vec<u8> {
-    let path = std::env::temp_dir().join(format!("ternion-web-micro-{}.gguf", std::process::id()));
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("ternion-web-micro-{}-{n}.gguf", std::process::id()));
     let spec = Spec {
         arch: "bitnet-b1.58",
         shape: Shape::named("micro").unwrap(),
@@ -161,7 +176,7 @@ fn streamed_gpu_upload_generates_the_cpu_ids() {
             .generated
     };
 
-    let host = Native(Instant::now());
+    let host = Native::new();
     let tok2 = Tokenizer::from_gguf(&header, &TokenizerOptions::default()).unwrap();
     let mut web = Engine::new(tok2, Backend::Gpu(Box::new(gpu)));
     let mut text = String::new();
@@ -242,7 +257,7 @@ fn bench_decodes_the_cli_prompt_greedily_and_leaves_the_sequence_empty() {
         ids
     };
 
-    let host = Native(Instant::now());
+    let host = Native::new();
     let mut web = Engine::new(tok(), Backend::Gpu(Box::new(gpu)));
     // A sequence in progress is forgotten first.
     pollster::block_on(web.generate(&host, &[1, 2, 3], &mut greedy(), 2, true, |_, _| true))
@@ -278,6 +293,177 @@ fn bench_decodes_the_cli_prompt_greedily_and_leaves_the_sequence_empty() {
     let c = pollster::block_on(cpu.bench(&host, n_prompt, n_gen, 0.0)).unwrap();
     assert_eq!(c.ids, want, "CPU bench vs the CPU session");
     assert!(cpu.fed().is_empty());
+}
+
+/// What one generation of a [`Pair`] did: the result, every `on_token` call in order,
+/// the cache length after it and the host's pauses during it.
+struct Run {
+    gen: Generated,
+    calls: Vec<(Option<u32>, String)>,
+    cached: usize,
+    pauses: usize,
+}
+
+/// The same micro model twice on the GPU: decode steps chained (the default) and one step
+/// per token read back.
+struct Pair {
+    chained: Engine,
+    plain: Engine,
+    host: Native,
+}
+
+impl Pair {
+    fn new(ctx: Arc<GpuContext>, bytes: &[u8]) -> Pair {
+        let src = mem(bytes);
+        let header = pollster::block_on(loader::read_header(&src, loader::FIRST_PREFIX)).unwrap();
+        let opts = GpuModelOptions {
+            n_ctx: 96,
+            ..GpuModelOptions::default()
+        };
+        let engine = || {
+            let gpu = pollster::block_on(loader::upload(ctx.clone(), &src, &header, opts, |_| {}))
+                .unwrap();
+            let tok = Tokenizer::from_gguf(&header, &TokenizerOptions::default()).unwrap();
+            Engine::new(tok, Backend::Gpu(Box::new(gpu)))
+        };
+        let (chained, mut plain) = (engine(), engine());
+        plain.set_chained(false);
+        Pair {
+            chained,
+            plain,
+            host: Native::new(),
+        }
+    }
+
+    /// The same generation on both engines: `prompt` (text), greedy unless `sampled`,
+    /// `on_token` stopping after `cancel_after` tokens when given. Checks that both give
+    /// the same ids, `on_token` calls, text, finish and cache length; returns the chained
+    /// engine's run and the other one's pauses.
+    fn run(
+        &mut self,
+        prompt: &str,
+        sampled: bool,
+        max: usize,
+        cancel_after: Option<usize>,
+    ) -> (Run, usize) {
+        let host = &self.host;
+        let [a, b] = [&mut self.chained, &mut self.plain].map(|e| {
+            let ids = e.encode(prompt).unwrap();
+            let mut sampler = if sampled {
+                Sampler::new(SamplerConfig {
+                    seed: 11,
+                    ..SamplerConfig::default()
+                })
+                .unwrap()
+            } else {
+                greedy()
+            };
+            let mut calls = Vec::new();
+            let before = host.1.get();
+            let gen =
+                pollster::block_on(e.generate(host, &ids, &mut sampler, max, true, |id, t| {
+                    calls.push((id, t.to_string()));
+                    cancel_after.is_none_or(|n| calls.len() < n)
+                }))
+                .unwrap();
+            let Backend::Gpu(g) = e.backend() else {
+                unreachable!("a GPU engine")
+            };
+            assert_eq!(g.pos(), e.fed().len(), "cache vs the tokens fed");
+            Run {
+                gen,
+                calls,
+                cached: g.pos(),
+                pauses: host.1.get() - before,
+            }
+        });
+        assert_eq!(a.gen.tokens, b.gen.tokens, "ids: chained vs token by token");
+        assert_eq!(a.calls, b.calls, "on_token calls");
+        assert_eq!(a.gen.text, b.gen.text);
+        assert_eq!(a.gen.finish, b.gen.finish);
+        assert_eq!(a.gen.prompt_tokens, b.gen.prompt_tokens);
+        assert_eq!(a.cached, b.cached, "cache length after generate");
+        (a, b.pauses)
+    }
+
+    fn reset(&mut self) {
+        self.chained.reset();
+        self.plain.reset();
+    }
+
+    fn set_stops(&mut self, stops: &[String]) {
+        self.chained.set_stops(stops.to_vec());
+        self.plain.set_stops(stops.to_vec());
+    }
+}
+
+/// `generate` on the GPU chains greedy steps (ids back 8 at a time, steps past the end
+/// discarded) and reads back only the top-k of sampled steps; one step per token, each
+/// read back, gives the same ids, text, finish and cache length: for a token budget that
+/// is not a multiple of the batch and a following generate going on from it, a stop
+/// string and a cancellation inside a batch, and a sampled generation.
+#[test]
+fn chained_generate_equals_one_step_per_token() {
+    let Some(ctx) = gpu_context() else { return };
+    let mut p = Pair::new(ctx, &micro_model());
+    let prompt = "Ternary weights on the web";
+
+    // The reference: 40 tokens in one go.
+    let (whole, plain_pauses) = p.run(prompt, false, 40, None);
+    assert_eq!(whole.gen.tokens.len(), 40);
+    assert_eq!(whole.gen.finish, Finish::Length);
+    assert!(
+        whole.pauses * 4 < plain_pauses,
+        "chained: {} pauses, token by token: {plain_pauses}",
+        whole.pauses
+    );
+
+    // 13 tokens (the first from the prompt, then 8 + 4 chained), then 11 more from the
+    // token left pending: the ids of the uninterrupted run.
+    p.reset();
+    let (a, _) = p.run(prompt, false, 13, None);
+    assert_eq!(a.gen.finish, Finish::Length);
+    let (b, _) = p.run("", false, 11, None);
+    assert_eq!(b.gen.prompt_tokens.len(), 1, "the pending token");
+    let joined: Vec<u32> = a.gen.tokens.iter().chain(&b.gen.tokens).copied().collect();
+    assert_eq!(joined, whole.gen.tokens[..24]);
+
+    // Cancelled after the 11th token (inside the second batch), then going on.
+    p.reset();
+    let (a, _) = p.run(prompt, false, 40, Some(11));
+    assert_eq!(a.gen.finish, Finish::Cancelled);
+    assert_eq!(a.gen.tokens, whole.gen.tokens[..11]);
+    let (b, _) = p.run("", false, 5, None);
+    assert_eq!(b.gen.tokens, whole.gen.tokens[11..16]);
+
+    // A stop string: the text of the first 11 tokens, so the generation ends inside the
+    // second batch of chained steps; the next generate goes on from there.
+    let upto: String = whole.calls[..11].iter().map(|c| c.1.as_str()).collect();
+    assert!(
+        !upto.is_empty(),
+        "the micro model's first tokens give no text"
+    );
+    p.reset();
+    p.set_stops(std::slice::from_ref(&upto));
+    let (a, _) = p.run(prompt, false, 40, None);
+    assert_eq!(a.gen.finish, Finish::Stop);
+    let n = a.gen.tokens.len();
+    assert!(n > 8 && n <= 11, "stopped after {n} tokens");
+    assert_eq!(a.gen.tokens, whole.gen.tokens[..n]);
+    p.set_stops(&[]);
+    let (b, _) = p.run(" and on", false, 6, None);
+    assert_eq!(b.gen.tokens.len(), 6);
+
+    // Up to the end of the context (96 positions).
+    p.reset();
+    let (c, _) = p.run(prompt, false, 200, None);
+    assert_eq!(c.gen.finish, Finish::Context);
+    assert_eq!(c.cached, 95);
+
+    // Sampled (temperature 0.8, top-k 40): the GPU top-k against whole rows.
+    p.reset();
+    let (s, _) = p.run(prompt, true, 20, None);
+    assert_eq!(s.gen.tokens.len(), 20);
 }
 
 /// An MLC directory on disk, each file read into memory when opened.
@@ -346,7 +532,7 @@ fn mlc_streaming_loader_equals_the_native_loader() {
     // The native MLC path on the same GPU (the same kernels) gives the same ids.
     let model = Model::from_file(Arc::new(native), &LoadOptions::default()).unwrap();
     let reference = GpuModel::from_model(ctx, &model, opts).unwrap();
-    let host = Native(Instant::now());
+    let host = Native::new();
     let tok = || Tokenizer::from_gguf(&header, &TokenizerOptions::default()).unwrap();
     let prompt = tok()
         .encode("Ternary weights on the web", true, true)
