@@ -392,18 +392,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let (read_bw, launch_us) = match &gpu {
         Some(g) => (
-            Some(measure_read_bandwidth(g.context())?),
+            measure_read_bandwidth(g.context())?,
             Some(measure_dispatch_latency(g.context())?),
         ),
-        None => (None, None),
+        None => (ternion::backend::cpu::measure_read_bandwidth(threads), None),
     };
-    if let (Some(bw), Some(us)) = (read_bw, launch_us) {
-        println!(
-            "measured read bandwidth {bw:.0} GB/s: decode reaches {:.1}% of it; one dependent launch {us:.2} µs ({} per token: {:.2} ms)",
-            100.0 * gb_s / bw,
+    match launch_us {
+        Some(us) => println!(
+            "measured read bandwidth {read_bw:.0} GB/s: decode reaches {:.1}% of it; one dependent launch {us:.2} µs ({} per token: {:.2} ms)",
+            100.0 * gb_s / read_bw,
             dispatches.unwrap_or(0),
             us * dispatches.unwrap_or(0) as f64 / 1e3,
-        );
+        ),
+        None => println!(
+            "measured read bandwidth {read_bw:.1} GB/s ({threads} threads): decode reaches {:.1}% of it",
+            100.0 * gb_s / read_bw,
+        ),
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
     if let Some(p) = &profile {

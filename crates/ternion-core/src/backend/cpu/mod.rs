@@ -3,6 +3,7 @@
 
 mod acts;
 mod attention;
+mod bandwidth;
 mod exec;
 mod linear;
 mod norm;
@@ -17,6 +18,7 @@ mod unary;
 pub use attention::{
     attention, attention_rows, scratch_per_thread, AttnShape, Contiguous, Heads, KvRows, QueryRow,
 };
+pub use bandwidth::measure_read_bandwidth;
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
 pub use linear::Linear;
 pub use norm::{layer_norm, rms_norm};
