@@ -172,6 +172,7 @@ impl Pool {
             own: own_end - start,
             own_chunks,
             chunks: n_chunks,
+            threads: self.n_threads,
         });
     }
 

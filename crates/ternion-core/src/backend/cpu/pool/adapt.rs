@@ -39,6 +39,8 @@ pub(super) struct Sample {
     /// Chunks the caller ran, and in all.
     pub(super) own_chunks: usize,
     pub(super) chunks: usize,
+    /// Threads of the pool.
+    pub(super) threads: usize,
 }
 
 impl Adapt {
@@ -60,10 +62,13 @@ impl Adapt {
     /// Records a parallel op; at the end of a window, starts a solo stretch when the
     /// workers did not save a fifth of the caller-alone estimate.
     pub(super) fn record(&mut self, s: Sample) {
+        // At most `threads` times the op's time: a caller descheduled inside its own
+        // chunks would otherwise inflate the estimate without bound.
         let alone = if s.own_chunks == 0 {
             s.total
         } else {
-            s.own.mul_f64(s.chunks as f64 / s.own_chunks as f64)
+            let scaled = s.own.mul_f64(s.chunks as f64 / s.own_chunks as f64);
+            scaled.min(s.total * s.threads as u32)
         };
         self.ops += 1;
         self.parallel += s.total;
@@ -91,13 +96,14 @@ mod tests {
             own: Duration::from_micros(own_us),
             own_chunks,
             chunks: 100,
+            threads: 2,
         }
     }
 
-    fn window(a: &mut Adapt, s: impl Fn() -> Sample) {
-        for _ in 0..WINDOW {
+    fn window(a: &mut Adapt, s: impl Fn(u32) -> Sample) {
+        for i in 0..WINDOW {
             assert!(!a.solo());
-            a.record(s());
+            a.record(s(i));
         }
     }
 
@@ -114,7 +120,7 @@ mod tests {
         let mut a = Adapt::default();
         // Half the chunks each, no wait: half the caller-alone time.
         for _ in 0..10 {
-            window(&mut a, || op(100, 100, 50));
+            window(&mut a, |_| op(100, 100, 50));
         }
         assert_eq!(solo_run(&mut a), 0);
     }
@@ -123,23 +129,31 @@ mod tests {
     fn late_workers_send_the_pool_solo_with_growing_stretches() {
         let mut a = Adapt::default();
         // The caller ran half the chunks in 100 µs, then waited 300 µs for a worker.
-        window(&mut a, || op(400, 100, 50));
+        window(&mut a, |_| op(400, 100, 50));
         assert_eq!(solo_run(&mut a), MIN_SOLO);
-        window(&mut a, || op(400, 100, 50));
+        window(&mut a, |_| op(400, 100, 50));
         assert_eq!(solo_run(&mut a), 2 * MIN_SOLO);
         // A worker that never joins saves nothing either.
-        window(&mut a, || op(200, 200, 100));
+        window(&mut a, |_| op(200, 200, 100));
         assert_eq!(solo_run(&mut a), 4 * MIN_SOLO);
         for _ in 0..10 {
-            window(&mut a, || op(400, 100, 50));
+            window(&mut a, |_| op(400, 100, 50));
             solo_run(&mut a);
         }
-        window(&mut a, || op(400, 100, 50));
+        window(&mut a, |_| op(400, 100, 50));
+        assert_eq!(solo_run(&mut a), MAX_SOLO);
+        // A caller descheduled inside its own chunks makes them look slow, but the workers
+        // cannot have saved more than all but 1/threads of the op.
+        // One such op in a window of late workers does not make the window pay.
+        window(&mut a, |i| match i {
+            0 => op(1000, 990, 1),
+            _ => op(400, 100, 50),
+        });
         assert_eq!(solo_run(&mut a), MAX_SOLO);
         // A probe that pays ends the backoff.
-        window(&mut a, || op(100, 100, 50));
+        window(&mut a, |_| op(100, 100, 50));
         assert_eq!(solo_run(&mut a), 0);
-        window(&mut a, || op(400, 100, 50));
+        window(&mut a, |_| op(400, 100, 50));
         assert_eq!(solo_run(&mut a), MIN_SOLO);
     }
 }
