@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::pool::{self, SharedMut};
 use super::simd;
-use super::ternary::TernaryPack;
+use super::ternary::{PackInput, Product, TernaryPack};
 use super::QuantInput;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType, RefDot};
@@ -214,6 +214,52 @@ impl Linear {
             .as_ref()
     }
 
+    /// The repacked weights, the activation form they multiply and the scale multiplied
+    /// into their outputs, where the AVX-512 kernels run.
+    fn packed(&self) -> Option<(&TernaryPack, PackForm, f32)> {
+        let p = self.pack()?;
+        match quant::format(self.ty)?.dot {
+            RefDot::PerToken(_) => {
+                Some((p, PackForm::PerToken, self.tensor_scale * self.post_scale))
+            }
+            RefDot::Q8K(_) => Some((p, PackForm::Q8K, self.post_scale)),
+            RefDot::Q8_0(_) => Some((p, PackForm::Q8_0, self.post_scale)),
+            _ => None,
+        }
+    }
+
+    /// The products of several matrices with the same input rows `x` (the Q, K and V
+    /// projections; gate and up), as one parallel op when all are repacked ternary weights
+    /// of one activation form and width (one synchronisation point instead of N), else one
+    /// after the other. Each output equals its own [`Linear::forward`] bit for bit.
+    pub fn forward_fused<const N: usize>(
+        x: &[f32],
+        qi: &mut QuantInput,
+        products: [(&Linear, &mut [f32]); N],
+    ) {
+        let Some((l0, _)) = products.first() else {
+            return;
+        };
+        let k = l0.in_features;
+        let form = l0.packed().map(|(_, f, _)| f);
+        let fused = products
+            .iter()
+            .all(|(l, _)| l.in_features == k && l.packed().map(|(_, f, _)| f) == form);
+        match form {
+            Some(form) if fused => {
+                let input = pack_input(form, x, k, qi);
+                let products = products.map(|(l, out)| {
+                    let (pack, _, post) = l.packed().expect("checked above");
+                    Product { pack, post, out }
+                });
+                TernaryPack::forward_fused(input, products);
+            }
+            _ => products
+                .into_iter()
+                .for_each(|(l, out)| l.forward(x, qi, out)),
+        }
+    }
+
     fn row<'a>(&self, data: &'a [u8], j: usize) -> &'a [u8] {
         let start = j * self.row_bytes;
         &data[start..start + self.row_bytes]
@@ -227,33 +273,13 @@ impl Linear {
         debug_assert_eq!(out.len(), rows * m);
         let data = self.data();
         let post = self.tensor_scale * self.post_scale;
+        if let Some((p, form, post)) = self.packed() {
+            p.forward(pack_input(form, x, k, qi), post, out);
+            return;
+        }
         let level = simd::Level::detect();
         let fmt = quant::format(self.ty).expect("format checked in Linear::load");
         let post_scale = self.post_scale;
-        if let Some(p) = self.pack() {
-            match fmt.dot {
-                RefDot::PerToken(_) => {
-                    qi.ensure_per_token(x, k);
-                    p.forward_per_token(&qi.q, &qi.token_scale, &qi.token_sum, post, out);
-                    return;
-                }
-                RefDot::Q8K(_) => {
-                    qi.ensure_q8k(x, k);
-                    let x = simd::Q8kRows {
-                        q: &qi.q8k,
-                        d: &qi.q8k_d,
-                        bsum: &qi.q8k_bsum,
-                    };
-                    p.forward_q8k(x, post_scale, out);
-                    return;
-                }
-                RefDot::Q8_0(_) => {
-                    p.forward_q8_0(qi.ensure_q8_0_rows(x, k), post_scale, out);
-                    return;
-                }
-                _ => {}
-            }
-        }
         match fmt.dot {
             RefDot::PerToken(_) => {
                 qi.ensure_per_token(x, k);
@@ -394,6 +420,37 @@ impl Linear {
                 simd::f32_dot(level, self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
             }),
         }
+    }
+}
+
+/// The activation form a repacked ternary matrix multiplies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PackForm {
+    PerToken,
+    Q8K,
+    Q8_0,
+}
+
+/// `x` (rows of `k`) quantized into `qi` in `form`.
+fn pack_input<'q>(form: PackForm, x: &[f32], k: usize, qi: &'q mut QuantInput) -> PackInput<'q> {
+    match form {
+        PackForm::PerToken => {
+            qi.ensure_per_token(x, k);
+            PackInput::PerToken {
+                q: &qi.q,
+                scale: &qi.token_scale,
+                sum: &qi.token_sum,
+            }
+        }
+        PackForm::Q8K => {
+            qi.ensure_q8k(x, k);
+            PackInput::Q8K(simd::Q8kRows {
+                q: &qi.q8k,
+                d: &qi.q8k_d,
+                bsum: &qi.q8k_bsum,
+            })
+        }
+        PackForm::Q8_0 => PackInput::Q8_0(qi.ensure_q8_0_rows(x, k)),
     }
 }
 

@@ -69,9 +69,7 @@ impl Pass<'_, '_> {
             }
             Op::NormQkv { x, norm, w, out } => {
                 let h = self.in_norm(x, norm)?;
-                for (w, out) in w.into_iter().zip(out) {
-                    self.linear(w, h, out, false)?;
-                }
+                self.linears(w, h, out)?;
             }
             Op::NormGlu {
                 x,
@@ -82,8 +80,7 @@ impl Pass<'_, '_> {
                 up,
             } => {
                 let h = self.in_norm(x, norm)?;
-                self.linear(w_gate, h, gate, false)?;
-                self.linear(w_up, h, up, false)?;
+                self.linears([w_gate, w_up], h, [gate, up])?;
                 self.glu(act, gate, up);
             }
             Op::SelfAttention {
@@ -208,6 +205,27 @@ impl Pass<'_, '_> {
             _ => self.model.matrix(w.0)?,
         };
         let r = self.acts.rows[x.0];
+        self.quantize_for(x, r);
+        let xs = std::mem::take(&mut self.acts.bufs[x.0]);
+        let xs_rows = &xs[..r * l.in_features()];
+        if add {
+            let mut t = std::mem::take(self.tmp);
+            t.resize(r * l.out_features(), 0.0);
+            l.forward(xs_rows, self.qi, &mut t);
+            let o = self.acts.modify(out, r * l.out_features());
+            o.iter_mut().zip(&t).for_each(|(a, &b)| *a += b);
+            *self.tmp = t;
+        } else {
+            let o = self.acts.write(out, r, l.out_features());
+            l.forward(xs_rows, self.qi, o);
+        }
+        self.acts.bufs[x.0] = xs;
+        Ok(())
+    }
+
+    /// Points `qi` at `x` (`r` rows): its cached quantizations are reset when they belong
+    /// to another activation or an older version of `x`.
+    fn quantize_for(&mut self, x: ActId, r: usize) {
         let key = (x.0, self.acts.version[x.0]);
         if *self.qi_of != Some(key) {
             self.qi.reset();
@@ -223,18 +241,44 @@ impl Pass<'_, '_> {
             }
             *self.qi_of = Some(key);
         }
+    }
+
+    /// The projections `w` of the same input `x` into `out` (Q, K and V; gate and up), as
+    /// one parallel op where the weights allow ([`Linear::forward_fused`]).
+    fn linears<const N: usize>(
+        &mut self,
+        w: [WeightId; N],
+        x: ActId,
+        out: [ActId; N],
+    ) -> Result<()> {
+        if N == 0 || out.contains(&self.graph.logits) {
+            // The LM head may be substituted: one product at a time.
+            for (w, out) in w.into_iter().zip(out) {
+                self.linear(w, x, out, false)?;
+            }
+            return Ok(());
+        }
+        let first = self.model.matrix(w[0].0)?;
+        let mut ls = [first; N];
+        for (l, w) in ls.iter_mut().zip(w).skip(1) {
+            *l = self.model.matrix(w.0)?;
+        }
+        let r = self.acts.rows[x.0];
+        self.quantize_for(x, r);
         let xs = std::mem::take(&mut self.acts.bufs[x.0]);
-        let xs_rows = &xs[..r * l.in_features()];
-        if add {
-            let mut t = std::mem::take(self.tmp);
-            t.resize(r * l.out_features(), 0.0);
-            l.forward(xs_rows, self.qi, &mut t);
-            let o = self.acts.modify(out, r * l.out_features());
-            o.iter_mut().zip(&t).for_each(|(a, &b)| *a += b);
-            *self.tmp = t;
-        } else {
-            let o = self.acts.write(out, r, l.out_features());
-            l.forward(xs_rows, self.qi, o);
+        let mut bufs = std::array::from_fn::<_, N, _>(|i| {
+            self.acts.write(out[i], r, ls[i].out_features());
+            std::mem::take(&mut self.acts.bufs[out[i].0])
+        });
+        let mut i = 0;
+        let products = bufs.each_mut().map(|b| {
+            let l = ls[i];
+            i += 1;
+            (l, &mut b[..r * l.out_features()])
+        });
+        Linear::forward_fused(&xs[..r * first.in_features()], self.qi, products);
+        for (o, b) in out.into_iter().zip(bufs) {
+            self.acts.bufs[o.0] = b;
         }
         self.acts.bufs[x.0] = xs;
         Ok(())

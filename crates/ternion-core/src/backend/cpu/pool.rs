@@ -4,18 +4,41 @@
 //! An op is split into numbered chunks (blocks of weight rows, attention heads). Each thread
 //! owns a contiguous range of chunks (a static row partition: every thread streams its own
 //! stretch of the weights, which keeps the hardware prefetchers effective) and takes them
-//! in order; a thread that finishes early takes the remaining chunks of the others, so a
-//! descheduled thread does not stall the op. Every output element is computed inside
-//! exactly one chunk by the same code whatever thread runs it, so results are identical for
-//! any thread count.
+//! in order; a thread that finishes early takes the remaining chunks of the others. Every
+//! output element is computed inside exactly one chunk by the same code whatever thread
+//! runs it, so results are identical for any thread count and any chunk assignment.
+//!
+//! Robust under load (another process competing for the cores):
+//! - a worker joins an op through a gate the caller closes once every chunk is claimed, so
+//!   the caller waits only for workers that hold a chunk, never for one that was
+//!   descheduled before it joined;
+//! - the caller waits for those by spinning briefly, then sleeping (its core goes to
+//!   whoever needs it, the late worker included);
+//! - [`adapt`] measures whether the workers save time and runs the ops on the caller alone
+//!   while they do not (a worker descheduled while holding a chunk stalls the op until the
+//!   scheduler runs it again), probing again now and then.
+
+mod adapt;
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
+use std::time::Instant;
+
+use adapt::{Adapt, Sample};
 
 /// Spins before a waiting worker parks (each spin is one `spin_loop` hint).
 const SPINS_BEFORE_PARK: u32 = 20_000;
+/// Spins before the caller, waiting for workers still running a chunk, sleeps.
+const SPINS_BEFORE_SLEEP: u32 = 2_000;
+
+/// The gate's fields: joined workers still running (low bits), whether workers may still
+/// join, whether the caller sleeps until they finish, and the op's generation (high bits).
+const COUNT: u64 = 0xffff;
+const OPEN: u64 = 1 << 16;
+const SLEEPER: u64 = 1 << 17;
+const GEN_SHIFT: u32 = 18;
 
 /// A type-erased reference to the running op.
 #[derive(Clone, Copy)]
@@ -31,17 +54,18 @@ struct Range {
 }
 
 struct Shared {
-    generation: AtomicU64,
+    gate: AtomicU64,
     job: UnsafeCell<Job>,
     ranges: Vec<Range>,
-    active: AtomicUsize,
     panicked: AtomicBool,
     workers: OnceLock<Vec<Thread>>,
+    /// The caller sleeping until the joined workers finish (see `SLEEPER`).
+    sleeper: Mutex<Option<Thread>>,
 }
 
 // SAFETY: `job` is written only by the thread inside `Pool::run` while no worker reads it
-// (all workers have finished the previous generation), and read by workers only after the
-// generation bump that publishes it (Release/Acquire).
+// (the gate is closed and every joined worker has left), and read by a worker only after
+// it joined the open gate that publishes it (Release/Acquire).
 unsafe impl Sync for Shared {}
 // SAFETY: as above; the raw closure pointer is only dereferenced while `run` keeps it alive.
 unsafe impl Send for Shared {}
@@ -50,7 +74,8 @@ unsafe impl Send for Shared {}
 pub struct Pool {
     shared: Arc<Shared>,
     n_threads: usize,
-    busy: std::sync::Mutex<()>,
+    /// One op at a time; the policy that decides whether workers help.
+    busy: Mutex<Adapt>,
 }
 
 static GLOBAL: OnceLock<Pool> = OnceLock::new();
@@ -65,7 +90,8 @@ pub fn init(n_threads: usize) -> bool {
     GLOBAL.get_or_init(|| Pool::new(n)).n_threads == n
 }
 
-/// The global pool (all available cores unless [`init`] said otherwise).
+/// The global pool (the cores this process may use, per its CPU affinity and cgroup quota,
+/// unless [`init`] said otherwise).
 pub fn global() -> &'static Pool {
     GLOBAL.get_or_init(|| Pool::new(std::thread::available_parallelism().map_or(1, |n| n.get())))
 }
@@ -77,24 +103,24 @@ impl Pool {
         let n_threads = if cfg!(target_arch = "wasm32") {
             1
         } else {
-            n_threads
+            n_threads.max(1)
         };
         let shared = Arc::new(Shared {
-            generation: AtomicU64::new(0),
+            gate: AtomicU64::new(0),
             job: UnsafeCell::new(Job {
                 f: &NOOP as &(dyn Fn(usize, usize) + Sync),
             }),
-            ranges: (0..n_threads.max(1))
+            ranges: (0..n_threads)
                 .map(|_| Range {
                     next: AtomicUsize::new(0),
                     end: AtomicUsize::new(0),
                 })
                 .collect(),
-            active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             workers: OnceLock::new(),
+            sleeper: Mutex::new(None),
         });
-        let workers = (1..n_threads.max(1))
+        let workers = (1..n_threads)
             .map(|i| {
                 let s = shared.clone();
                 std::thread::Builder::new()
@@ -108,8 +134,8 @@ impl Pool {
         shared.workers.set(workers).ok();
         Pool {
             shared,
-            n_threads: n_threads.max(1),
-            busy: std::sync::Mutex::new(()),
+            n_threads,
+            busy: Mutex::new(Adapt::default()),
         }
     }
 
@@ -127,11 +153,40 @@ impl Pool {
             return;
         }
         // One op at a time (sessions on several threads share the pool).
-        let _guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let mut adapt = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        if adapt.solo() {
+            (0..n_chunks).for_each(|c| f(c, 0));
+            return;
+        }
+        let start = Instant::now();
+        let (mine, own_chunks, own_end) = self.parallel(n_chunks, f);
+        let end = Instant::now();
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
+        }
+        if self.shared.panicked.swap(false, Ordering::Relaxed) {
+            panic!("a worker thread panicked inside a parallel op");
+        }
+        adapt.record(Sample {
+            total: end - start,
+            own: own_end - start,
+            own_chunks,
+            chunks: n_chunks,
+            threads: self.n_threads,
+        });
+    }
+
+    /// One op on the caller and the workers that join in time: the caller's result, how
+    /// many chunks it ran and when it had finished them.
+    fn parallel(
+        &self,
+        n_chunks: usize,
+        f: &(dyn Fn(usize, usize) + Sync),
+    ) -> (std::thread::Result<usize>, usize, Instant) {
         let s = &*self.shared;
         let workers = s.workers.get().expect("set in new");
-        // SAFETY: no worker reads `job` now: each finished the previous generation (we
-        // waited for `active == 0`), and the next read happens after the bump below.
+        // SAFETY: no worker reads `job` now: the gate is closed and every worker that
+        // joined the previous op has left it; the next read follows the opening below.
         // The pointer's lifetime is erased; `f` outlives its use because we wait below.
         unsafe {
             *s.job.get() = Job {
@@ -146,27 +201,39 @@ impl Pool {
             r.next.store(i * n_chunks / t, Ordering::Relaxed);
             r.end.store((i + 1) * n_chunks / t, Ordering::Relaxed);
         }
-        s.active.store(workers.len(), Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::Release);
+        let generation = (s.gate.load(Ordering::Relaxed) >> GEN_SHIFT) + 1;
+        s.gate
+            .store(generation << GEN_SHIFT | OPEN, Ordering::Release);
         for t in workers {
             t.unpark();
         }
         let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, f, 0)));
+        let own_end = Instant::now();
+        let own_chunks = *mine.as_ref().unwrap_or(&0);
+        // Every chunk is claimed: later workers need not join, earlier ones may still run.
+        let mut gate = s.gate.fetch_and(!OPEN, Ordering::AcqRel);
         let mut spins = 0u32;
-        while s.active.load(Ordering::Acquire) != 0 {
-            if spins < SPINS_BEFORE_PARK {
+        while gate & COUNT != 0 {
+            if spins < SPINS_BEFORE_SLEEP {
                 spins += 1;
                 std::hint::spin_loop();
+                gate = s.gate.load(Ordering::Acquire);
             } else {
-                std::thread::yield_now();
+                sleep_until_done(s);
+                break;
             }
         }
-        if let Err(p) = mine {
-            std::panic::resume_unwind(p);
-        }
-        if s.panicked.swap(false, Ordering::Relaxed) {
-            panic!("a worker thread panicked inside a parallel op");
-        }
+        (mine, own_chunks, own_end)
+    }
+}
+
+/// Sleeps until the workers still in the op have left it (the last one wakes us).
+fn sleep_until_done(s: &Shared) {
+    *s.sleeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+    let mut gate = s.gate.fetch_or(SLEEPER, Ordering::AcqRel);
+    while gate & COUNT != 0 {
+        std::thread::park();
+        gate = s.gate.load(Ordering::Acquire);
     }
 }
 
@@ -198,9 +265,11 @@ pub(crate) struct SharedMut<T>(pub(crate) *mut T);
 // SAFETY: users write disjoint elements only (see the SAFETY notes where it is used).
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 
-/// Runs the chunks of this thread's range in order, then any left in the others' ranges.
-fn claim(s: &Shared, f: &(dyn Fn(usize, usize) + Sync), thread: usize) {
+/// Runs the chunks of this thread's range in order, then any left in the others' ranges;
+/// returns how many it ran.
+fn claim(s: &Shared, f: &(dyn Fn(usize, usize) + Sync), thread: usize) -> usize {
     let t = s.ranges.len();
+    let mut ran = 0;
     for k in 0..t {
         let r = &s.ranges[(thread + k) % t];
         let end = r.end.load(Ordering::Relaxed);
@@ -210,72 +279,60 @@ fn claim(s: &Shared, f: &(dyn Fn(usize, usize) + Sync), thread: usize) {
                 break;
             }
             f(c, thread);
+            ran += 1;
         }
     }
+    ran
 }
 
 fn worker(s: &Shared, thread: usize) {
     let mut seen = 0u64;
     loop {
-        let mut spins = 0u32;
-        loop {
-            let g = s.generation.load(Ordering::Acquire);
-            if g != seen {
-                seen = g;
-                break;
-            }
-            if spins < SPINS_BEFORE_PARK {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::park();
-            }
-        }
-        // SAFETY: published by the generation bump we just observed; `run` keeps the
-        // closure alive until `active` reaches zero.
+        join(s, &mut seen);
+        // SAFETY: published by the opening of the gate we joined; `run` keeps the closure
+        // alive until every joined worker has left.
         let job = unsafe { *s.job.get() };
         let f = unsafe { &*job.f };
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, f, thread))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        s.active.fetch_sub(1, Ordering::Release);
+        let gate = s.gate.fetch_sub(1, Ordering::AcqRel);
+        if gate & COUNT == 1 && gate & SLEEPER != 0 {
+            if let Some(t) = &*s.sleeper.lock().unwrap_or_else(|e| e.into_inner()) {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// Waits (spinning, then parked) for an op after generation `seen` and joins it while its
+/// gate is open; a closed one is skipped (the caller ran its chunks).
+fn join(s: &Shared, seen: &mut u64) {
+    let mut spins = 0u32;
+    loop {
+        let gate = s.gate.load(Ordering::Acquire);
+        if gate >> GEN_SHIFT != *seen {
+            if gate & OPEN == 0 {
+                *seen = gate >> GEN_SHIFT;
+            } else if s
+                .gate
+                .compare_exchange_weak(gate, gate + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                *seen = gate >> GEN_SHIFT;
+                return;
+            } else {
+                continue;
+            }
+        }
+        if spins < SPINS_BEFORE_PARK {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::park();
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_chunk_runs_once() {
-        let pool = Pool::new(3);
-        for n in [0, 1, 2, 7, 1000] {
-            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-            for _ in 0..50 {
-                pool.run(n, &|c, t| {
-                    assert!(t < 3);
-                    hits[c].fetch_add(1, Ordering::Relaxed);
-                });
-            }
-            assert!(
-                hits.iter().all(|h| h.load(Ordering::Relaxed) == 50),
-                "n={n}"
-            );
-        }
-    }
-
-    #[test]
-    fn panics_reach_the_caller() {
-        let pool = Pool::new(2);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pool.run(64, &|c, _| assert!(c != 63, "boom"));
-        }));
-        assert!(r.is_err());
-        // The pool still works afterwards.
-        let n = AtomicUsize::new(0);
-        pool.run(10, &|_, _| {
-            n.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(n.load(Ordering::Relaxed), 10);
-    }
-}
+mod tests;

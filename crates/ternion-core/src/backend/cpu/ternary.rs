@@ -108,96 +108,143 @@ impl TernaryPack {
         self.scale_block as usize
     }
 
-    fn group(&self, g: usize) -> &[Chunk] {
+    /// The chunks of group `g`.
+    fn codes(&self, g: usize) -> &[Chunk] {
         let n = self.k / self.layout.chunk_elems();
         &self.chunks[g * n..(g + 1) * n]
     }
 
-    /// I2_S product against per-token int8 activations (`q`: rows of `k`; `scale`, `sum`:
-    /// per-token scale and Σq): `out[t][j] = ((Σ (code − 1)·q) as f32 / scale[t]) · post`,
-    /// the order of the AVX2 and scalar paths.
-    pub fn forward_per_token(
+    /// The product with `x` (whose form must be the one the format pairs with: per-token
+    /// for I2_S, Q8_K for TQ2_0 / TQ1_0, Q8_0 for Q2_0 / Q1_0): `out[t][j] = dot · post`
+    /// in the reference dot's order (I2_S: `((Σ (code − 1)·q) as f32 / scale[t]) · post`,
+    /// the order of the AVX2 and scalar paths).
+    pub fn forward(&self, x: PackInput<'_>, post: f32, out: &mut [f32]) {
+        Self::forward_fused(
+            x,
+            [Product {
+                pack: self,
+                post,
+                out,
+            }],
+        );
+    }
+
+    /// Several products with the same input as one parallel op (one synchronisation point
+    /// where there would be N): each output equals its own [`TernaryPack::forward`] bit for
+    /// bit (a group of 16 rows is one chunk, computed the same way whatever runs it).
+    pub fn forward_fused<const N: usize>(x: PackInput<'_>, products: [Product<'_>; N]) {
+        let rows = products
+            .first()
+            .map_or(0, |p| p.out.len() / p.pack.m.max(1));
+        let mut first = [0usize; N];
+        let mut n_chunks = 0;
+        for (f, p) in first.iter_mut().zip(&products) {
+            *f = n_chunks;
+            n_chunks += p.pack.m.div_ceil(GROUP_ROWS);
+        }
+        let parts = products.map(|p| (p.pack, p.post, SharedMut(p.out.as_mut_ptr())));
+        pool::global().run(n_chunks, &|c, _| {
+            // The product whose groups hold chunk c (the last one starting at or before it:
+            // a product without rows starts where the next one does).
+            let i = first.iter().rposition(|&f| f <= c).unwrap_or(0);
+            let (pack, post, out) = &parts[i];
+            pack.group(x, *post, c - first[i], rows, out);
+        });
+    }
+
+    /// Group `g`'s columns of the product, for every run of at most 16 token rows, written
+    /// into `out` (`rows × m`, row-major; padding rows dropped).
+    fn group(&self, x: PackInput<'_>, post: f32, g: usize, rows: usize, out: &SharedMut<f32>) {
+        let m = self.m;
+        let j0 = g * GROUP_ROWS;
+        let n = GROUP_ROWS.min(m - j0);
+        let mut tile = [[0f32; 16]; 16];
+        for t0 in (0..rows).step_by(16) {
+            let t1 = (t0 + 16).min(rows);
+            let tile = &mut tile[..t1 - t0];
+            self.tile(x, post, g, t0..t1, tile);
+            for (t, v) in (t0..t1).zip(tile.iter()) {
+                // SAFETY: row t < rows and columns j0..j0 + n < m lie inside the rows × m
+                // output; those columns belong to group g alone.
+                unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out.0.add(t * m + j0), n) };
+            }
+        }
+    }
+
+    /// Group `g` against the token rows `t` into `o` (one row of 16 per token).
+    fn tile(
         &self,
-        q: &[i8],
-        scale: &[f32],
-        sum: &[i32],
+        x: PackInput<'_>,
         post: f32,
-        out: &mut [f32],
+        g: usize,
+        t: std::ops::Range<usize>,
+        o: &mut [[f32; 16]],
     ) {
         let k = self.k;
-        self.par_tiles(out, 16, |g, t, o| {
-            let q = &q[t.start * k..t.end * k];
-            let (sum, scale) = (&sum[t.clone()], &scale[t]);
-            self.vnni
-                .per_token_dots(self.group(g), q, sum, scale, post, o);
-        });
-    }
-
-    /// TQ2_0 / TQ1_0 product against the Q8_K activations `x` (rows of `k`):
-    /// `out[t][j] = dot · post`, the reference dot's block order.
-    pub fn forward_q8k(&self, x: Q8kRows<'_>, post: f32, out: &mut [f32]) {
-        let (k, nb) = (self.k, self.k / self.scale_block());
-        let per_group = nb * GROUP_ROWS;
-        self.par_tiles(out, 16, |g, t, o| {
-            let scales = &self.scales[g * per_group..(g + 1) * per_group];
-            let rows = Q8kRows {
-                q: &x.q[t.start * k..t.end * k],
-                d: &x.d[t.start * nb..t.end * nb],
-                bsum: &x.bsum[t.start * nb..t.end * nb],
-            };
-            self.vnni.block_dots(self.group(g), scales, rows, post, o);
-        });
-    }
-
-    /// Q2_0 / Q1_0 product against the Q8_0 activations `x` (rows of `k`; `planes`
-    /// unused): `out[t][j] = dot · post`, the reference dot's order.
-    pub fn forward_q8_0(&self, x: Q80Rows<'_>, post: f32, out: &mut [f32]) {
-        let (k, ns) = (self.k, self.k / 32);
-        let per_group = k / self.scale_block() * GROUP_ROWS;
-        self.par_tiles(out, 16, |g, t, o| {
-            let scales = &self.scales[g * per_group..(g + 1) * per_group];
-            let rows = Q80Rows {
-                q: &x.q[t.start * k..t.end * k],
-                planes: &[],
-                d: &x.d[t.start * ns..t.end * ns],
-                sum: &x.sum[t.start * ns..t.end * ns],
-            };
-            let shape = (self.layout, self.scale_block());
-            self.vnni
-                .sub_block_dots(self.group(g), shape, scales, rows, post, o);
-        });
-    }
-
-    /// Runs `f(g, tokens, tile)` for every group g (in parallel) and every run of at most
-    /// `tile_len` token rows, then copies the group's columns of `tile` into `out`
-    /// (`rows × m`, row-major; padding rows dropped).
-    fn par_tiles(
-        &self,
-        out: &mut [f32],
-        tile_len: usize,
-        f: impl Fn(usize, std::ops::Range<usize>, &mut [[f32; 16]]) + Sync,
-    ) {
-        let m = self.m;
-        let rows = out.len() / m;
-        let ptr = SharedMut(out.as_mut_ptr());
-        pool::global().run(m.div_ceil(GROUP_ROWS), &|g, _| {
-            let ptr = &ptr;
-            let j0 = g * GROUP_ROWS;
-            let n = GROUP_ROWS.min(m - j0);
-            let mut tile = [[0f32; 16]; 16];
-            for t0 in (0..rows).step_by(tile_len) {
-                let t1 = (t0 + tile_len).min(rows);
-                let tile = &mut tile[..t1 - t0];
-                f(g, t0..t1, tile);
-                for (t, v) in (t0..t1).zip(tile.iter()) {
-                    // SAFETY: row t < rows and columns j0..j0 + n < m lie inside the
-                    // rows × m output; those columns belong to group g alone.
-                    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), ptr.0.add(t * m + j0), n) };
-                }
+        let codes = self.codes(g);
+        match x {
+            PackInput::PerToken { q, scale, sum } => {
+                let q = &q[t.start * k..t.end * k];
+                let (sum, scale) = (&sum[t.clone()], &scale[t]);
+                self.vnni.per_token_dots(codes, q, sum, scale, post, o);
             }
-        });
+            PackInput::Q8K(x) => {
+                let nb = k / self.scale_block();
+                let per_group = nb * GROUP_ROWS;
+                let scales = &self.scales[g * per_group..(g + 1) * per_group];
+                let rows = Q8kRows {
+                    q: &x.q[t.start * k..t.end * k],
+                    d: &x.d[t.start * nb..t.end * nb],
+                    bsum: &x.bsum[t.start * nb..t.end * nb],
+                };
+                self.vnni.block_dots(codes, scales, rows, post, o);
+            }
+            PackInput::Q8_0(x) => {
+                let ns = k / 32;
+                let per_group = k / self.scale_block() * GROUP_ROWS;
+                let scales = &self.scales[g * per_group..(g + 1) * per_group];
+                let rows = Q80Rows {
+                    q: &x.q[t.start * k..t.end * k],
+                    planes: &[],
+                    d: &x.d[t.start * ns..t.end * ns],
+                    sum: &x.sum[t.start * ns..t.end * ns],
+                };
+                let shape = (self.layout, self.scale_block());
+                self.vnni
+                    .sub_block_dots(codes, shape, scales, rows, post, o);
+            }
+        }
     }
 }
+
+/// The quantized activation rows a product reads, in the form its format pairs with.
+#[derive(Clone, Copy)]
+pub enum PackInput<'a> {
+    /// I2_S: per-token int8 values (rows of `k`), the tokens' scales and Σq.
+    PerToken {
+        /// Int8 values.
+        q: &'a [i8],
+        /// Per-token scales.
+        scale: &'a [f32],
+        /// Per-token sums of `q`.
+        sum: &'a [i32],
+    },
+    /// TQ2_0 / TQ1_0: Q8_K rows.
+    Q8K(Q8kRows<'a>),
+    /// Q2_0 / Q1_0: Q8_0 rows (`planes` unused).
+    Q8_0(Q80Rows<'a>),
+}
+
+/// One product of [`TernaryPack::forward_fused`].
+pub struct Product<'a> {
+    /// The weights.
+    pub pack: &'a TernaryPack,
+    /// The scale multiplied into every output.
+    pub post: f32,
+    /// The output, `rows × m`, row-major.
+    pub out: &'a mut [f32],
+}
+
 /// Writes the codes of row `r` (0..16) of a group into its chunks.
 fn pack_row(group: &mut [Chunk], r: usize, codes: &[u8]) {
     for (chunk, c) in group.iter_mut().zip(codes.chunks_exact(CHUNK_ELEMS)) {

@@ -61,6 +61,18 @@ fn assert_bits(out: &[f32], m: usize, want: impl Fn(usize, usize) -> f32, what: 
     }
 }
 
+/// Rows of `k` quantized per token: the int8 values, the scales and the sums.
+fn per_token(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
+    let mut q = vec![0i8; x.len()];
+    let p: Vec<act::PerToken> = x
+        .chunks_exact(k)
+        .zip(q.chunks_exact_mut(k))
+        .map(|(x, q)| act::quantize_per_token(x, q))
+        .collect();
+    let (scale, sum) = p.iter().map(|p| (p.scale, p.sum)).unzip();
+    (q, scale, sum)
+}
+
 #[test]
 fn i2s_products_equal_the_reference() {
     let Some(v) = vnni() else { return };
@@ -69,22 +81,77 @@ fn i2s_products_equal_the_reference() {
         let data = random_tensor(&mut rng, GgmlType::I2_S, k, m);
         let pack = TernaryPack::new(v, GgmlType::I2_S, &data, k, m).expect("I2_S packs");
         for rows in [1, 3, 16, 21, 40] {
-            let x = random_x(&mut rng, rows * k);
-            let mut q = vec![0i8; rows * k];
-            let p: Vec<act::PerToken> = x
-                .chunks_exact(k)
-                .zip(q.chunks_exact_mut(k))
-                .map(|(x, q)| act::quantize_per_token(x, q))
-                .collect();
-            let (scale, sum): (Vec<f32>, Vec<i32>) = p.iter().map(|p| (p.scale, p.sum)).unzip();
+            let (q, scale, sum) = per_token(&random_x(&mut rng, rows * k), k);
             let post = 0.73f32;
             let mut out = vec![f32::NAN; rows * m];
-            pack.forward_per_token(&q, &scale, &sum, post, &mut out);
+            let x = PackInput::PerToken {
+                q: &q,
+                scale: &scale,
+                sum: &sum,
+            };
+            pack.forward(x, post, &mut out);
             let want = |t: usize, j: usize| {
                 let dot = quant::i2s::dot(&data[j * k / 4..(j + 1) * k / 4], &q[t * k..][..k]);
                 (dot as f32 / scale[t]) * post
             };
             assert_bits(&out, m, want, &format!("k={k} m={m} rows={rows}"));
+        }
+    }
+}
+
+#[test]
+fn fused_products_equal_the_single_ones() {
+    let Some(v) = vnni() else { return };
+    let mut rng = StdRng::seed_from_u64(18);
+    let k = 640;
+    // Q, K, V-like shapes: partial groups, and a product whose chunks sit between others.
+    let ms = [75, 16, 37];
+    let datas = ms.map(|m| random_tensor(&mut rng, GgmlType::I2_S, k, m));
+    let mut packs = Vec::new();
+    for (data, m) in datas.iter().zip(ms) {
+        packs.push(TernaryPack::new(v, GgmlType::I2_S, data, k, m).expect("I2_S packs"));
+    }
+    for rows in [1, 5, 17] {
+        let (q, scale, sum) = per_token(&random_x(&mut rng, rows * k), k);
+        let x = PackInput::PerToken {
+            q: &q,
+            scale: &scale,
+            sum: &sum,
+        };
+        let posts = [0.5f32, 1.25, 3.0];
+        let mut single = ms.map(|m| vec![f32::NAN; rows * m]);
+        for ((pack, out), post) in packs.iter().zip(&mut single).zip(posts) {
+            pack.forward(x, post, out);
+        }
+        let mut fused = ms.map(|m| vec![f32::NAN; rows * m]);
+        let [a, b, c] = fused.each_mut();
+        TernaryPack::forward_fused(
+            x,
+            [
+                Product {
+                    pack: &packs[0],
+                    post: posts[0],
+                    out: a,
+                },
+                Product {
+                    pack: &packs[1],
+                    post: posts[1],
+                    out: b,
+                },
+                Product {
+                    pack: &packs[2],
+                    post: posts[2],
+                    out: c,
+                },
+            ],
+        );
+        for (i, (f, s)) in fused.iter().zip(&single).enumerate() {
+            assert_bits(
+                f,
+                ms[i],
+                |t, j| s[t * ms[i] + j],
+                &format!("product {i} rows={rows}"),
+            );
         }
     }
 }
@@ -117,7 +184,7 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
                 d: &d,
                 bsum: &bsum,
             };
-            pack.forward_q8k(x, 1.5, &mut out);
+            pack.forward(PackInput::Q8K(x), 1.5, &mut out);
             let want = |t: usize, j: usize| {
                 reference(&data[j * rb..][..rb], &q[t * k..][..k], &d[t * nb..][..nb]) * 1.5
             };
@@ -178,7 +245,7 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
                 d: &d,
                 sum: &sum,
             };
-            pack.forward_q8_0(x, 0.625, &mut out);
+            pack.forward(PackInput::Q8_0(x), 0.625, &mut out);
             let want = |t: usize, j: usize| {
                 reference(&data[j * rb..][..rb], &q[t * k..][..k], &d[t * ns..][..ns]) * 0.625
             };
@@ -226,7 +293,7 @@ fn packed_codes_sit_where_the_layout_says() {
             codes.fill(1);
         }
         for (e, &c) in codes.iter().enumerate() {
-            let byte = pack.group(g)[e / 16].0[4 * r + e % 4];
+            let byte = pack.codes(g)[e / 16].0[4 * r + e % 4];
             assert_eq!((byte >> (2 * ((e % 16) / 4))) & 3, c, "row {j} element {e}");
         }
     }
@@ -250,7 +317,7 @@ fn q1_0_bits_sit_where_the_layout_says() {
         let (g, r) = (j / 16, j % 16);
         quant::q1_0::codes_row(&data[j * rb..(j + 1) * rb], &mut codes, &mut scales);
         for (e, &c) in codes.iter().enumerate() {
-            let chunk = &pack.group(g)[e / 32].0;
+            let chunk = &pack.codes(g)[e / 32].0;
             let word = (e % 32) / 4;
             let bits = u64::from_le_bytes(chunk[8 * word..8 * word + 8].try_into().unwrap());
             assert_eq!(
