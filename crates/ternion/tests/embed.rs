@@ -373,6 +373,7 @@ fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
 }
 
 /// Largest |a − b| over the values of two lists of vectors.
+#[cfg(feature = "gpu")]
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
