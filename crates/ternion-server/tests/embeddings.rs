@@ -133,6 +133,7 @@ fn serve_and_compare(device: Device, tol: f32) {
     let mut cfg = ServerConfig::new(&model);
     cfg.model_id = Some("tiny".into());
     cfg.device = device;
+    cfg.max_active = 1;
     let server = rt.spawn(ternion_server::run(cfg, listener, async {
         let _ = stopped.await;
     }));
@@ -172,8 +173,50 @@ fn serve_and_compare(device: Device, tol: f32) {
     }
 
     python_client(&base, &want, n_tokens, tol);
+    while_the_only_slot_generates(&base, texts[0], &want[0], tol);
     let _ = stop.send(());
     rt.block_on(server).unwrap().unwrap();
+}
+
+/// A server metric's value.
+fn metric(base: &str, name: &str) -> f64 {
+    let text = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing from\n{text}"))
+}
+
+/// Embeddings take no sequence slot: with the server's only one taken by a long streamed
+/// generation, an embeddings request is answered while it runs (the stream is then
+/// dropped, which cancels it).
+fn while_the_only_slot_generates(base: &str, text: &str, want: &[f32], tol: f32) {
+    use std::io::BufRead;
+    let body = json!({"prompt": "Hello", "max_tokens": 1500, "ignore_eos": true, "stream": true});
+    let stream = ureq::post(&format!("{base}/v1/completions"))
+        .send_json(body)
+        .unwrap();
+    let mut events = std::io::BufReader::new(stream.into_reader());
+    let mut first = String::new();
+    events.read_line(&mut first).unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+    assert_eq!(metric(base, "ternion_active_sequences"), 1.0);
+    let (status, v) = post(base, &json!({"input": text}));
+    assert_eq!(status, 200, "{v}");
+    assert_close(
+        &vectors(&v["data"]),
+        &[want.to_vec()],
+        tol,
+        "beside a generation",
+    );
+    assert_eq!(
+        metric(base, "ternion_active_sequences"),
+        1.0,
+        "the generation still runs"
+    );
 }
 
 /// The official client: default (base64) and float encodings, and token-id input.

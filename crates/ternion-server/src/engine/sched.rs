@@ -151,7 +151,7 @@ impl<B: EngineBackend> Scheduler<'_, B> {
             // Every active sequence and the forks it will start.
             let used: usize = active.iter().map(|s| 1 + s.forks.len()).sum();
             if used >= self.max_active {
-                return true;
+                return self.embeds_while_full(rx, m);
             }
             let mut job = if let Some(j) = self.pending.pop_front() {
                 j
@@ -246,6 +246,25 @@ impl<B: EngineBackend> Scheduler<'_, B> {
             }
         }
         Ok(())
+    }
+
+    /// With every slot taken, embeddings (which need none) still run: the queue is read up
+    /// to its first generation request, which waits in `pending` for room (the queue stays
+    /// first come, first served). Returns `false` when every queue sender is gone.
+    fn embeds_while_full(&mut self, rx: &Receiver<Work>, m: &Metrics) -> bool {
+        while self.pending.is_empty() && self.fault.is_none() {
+            let work = match rx.try_recv() {
+                Ok(w) => w,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return false,
+            };
+            m.queue_length.fetch_sub(1, Relaxed);
+            match work {
+                Work::Generate(job) => self.pending.push_back(job),
+                Work::Embed(e) => self.embed(e),
+            }
+        }
+        true
     }
 
     /// Runs an embeddings job on the backend's device and answers it; a device fault is
