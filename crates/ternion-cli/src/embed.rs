@@ -1,16 +1,17 @@
-//! `ternion embed`: text embeddings on the CPU (see `ternion::embed` for the pooling and
-//! normalisation rules).
+//! `ternion embed`: text embeddings on the CPU or the GPU (`--backend`, as `run`); see
+//! `ternion::embed` for the pooling and normalisation rules, the same on both.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
+use ternion::backend::gpu::GpuModelOptions;
 use ternion::embed::{Embedder, Pooling};
 use ternion::model;
 use ternion::tokenizer::Tokenizer;
 
-use crate::common;
+use crate::common::{self, BackendArgs};
 
 /// Arguments of `ternion embed`.
 #[derive(Args)]
@@ -37,6 +38,8 @@ pub struct EmbedArgs {
     /// Worker threads (default: all cores).
     #[arg(long, short = 't')]
     threads: Option<usize>,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 fn parse_pooling(name: &str) -> std::result::Result<Pooling, String> {
@@ -69,14 +72,37 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
     let tok = Tokenizer::from_gguf(&file, &common::tokenizer_options(None))
         .with_context(|| format!("reading the tokenizer of {}", a.model.display()))?;
-    let emb = Embedder::new(&model, a.pooling, !a.no_normalize)?;
+    let cpu = Embedder::new(&model, a.pooling, !a.no_normalize)?;
+    let inputs = texts
+        .iter()
+        .map(|t| cpu.tokenize(&tok, t))
+        .collect::<ternion::Result<Vec<_>>>()?;
+    // The GPU's context and steps hold the longest input (one longer than the model's
+    // context fails below as on the CPU); a non-causal model runs each input as one step.
+    let longest = inputs.iter().map(Vec::len).max().unwrap_or(1);
+    let n_ctx = longest.clamp(1, model.config().n_ctx_train);
+    let defaults = GpuModelOptions::default();
+    let one_step = !model.graph().attn.causal;
+    let gopts = GpuModelOptions {
+        n_ctx,
+        max_batch: if one_step {
+            defaults.max_batch.max(n_ctx)
+        } else {
+            defaults.max_batch
+        },
+        ..defaults
+    };
+    let mut gpu = a.backend.gpu_with(&model, gopts)?;
+    let mut emb = match gpu.as_mut() {
+        Some(g) => Embedder::with_backend(&model, Box::new(g), a.pooling, !a.no_normalize)?,
+        None => cpu,
+    };
     let mut data = Vec::new();
     let mut n_tokens = 0;
-    for (i, text) in texts.iter().enumerate() {
-        let ids = emb.tokenize(&tok, text)?;
+    for (i, ids) in inputs.iter().enumerate() {
         n_tokens += ids.len();
         let vectors = emb
-            .embed(&ids)
+            .embed(ids)
             .with_context(|| format!("embedding input {i}"))?;
         if !a.json {
             for v in &vectors {

@@ -130,6 +130,16 @@ fn case_tolerance(c: &Value) -> Result<f32> {
     }
 }
 
+/// Positions a case runs: its prompt (`n_tokens`, else the `tokens` given in the manifest)
+/// and its greedy steps.
+fn case_positions(c: &Value) -> usize {
+    let len = |k: &str| c[k].as_array().map_or(0, Vec::len);
+    let prompt = c["n_tokens"]
+        .as_u64()
+        .map_or_else(|| len("tokens"), |n| n as usize);
+    prompt + len("greedy_ids") + 1
+}
+
 /// What one model's cases amounted to.
 #[derive(Default)]
 struct Summary {
@@ -177,8 +187,10 @@ pub fn validate(
         let (file, model) = load.load(&path)?;
         let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default())?;
         let cfg = model.config();
-        // Every case fits: prompts are short, greedy runs are 32 steps.
-        let mut gpu = backend.gpu(&model, 512.min(cfg.n_ctx_train))?;
+        // The GPU's context holds the longest case: its prompt and greedy steps.
+        let need = by_model[file_name].iter().map(|c| case_positions(c)).max();
+        let n_ctx = need.unwrap_or(0).max(512).min(cfg.n_ctx_train);
+        let mut gpu = backend.gpu(&model, n_ctx)?;
         let n_vocab = cfg.n_vocab;
         let short = Path::new(file_name)
             .file_stem()

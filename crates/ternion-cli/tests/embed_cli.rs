@@ -112,3 +112,30 @@ fn embed_errors_name_what_is_wrong() {
         "{err}"
     );
 }
+
+/// `--backend gpu` gives the CPU's vectors within the GPU tolerance of the library's test
+/// (1e-2 per value of a unit vector, `crates/ternion/tests/embed.rs`), for every pooling;
+/// lavapipe in CI, skipped with TERNION_SKIP_GPU_TESTS=1.
+#[test]
+fn embed_on_the_gpu_gives_the_cpus_vectors() {
+    if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") {
+        return eprintln!("skipping GPU test: TERNION_SKIP_GPU_TESTS=1");
+    }
+    let path = model("gpu");
+    let m = path.to_str().unwrap();
+    let long = "a longer input of several words, with punctuation";
+    for pooling in ["mean", "cls", "last", "none"] {
+        let args = ["-p", "abc", "-p", long, "--pooling", pooling];
+        let cpu = vectors(&embed_json(m, &args));
+        let gpu = vectors(&embed_json(m, &[&args[..], &["--backend", "gpu"]].concat()));
+        assert_eq!(cpu.len(), gpu.len(), "{pooling}");
+        for (c, g) in cpu.iter().zip(&gpu) {
+            let d = c
+                .iter()
+                .zip(g)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0., f64::max);
+            assert!(d <= 1e-2, "{pooling}: max |gpu − cpu| {d}");
+        }
+    }
+}

@@ -10,7 +10,13 @@
 //! `{arch}.attention.causal = false`; the whole input then runs as one pass so every token
 //! sees every other. When the vocabulary asks for it (`tokenizer.ggml.add_eos_token`), the
 //! EOS token ends each input, as last-token pooling expects.
+//!
+//! The hidden states come from a [`HiddenStates`] backend: the CPU ([`CpuHidden`]) or a GPU
+//! plan run without its LM head (`ternion-gpu`), fed in chunks as prompts are cut; the
+//! pooling and normalisation here are the same for every backend.
 
+use crate::backend::cpu::CpuState;
+use crate::generate::{next_chunk, PREFILL_CHUNK};
 use crate::model::graph::{Graph, Op};
 use crate::model::{Logits, Model};
 use crate::tokenizer::Tokenizer;
@@ -134,19 +140,123 @@ pub fn embedding_graph(graph: &Graph) -> Result<Graph> {
     Ok(g)
 }
 
-/// Computes embeddings with a model on the CPU.
-pub struct Embedder<'m> {
+/// A backend that computes the final hidden states of one input at a time: the CPU
+/// ([`CpuHidden`]) or a GPU plan (`ternion-gpu`'s `GpuModel`). [`Embedder`] cuts an input
+/// into chunks of at most [`HiddenStates::max_chunk`] tokens (never leaving one token
+/// alone, as prompts are cut: `generate::next_chunk`) and pools the rows; a non-causal
+/// model runs each input as one chunk.
+pub trait HiddenStates {
+    /// Most positions of one input.
+    fn n_ctx(&self) -> usize;
+    /// Most tokens one [`HiddenStates::extend`] takes.
+    fn max_chunk(&self) -> usize;
+    /// Starts a new input of `n` tokens (the previous input's positions are forgotten).
+    fn begin(&mut self, n: usize) -> Result<()>;
+    /// Runs `tokens` at the positions after those of this input so far and appends their
+    /// post-norm hidden rows (`tokens.len() × dim`) to `out`.
+    fn extend(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<()>;
+    /// Forgets the input (frees its cache).
+    fn end(&mut self);
+}
+
+impl<T: HiddenStates + ?Sized> HiddenStates for &mut T {
+    fn n_ctx(&self) -> usize {
+        (**self).n_ctx()
+    }
+
+    fn max_chunk(&self) -> usize {
+        (**self).max_chunk()
+    }
+
+    fn begin(&mut self, n: usize) -> Result<()> {
+        (**self).begin(n)
+    }
+
+    fn extend(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        (**self).extend(tokens, out)
+    }
+
+    fn end(&mut self) {
+        (**self).end()
+    }
+}
+
+/// The CPU's [`HiddenStates`]: the model's [`embedding_graph`] over its CPU weights, one
+/// KV cache per input.
+pub struct CpuHidden<'m> {
     model: &'m Model,
     graph: Graph,
+    state: Option<CpuState>,
+}
+
+impl<'m> CpuHidden<'m> {
+    /// The hidden states of `model` on the CPU.
+    pub fn new(model: &'m Model) -> Result<Self> {
+        Ok(CpuHidden {
+            model,
+            graph: embedding_graph(model.graph())?,
+            state: None,
+        })
+    }
+}
+
+impl HiddenStates for CpuHidden<'_> {
+    fn n_ctx(&self) -> usize {
+        self.model.config().n_ctx_train
+    }
+
+    fn max_chunk(&self) -> usize {
+        PREFILL_CHUNK
+    }
+
+    fn begin(&mut self, n: usize) -> Result<()> {
+        self.state = Some(self.model.cpu_state(n));
+        Ok(())
+    }
+
+    fn extend(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        let st = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::Request("hidden states asked before an input began".into()))?;
+        let rows = self
+            .model
+            .forward_cpu_graph(&self.graph, tokens, Logits::All, st)?;
+        out.extend_from_slice(rows);
+        Ok(())
+    }
+
+    fn end(&mut self) {
+        self.state = None;
+    }
+}
+
+/// Computes embeddings with a model on a [`HiddenStates`] backend (the CPU's by default).
+pub struct Embedder<'a> {
+    backend: Box<dyn HiddenStates + 'a>,
     pooling: Pooling,
     normalize: bool,
     add_eos: bool,
+    dim: usize,
+    causal: bool,
+    n_ctx: usize,
 }
 
-impl<'m> Embedder<'m> {
-    /// An embedder for `model`: pooling as the file says unless `pooling` is given, and
-    /// L2-normalised vectors when `normalize`.
-    pub fn new(model: &'m Model, pooling: Option<Pooling>, normalize: bool) -> Result<Self> {
+impl<'a> Embedder<'a> {
+    /// An embedder for `model` on the CPU: pooling as the file says unless `pooling` is
+    /// given, and L2-normalised vectors when `normalize`.
+    pub fn new(model: &'a Model, pooling: Option<Pooling>, normalize: bool) -> Result<Self> {
+        Self::with_backend(model, Box::new(CpuHidden::new(model)?), pooling, normalize)
+    }
+
+    /// [`Embedder::new`] computing the hidden states of `model` on `backend` (the same
+    /// model bound to another device).
+    pub fn with_backend(
+        model: &Model,
+        backend: Box<dyn HiddenStates + 'a>,
+        pooling: Option<Pooling>,
+        normalize: bool,
+    ) -> Result<Self> {
         let pooling = match pooling {
             Some(p) => p,
             None => Pooling::of_model(model)?,
@@ -155,12 +265,15 @@ impl<'m> Embedder<'m> {
             .file()
             .get_bool("tokenizer.ggml.add_eos_token")?
             .unwrap_or(false);
+        let graph = embedding_graph(model.graph())?;
         Ok(Embedder {
-            model,
-            graph: embedding_graph(model.graph())?,
+            n_ctx: model.config().n_ctx_train.min(backend.n_ctx()),
+            backend,
             pooling,
             normalize,
             add_eos,
+            dim: graph.acts[graph.logits.0].width,
+            causal: graph.attn.causal,
         })
     }
 
@@ -171,7 +284,7 @@ impl<'m> Embedder<'m> {
 
     /// Values per vector.
     pub fn dim(&self) -> usize {
-        self.graph.acts[self.graph.logits.0].width
+        self.dim
     }
 
     /// The token ids of `text`: BOS when the vocabulary adds one, EOS at the end when
@@ -185,29 +298,44 @@ impl<'m> Embedder<'m> {
     }
 
     /// The per-token hidden states of `tokens` (`n × dim`), unpooled and unnormalised.
-    pub fn hidden_states(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let limit = self.model.config().n_ctx_train;
+    pub fn hidden_states(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::Request("cannot embed an empty input".into()));
         }
-        if tokens.len() > limit {
+        if tokens.len() > self.n_ctx {
             return Err(Error::ContextFull {
                 used: 0,
                 new: tokens.len(),
-                n_ctx: limit,
+                n_ctx: self.n_ctx,
             });
         }
-        let mut st = self.model.cpu_state(tokens.len());
-        let rows = self
-            .model
-            .forward_cpu_graph(&self.graph, tokens, Logits::All, &mut st)?;
-        Ok(rows.to_vec())
+        // Every token of a non-causal input sees every other: one pass.
+        let max = if self.causal {
+            self.backend.max_chunk()
+        } else {
+            tokens.len()
+        };
+        let mut rows = Vec::with_capacity(tokens.len() * self.dim);
+        self.backend.begin(tokens.len())?;
+        let mut done = 0;
+        let run = loop {
+            let n = next_chunk(tokens.len() - done, max, usize::MAX);
+            if n == 0 {
+                break Ok(());
+            }
+            if let Err(e) = self.backend.extend(&tokens[done..done + n], &mut rows) {
+                break Err(e);
+            }
+            done += n;
+        };
+        self.backend.end();
+        run.map(|()| rows)
     }
 
     /// The embedding of `tokens`: one vector, or one per token for [`Pooling::None`].
-    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         let hidden = self.hidden_states(tokens)?;
-        let mut out = self.pooling.apply(&hidden, self.dim());
+        let mut out = self.pooling.apply(&hidden, self.dim);
         if self.normalize {
             out.iter_mut().for_each(|v| l2_normalize(v));
         }

@@ -22,6 +22,12 @@ impl GpuBatch {
     pub fn gpu(&self) -> &GpuModel {
         &self.gpu
     }
+
+    /// The model on the device, to run it outside the batch's sequences (its own sequence:
+    /// embeddings).
+    pub fn gpu_mut(&mut self) -> &mut GpuModel {
+        &mut self.gpu
+    }
 }
 
 impl BatchBackend for GpuBatch {

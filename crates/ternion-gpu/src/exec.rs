@@ -88,6 +88,8 @@ pub(super) enum Out {
     PickedTopK,
     /// Nothing: the step only extends the KV cache (the LM head is not run).
     Cache,
+    /// Every row of the final hidden state (no LM head; hidden.rs).
+    Hidden,
     /// Greedy chaining (greedy.rs): the argmax id goes to the next step's token buffer
     /// and to word `at` of chain staging buffer `buf`; with `from_gpu` this step's token
     /// is the one the previous step left there (the host writes none).
@@ -109,7 +111,7 @@ pub struct GpuModel {
     pub(super) plan: Plan,
     argmax: TopK,
     pub(super) topk: TopK,
-    staging: GpuBuffer,
+    pub(super) staging: GpuBuffer,
     pub(super) profiler: Option<Profiler>,
     /// Slots and pages of the KV caches.
     table: Arc<std::sync::Mutex<KvTable>>,
@@ -365,6 +367,7 @@ impl GpuModel {
         let rows = match out {
             Out::Logits(w) => Rows::of(n, w),
             Out::Cache => Rows::Skip,
+            Out::Hidden => Rows::Hidden,
             Out::Argmax | Out::TopK | Out::Chained { .. } => Rows::of(n, Logits::Last),
             Out::Picked | Out::PickedTopK => {
                 // Each sequence's last row; the one token of a sequence keeps the decode
@@ -385,13 +388,17 @@ impl GpuModel {
         self.plan.copy_kv_pages(&mut enc, &copies);
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            let queries = self.profiler.as_ref().map(|p| &p.queries);
+            // A hidden step records part of the launches: it is not profiled.
+            let queries = match out {
+                Out::Hidden => None,
+                _ => self.profiler.as_ref().map(|p| &p.queries),
+            };
             self.plan.record(&mut pass, nt, n_kv, rows, queries);
             match out {
                 Out::Argmax | Out::Chained { .. } => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
                 Out::PickedTopK => self.topk.record_rows(&mut pass, parts.len() as u32),
-                Out::Logits(_) | Out::Cache | Out::Picked => {}
+                Out::Logits(_) | Out::Cache | Out::Picked | Out::Hidden => {}
             }
         }
         let logit_rows = match out {
@@ -416,13 +423,17 @@ impl GpuModel {
             Out::Logits(Logits::All) => n,
             Out::Logits(Logits::Last) => 1,
             Out::Picked => parts.len(),
-            Out::Cache => 0,
+            Out::Cache | Out::Hidden => 0,
         };
         if logit_rows > 0 {
             let bytes = (logit_rows * self.cfg.n_vocab * 4) as u64;
             enc.copy_buffer_to_buffer(&self.plan.logits.buf, 0, &self.staging.buf, 0, bytes);
         }
-        if let Some(p) = &self.profiler {
+        if let (Out::Hidden, Some(h)) = (out, &self.plan.hidden) {
+            let bytes = (n * h.width * 4) as u64;
+            enc.copy_buffer_to_buffer(&h.buf.buf, 0, &self.staging.buf, 0, bytes);
+        }
+        if let Some(p) = self.profiler.as_ref().filter(|_| out != Out::Hidden) {
             p.record_resolve(&mut enc);
         }
         g.submit(enc);

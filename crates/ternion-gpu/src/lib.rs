@@ -36,7 +36,9 @@
 //!   allocates every weight, then takes tensors one at a time in file order (the browser
 //!   streams them); `plan/` compiles the graph into launches, one builder per op (fusions
 //!   listed there);
-//!   `exec.rs`: [`GpuModel`], the step loop, async read-backs, timestamp profiling.
+//!   `exec.rs`: [`GpuModel`], the step loop, async read-backs, timestamp profiling;
+//!   `hidden.rs`: steps without the LM head that read back the final hidden rows
+//!   (embeddings: [`GpuModel`] is a `ternion_core::embed::HiddenStates`).
 //! - `kernel_checks.rs` (tests, and feature `test-bodies`): kernel test bodies as async
 //!   functions of a [`GpuContext`], run natively (`tests.rs`) and in the browser
 //!   (`ternion-web/tests/kernels.rs`).
@@ -83,6 +85,7 @@ mod exec;
 #[cfg(test)]
 mod exec_tests;
 mod greedy;
+mod hidden;
 #[cfg(any(test, feature = "test-bodies"))]
 pub mod kernel_checks;
 mod ops;
@@ -137,7 +140,7 @@ pub use upload::{GpuUpload, TensorRequest};
 
 #[cfg(test)]
 use ternion_core::{backend, sample, tokenizer};
-use ternion_core::{generate, gguf, kv, model, quant, session, Error, Result};
+use ternion_core::{embed, generate, gguf, kv, model, quant, session, Error, Result};
 /// The shared test data beside the repository, for the unit tests.
 #[cfg(test)]
 use ternion_testkit::shared as test_shared;

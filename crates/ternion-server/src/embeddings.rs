@@ -4,8 +4,10 @@
 //! `encoding_format` is `float` (the default) or `base64` (little-endian f32, what the
 //! official Python client asks for unless told otherwise). Each input is pooled as the
 //! model file says and L2-normalised (`ternion::embed`); a model whose file asks for no
-//! pooling (`pooling_type` 0) gets a 400, as in llama.cpp. Embeddings run on the CPU, on a
-//! blocking thread beside the engine, whatever device generates text.
+//! pooling (`pooling_type` 0) gets a 400, as in llama.cpp. On a CPU server embeddings run
+//! on a blocking thread beside the engine; on a GPU server (`--backend gpu`) the engine
+//! thread runs them on the GPU plan between two steps ([`Work::Embed`]), queued as
+//! generation requests are.
 
 use std::sync::Arc;
 
@@ -21,7 +23,8 @@ use serde_json::{json, Value};
 use ternion::embed::{Embedder, Pooling};
 
 use crate::api::{parse_body, ApiError};
-use crate::http::{body_bytes, AppState};
+use crate::engine::{EmbedJob, Work};
+use crate::http::{body_bytes, queue, AppState};
 
 /// The body of an embeddings request.
 #[derive(Debug, Deserialize)]
@@ -106,8 +109,10 @@ async fn answer(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Va
         ready.n_vocab,
     );
     let dimensions = req.dimensions;
-    let vectors = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
-        let emb = Embedder::new(&model, None, true).map_err(internal)?;
+    let on_gpu = ready.gpu_embeddings;
+    // Checked and tokenized on a blocking thread, and embedded there on a CPU server.
+    let checked = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
+        let mut emb = Embedder::new(&model, None, true).map_err(internal)?;
         if emb.pooling() == Pooling::None {
             return Err(bad(
                 "the model's pooling_type is 'none' (one vector per token), which is not \
@@ -123,7 +128,7 @@ async fn answer(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Va
                 Some("dimensions"),
             ));
         }
-        let mut out = Vec::new();
+        let mut inputs = Vec::new();
         let mut n_tokens = 0;
         for (i, item) in items.into_iter().enumerate() {
             let ids = match item {
@@ -151,14 +156,32 @@ async fn answer(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Va
                 .with_code("context_length_exceeded"));
             }
             n_tokens += ids.len();
-            let v = emb.embed(&ids).map_err(internal)?.swap_remove(0);
-            out.push(v);
+            inputs.push(ids);
         }
-        Ok((out, n_tokens))
+        if on_gpu {
+            return Ok((inputs, None, n_tokens));
+        }
+        let vectors = inputs
+            .iter()
+            .map(|ids| emb.embed(ids).map(|mut v| v.swap_remove(0)))
+            .collect::<ternion::Result<Vec<_>>>()
+            .map_err(internal)?;
+        Ok((Vec::new(), Some(vectors), n_tokens))
     })
     .await
     .map_err(|e| internal(format!("the embedding task failed: {e}")))??;
-    let (vectors, n_tokens) = vectors;
+    let (vectors, n_tokens) = match checked {
+        (_, Some(v), n) => (v, n),
+        (inputs, None, n) => {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            queue(st, ready, Work::Embed(EmbedJob { inputs, reply }))?;
+            let vectors = answer
+                .await
+                .map_err(|_| internal("the engine dropped the embeddings request"))?
+                .map_err(|e| ApiError::from(&e))?;
+            (vectors, n)
+        }
+    };
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()

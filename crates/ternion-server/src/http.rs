@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::access::{self, Access, RequestLog};
 use crate::api::{parse_body, ApiError, ChatRequest, CompletionRequest, Prompt, Settings};
-use crate::engine::{Fork, Job, Ready, Reply, Shared};
+use crate::engine::{Fork, Job, Ready, Reply, Shared, Work};
 use crate::error::StartError;
 use crate::respond::{engine_gone, stream_response, whole_response, Kind, Meta};
 use crate::structured;
@@ -414,7 +414,7 @@ async fn start(
         events: first.events,
         forks,
     };
-    queue(st, ready, job)?;
+    queue(st, ready, Work::Generate(job))?;
     drop(tx);
     m.requests_total.fetch_add(1, Relaxed);
     let meta = Meta {
@@ -445,11 +445,11 @@ async fn start(
     }
 }
 
-/// Queues `job` for the engine: 429 when the queue is full, 503 when the engine is gone.
-fn queue(st: &AppState, ready: &Ready, job: Job) -> Result<(), ApiError> {
+/// Queues `work` for the engine: 429 when the queue is full, 503 when the engine is gone.
+pub(crate) fn queue(st: &AppState, ready: &Ready, work: Work) -> Result<(), ApiError> {
     let m = &st.shared.metrics;
     m.queue_length.fetch_add(1, Relaxed);
-    if let Err(e) = ready.jobs.try_send(job) {
+    if let Err(e) = ready.jobs.try_send(work) {
         m.queue_length.fetch_sub(1, Relaxed);
         return Err(match e {
             TrySendError::Full(_) => {

@@ -3,7 +3,8 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI request and response
 //!   shapes, whole or streamed as server-sent events (`data: {...}` chunks, then
 //!   `data: [DONE]`).
-//! - `POST /v1/embeddings`: pooled, normalised vectors ([`embeddings`]; on the CPU).
+//! - `POST /v1/embeddings`: pooled, normalised vectors ([`embeddings`]; on the engine's GPU
+//!   when it has one, else on the CPU beside the engine).
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the one served model.
 //! - `GET /`: a small chat page that talks to the server (open without the API key; it
 //!   asks for one).

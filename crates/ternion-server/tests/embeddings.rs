@@ -1,8 +1,11 @@
 //! `POST /v1/embeddings` end to end: the server runs in this process on 127.0.0.1 (a free
 //! port) over a tiny synthetic model, and its vectors are compared with the library's
-//! `Embedder` — over raw HTTP and through the official `openai` Python client
+//! `Embedder` on the CPU — over raw HTTP and through the official `openai` Python client
 //! (`tests/openai_embeddings.py`; set `TERNION_SKIP_PYTHON=1` to skip that part where the
-//! package is missing). `../shared` must hold the Llama-3 vocabulary.
+//! package is missing), from a CPU server (equal to 1e-6) and a GPU server (lavapipe in CI;
+//! TERNION_SKIP_GPU_TESTS=1 skips it): within [`GPU_TOL`], the bound of the library's GPU
+//! embedding test (`crates/ternion/tests/embed.rs`). `../shared` must hold the Llama-3
+//! vocabulary.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,18 +15,19 @@ use serde_json::{json, Value};
 use ternion::embed::Embedder;
 use ternion::quant::GgmlType;
 use ternion::tokenizer::{Tokenizer, TokenizerOptions};
-use ternion_server::ServerConfig;
+use ternion_server::{Device, ServerConfig};
 use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 
 #[path = "support/python.rs"]
 mod python;
 use ternion_testkit::shared as support_shared;
 
-fn tiny_model() -> PathBuf {
+/// The tiny synthetic model, in a file of its own per `device` (the tests run in parallel).
+fn tiny_model(device: Device) -> PathBuf {
     let vocab = support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");
     let dir = std::env::temp_dir().join(format!("ternion-embeddings-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("tiny.gguf");
+    let path = dir.join(format!("tiny-{device:?}.gguf"));
     let spec = Spec {
         arch: "bitnet-b1.58",
         shape: Shape::named("tiny").unwrap(),
@@ -42,7 +46,7 @@ fn tiny_model() -> PathBuf {
 fn reference(model: &Path, texts: &[&str]) -> (Vec<Vec<f32>>, usize) {
     let (file, m) = ternion::model::load(model).unwrap();
     let tok = Tokenizer::from_gguf(&file, &TokenizerOptions::default()).unwrap();
-    let e = Embedder::new(&m, None, true).unwrap();
+    let mut e = Embedder::new(&m, None, true).unwrap();
     let mut n = 0;
     let vs = texts
         .iter()
@@ -84,7 +88,10 @@ fn vectors(v: &Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
+/// Largest |GPU − CPU| over the values of unit vectors (`crates/ternion/tests/embed.rs`).
+const GPU_TOL: f32 = 1e-2;
+
+fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: vector count");
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g.len(), w.len(), "{what}: length");
@@ -93,13 +100,28 @@ fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
             .zip(w)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        assert!(max <= 1e-6, "{what}: max |diff| {max}");
+        assert!(max <= tol, "{what}: max |diff| {max}");
     }
 }
 
 #[test]
 fn embeddings_over_http_and_the_openai_client_equal_the_library() {
-    let model = tiny_model();
+    serve_and_compare(Device::Cpu, 1e-6);
+}
+
+/// A GPU server embeds on its GPU plan, between the engine's steps.
+#[test]
+fn gpu_server_embeddings_equal_the_library_within_the_gpu_tolerance() {
+    if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") {
+        return eprintln!("skipping GPU server test: TERNION_SKIP_GPU_TESTS=1");
+    }
+    serve_and_compare(Device::Gpu(None), GPU_TOL);
+}
+
+/// Starts a server on `device` and compares its vectors with the library's (on the CPU)
+/// within `tol`; checks the errors and the Python client.
+fn serve_and_compare(device: Device, tol: f32) {
+    let model = tiny_model(device);
     let texts = ["hello world", "a second input"];
     let (want, n_tokens) = reference(&model, &texts);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -110,6 +132,8 @@ fn embeddings_over_http_and_the_openai_client_equal_the_library() {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut cfg = ServerConfig::new(&model);
     cfg.model_id = Some("tiny".into());
+    cfg.device = device;
+    cfg.max_active = 1;
     let server = rt.spawn(ternion_server::run(cfg, listener, async {
         let _ = stopped.await;
     }));
@@ -128,10 +152,10 @@ fn embeddings_over_http_and_the_openai_client_equal_the_library() {
     assert_eq!(v["model"], "tiny");
     assert_eq!(v["usage"]["prompt_tokens"], n_tokens);
     assert_eq!(v["usage"]["total_tokens"], n_tokens);
-    assert_close(&vectors(&v["data"]), &want, "raw float");
+    assert_close(&vectors(&v["data"]), &want, tol, "raw float");
     let (status, one) = post(&base, &json!({"input": texts[1]}));
     assert_eq!(status, 200, "{one}");
-    assert_close(&vectors(&one["data"]), &want[1..], "one string");
+    assert_close(&vectors(&one["data"]), &want[1..], tol, "one string");
 
     for (body, param) in [
         (json!({"input": []}), "input"),
@@ -148,13 +172,55 @@ fn embeddings_over_http_and_the_openai_client_equal_the_library() {
         assert_eq!(e["error"]["param"], param, "{body}: {e}");
     }
 
-    python_client(&base, &want, n_tokens);
+    python_client(&base, &want, n_tokens, tol);
+    while_the_only_slot_generates(&base, texts[0], &want[0], tol);
     let _ = stop.send(());
     rt.block_on(server).unwrap().unwrap();
 }
 
+/// A server metric's value.
+fn metric(base: &str, name: &str) -> f64 {
+    let text = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing from\n{text}"))
+}
+
+/// Embeddings take no sequence slot: with the server's only one taken by a long streamed
+/// generation, an embeddings request is answered while it runs (the stream is then
+/// dropped, which cancels it).
+fn while_the_only_slot_generates(base: &str, text: &str, want: &[f32], tol: f32) {
+    use std::io::BufRead;
+    let body = json!({"prompt": "Hello", "max_tokens": 1500, "ignore_eos": true, "stream": true});
+    let stream = ureq::post(&format!("{base}/v1/completions"))
+        .send_json(body)
+        .unwrap();
+    let mut events = std::io::BufReader::new(stream.into_reader());
+    let mut first = String::new();
+    events.read_line(&mut first).unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+    assert_eq!(metric(base, "ternion_active_sequences"), 1.0);
+    let (status, v) = post(base, &json!({"input": text}));
+    assert_eq!(status, 200, "{v}");
+    assert_close(
+        &vectors(&v["data"]),
+        &[want.to_vec()],
+        tol,
+        "beside a generation",
+    );
+    assert_eq!(
+        metric(base, "ternion_active_sequences"),
+        1.0,
+        "the generation still runs"
+    );
+}
+
 /// The official client: default (base64) and float encodings, and token-id input.
-fn python_client(base: &str, want: &[Vec<f32>], n_tokens: usize) {
+fn python_client(base: &str, want: &[Vec<f32>], n_tokens: usize, tol: f32) {
     if !python::openai_available() {
         return;
     }
@@ -172,8 +238,8 @@ fn python_client(base: &str, want: &[Vec<f32>], n_tokens: usize) {
         String::from_utf8_lossy(&o.stderr)
     );
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_close(&vectors(&v["default"]), want, "openai client, base64");
-    assert_close(&vectors(&v["float"]), want, "openai client, float");
+    assert_close(&vectors(&v["default"]), want, tol, "openai client, base64");
+    assert_close(&vectors(&v["float"]), want, tol, "openai client, float");
     assert_eq!(vectors(&v["tokens"]).len(), 1);
     assert_eq!(v["usage"], json!([n_tokens, n_tokens]));
 }

@@ -233,7 +233,7 @@ fn eos_ends_the_input_when_the_vocabulary_adds_it() {
     for add in [false, true] {
         let m = load_with(&path, &[("tokenizer.ggml.add_eos_token", Value::Bool(add))]);
         let tok = Tokenizer::from_gguf(m.file(), &TokenizerOptions::default()).unwrap();
-        let e = Embedder::new(&m, None, true).unwrap();
+        let mut e = Embedder::new(&m, None, true).unwrap();
         let ids = e.tokenize(&tok, "hello").unwrap();
         let eos = tok.eos_id().unwrap();
         assert_eq!(
@@ -278,11 +278,9 @@ fn an_f32_kv_cache_is_close_to_the_f16_one_and_twice_the_bytes() {
     );
 }
 
-#[test]
-fn bitnet_embedding_projection_norms_are_read_and_applied() {
-    let path = synth_model("proj", "qwen3", GgmlType::Q2_0);
-    let plain = load_with(&path, &[]);
-    let c = plain.config().clone();
+/// BitNet-embedding's per-projection input norms of a model with `c`'s shape (every weight
+/// 1.5), but `skip`.
+fn proj_norms(c: &ternion::model::Config, skip: Option<&str>) -> Vec<(String, Vec<f32>)> {
     let width = |p: &str| match p {
         "attn_output" => c.n_head * c.head_dim,
         "ffn_down" => c.n_ff,
@@ -297,13 +295,19 @@ fn bitnet_embedding_projection_norms_are_read_and_applied() {
         "ffn_up",
         "ffn_down",
     ];
-    let norms = |skip: Option<&str>| -> Vec<(String, Vec<f32>)> {
-        (0..c.n_layer)
-            .flat_map(|l| projs.iter().map(move |p| (l, *p)))
-            .filter(|(l, p)| skip != Some(&format!("blk.{l}.{p}_norm_in.weight")))
-            .map(|(l, p)| (format!("blk.{l}.{p}_norm_in.weight"), vec![1.5; width(p)]))
-            .collect()
-    };
+    (0..c.n_layer)
+        .flat_map(|l| projs.iter().map(move |p| (l, *p)))
+        .filter(|(l, p)| skip != Some(&format!("blk.{l}.{p}_norm_in.weight")))
+        .map(|(l, p)| (format!("blk.{l}.{p}_norm_in.weight"), vec![1.5; width(p)]))
+        .collect()
+}
+
+#[test]
+fn bitnet_embedding_projection_norms_are_read_and_applied() {
+    let path = synth_model("proj", "qwen3", GgmlType::Q2_0);
+    let plain = load_with(&path, &[]);
+    let c = plain.config().clone();
+    let norms = |skip: Option<&str>| proj_norms(&c, skip);
     let with = ternion::model::load(variant(&path, &[], &norms(None)))
         .unwrap()
         .1;
@@ -318,20 +322,29 @@ fn bitnet_embedding_projection_norms_are_read_and_applied() {
     assert!(e.contains(missing), "{e}");
 }
 
+/// The default GPU adapter (lavapipe in CI); `None` where TERNION_SKIP_GPU_TESTS=1 and
+/// there is none.
 #[cfg(feature = "gpu")]
-#[test]
-fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
-    use ternion::backend::gpu::{GpuContext, GpuModel, GpuModelOptions, GpuOptions};
-    let ctx = match GpuContext::new(&GpuOptions::default()) {
-        Ok(c) => Arc::new(c),
+fn gpu_context() -> Option<Arc<ternion::backend::gpu::GpuContext>> {
+    use ternion::backend::gpu::{GpuContext, GpuOptions};
+    match GpuContext::new(&GpuOptions::default()) {
+        Ok(c) => Some(Arc::new(c)),
         Err(e) if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
-            return eprintln!("skipping GPU test (TERNION_SKIP_GPU_TESTS=1): {e}");
+            eprintln!("skipping GPU test (TERNION_SKIP_GPU_TESTS=1): {e}");
+            None
         }
         Err(e) => panic!(
             "no usable GPU adapter: {e}. Install Mesa's lavapipe (mesa-vulkan-drivers) or \
              set TERNION_SKIP_GPU_TESTS=1 to skip"
         ),
-    };
+    }
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
+    use ternion::backend::gpu::{GpuModel, GpuModelOptions};
+    let Some(ctx) = gpu_context() else { return };
     let path = synth_model("gpu", "qwen3", GgmlType::Q2_0);
     let gpu = |m: &Model| GpuModel::from_model(ctx.clone(), m, GpuModelOptions::default());
     assert!(gpu(&load_with(&path, &[])).is_ok());
@@ -357,4 +370,125 @@ fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
         e.contains("qwen3.attention.causal = false") && e.contains("needs the CPU backend"),
         "{e}"
     );
+}
+
+/// Largest |a − b| over the values of two lists of vectors.
+#[cfg(feature = "gpu")]
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0f32, f32::max)
+}
+
+/// GPU embeddings equal the CPU's: every family the embedding files use (qwen3 and llama
+/// synthetic I2_S models, the golden Gemma 3 F16 file), with and without BitNet-embedding's
+/// per-projection input norms, under both GPU numerics and every pooling, for inputs cut
+/// into several GPU steps (8 tokens at most: 21 → 8 + 8 + 5, 9 → 7 + 2) and one token.
+///
+/// The vectors have unit length; the bound is |Δ| ≤ [`TOL`] per value. The GPU differs
+/// from the CPU by f32 summation order (qwen3: ≤ 5.3e-7 measured on lavapipe), by int8
+/// activations that round the other way at a .5 boundary (docs/ARCHITECTURE.md, "Rounding
+/// flips"; llama: one flip, 2.6e-3) and by Gemma's GELU, which the CPU reads from ggml's
+/// F16 table and the GPU computes in f32 (≤ 1.8e-4): the bound is about 4 × the largest.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_embeddings_equal_the_cpus() {
+    use ternion::backend::gpu::{GpuModel, GpuModelOptions, Numerics};
+    const TOL: f32 = 1e-2;
+    let Some(ctx) = gpu_context() else { return };
+    let gemma = ternion_testkit::shared::shared_path("golden2-extra/models/gemma3-d64-f16.gguf");
+    let qwen3 = synth_model("gpu-qwen3", "qwen3", GgmlType::I2_S);
+    let with_norms = |path: &Path| {
+        let c = load_with(path, &[]).config().clone();
+        variant(path, &[], &proj_norms(&c, None))
+    };
+    let families = [
+        (
+            "llama i2_s",
+            synth_model("gpu-llama", "llama", GgmlType::I2_S),
+        ),
+        ("qwen3 i2_s", qwen3.clone()),
+        ("qwen3 i2_s + input norms", with_norms(&qwen3)),
+        ("gemma3 f16", gemma.clone()),
+        ("gemma3 f16 + input norms", with_norms(&gemma)),
+    ];
+    for (name, path) in families {
+        let m = load_with(&path, &[]);
+        let vocab = m.config().n_vocab as u32;
+        let long: Vec<u32> = (0..21).map(|i| (i * 37 + 5) % vocab).collect();
+        let inputs = [&long[..], &long[..9], &long[..1]];
+        for numerics in [Numerics::Exact, Numerics::Fast] {
+            let opts = GpuModelOptions {
+                n_ctx: 32,
+                max_batch: 8,
+                numerics,
+                ..GpuModelOptions::default()
+            };
+            let mut gpu = GpuModel::from_model(ctx.clone(), &m, opts)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut worst = 0f32;
+            for p in [Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last] {
+                let mut cpu = Embedder::new(&m, Some(p), true).unwrap();
+                let mut on_gpu =
+                    Embedder::with_backend(&m, Box::new(&mut gpu), Some(p), true).unwrap();
+                assert_eq!(on_gpu.dim(), cpu.dim(), "{name}");
+                for ids in inputs {
+                    let want = cpu.embed(ids).unwrap();
+                    let got = on_gpu.embed(ids).unwrap();
+                    let d = max_diff(&got, &want);
+                    assert!(
+                        d <= TOL,
+                        "{name} {numerics:?} {p:?} {} tokens: max |gpu − cpu| {d}",
+                        ids.len()
+                    );
+                    worst = worst.max(d);
+                }
+            }
+            eprintln!("{name} {numerics:?}: max |gpu − cpu| {worst}");
+        }
+    }
+}
+
+/// The GPU refuses what the CPU refuses, with the same errors: an empty input, and one
+/// longer than the context (the GPU plan's here).
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_embedding_errors_are_the_cpus() {
+    use ternion::backend::gpu::{GpuModel, GpuModelOptions};
+    let Some(ctx) = gpu_context() else { return };
+    let m = load_with(&synth_model("gpu-errors", "qwen3", GgmlType::I2_S), &[]);
+    let opts = GpuModelOptions {
+        n_ctx: 16,
+        max_batch: 8,
+        ..GpuModelOptions::default()
+    };
+    let mut gpu = GpuModel::from_model(ctx, &m, opts).unwrap();
+    let mut cpu = Embedder::new(&m, None, true).unwrap();
+    let mut on_gpu = Embedder::with_backend(&m, Box::new(&mut gpu), None, true).unwrap();
+    let empty = (cpu.embed(&[]).unwrap_err(), on_gpu.embed(&[]).unwrap_err());
+    assert_eq!(empty.0.to_string(), empty.1.to_string());
+    assert!(empty.1.to_string().contains("empty input"), "{}", empty.1);
+    let n_ctx = m.config().n_ctx_train;
+    let too_long = vec![5u32; n_ctx + 1];
+    assert!(matches!(cpu.embed(&too_long).unwrap_err(),
+            ternion::Error::ContextFull { used: 0, new, n_ctx: c } if new == n_ctx + 1 && c == n_ctx));
+    let e = on_gpu.embed(&[5; 17]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ternion::Error::ContextFull {
+                used: 0,
+                new: 17,
+                n_ctx: 16
+            }
+        ),
+        "{e}"
+    );
+    // The GPU sequence is free again: an input that fits runs after the refusals.
+    assert_eq!(on_gpu.embed(&TOKENS).unwrap()[0].len(), on_gpu.dim());
 }

@@ -169,7 +169,7 @@ impl Launch {
                     h.gather.record(pass, m);
                     h.picked.record(pass, m);
                 }
-                Rows::Skip => {}
+                Rows::Skip | Rows::Hidden => {}
             },
             Launch::Quantize(o) => o.record(pass, n),
             Launch::QLinear(o) => o.record(pass, n, n > 1),
@@ -180,7 +180,7 @@ impl Launch {
                 Rows::Decode | Rows::Last => o.record(pass, 1),
                 Rows::All => o.record(pass, n),
                 Rows::Picked(m) => o.record(pass, m),
-                Rows::Skip => {}
+                Rows::Skip | Rows::Hidden => {}
             },
             Launch::WindowAttention(o) => o.record(pass, n),
             Launch::QHead(h) => {
@@ -195,7 +195,7 @@ impl Launch {
                     quant_picked,
                     picked,
                 } = &**h;
-                if rows == Rows::Skip {
+                if matches!(rows, Rows::Skip | Rows::Hidden) {
                     return;
                 }
                 if let Rows::Picked(m) = rows {

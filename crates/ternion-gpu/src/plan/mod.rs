@@ -37,7 +37,7 @@ use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::{AttnDims, GpuKv, KvIndex, QAct, QuantAct, StepUniform};
 use super::upload::GpuWeight;
-use crate::model::graph::Graph;
+use crate::model::graph::{Graph, Op};
 use crate::model::Logits;
 use crate::Result;
 
@@ -57,6 +57,9 @@ pub(crate) enum Rows {
     Skip,
     /// The rows listed in [`Plan::picks`] (this many), in that order.
     Picked(u32),
+    /// No LM head: the launches before it only, which leave every row of the final hidden
+    /// state in [`Plan::hidden`] (embeddings).
+    Hidden,
 }
 
 impl Rows {
@@ -89,6 +92,8 @@ pub(crate) struct Plan {
     pub logits_rows: usize,
     /// Positions a learned position table covers (GPT-2), if the model has one.
     pub max_pos: Option<usize>,
+    /// The input of the LM head (the normed final hidden state), if the graph has a head.
+    pub hidden: Option<Hidden>,
     _acts: Vec<GpuBuffer>,
     _quant: Vec<QuantAct>,
     _qacts: Vec<QAct>,
@@ -97,6 +102,16 @@ pub(crate) struct Plan {
     /// One page of a layer's keys (or values), the way of a page copied within a cache.
     kv_scratch: GpuBuffer,
     _weights: Vec<GpuWeight>,
+}
+
+/// The final hidden state: what a [`Rows::Hidden`] step leaves for embeddings.
+pub(crate) struct Hidden {
+    /// Launches before the LM head's (a hidden step records these only).
+    pub launches: usize,
+    /// Its buffer (`max_batch` rows).
+    pub buf: GpuBuffer,
+    /// Values per row.
+    pub width: usize,
 }
 
 /// Fewest logits rows a plan holds (when the batch allows): all-rows requests run in
@@ -195,10 +210,24 @@ impl Plan {
             dims,
             max_pos: None,
         };
+        let mut head = None;
         for op in &graph.ops {
+            if let Op::Linear { x, out, .. } = *op {
+                if out == graph.logits {
+                    head = Some((c.launches.len(), x));
+                }
+            }
             c.op(op)?;
         }
         let logits = c.acts.f32(graph.logits)?;
+        let hidden = match head {
+            Some((launches, x)) => Some(Hidden {
+                launches,
+                buf: c.acts.f32(x)?,
+                width: graph.acts[x.0].width,
+            }),
+            None => None,
+        };
         let Compiler {
             launches,
             acts,
@@ -229,6 +258,7 @@ impl Plan {
             logits,
             logits_rows,
             max_pos,
+            hidden,
             _acts: f32s.into_values().chain(keep).collect(),
             _quant: quant.into_values().collect(),
             _qacts: qact_bufs,
@@ -256,7 +286,11 @@ impl Plan {
         if let Some(qs) = profile {
             pass.write_timestamp(qs, 0);
         }
-        for (i, l) in self.launches.iter().enumerate() {
+        let launches = match (rows, &self.hidden) {
+            (Rows::Hidden, Some(h)) => &self.launches[..h.launches],
+            _ => &self.launches[..],
+        };
+        for (i, l) in launches.iter().enumerate() {
             l.record(pass, n, n_kv, rows);
             if let Some(qs) = profile {
                 pass.write_timestamp(qs, i as u32 + 1);

@@ -61,6 +61,13 @@ pub(super) struct Gpu {
     mask: bool,
 }
 
+/// Embeddings run on the model's own sequence of the GPU plan, between two steps.
+impl super::EngineBackend for Gpu {
+    fn hidden(&mut self) -> Option<&mut dyn ternion::embed::HiddenStates> {
+        Some(self.batch.gpu_mut())
+    }
+}
+
 impl BatchBackend for Gpu {
     type Seq = ternion::backend::gpu::GpuSeq;
 

@@ -36,6 +36,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use ternion::chat::ChatTemplate;
 use ternion::constrain::Grammars;
+use ternion::embed::HiddenStates;
 use ternion::generate::{BatchBackend, Constraint, FinishReason};
 use ternion::model::Model;
 use ternion::sample::{SamplerConfig, TokenLogprobs};
@@ -43,6 +44,36 @@ use ternion::tokenizer::{Tokenizer, TokenizerOptions};
 
 use crate::error::{EngineError, StartError};
 use crate::metrics::Metrics;
+
+/// What the HTTP side queues for the engine thread.
+pub enum Work {
+    /// A generation request.
+    Generate(Job),
+    /// Embeddings on the engine's GPU (on the CPU they run beside the engine instead).
+    Embed(EmbedJob),
+}
+
+impl Work {
+    /// Answers the request with `e` instead of running it.
+    fn refuse(self, e: EngineError) {
+        match self {
+            Work::Generate(job) => {
+                let _ = job.events.send(Event::Error(e));
+            }
+            Work::Embed(job) => {
+                let _ = job.reply.send(Err(e));
+            }
+        }
+    }
+}
+
+/// The inputs of one embeddings request, for the engine's device.
+pub struct EmbedJob {
+    /// Token ids of each input (non-empty, within the context, ids in the vocabulary).
+    pub inputs: Vec<Vec<u32>>,
+    /// Where the pooled, L2-normalised vector of each input goes.
+    pub reply: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, EngineError>>,
+}
 
 /// One generation request, ready for the engine: already tokenized and validated.
 pub struct Job {
@@ -183,10 +214,12 @@ pub struct Ready {
     pub n_ctx: usize,
     /// Vocabulary size (token ids given in a request must be below it).
     pub n_vocab: usize,
-    /// The model (embeddings run on the CPU beside the engine: `crate::embeddings`).
+    /// The model (`crate::embeddings` runs CPU embeddings with it beside the engine).
     pub model: Arc<Model>,
+    /// Embeddings run on the engine's GPU ([`Work::Embed`]) rather than on the CPU.
+    pub gpu_embeddings: bool,
     /// The bounded request queue.
-    pub jobs: SyncSender<Job>,
+    pub jobs: SyncSender<Work>,
     /// The grammar compiler of the vocabulary, built on the first structured request.
     pub grammars: OnceLock<ternion::Result<Grammars>>,
 }
@@ -317,7 +350,7 @@ struct Run<'a> {
     cfg: &'a EngineConfig,
     model: &'a Model,
     tok: &'a Tokenizer,
-    rx: &'a Receiver<Job>,
+    rx: &'a Receiver<Work>,
     n_ctx: usize,
     prefill_per_step: usize,
     shared: &'a Shared,
@@ -325,7 +358,7 @@ struct Run<'a> {
 
 impl Run<'_> {
     /// Reports the model loaded, then runs the scheduler over `runner` until shutdown.
-    fn serve<B: BatchBackend>(
+    fn serve<B: EngineBackend>(
         self,
         runner: B,
         loaded: tokio::sync::oneshot::Sender<Result<(), StartError>>,
@@ -338,6 +371,7 @@ impl Run<'_> {
         m.model_loaded.store(true, Relaxed);
         let _ = loaded.send(Ok(()));
         let mut sched = sched::Scheduler {
+            model: self.model,
             tok: self.tok,
             runner,
             n_ctx: self.n_ctx,
@@ -345,6 +379,7 @@ impl Run<'_> {
             batching: self.cfg.batching,
             prefill_per_step: self.prefill_per_step,
             pending: Default::default(),
+            fault: None,
         };
         sched.run(self.rx, self.shared);
     }
@@ -360,7 +395,21 @@ impl Drop for LoadedFlag<'_> {
     }
 }
 
-type LoadedModel = (Arc<Model>, Arc<Tokenizer>, Receiver<Job>, usize);
+/// A backend the engine serves with: the steps of its sequences, and embeddings on its
+/// device when it has one for them.
+pub(crate) trait EngineBackend: BatchBackend {
+    /// The hidden states of the backend's device, when embeddings run there.
+    fn hidden(&mut self) -> Option<&mut dyn HiddenStates>;
+}
+
+/// CPU embeddings run beside the engine (`crate::embeddings`), not on its thread.
+impl EngineBackend for ternion::generate::CpuBatch<'_> {
+    fn hidden(&mut self) -> Option<&mut dyn HiddenStates> {
+        None
+    }
+}
+
+type LoadedModel = (Arc<Model>, Arc<Tokenizer>, Receiver<Work>, usize);
 
 fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> {
     let failed = |what| {
@@ -396,6 +445,7 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> 
         n_ctx,
         n_vocab: model.config().n_vocab,
         model: model.clone(),
+        gpu_embeddings: matches!(cfg.device, Device::Gpu(_)),
         jobs,
         grammars: OnceLock::new(),
     };

@@ -11,13 +11,16 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ternion::generate::{BatchBackend, BatchStep, Need, PREFILL_CHUNK};
+use ternion::embed::Embedder;
+use ternion::generate::{BatchStep, Need, PREFILL_CHUNK};
+use ternion::model::Model;
 use ternion::tokenizer::Tokenizer;
 
 use super::seq::{advance_all, Seq};
-use super::{Batching, Event, Job, Shared};
+use super::{Batching, EmbedJob, EngineBackend, Event, Job, Shared, Work};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 
@@ -46,7 +49,8 @@ impl RateWindow {
 }
 
 /// The scheduler: admits jobs, steps the active sequences, retires them.
-pub(super) struct Scheduler<'m, B: BatchBackend> {
+pub(super) struct Scheduler<'m, B: EngineBackend> {
+    pub model: &'m Model,
     pub tok: &'m Tokenizer,
     pub runner: B,
     pub n_ctx: usize,
@@ -56,12 +60,14 @@ pub(super) struct Scheduler<'m, B: BatchBackend> {
     /// Jobs taken from the queue and not admitted yet (a request's choices split apart,
     /// or a job waiting for room for all its choices), admitted before the queue's.
     pub pending: VecDeque<Job>,
+    /// The device fault an embeddings job met: the engine cannot go on.
+    pub fault: Option<Arc<ternion::Error>>,
 }
 
-impl<B: BatchBackend> Scheduler<'_, B> {
+impl<B: EngineBackend> Scheduler<'_, B> {
     /// The scheduler loop. Returns once shutdown was asked for and no sequence is left, or
     /// when every queue sender is gone.
-    pub fn run(&mut self, rx: &Receiver<Job>, shared: &Shared) {
+    pub fn run(&mut self, rx: &Receiver<Work>, shared: &Shared) {
         let m = &shared.metrics;
         let mut active: Vec<Seq<B::Seq>> = Vec::new();
         let mut rate = RateWindow::new(m);
@@ -69,6 +75,10 @@ impl<B: BatchBackend> Scheduler<'_, B> {
             rate.tick(m);
             let shutting = shared.shutdown.load(Acquire);
             if !self.admit(rx, shutting, &mut active, m) {
+                return;
+            }
+            if let Some(e) = self.fault.take() {
+                self.fail(e, rx, &mut active, shared);
                 return;
             }
             if shutting && shared.cancel_all.load(Acquire) {
@@ -104,7 +114,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
             for g in stepping.chunks_mut(group) {
                 if let Err(e) = self.forward(g, m) {
                     drop(stepping);
-                    self.fail(e, rx, &mut active, shared);
+                    self.fail(e.into(), rx, &mut active, shared);
                     return;
                 }
             }
@@ -120,7 +130,7 @@ impl<B: BatchBackend> Scheduler<'_, B> {
     /// Returns `false` when every queue sender is gone.
     fn admit(
         &mut self,
-        rx: &Receiver<Job>,
+        rx: &Receiver<Work>,
         shutting: bool,
         active: &mut Vec<Seq<B::Seq>>,
         m: &Metrics,
@@ -131,17 +141,17 @@ impl<B: BatchBackend> Scheduler<'_, B> {
                     m.cancelled_total.fetch_add(1, Relaxed);
                     let _ = job.events.send(Event::Error(EngineError::ShuttingDown));
                 }
-                while let Ok(job) = rx.try_recv() {
+                while let Ok(work) = rx.try_recv() {
                     m.queue_length.fetch_sub(1, Relaxed);
                     m.cancelled_total.fetch_add(1, Relaxed);
-                    let _ = job.events.send(Event::Error(EngineError::ShuttingDown));
+                    work.refuse(EngineError::ShuttingDown);
                 }
                 return true;
             }
             // Every active sequence and the forks it will start.
             let used: usize = active.iter().map(|s| 1 + s.forks.len()).sum();
             if used >= self.max_active {
-                return true;
+                return self.embeds_while_full(rx, m);
             }
             let mut job = if let Some(j) = self.pending.pop_front() {
                 j
@@ -160,7 +170,16 @@ impl<B: BatchBackend> Scheduler<'_, B> {
                     }
                 };
                 m.queue_length.fetch_sub(1, Relaxed);
-                j
+                match j {
+                    Work::Generate(j) => j,
+                    Work::Embed(e) => {
+                        self.embed(e);
+                        if self.fault.is_some() {
+                            return true;
+                        }
+                        continue;
+                    }
+                }
             };
             if job.events.is_closed() {
                 m.cancelled_total.fetch_add(1, Relaxed);
@@ -229,16 +248,62 @@ impl<B: BatchBackend> Scheduler<'_, B> {
         Ok(())
     }
 
+    /// With every slot taken, embeddings (which need none) still run: the queue is read up
+    /// to its first generation request, which waits in `pending` for room (the queue stays
+    /// first come, first served). Returns `false` when every queue sender is gone.
+    fn embeds_while_full(&mut self, rx: &Receiver<Work>, m: &Metrics) -> bool {
+        while self.pending.is_empty() && self.fault.is_none() {
+            let work = match rx.try_recv() {
+                Ok(w) => w,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return false,
+            };
+            m.queue_length.fetch_sub(1, Relaxed);
+            match work {
+                Work::Generate(job) => self.pending.push_back(job),
+                Work::Embed(e) => self.embed(e),
+            }
+        }
+        true
+    }
+
+    /// Runs an embeddings job on the backend's device and answers it; a device fault is
+    /// kept in [`Scheduler::fault`] for the loop to stop on.
+    fn embed(&mut self, job: EmbedJob) {
+        let Some(hidden) = self.runner.hidden() else {
+            let e = ternion::Error::Request("this engine's backend runs no embeddings".into());
+            let _ = job.reply.send(Err(EngineError::Generation(e.into())));
+            return;
+        };
+        let vectors =
+            Embedder::with_backend(self.model, Box::new(hidden), None, true).and_then(|mut emb| {
+                job.inputs
+                    .iter()
+                    .map(|ids| emb.embed(ids).map(|mut v| v.swap_remove(0)))
+                    .collect::<ternion::Result<Vec<_>>>()
+            });
+        let answer = match vectors {
+            Ok(v) => Ok(v),
+            Err(e) if e.is_device_fault() => {
+                let e = Arc::new(e);
+                self.fault = Some(e.clone());
+                Err(EngineError::Stopped(e))
+            }
+            Err(e) => Err(EngineError::Generation(e.into())),
+        };
+        let _ = job.reply.send(answer);
+    }
+
     /// The engine cannot go on (`e`, a device fault): answers every sequence and queued
     /// request with 503 and the reason, and marks the server unhealthy.
     fn fail(
         &mut self,
-        e: ternion::Error,
-        rx: &Receiver<Job>,
+        e: Arc<ternion::Error>,
+        rx: &Receiver<Work>,
         active: &mut Vec<Seq<B::Seq>>,
         shared: &Shared,
     ) {
-        let reason = EngineError::Stopped(e.into());
+        let reason = EngineError::Stopped(e);
         eprintln!("ternion-server: {reason}");
         let _ = shared.failed.set(reason.clone());
         let m = &shared.metrics;
@@ -251,10 +316,10 @@ impl<B: BatchBackend> Scheduler<'_, B> {
             m.failed_total.fetch_add(1, Relaxed);
             let _ = job.events.send(Event::Error(reason.clone()));
         }
-        while let Ok(job) = rx.try_recv() {
+        while let Ok(work) = rx.try_recv() {
             m.queue_length.fetch_sub(1, Relaxed);
             m.failed_total.fetch_add(1, Relaxed);
-            let _ = job.events.send(Event::Error(reason.clone()));
+            work.refuse(reason.clone());
         }
         self.publish(0, m);
     }
