@@ -17,9 +17,7 @@
 // memory once for DECODE_ROWS rows, each warp-sized row group walking its rows with four
 // weight loads in flight; every row's sum is `main`'s, in the same order (bit-identical).
 // Dispatch: main (ceil(rows / (256/TPR)), T, 1), decode (ceil(rows / DECODE_ROWS), 1, 1), last (ceil(rows / (256/TPR)), 1, 1),
-// main8 (ceil(T / 8), ceil(rows / (256/TPR)), 1) per shard: token groups vary fastest, so the
-// workgroups of one row block run together and its weights come from DRAM once (L2 for the
-// other token groups). TPR lanes per row, reduced by
+// main8 (ceil(rows / (256/TPR)), ceil(T / 8), 1) per shard. TPR lanes per row, reduced by
 // subgroupShuffleXor (SUBGROUPS) or shared memory, like ternary.wgsl.
 // Numerics: f32 accumulation in a different order than the CPU's; ROUND_X rounds the hidden
 // state through F16 first (the reference does this for single-token decode).
@@ -125,9 +123,9 @@ fn last(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
 @compute @workgroup_size(256)
 fn main8(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let lane = li % TPR;
-    let row = wg.y * (WG / TPR) + li / TPR;
+    let row = wg.x * (WG / TPR) + li / TPR;
     let k4 = p.k / 4u;
-    let t0 = wg.x * 8u;
+    let t0 = wg.y * 8u;
     let last = step.n_tokens - 1u;
     let xa = vec4<u32>(min(t0, last), min(t0 + 1u, last), min(t0 + 2u, last), min(t0 + 3u, last)) * k4;
     let xc = vec4<u32>(min(t0 + 4u, last), min(t0 + 5u, last), min(t0 + 6u, last), min(t0 + 7u, last)) * k4;

@@ -462,13 +462,13 @@ impl F16Matvec {
     /// [`F16Matvec::last_row`]; for [`F16Matvec::rows8`] the step uniform must hold
     /// `n_tokens`).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        let groups = match self.rows {
+            F16Rows::Each => n_tokens,
+            F16Rows::Last | F16Rows::Decode => 1,
+            F16Rows::Eight => n_tokens.div_ceil(8),
+        };
         for d in &self.dispatches {
-            match self.rows {
-                F16Rows::Each => d.record(pass, n_tokens),
-                F16Rows::Last | F16Rows::Decode => d.record(pass, 1),
-                // Token groups along x: the workgroups sharing a row block run together.
-                F16Rows::Eight => d.record_grid(pass, [n_tokens.div_ceil(8), d.groups_x, 1]),
-            }
+            d.record(pass, groups);
         }
     }
 
