@@ -448,19 +448,24 @@ async fn start(
 /// Queues `work` for the engine: 429 when the queue is full, 503 when the engine is gone.
 pub(crate) fn queue(st: &AppState, ready: &Ready, work: Work) -> Result<(), ApiError> {
     let m = &st.shared.metrics;
-    m.queue_length.fetch_add(1, Relaxed);
+    let full = || {
+        m.rejected_queue_full_total.fetch_add(1, Relaxed);
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "The server is busy: the request queue is full. Retry later.",
+        )
+        .with_code("queue_full")
+    };
+    // The count includes a request the scheduler holds off the channel (engine::Ready).
+    if m.queue_length.fetch_add(1, Relaxed) >= ready.queue_capacity as u64 {
+        m.queue_length.fetch_sub(1, Relaxed);
+        return Err(full());
+    }
     if let Err(e) = ready.jobs.try_send(work) {
         m.queue_length.fetch_sub(1, Relaxed);
         return Err(match e {
-            TrySendError::Full(_) => {
-                m.rejected_queue_full_total.fetch_add(1, Relaxed);
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    "The server is busy: the request queue is full. Retry later.",
-                )
-                .with_code("queue_full")
-            }
+            TrySendError::Full(_) => full(),
             TrySendError::Disconnected(_) => engine_gone(&st.shared),
         });
     }

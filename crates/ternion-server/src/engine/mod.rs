@@ -220,6 +220,9 @@ pub struct Ready {
     pub gpu_embeddings: bool,
     /// The bounded request queue.
     pub jobs: SyncSender<Work>,
+    /// Requests the queue holds at most (`--queue`): a generation request the scheduler took
+    /// off the channel while every slot was busy still counts (`ternion_queue_length`).
+    pub queue_capacity: usize,
     /// The grammar compiler of the vocabulary, built on the first structured request.
     pub grammars: OnceLock<ternion::Result<Grammars>>,
 }
@@ -379,6 +382,7 @@ impl Run<'_> {
             batching: self.cfg.batching,
             prefill_per_step: self.prefill_per_step,
             pending: Default::default(),
+            held: false,
             fault: None,
         };
         sched.run(self.rx, self.shared);
@@ -447,6 +451,7 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> 
         model: model.clone(),
         gpu_embeddings: matches!(cfg.device, Device::Gpu(_)),
         jobs,
+        queue_capacity: cfg.queue,
         grammars: OnceLock::new(),
     };
     let tokenizer = ready.tokenizer.clone();

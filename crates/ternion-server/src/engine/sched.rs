@@ -60,6 +60,9 @@ pub(super) struct Scheduler<'m, B: EngineBackend> {
     /// Jobs taken from the queue and not admitted yet (a request's choices split apart,
     /// or a job waiting for room for all its choices), admitted before the queue's.
     pub pending: VecDeque<Job>,
+    /// The front of `pending` is a generation request read off the queue while every slot
+    /// was busy (to reach the embeddings behind it): it still counts in the queue's length.
+    pub held: bool,
     /// The device fault an embeddings job met: the engine cannot go on.
     pub fault: Option<Arc<ternion::Error>>,
 }
@@ -137,6 +140,7 @@ impl<B: EngineBackend> Scheduler<'_, B> {
     ) -> bool {
         loop {
             if shutting {
+                self.release_held(m);
                 for job in self.pending.drain(..) {
                     m.cancelled_total.fetch_add(1, Relaxed);
                     let _ = job.events.send(Event::Error(EngineError::ShuttingDown));
@@ -154,6 +158,7 @@ impl<B: EngineBackend> Scheduler<'_, B> {
                 return self.embeds_while_full(rx, m);
             }
             let mut job = if let Some(j) = self.pending.pop_front() {
+                self.release_held(m);
                 j
             } else {
                 let j = if active.is_empty() {
@@ -258,13 +263,25 @@ impl<B: EngineBackend> Scheduler<'_, B> {
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => return false,
             };
-            m.queue_length.fetch_sub(1, Relaxed);
             match work {
-                Work::Generate(job) => self.pending.push_back(job),
-                Work::Embed(e) => self.embed(e),
+                Work::Generate(job) => {
+                    self.pending.push_back(job);
+                    self.held = true;
+                }
+                Work::Embed(e) => {
+                    m.queue_length.fetch_sub(1, Relaxed);
+                    self.embed(e);
+                }
             }
         }
         true
+    }
+
+    /// The held generation request (see [`Scheduler::held`]) leaves the queue's count.
+    fn release_held(&mut self, m: &Metrics) {
+        if std::mem::take(&mut self.held) {
+            m.queue_length.fetch_sub(1, Relaxed);
+        }
     }
 
     /// Runs an embeddings job on the backend's device and answers it; a device fault is
@@ -312,6 +329,7 @@ impl<B: EngineBackend> Scheduler<'_, B> {
             m.failed_total.fetch_add(1, Relaxed);
             s.send(Event::Error(reason.clone()));
         }
+        self.release_held(m);
         for job in self.pending.drain(..) {
             m.failed_total.fetch_add(1, Relaxed);
             let _ = job.events.send(Event::Error(reason.clone()));
