@@ -17,7 +17,7 @@
 
 use crate::backend::cpu::CpuState;
 use crate::generate::{next_chunk, PREFILL_CHUNK};
-use crate::model::graph::{Graph, Op};
+use crate::model::graph::{ActId, Graph, Op};
 use crate::model::{Logits, Model};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
@@ -119,11 +119,9 @@ pub fn l2_normalize(v: &mut [f32]) {
     }
 }
 
-/// `graph` without its LM head: the ops up to the matrix product that writes the logits,
-/// whose input (the normed final hidden state) becomes the output. The weights are kept,
-/// so the graph runs over the weights bound for `graph`.
-pub fn embedding_graph(graph: &Graph) -> Result<Graph> {
-    let head = graph
+/// The LM head of `graph`: its op's index and its input (the normed final hidden state).
+fn lm_head(graph: &Graph) -> Result<(usize, ActId)> {
+    graph
         .ops
         .iter()
         .enumerate()
@@ -131,9 +129,15 @@ pub fn embedding_graph(graph: &Graph) -> Result<Graph> {
         .find_map(|(i, op)| match op {
             Op::Linear { x, out, .. } if *out == graph.logits => Some((i, *x)),
             _ => None,
-        });
-    let (at, hidden) =
-        head.ok_or_else(|| Error::Model("the forward pass has no LM head to strip".into()))?;
+        })
+        .ok_or_else(|| Error::Model("the forward pass has no LM head to strip".into()))
+}
+
+/// `graph` without its LM head: the ops up to the matrix product that writes the logits,
+/// whose input (the normed final hidden state) becomes the output. The weights are kept,
+/// so the graph runs over the weights bound for `graph`.
+pub fn embedding_graph(graph: &Graph) -> Result<Graph> {
+    let (at, hidden) = lm_head(graph)?;
     let mut g = graph.clone();
     g.ops.truncate(at);
     g.logits = hidden;
@@ -265,14 +269,15 @@ impl<'a> Embedder<'a> {
             .file()
             .get_bool("tokenizer.ggml.add_eos_token")?
             .unwrap_or(false);
-        let graph = embedding_graph(model.graph())?;
+        let graph = model.graph();
+        let (_, hidden) = lm_head(graph)?;
         Ok(Embedder {
             n_ctx: model.config().n_ctx_train.min(backend.n_ctx()),
             backend,
             pooling,
             normalize,
             add_eos,
-            dim: graph.acts[graph.logits.0].width,
+            dim: graph.acts[hidden.0].width,
             causal: graph.attn.causal,
         })
     }

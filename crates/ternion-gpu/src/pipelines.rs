@@ -493,9 +493,9 @@ impl GpuContext {
         }
         let src = key.kernel.source();
         let (file, text) = src.text();
-        #[cfg(feature = "kernel-dev")]
+        #[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
         let dev = kernel_override(file);
-        #[cfg(feature = "kernel-dev")]
+        #[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
         let text = dev.as_deref().unwrap_or(text);
         #[cfg(not(target_arch = "wasm32"))]
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -612,10 +612,4 @@ impl GpuContext {
 fn kernel_override(file: &str) -> Option<String> {
     let dir = std::env::var_os("TERNION_KERNEL_DIR")?;
     std::fs::read_to_string(std::path::Path::new(&dir).join(file)).ok()
-}
-
-/// Feature `kernel-dev` in the browser: no files to read.
-#[cfg(all(feature = "kernel-dev", target_arch = "wasm32"))]
-fn kernel_override(_file: &str) -> Option<String> {
-    None
 }

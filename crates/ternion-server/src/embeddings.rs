@@ -26,6 +26,13 @@ use crate::api::{parse_body, ApiError};
 use crate::engine::{EmbedJob, Work};
 use crate::http::{body_bytes, queue, AppState};
 
+/// A request's inputs after checking: embedded already (a CPU server), or token ids for the
+/// engine's device (a GPU server).
+enum Checked {
+    Embedded(Vec<Vec<f32>>),
+    ForEngine(Vec<Vec<u32>>),
+}
+
 /// The body of an embeddings request.
 #[derive(Debug, Deserialize)]
 pub struct EmbeddingRequest {
@@ -111,7 +118,7 @@ async fn answer(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Va
     let dimensions = req.dimensions;
     let on_gpu = ready.gpu_embeddings;
     // Checked and tokenized on a blocking thread, and embedded there on a CPU server.
-    let checked = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
+    let (checked, n_tokens) = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
         let mut emb = Embedder::new(&model, None, true).map_err(internal)?;
         if emb.pooling() == Pooling::None {
             return Err(bad(
@@ -159,27 +166,26 @@ async fn answer(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Va
             inputs.push(ids);
         }
         if on_gpu {
-            return Ok((inputs, None, n_tokens));
+            return Ok((Checked::ForEngine(inputs), n_tokens));
         }
         let vectors = inputs
             .iter()
             .map(|ids| emb.embed(ids).map(|mut v| v.swap_remove(0)))
             .collect::<ternion::Result<Vec<_>>>()
             .map_err(internal)?;
-        Ok((Vec::new(), Some(vectors), n_tokens))
+        Ok((Checked::Embedded(vectors), n_tokens))
     })
     .await
     .map_err(|e| internal(format!("the embedding task failed: {e}")))??;
-    let (vectors, n_tokens) = match checked {
-        (_, Some(v), n) => (v, n),
-        (inputs, None, n) => {
+    let vectors = match checked {
+        Checked::Embedded(v) => v,
+        Checked::ForEngine(inputs) => {
             let (reply, answer) = tokio::sync::oneshot::channel();
             queue(st, ready, Work::Embed(EmbedJob { inputs, reply }))?;
-            let vectors = answer
+            answer
                 .await
                 .map_err(|_| internal("the engine dropped the embeddings request"))?
-                .map_err(|e| ApiError::from(&e))?;
-            (vectors, n)
+                .map_err(|e| ApiError::from(&e))?
         }
     };
     let data: Vec<Value> = vectors

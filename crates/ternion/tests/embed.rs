@@ -390,16 +390,19 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 /// per-projection input norms, under both GPU numerics and every pooling, for inputs cut
 /// into several GPU steps (8 tokens at most: 21 → 8 + 8 + 5, 9 → 7 + 2) and one token.
 ///
-/// The vectors have unit length; the bound is |Δ| ≤ [`TOL`] per value. The GPU differs
-/// from the CPU by f32 summation order (qwen3: ≤ 5.3e-7 measured on lavapipe), by int8
-/// activations that round the other way at a .5 boundary (docs/ARCHITECTURE.md, "Rounding
-/// flips"; llama: one flip, 2.6e-3) and by Gemma's GELU, which the CPU reads from ggml's
-/// F16 table and the GPU computes in f32 (≤ 1.8e-4): the bound is about 4 × the largest.
+/// The vectors have unit length; the bound is per value. The GPU differs from the CPU by
+/// f32 summation order (qwen3: ≤ 5.3e-7 measured on lavapipe), by int8 activations that
+/// round the other way at a .5 boundary (docs/ARCHITECTURE.md, "Rounding flips"; llama:
+/// one flip, 2.6e-3) and by Gemma's GELU, which the CPU reads from ggml's F16 table and the
+/// GPU computes in f32 (≤ 1.8e-4). The I2_S models (int8 activations: a flip may happen on
+/// any adapter) get [`FLIPS`], about 4 × one flip; the F16 Gemma file, with no activation
+/// quantization, [`F16_TOL`], about 5 × its GELU difference.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_embeddings_equal_the_cpus() {
     use ternion::backend::gpu::{GpuModel, GpuModelOptions, Numerics};
-    const TOL: f32 = 1e-2;
+    const FLIPS: f32 = 1e-2;
+    const F16_TOL: f32 = 1e-3;
     let Some(ctx) = gpu_context() else { return };
     let gemma = ternion_testkit::shared::shared_path("golden2-extra/models/gemma3-d64-f16.gguf");
     let qwen3 = synth_model("gpu-qwen3", "qwen3", GgmlType::I2_S);
@@ -411,13 +414,14 @@ fn gpu_embeddings_equal_the_cpus() {
         (
             "llama i2_s",
             synth_model("gpu-llama", "llama", GgmlType::I2_S),
+            FLIPS,
         ),
-        ("qwen3 i2_s", qwen3.clone()),
-        ("qwen3 i2_s + input norms", with_norms(&qwen3)),
-        ("gemma3 f16", gemma.clone()),
-        ("gemma3 f16 + input norms", with_norms(&gemma)),
+        ("qwen3 i2_s", qwen3.clone(), FLIPS),
+        ("qwen3 i2_s + input norms", with_norms(&qwen3), FLIPS),
+        ("gemma3 f16", gemma.clone(), F16_TOL),
+        ("gemma3 f16 + input norms", with_norms(&gemma), F16_TOL),
     ];
-    for (name, path) in families {
+    for (name, path, tol) in families {
         let m = load_with(&path, &[]);
         let vocab = m.config().n_vocab as u32;
         let long: Vec<u32> = (0..21).map(|i| (i * 37 + 5) % vocab).collect();
@@ -442,7 +446,7 @@ fn gpu_embeddings_equal_the_cpus() {
                     let got = on_gpu.embed(ids).unwrap();
                     let d = max_diff(&got, &want);
                     assert!(
-                        d <= TOL,
+                        d <= tol,
                         "{name} {numerics:?} {p:?} {} tokens: max |gpu − cpu| {d}",
                         ids.len()
                     );
