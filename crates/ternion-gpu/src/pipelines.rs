@@ -47,6 +47,9 @@ pub enum F16Rows {
     /// `decode`: one token row held in workgroup memory, 64 weight rows per workgroup
     /// (the same sums as `main`).
     Decode,
+    /// `f16_coop.wgsl` `rows32`: 128 weight rows × 32 token rows per workgroup on
+    /// cooperative matrices, the token rows rounded to F16 (needs the coop variant).
+    Coop32,
 }
 
 /// The kernels and their small integer specialisations.
@@ -246,6 +249,7 @@ enum Source {
     TernaryMm,
     TernaryCoop,
     F16Matvec,
+    F16Coop,
     RopeKv,
     Attention,
     AttentionFast,
@@ -280,6 +284,7 @@ impl Source {
                 include_str!("kernels/ternary_coop.wgsl"),
             ),
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
+            Source::F16Coop => ("f16_coop.wgsl", include_str!("kernels/f16_coop.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
             Source::AttentionPrompt => (
@@ -320,6 +325,10 @@ impl Kernel {
                 MatmulKind::Portable | MatmulKind::Narrow => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
             },
+            Kernel::F16Matvec {
+                rows: F16Rows::Coop32,
+                ..
+            } => Source::F16Coop,
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
             Kernel::Attention { .. } => Source::Attention,
@@ -364,6 +373,7 @@ impl Kernel {
                 F16Rows::Last => "last",
                 F16Rows::Eight => "main8",
                 F16Rows::Decode => "decode",
+                F16Rows::Coop32 => "rows32",
             },
             Kernel::RopeKv
             | Kernel::Glu { .. }
@@ -436,6 +446,10 @@ impl Kernel {
             Kernel::Ternary { tpr, epilogue, .. } => {
                 vec![("TPR", f64::from(tpr)), epilogue.constant()]
             }
+            Kernel::F16Matvec {
+                rows: F16Rows::Coop32,
+                ..
+            } => vec![],
             Kernel::F16Matvec { tpr, round_x, .. } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),

@@ -205,6 +205,72 @@ fn f16_matvec_matches_cpu_over_shards() {
     }
 }
 
+/// The cooperative-matrix LM head over several sequences (`f16_coop.wgsl`): shards of a
+/// multiple of 16 rows, two token tiles (the second partial), the hidden states rounded to
+/// F16, against f64 sums (the tensor cores sum in their own order).
+#[test]
+fn f16_coop_rows_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut r = rng(6);
+    let (vocab, k, tokens) = (1008usize, 192usize, 37usize);
+    let w: Vec<f16> = (0..vocab * k)
+        .map(|_| f16::from_f32(r.random_range(-1.0..1.0)))
+        .collect();
+    let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-3.0..3.0)).collect();
+    let sharded = Sharded::from_rows(
+        &ctx,
+        "head",
+        bytemuck::cast_slice(&w),
+        k * 2,
+        Some((336 * k * 2) as u64),
+    )
+    .unwrap();
+    assert_eq!(sharded.shards.len(), 3);
+    let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
+    let out = GpuBuffer::zeroed(&ctx, "logits", (tokens * vocab * 4) as u64).unwrap();
+    let step = StepUniform::new(&ctx).unwrap();
+    step.write(&ctx, tokens as u32, 0);
+    let op = match F16Matvec::rows32(&ctx, &sharded, &xb, &out, &step) {
+        Ok(op) => op,
+        Err(e) => {
+            assert_ne!(ctx.caps().prefill, PrefillKernel::Coop, "{e}");
+            eprintln!(
+                "skipped: {} has no cooperative matrices ({e})",
+                ctx.caps().name
+            );
+            return;
+        }
+    };
+    run(&ctx, |p| op.record(p, tokens as u32));
+    let got = out.read::<f32>(&ctx).unwrap();
+    for t in 0..tokens {
+        for j in 0..vocab {
+            let (mut dot, mut mag) = (0f64, 0f64);
+            for i in 0..k {
+                let xv = f16::from_f32(x[t * k + i]).to_f32();
+                let p = f64::from(w[j * k + i].to_f32()) * f64::from(xv);
+                dot += p;
+                mag += p.abs();
+            }
+            let g = f64::from(got[t * vocab + j]);
+            assert!(
+                (g - dot).abs() <= 1e-5 * mag,
+                "t{t} row {j}: gpu {g} cpu {dot}"
+            );
+        }
+    }
+    // A shard whose rows are not a multiple of 16 is refused (the caller takes rows8).
+    let odd = Sharded::from_rows(
+        &ctx,
+        "odd",
+        bytemuck::cast_slice(&w[..1000 * k]),
+        k * 2,
+        None,
+    )
+    .unwrap();
+    assert!(F16Matvec::rows32(&ctx, &odd, &xb, &out, &step).is_err());
+}
+
 pub(super) fn dims(
     n_head: usize,
     n_head_kv: usize,

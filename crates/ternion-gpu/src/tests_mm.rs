@@ -134,23 +134,24 @@ fn tiled_matmul_rejects_mismatched_widths() {
     assert!(e.is_err(), "width mismatch accepted");
 }
 
-/// Wall-clock per launch of the tiled prompt kernel the adapter picks (the cooperative-matrix
-/// one where it has them) at BitNet 2B-4T's shapes for a 512-token step, each recorded 20
-/// times into one pass, with its rate in dense tera-operations (2·rows·k·tokens a launch).
-/// Run with `--ignored --nocapture` on a real GPU.
+/// Wall-clock per launch of each ternary product kernel the adapter runs (the tiled kinds,
+/// and the 4-token batch kernel) at BitNet 2B-4T's shapes for a step of
+/// `TERNION_BENCH_TOKENS` tokens (default 512), each recorded 20 times into one pass, with
+/// its rate in dense tera-operations (2·rows·k·tokens a launch). Run with `--ignored
+/// --nocapture` on a real GPU. (The wall clock includes recording the pass on the CPU:
+/// the GPU timestamps of `ternion bench --profile` say what a launch costs in a step.)
 #[test]
 #[ignore]
 fn bench_prompt_matmuls() {
     let Some(ctx) = ctx_with(&GpuOptions::default()) else {
         return;
     };
-    let kind = match ctx.caps().prefill {
-        PrefillKernel::Coop => MatmulKind::Coop,
-        _ => MatmulKind::Portable,
-    };
-    eprintln!("{} ({kind:?})", ctx.caps().name);
+    let tokens: usize = std::env::var("TERNION_BENCH_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    let kinds = kinds(&ctx);
     let mut r = rng(17);
-    let tokens = 512usize;
     let step = StepUniform::new(&ctx).unwrap();
     step.write(&ctx, tokens as u32, 0);
     let warm = std::time::Instant::now();
@@ -168,21 +169,29 @@ fn bench_prompt_matmuls() {
         let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
         let (qa, _, _) = cpu_act(&ctx, &x, k);
         let out = GpuBuffer::zeroed(&ctx, "y", (tokens * rows * 4) as u64).unwrap();
-        let mm = TernaryMatmul::new(&ctx, kind, &w, &qa, &out, Epilogue::Store, &step).unwrap();
-        let rec = |p: &mut wgpu::ComputePass<'_>| mm.record(p, tokens as u32);
-        // The GPU idles at a low clock: 1.5 s of load first.
-        while i == 0 && warm.elapsed().as_secs_f32() < 1.5 {
-            run(&ctx, |p| (0..20).for_each(|_| rec(p)));
+        let time = |label: &str, rec: &dyn Fn(&mut wgpu::ComputePass<'_>)| {
+            // The GPU idles at a low clock: 1.5 s of load first.
+            while i == 0 && warm.elapsed().as_secs_f32() < 1.5 {
+                run(&ctx, |p| (0..20).for_each(|_| rec(p)));
+            }
+            run(&ctx, |p| rec(p));
+            let reps = 20u32;
+            let t = std::time::Instant::now();
+            run(&ctx, |p| (0..reps).for_each(|_| rec(p)));
+            let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
+            let ops = 2.0 * (rows * k * tokens) as f64;
+            eprintln!(
+                "{label} {rows}x{k}, {tokens} tokens: {us:.1} µs/launch, {:.1} Tops/s",
+                ops / us / 1e6
+            );
+        };
+        for &kind in &kinds {
+            let mm = TernaryMatmul::new(&ctx, kind, &w, &qa, &out, Epilogue::Store, &step).unwrap();
+            time(&format!("{kind:?}"), &|p| mm.record(p, tokens as u32));
         }
-        run(&ctx, |p| rec(p));
-        let reps = 20u32;
-        let t = std::time::Instant::now();
-        run(&ctx, |p| (0..reps).for_each(|_| rec(p)));
-        let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
-        let ops = 2.0 * (rows * k * tokens) as f64;
-        eprintln!(
-            "{kind:?} {rows}x{k}, {tokens} tokens: {us:.1} µs/launch, {:.1} Tops/s",
-            ops / us / 1e6
-        );
+        let v = ctx.variant(8);
+        let mv =
+            TernaryMatvec::new(&ctx, v, 8, &w, &qa, &out, Epilogue::Store, Some(&step)).unwrap();
+        time("Batch4", &|p| mv.record(p, tokens as u32, true));
     }
 }

@@ -2,7 +2,7 @@
 
 use super::{check_tpr, uniform, Dispatch, QuantAct, StepUniform, WG};
 use crate::buffers::{GpuBuffer, Sharded};
-use crate::context::GpuContext;
+use crate::context::{GpuContext, PrefillKernel};
 use crate::pipelines::{Epilogue, F16Rows, GluAct, Kernel, PipelineKey, Variant};
 use crate::{Error, Result};
 
@@ -371,6 +371,51 @@ impl F16Matvec {
         )
     }
 
+    /// Like [`F16Matvec::rows8`] on cooperative matrices, 32 token rows at a time (each
+    /// weight row read once for 32 tokens), the token rows rounded to F16: for adapters
+    /// whose prefill kernel is the coop one, rows of a multiple of 64 and shards of a
+    /// multiple of 16 rows.
+    pub fn rows32(
+        ctx: &GpuContext,
+        w: &Sharded,
+        x: &GpuBuffer,
+        out: &GpuBuffer,
+        step: &StepUniform,
+    ) -> Result<F16Matvec> {
+        let k = w.row_bytes / 2;
+        let odd = (0..w.shards.len()).find(|&i| !w.shard_rows(i).1.is_multiple_of(16));
+        let unfit = if ctx.caps().prefill != PrefillKernel::Coop {
+            Some("the adapter has no cooperative matrices".to_string())
+        } else if !k.is_multiple_of(64) {
+            Some(format!("rows of {k} (needs a multiple of 64)"))
+        } else {
+            odd.map(|i| {
+                format!(
+                    "shard {i} of {} rows (needs a multiple of 16)",
+                    w.shard_rows(i).1
+                )
+            })
+        };
+        if let Some(why) = unfit {
+            return Err(Error::KernelArgs(format!("f16 coop matvec: {why}")));
+        }
+        let variant = Variant {
+            f16: true,
+            subgroups: true,
+        };
+        Self::build(
+            ctx,
+            variant,
+            1,
+            w,
+            x,
+            out,
+            false,
+            Some(step),
+            F16Rows::Coop32,
+        )
+    }
+
     /// Like [`F16Matvec::new`] but multiplies only the last token row of the step (row
     /// `n_tokens − 1` of `x`, read from `step`) into row 0 of `out`.
     #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
@@ -418,6 +463,7 @@ impl F16Matvec {
         }
         let per_group = match rows {
             F16Rows::Decode => F16_DECODE_ROWS,
+            F16Rows::Coop32 => 128,
             _ => WG / tpr,
         };
         let key = PipelineKey {
@@ -466,6 +512,7 @@ impl F16Matvec {
             F16Rows::Each => n_tokens,
             F16Rows::Last | F16Rows::Decode => 1,
             F16Rows::Eight => n_tokens.div_ceil(8),
+            F16Rows::Coop32 => n_tokens.div_ceil(32),
         };
         for d in &self.dispatches {
             d.record(pass, groups);
