@@ -381,7 +381,10 @@ impl GpuModel {
                 }));
                 self.plan.picks.write(g, 0, bytemuck::cast_slice(&self.ids));
                 self.plan.pick_step.write(g, parts.len() as u32, 0);
-                Rows::Picked(parts.len() as u32)
+                Rows::Picked {
+                    rows: parts.len() as u32,
+                    decode: parts.iter().all(|p| p.1.len() == 1),
+                }
             }
         };
         let mut enc = g.encoder();

@@ -57,13 +57,15 @@ pub(super) struct FusedGlu {
 }
 
 /// The parts of [`Launch::Head`]: one matvec per row mode; picked rows are gathered into
-/// a compact buffer first.
+/// a compact buffer first, and where the adapter has cooperative matrices a step of decode
+/// rows only multiplies them on the tensor cores (`picked_decode`).
 pub(super) struct Head {
     pub(super) decode: F16Matvec,
     pub(super) last: F16Matvec,
     pub(super) all: F16Matvec,
     pub(super) gather: RowOp,
     pub(super) picked: F16Matvec,
+    pub(super) picked_decode: Option<F16Matvec>,
 }
 
 /// The parts of [`Launch::QHead`].
@@ -159,15 +161,18 @@ impl Launch {
                 }
             }
             Launch::RopeKv(o) => o.record_step(pass, n, n_kv),
-            Launch::Attention(o) => o.record(pass, n, n_kv, matches!(rows, Rows::Picked(_))),
+            Launch::Attention(o) => o.record(pass, n, n_kv, matches!(rows, Rows::Picked { .. })),
             Launch::Glu(o) => o.record(pass, n),
             Launch::Head(h) => match rows {
                 Rows::Decode => h.decode.record(pass, n),
                 Rows::Last => h.last.record(pass, n),
                 Rows::All => h.all.record(pass, n),
-                Rows::Picked(m) => {
+                Rows::Picked { rows: m, decode } => {
                     h.gather.record(pass, m);
-                    h.picked.record(pass, m);
+                    match (&h.picked_decode, decode) {
+                        (Some(coop), true) => coop.record(pass, m),
+                        _ => h.picked.record(pass, m),
+                    }
                 }
                 Rows::Skip | Rows::Hidden => {}
             },
@@ -179,7 +184,7 @@ impl Launch {
             Launch::SoftCap(o) => match rows {
                 Rows::Decode | Rows::Last => o.record(pass, 1),
                 Rows::All => o.record(pass, n),
-                Rows::Picked(m) => o.record(pass, m),
+                Rows::Picked { rows: m, .. } => o.record(pass, m),
                 Rows::Skip | Rows::Hidden => {}
             },
             Launch::WindowAttention(o) => o.record(pass, n),
@@ -198,7 +203,7 @@ impl Launch {
                 if matches!(rows, Rows::Skip | Rows::Hidden) {
                     return;
                 }
-                if let Rows::Picked(m) = rows {
+                if let Rows::Picked { rows: m, .. } = rows {
                     gather.record(pass, m);
                     if let Some(q) = quant_picked {
                         q.record(pass, m);

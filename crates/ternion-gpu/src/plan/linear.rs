@@ -179,9 +179,9 @@ impl Compiler<'_> {
         self.push(Launch::decode(single, Launch::Ternary(mv)))
     }
 
-    /// The F16 LM head over the selected rows of `x`, in every row mode (picked rows —
-    /// the sequences of a batched step — on cooperative matrices where the adapter has
-    /// them).
+    /// The F16 LM head over the selected rows of `x`, in every row mode (the picked rows
+    /// of a step of decode rows — sequences decoded together — on cooperative matrices
+    /// where the adapter has them).
     fn f16_head(&mut self, m: &Sharded, x: ActId, out: ActId) -> Result<()> {
         let (g, v, s) = (self.g, self.variant, self.steps);
         let ob = self.acts.f32(out)?;
@@ -192,10 +192,9 @@ impl Compiler<'_> {
             last: F16Matvec::last_row(g, v, TPR, m, &xb, &ob, false, &s.step)?,
             all: F16Matvec::rows8(g, v, TPR, m, &xb, &ob, &s.step)?,
             gather: RowOp::gather(g, &xb, self.width(x), &s.picks, &pb, true)?,
-            picked: match F16Matvec::rows32(g, m, &pb, &ob, &s.pick_step) {
-                Ok(coop) => coop,
-                Err(_) => F16Matvec::rows8(g, v, TPR, m, &pb, &ob, &s.pick_step)?,
-            },
+            picked: F16Matvec::rows8(g, v, TPR, m, &pb, &ob, &s.pick_step)?,
+            // The rows32 kernel rounds its input to F16, as the gather does for decode rows.
+            picked_decode: F16Matvec::rows32(g, m, &pb, &ob, &s.pick_step).ok(),
         };
         self.acts.keep.push(pb);
         self.push(Launch::Head(Box::new(head)))

@@ -55,8 +55,9 @@ pub(crate) enum Rows {
     All,
     /// None: the step only fills the KV cache (earlier chunks of a prompt).
     Skip,
-    /// The rows listed in [`Plan::picks`] (this many), in that order.
-    Picked(u32),
+    /// The rows listed in [`Plan::picks`], in that order: `rows` of them, and whether
+    /// every one is a decode row (the one token its sequence brings to the step).
+    Picked { rows: u32, decode: bool },
     /// No LM head: the launches before it only, which leave every row of the final hidden
     /// state in [`Plan::hidden`] (embeddings).
     Hidden,
