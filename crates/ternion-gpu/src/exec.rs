@@ -28,7 +28,7 @@ use super::profile::Profiler;
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
 use crate::generate::{check_step, StepLimits};
-use crate::kv::PAGE_POSITIONS;
+use crate::kv::{KvType, PAGE_POSITIONS};
 use crate::model::graph::Graph;
 use crate::model::{Config, Logits, Model};
 use crate::{Error, Result};
@@ -57,6 +57,8 @@ pub struct GpuModelOptions {
     pub profile: bool,
     /// Fast kernels (the default) or the CPU reference's arithmetic bit for bit.
     pub numerics: Numerics,
+    /// Element type of the KV caches ([`GpuModel::from_model`] takes the model's).
+    pub kv_type: KvType,
 }
 
 impl Default for GpuModelOptions {
@@ -69,6 +71,7 @@ impl Default for GpuModelOptions {
             top_k: 40,
             profile: false,
             numerics: Numerics::Fast,
+            kv_type: KvType::F16,
         }
     }
 }
@@ -129,20 +132,17 @@ pub struct GpuModel {
 
 impl GpuModel {
     /// Uploads a loaded [`Model`] (every tensor its graph reads, from its file) and
-    /// compiles the plan. [`GpuUpload`] does the same one tensor at a time.
+    /// compiles the plan, with the model's KV cache type ([`Model::kv_type`], in place of
+    /// `opts.kv_type`). [`GpuUpload`] does the same one tensor at a time.
     pub fn from_model(
         ctx: Arc<GpuContext>,
         model: &Model,
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
-        if model.kv_type() != crate::kv::KvType::F16 {
-            return Err(Error::unsupported(
-                "GPU KV cache type",
-                format!("{:?}", model.kv_type()),
-                ["F16"],
-                "the GPU keeps its cache in F16",
-            ));
-        }
+        let opts = GpuModelOptions {
+            kv_type: model.kv_type(),
+            ..opts
+        };
         GpuUpload::from_file(ctx, model.file(), opts)
     }
 
@@ -174,7 +174,11 @@ impl GpuModel {
         let pages = opts
             .kv_pages
             .unwrap_or_else(|| opts.n_ctx.div_ceil(PAGE_POSITIONS).saturating_mul(slots));
-        let kv = KvSizes { pages, slots };
+        let kv = KvSizes {
+            pages,
+            slots,
+            ty: opts.kv_type,
+        };
         let plan = Plan::compile(
             g,
             graph,

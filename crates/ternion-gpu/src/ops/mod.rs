@@ -111,6 +111,7 @@ impl GpuContext {
         Variant {
             f16: c.f16,
             subgroups: c.subgroups && tpr <= c.subgroup_min_size,
+            kv_f32: false,
         }
     }
 }
