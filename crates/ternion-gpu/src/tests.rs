@@ -347,7 +347,7 @@ impl PagedSeq {
         let n_pages = n_ctx.div_ceil(PAGE_POSITIONS);
         let pages: Vec<u32> = (0..n_pages).map(|i| (n_pages - i) as u32).collect();
         let kv = GpuKv::new(ctx, n_pages + 1, kvd, ty).unwrap();
-        let index = KvIndex::new(ctx, n.max(1), 2, n_ctx).unwrap();
+        let index = KvIndex::new(ctx, n.max(1), 2, n_ctx, true).unwrap();
         let at = (index.pps * 4) as u64;
         index.pages.write(ctx, at, bytemuck::cast_slice(&pages));
         let toks: Vec<[u32; 2]> = (pos0..pos0 + n).map(|p| [p as u32, 1]).collect();

@@ -19,7 +19,9 @@
 //   7 storage rw    stats:   array<vec2<f32>>  T × n_head × max_chunks (chunk max, chunk Σe;
 //                                         row 0 for single-token decode)
 //   8 storage rw    partial: array<f32>   max_chunks × n_head·head_dim
-//   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
+//   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot); for a non-causal
+//                                         model each position is the last of its sequence's
+//                                         tokens in the step (ops/paged.rs attn_toks)
 //  10 storage read  pages:   array<u32>   slots × pps page ids (the page tables)
 //
 // Entry points and dispatch (256 threads per workgroup; CHUNK = 256 keys):

@@ -231,7 +231,8 @@ pub struct AttnOpts<'a> {
 /// Most keys of the split decode (`attention_fast.wgsl` FAST_KEYS).
 pub const ATTN_FAST_KEYS: u32 = 2048;
 
-/// Causal GQA attention over a [`GpuKv`] (`attention.wgsl`): flash-decoding in three
+/// GQA attention over a [`GpuKv`] (`attention.wgsl`), causal or, for a non-causal model,
+/// over the whole step (the index's [`KvIndex::attn_toks`]): flash-decoding in three
 /// dispatches for one token, one workgroup per (head, token) for several (one sequence's
 /// prompt, or tokens of different sequences).
 pub struct Attention {
@@ -276,7 +277,11 @@ impl Attention {
             && dims.head_dim <= 256
             && group <= 32
             && group * dims.head_dim <= 1024;
-        let tiled_ok = fast && matches!(dims.head_dim, 64 | 128) && prompt_kernel_fits(ctx, kv.ty);
+        // The tiled kernel assumes causal blocks of consecutive positions.
+        let tiled_ok = fast
+            && index.causal()
+            && matches!(dims.head_dim, 64 | 128)
+            && prompt_kernel_fits(ctx, kv.ty);
         let n_ctx = index.n_ctx;
         let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
         let hq = dims.n_head * dims.head_dim;
@@ -318,7 +323,7 @@ impl Attention {
         };
         let (u, toks, pages) = (
             params.binding(),
-            index.toks.binding(),
+            index.attn_toks().binding(),
             index.pages.binding(),
         );
         let scores_d = Dispatch::new(

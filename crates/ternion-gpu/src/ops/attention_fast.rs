@@ -69,7 +69,7 @@ impl FastSplit {
             (4, kv.v.binding()),
             (5, out.binding()),
             (8, part.binding()),
-            (9, index.toks.binding()),
+            (9, index.attn_toks().binding()),
             (10, index.pages.binding()),
             (13, done.binding()),
         ];

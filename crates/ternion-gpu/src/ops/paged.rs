@@ -7,6 +7,11 @@ use crate::kv::{KvType, PAGE_POSITIONS};
 use crate::pipelines::Variant;
 use crate::{Error, Result};
 
+/// Top bit of a token's slot (attention) and of a picked row (LM head): this row is the
+/// one token of its sequence in a multi-sequence step and keeps the decode numerics
+/// (`paged_kv.wgsl` DECODE_ROW).
+pub(crate) const DECODE_ROW: u32 = 1 << 31;
+
 /// Queries per workgroup of the prompt kernel (`attention_prompt.wgsl` BQ).
 pub const ATTN_PROMPT_QUERIES: u32 = 32;
 /// Workgroup memory `attention_prompt.wgsl` declares, in bytes.
@@ -94,6 +99,11 @@ impl GpuKv {
 pub struct KvIndex {
     /// `max_batch` × (position, slot), u32 pairs.
     pub toks: GpuBuffer,
+    /// Non-causal attention (`attention.causal = false`): the pairs the attention kernels
+    /// read instead of `toks`, each position replaced by the last position of its
+    /// sequence's tokens in the step, so every token sees the whole step (and the positions
+    /// cached before it), as the CPU's attention rows do. `None`: causal.
+    attn_toks: Option<GpuBuffer>,
     /// `slots × pps` page ids.
     pub pages: GpuBuffer,
     /// Page-table entries per slot (pages of the longest sequence).
@@ -111,6 +121,31 @@ pub struct KvIndex {
 }
 
 impl KvIndex {
+    /// The (position, slot) pairs the attention kernels read: [`KvIndex::toks`], or the
+    /// whole-step positions of a non-causal model.
+    pub fn attn_toks(&self) -> &GpuBuffer {
+        self.attn_toks.as_ref().unwrap_or(&self.toks)
+    }
+
+    /// False for a non-causal model's index.
+    pub fn causal(&self) -> bool {
+        self.attn_toks.is_none()
+    }
+
+    /// Writes the step's (position, slot | flags) pairs, and for a non-causal model their
+    /// whole-step positions (`scratch` holds them; a sequence's tokens are consecutive).
+    pub fn write_toks(&self, ctx: &GpuContext, toks: &[[u32; 2]], scratch: &mut Vec<[u32; 2]>) {
+        self.toks.write(ctx, 0, bytemuck::cast_slice(toks));
+        if let Some(buf) = &self.attn_toks {
+            scratch.clear();
+            for run in toks.chunk_by(|a, b| (a[1] ^ b[1]) & !DECODE_ROW == 0) {
+                let last = run[run.len() - 1][0];
+                scratch.extend(run.iter().map(|t| [last, t[1]]));
+            }
+            buf.write(ctx, 0, bytemuck::cast_slice(scratch));
+        }
+    }
+
     /// Most query blocks of a step of `max_batch` tokens over `slots` sequences.
     pub fn max_blocks(max_batch: usize, slots: usize) -> usize {
         max_batch.div_ceil(ATTN_PROMPT_QUERIES as usize) + slots
@@ -146,11 +181,19 @@ impl KvIndex {
     }
 
     /// Zeroed buffers for steps of up to `max_batch` tokens over `slots` sequences of up to
-    /// `n_ctx` positions.
-    pub fn new(ctx: &GpuContext, max_batch: usize, slots: usize, n_ctx: usize) -> Result<KvIndex> {
+    /// `n_ctx` positions, with causal or whole-step attention.
+    pub fn new(
+        ctx: &GpuContext,
+        max_batch: usize,
+        slots: usize,
+        n_ctx: usize,
+        causal: bool,
+    ) -> Result<KvIndex> {
         let pps = n_ctx.div_ceil(PAGE_POSITIONS).max(1);
+        let toks = || GpuBuffer::zeroed(ctx, "kv.toks", (max_batch.max(1) * 8) as u64);
         Ok(KvIndex {
-            toks: GpuBuffer::zeroed(ctx, "kv.toks", (max_batch.max(1) * 8) as u64)?,
+            toks: toks()?,
+            attn_toks: if causal { None } else { Some(toks()?) },
             pages: GpuBuffer::zeroed(ctx, "kv.pages", (slots.max(1) * pps * 4) as u64)?,
             pps,
             n_ctx,

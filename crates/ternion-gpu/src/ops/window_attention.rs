@@ -75,7 +75,7 @@ impl WindowAttention {
                 (4, kv.v.binding()),
                 (5, out.binding()),
                 (6, probs.binding()),
-                (9, index.toks.binding()),
+                (9, index.attn_toks().binding()),
                 (10, index.pages.binding()),
             ],
             dims.n_head as u32,

@@ -193,7 +193,7 @@ impl Plan {
             pick_step: StepUniform::new(ctx)?,
             ids: GpuBuffer::zeroed(ctx, "ids", (max_batch * 4) as u64)?,
             picks: GpuBuffer::zeroed(ctx, "picks", (max_batch * 4) as u64)?,
-            index: KvIndex::new(ctx, max_batch, kv.slots, n_ctx)?,
+            index: KvIndex::new(ctx, max_batch, kv.slots, n_ctx, graph.attn.causal)?,
         };
         let kv = (0..graph.n_layer)
             .map(|_| GpuKv::new(ctx, kv.pages, dims.kv_dim(), kv.ty))
