@@ -9,9 +9,13 @@
 //! - f16_matvec: |Δ| ≤ 1e-5 · Σ|w·x| (f32 accumulation order).
 //! - rope_kv: q within 1e-5 of the pair's magnitude |x0|+|x1| (measured ≤ 2e-7 on
 //!   lavapipe up to position 4093, own Cody–Waite sin/cos); cached k within 1 F16 ulp of the
-//!   CPU's rounding (measured: equal); cached v bit-exact, F16 rounding edge cases included.
+//!   CPU's rounding (measured: equal), or within 1e-5 of the pair's magnitude in an F32
+//!   cache; cached v bit-exact, F16 rounding edge cases included.
 //! - attention: |Δ| ≤ 1e-4·max|v| (measured 5e-7 for batches, 4e-6 for decode with F16
 //!   probabilities, up to 3 chunks).
+//! - The cache kernels (rope_kv, attention, window attention) run each case over an F16
+//!   and an F32 cache ([`KV_TYPES`]): over F32 neither q nor the probabilities are rounded,
+//!   on either side.
 //! - glu: ReLU² bit-exact; SiLU within 1e-6 relative.
 
 use half::f16;
