@@ -330,6 +330,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let t0 = Instant::now();
     let (_file, model) = model::load_with(&path, &a.lm_head.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
+    let model = model.with_kv_type(a.backend.kv_type);
     let load_s = t0.elapsed().as_secs_f64();
     let cfg = model.config();
     let n_ctx = a.n_prompt + a.n_gen + 1;

@@ -262,6 +262,7 @@ impl InProcess {
             prefill_per_step: a.prefill_per_step,
             batching: crate::serve::batching(a.no_batch),
             device: crate::serve::device(&a.backend),
+            kv_type: a.backend.kv_type,
             gpu_mask: !a.no_gpu_mask,
             ..ServerConfig::new(model)
         };

@@ -11,6 +11,7 @@ use ternion::backend::gpu::{
     GpuContext, GpuModel, GpuModelOptions, GpuOptions, Numerics, PrefillKernel,
 };
 use ternion::gguf::GgufFile;
+use ternion::kv::KvType;
 use ternion::model::{self, Config, LmHead, LoadOptions, Model};
 use ternion::session::{GpuEngine, Session};
 use ternion::tokenizer::{PreTokenizer, Tokenizer, TokenizerOptions};
@@ -50,6 +51,15 @@ pub struct BackendArgs {
     /// GPU: keep the subgroup kernel variants off (reductions in workgroup memory).
     #[arg(long)]
     pub gpu_no_subgroups: bool,
+    /// KV cache element type, CPU and GPU: f16 (default) or f32 (twice the memory; the
+    /// cache of llama.cpp's runs, for comparing logits tightly).
+    #[arg(long, default_value = "f16", value_parser = parse_kv_type)]
+    pub kv_type: KvType,
+}
+
+/// Parses `--kv-type`.
+fn parse_kv_type(name: &str) -> std::result::Result<KvType, String> {
+    KvType::parse(name).map_err(|e| e.to_string())
 }
 
 /// `--gpu-numerics` choices (see `ternion::backend::gpu::Numerics`).
@@ -283,6 +293,7 @@ pub fn load_with_ctx(
     let t0 = Instant::now();
     let (file, model) = model::load_with(&path, &args.lm_head.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
+    let model = model.with_kv_type(args.backend.kv_type);
     check::special_tokens(&file, model.config().n_vocab)
         .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file, &tokenizer_options(args.pre_tokenizer))

@@ -70,6 +70,7 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     let texts = inputs(&a)?;
     let (file, model) =
         model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let model = model.with_kv_type(a.backend.kv_type);
     let tok = Tokenizer::from_gguf(&file, &common::tokenizer_options(None))
         .with_context(|| format!("reading the tokenizer of {}", a.model.display()))?;
     let cpu = Embedder::new(&model, a.pooling, !a.no_normalize)?;

@@ -139,6 +139,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         prefill_per_step: a.prefill_per_step,
         batching: batching(a.no_batch),
         device: device(&a.model.backend),
+        kv_type: a.model.backend.kv_type,
         gpu_mask: !a.no_gpu_mask,
         access: Access {
             api_key: a.api_key.clone().filter(|k| !k.is_empty()),

@@ -53,13 +53,6 @@ pub struct ValidateArgs {
     /// separated; multi-family manifests).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// KV cache element type (CPU): f16 (default) or f32, the golden2 oracle's.
-    #[arg(long, default_value = "f16", value_parser = parse_kv_type)]
-    kv_type: KvType,
-}
-
-fn parse_kv_type(name: &str) -> std::result::Result<KvType, String> {
-    KvType::parse(name).map_err(|e| e.to_string())
 }
 
 /// How `validate` loads each model: LM head storage and KV cache type.
@@ -140,9 +133,9 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     let dir = a.manifest.parent().unwrap_or(Path::new("."));
     let load = Load {
         opts: a.lm_head.load_options(),
-        kv_type: a.kv_type,
+        kv_type: a.backend.kv_type,
     };
-    println!("KV cache: {:?}", a.kv_type);
+    println!("KV cache: {:?}", a.backend.kv_type);
     if m.get("prompts").is_some() && m.get("model_file").is_some() {
         validate_bitnet(&m, dir, &load, &a.backend)
     } else if m.get("models").is_some() && m.get("cases").is_some() {

@@ -114,8 +114,8 @@ fn embed_errors_name_what_is_wrong() {
 }
 
 /// `--backend gpu` gives the CPU's vectors within the GPU tolerance of the library's test
-/// (1e-2 per value of a unit vector, `crates/ternion/tests/embed.rs`), for every pooling;
-/// lavapipe in CI, skipped with TERNION_SKIP_GPU_TESTS=1.
+/// (1e-2 per value of a unit vector, `crates/ternion/tests/embed.rs`), for every pooling
+/// and both `--kv-type`s; lavapipe in CI, skipped with TERNION_SKIP_GPU_TESTS=1.
 #[test]
 fn embed_on_the_gpu_gives_the_cpus_vectors() {
     if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") {
@@ -124,8 +124,18 @@ fn embed_on_the_gpu_gives_the_cpus_vectors() {
     let path = model("gpu");
     let m = path.to_str().unwrap();
     let long = "a longer input of several words, with punctuation";
-    for pooling in ["mean", "cls", "last", "none"] {
-        let args = ["-p", "abc", "-p", long, "--pooling", pooling];
+    let cases = ["mean", "cls", "last", "none"].map(|p| ["f16", "f32"].map(|kv| (p, kv)));
+    for (pooling, kv) in cases.into_iter().flatten() {
+        let args = [
+            "-p",
+            "abc",
+            "-p",
+            long,
+            "--pooling",
+            pooling,
+            "--kv-type",
+            kv,
+        ];
         let cpu = vectors(&embed_json(m, &args));
         let gpu = vectors(&embed_json(m, &[&args[..], &["--backend", "gpu"]].concat()));
         assert_eq!(cpu.len(), gpu.len(), "{pooling}");
@@ -135,7 +145,7 @@ fn embed_on_the_gpu_gives_the_cpus_vectors() {
                 .zip(g)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0., f64::max);
-            assert!(d <= 1e-2, "{pooling}: max |gpu − cpu| {d}");
+            assert!(d <= 1e-2, "{pooling} {kv}: max |gpu − cpu| {d}");
         }
     }
 }

@@ -22,20 +22,16 @@ use std::sync::Arc;
 use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::greedy::CHAIN;
-use super::ops::{KvIndex, TopK};
+use super::ops::{KvIndex, TopK, DECODE_ROW};
 use super::plan::{KvSizes, Numerics, Plan, PlanOpts, Rows};
 use super::profile::Profiler;
 use super::seqs::{lock, GpuSeq, GpuSeqStep, KvTable};
 use super::upload::{GpuUpload, GpuWeight};
 use crate::generate::{check_step, StepLimits};
-use crate::kv::PAGE_POSITIONS;
+use crate::kv::{KvType, PAGE_POSITIONS};
 use crate::model::graph::Graph;
 use crate::model::{Config, Logits, Model};
 use crate::{Error, Result};
-
-/// Top bit of a token's slot (attention) and of a picked row (LM head): this row is the
-/// one token of its sequence in a multi-sequence step and keeps the decode numerics.
-const DECODE_ROW: u32 = 1 << 31;
 
 /// Sizes fixed at load.
 #[derive(Clone, Copy, Debug)]
@@ -57,6 +53,8 @@ pub struct GpuModelOptions {
     pub profile: bool,
     /// Fast kernels (the default) or the CPU reference's arithmetic bit for bit.
     pub numerics: Numerics,
+    /// Element type of the KV caches ([`GpuModel::from_model`] takes the model's).
+    pub kv_type: KvType,
 }
 
 impl Default for GpuModelOptions {
@@ -69,6 +67,7 @@ impl Default for GpuModelOptions {
             top_k: 40,
             profile: false,
             numerics: Numerics::Fast,
+            kv_type: KvType::F16,
         }
     }
 }
@@ -129,20 +128,17 @@ pub struct GpuModel {
 
 impl GpuModel {
     /// Uploads a loaded [`Model`] (every tensor its graph reads, from its file) and
-    /// compiles the plan. [`GpuUpload`] does the same one tensor at a time.
+    /// compiles the plan, with the model's KV cache type ([`Model::kv_type`], in place of
+    /// `opts.kv_type`). [`GpuUpload`] does the same one tensor at a time.
     pub fn from_model(
         ctx: Arc<GpuContext>,
         model: &Model,
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
-        if model.kv_type() != crate::kv::KvType::F16 {
-            return Err(Error::unsupported(
-                "GPU KV cache type",
-                format!("{:?}", model.kv_type()),
-                ["F16"],
-                "the GPU keeps its cache in F16",
-            ));
-        }
+        let opts = GpuModelOptions {
+            kv_type: model.kv_type(),
+            ..opts
+        };
         GpuUpload::from_file(ctx, model.file(), opts)
     }
 
@@ -154,15 +150,6 @@ impl GpuModel {
         weights: Vec<GpuWeight>,
         opts: GpuModelOptions,
     ) -> Result<GpuModel> {
-        if !graph.attn.causal {
-            return Err(Error::UnsupportedFeature {
-                what: format!(
-                    "non-causal attention ({}.attention.causal = false)",
-                    cfg.arch_name
-                ),
-                needs: "the CPU backend (the GPU has no kernel for it yet)".into(),
-            });
-        }
         if opts.max_batch == 0 || opts.n_ctx == 0 {
             return Err(Error::Request(format!(
                 "GPU plan: max_batch and n_ctx must be ≥ 1, got {} and {}",
@@ -174,7 +161,11 @@ impl GpuModel {
         let pages = opts
             .kv_pages
             .unwrap_or_else(|| opts.n_ctx.div_ceil(PAGE_POSITIONS).saturating_mul(slots));
-        let kv = KvSizes { pages, slots };
+        let kv = KvSizes {
+            pages,
+            slots,
+            ty: opts.kv_type,
+        };
         let plan = Plan::compile(
             g,
             graph,
@@ -224,7 +215,9 @@ impl GpuModel {
             table,
             main,
             chain,
-            blocks: Vec::with_capacity(KvIndex::max_blocks(opts.max_batch, slots) + 1),
+            blocks: Vec::with_capacity(
+                (KvIndex::max_blocks(opts.max_batch, slots) + 1).max(opts.max_batch),
+            ),
             toks: Vec::with_capacity(opts.max_batch),
             ids: Vec::with_capacity(opts.max_batch),
         })
@@ -353,10 +346,9 @@ impl GpuModel {
         if !matches!(out, Out::Chained { from_gpu: true, .. }) {
             self.plan.ids.write(g, 0, bytemuck::cast_slice(&self.ids));
         }
-        self.plan
-            .index
-            .toks
-            .write(g, 0, bytemuck::cast_slice(&self.toks));
+        // `blocks` is scratch until the blocks are written.
+        let idx = &self.plan.index;
+        idx.write_toks(g, &self.toks, &mut self.blocks);
         self.plan.step.write(g, nt, self.toks[0][0]);
         if n > 1 {
             let lens = parts.iter().map(|p| p.1.len());
@@ -469,6 +461,7 @@ impl GpuModel {
             Logits::All => self.opts.max_batch.min(self.plan.logits_rows),
             Logits::Last => self.opts.max_batch,
         };
+        self.whole_input(tokens.len(), chunk)?;
         let mut out = Vec::new();
         let n_chunks = tokens.len().div_ceil(chunk);
         for (i, part) in tokens.chunks(chunk).enumerate() {

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::*;
+use crate::kv::KvType;
 use crate::model::{self, Logits, Model};
 use crate::Error;
 
@@ -337,15 +338,26 @@ fn st<'a>(seq: &'a GpuSeq, tokens: &'a [u32]) -> GpuSeqStep<'a> {
 }
 
 fn multi_seq_model(f: &Fixture, max_seqs: usize, kv_pages: Option<usize>) -> GpuModel {
+    multi_seq_model_of(f, max_seqs, kv_pages, KvType::F16)
+}
+
+/// [`multi_seq_model`] with a KV cache of `kv_type`.
+fn multi_seq_model_of(
+    f: &Fixture,
+    max_seqs: usize,
+    kv_pages: Option<usize>,
+    kv_type: KvType,
+) -> GpuModel {
     let opts = GpuModelOptions {
         n_ctx: 96,
         max_batch: 48,
         max_seqs,
         kv_pages,
         top_k: 8,
+        kv_type,
         ..GpuModelOptions::default()
     };
-    GpuModel::from_model(f.ctx.clone(), &f.cpu, opts).expect("GPU load")
+    GpuUpload::from_file(f.ctx.clone(), f.cpu.file(), opts).expect("GPU load")
 }
 
 /// Asserts the logits of a sequence decoded beside others (`got`) against the same sequence
@@ -416,13 +428,20 @@ fn sequences_stepped_together_match_each_alone() {
 
 /// One token per sequence (batched decoding) keeps the decode numerics (attention's
 /// decode split, the F16-rounded head input) inside the batch: every row as the same
-/// sequence decoded alone in single-token steps (`assert_same_row`).
+/// sequence decoded alone in single-token steps (`assert_same_row`); over either KV cache
+/// type.
 #[test]
 fn batched_decode_follows_each_sequence() {
     let Some(f) = fixture() else { return };
+    for ty in crate::tests::KV_TYPES {
+        batched_decode_over(&f, ty);
+    }
+}
+
+fn batched_decode_over(f: &Fixture, ty: KvType) {
     let vocab = f.cpu.config().n_vocab;
-    let mut alone = multi_seq_model(&f, 0, None);
-    let mut gpu = multi_seq_model(&f, 3, None);
+    let mut alone = multi_seq_model_of(f, 0, None, ty);
+    let mut gpu = multi_seq_model_of(f, 3, None, ty);
     let seqs: Vec<GpuSeq> = (0..3).map(|_| gpu.new_seq().unwrap()).collect();
     let steps: Vec<GpuSeqStep<'_>> = seqs
         .iter()
@@ -447,7 +466,7 @@ fn batched_decode_follows_each_sequence() {
             for &t in &generated[i] {
                 want = alone.forward(&[t], Logits::Last).unwrap();
             }
-            let what = format!("sequence {i} after {:?}", generated[i]);
+            let what = format!("{ty:?} sequence {i} after {:?}", generated[i]);
             assert_same_row(&f.ctx, row, &want, &what);
             generated[i].push(argmax(row));
         }

@@ -13,6 +13,21 @@ use crate::exec::Out;
 use crate::{Error, GpuModel, Result};
 
 impl GpuModel {
+    /// A non-causal model's input of `n` tokens must run as one step of at most `most`:
+    /// its tokens all see each other, and a later step would not be seen by earlier ones.
+    pub(crate) fn whole_input(&self, n: usize, most: usize) -> Result<()> {
+        if self.plan.index.causal() || n <= most {
+            return Ok(());
+        }
+        Err(Error::Request(format!(
+            "non-causal attention ({arch}.attention.causal = false) runs each input as one \
+             GPU step: this input has {n} tokens, a step at most {most} (max_batch {mb}; a \
+             hidden step also fits the logits staging buffer)",
+            arch = self.config().arch_name,
+            mb = self.max_batch()
+        )))
+    }
+
     /// Values per row of the final hidden state (the LM head's input).
     pub fn hidden_width(&self) -> Result<usize> {
         self.plan
@@ -40,6 +55,7 @@ impl GpuModel {
     /// hidden rows (`tokens.len() × hidden_width`) to `out`.
     pub async fn hidden_async(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<()> {
         let (width, most) = (self.hidden_width()?, self.max_hidden_rows()?);
+        self.whole_input(tokens.len(), most)?;
         if tokens.len() > most {
             return Err(Error::Request(format!(
                 "GPU hidden step of {} tokens ({most} at most)",

@@ -16,6 +16,9 @@ pub struct Variant {
     pub f16: bool,
     /// Use subgroup reductions instead of workgroup shared memory.
     pub subgroups: bool,
+    /// The KV cache holds F32 instead of F16 (`kv_type.wgsl`'s `#if KV_F32`; only the
+    /// kernels that store or read the cache look at it).
+    pub kv_f32: bool,
 }
 
 /// What a ternary or float matvec does with its result.
@@ -525,6 +528,9 @@ impl GpuContext {
                     if key.variant.subgroups {
                         defines.push("SUBGROUPS");
                     }
+                    if key.variant.kv_f32 {
+                        defines.push("KV_F32");
+                    }
                     if src == Source::AttentionFastRope {
                         defines.push("ROPE");
                     }
@@ -540,15 +546,20 @@ impl GpuContext {
                     if matches!(src, Source::RopeKv | Source::AttentionFastRope) {
                         code.push_str(include_str!("kernels/rope.wgsl"));
                     }
-                    if matches!(
+                    let paged = matches!(
                         src,
                         Source::Attention
                             | Source::AttentionFast
                             | Source::AttentionFastRope
                             | Source::AttentionPrompt
                             | Source::WindowAttention
-                    ) {
+                    );
+                    if paged {
                         code.push_str(include_str!("kernels/paged_kv.wgsl"));
+                    }
+                    if (paged && src != Source::AttentionPrompt) || src == Source::RopeKv {
+                        let kv = include_str!("kernels/kv_type.wgsl");
+                        code.push_str(&preprocess("kv_type.wgsl", kv, &defines)?);
                     }
                     code.push_str(include_str!("kernels/common.wgsl"));
                     #[cfg(target_arch = "wasm32")]

@@ -3,7 +3,9 @@
 //! Kernels are plain `.wgsl` files. Code that must not even appear when a feature is off
 //! (`enable f16;`, subgroup builtins) sits between lines that are exactly
 //! `#if NAME`, `#else` and `#endif` (leading spaces allowed, nesting allowed). The names
-//! are `F16` and `SUBGROUPS`, defined from the [`Variant`](super::Variant). Nothing else is rewritten;
+//! are `F16`, `SUBGROUPS` and `KV_F32` (the KV cache's element type, `kv_type.wgsl`),
+//! defined from the [`Variant`](super::Variant), and `ROPE` / `TILED` for the kernel
+//! sources that have those variants. Nothing else is rewritten;
 //! numeric specialisations go through WGSL `override` constants.
 
 use crate::{Error, Result};

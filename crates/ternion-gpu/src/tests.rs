@@ -9,20 +9,25 @@
 //! - f16_matvec: |Δ| ≤ 1e-5 · Σ|w·x| (f32 accumulation order).
 //! - rope_kv: q within 1e-5 of the pair's magnitude |x0|+|x1| (measured ≤ 2e-7 on
 //!   lavapipe up to position 4093, own Cody–Waite sin/cos); cached k within 1 F16 ulp of the
-//!   CPU's rounding (measured: equal); cached v bit-exact, F16 rounding edge cases included.
+//!   CPU's rounding (measured: equal), or within 1e-5 of the pair's magnitude in an F32
+//!   cache; cached v bit-exact, F16 rounding edge cases included.
 //! - attention: |Δ| ≤ 1e-4·max|v| (measured 5e-7 for batches, 4e-6 for decode with F16
 //!   probabilities, up to 3 chunks).
+//! - The cache kernels (rope_kv, attention, window attention) run each case over an F16
+//!   and an F32 cache ([`KV_TYPES`]): over F32 neither q nor the probabilities are rounded,
+//!   on either side.
 //! - glu: ReLU² bit-exact; SiLU within 1e-6 relative.
 
 use half::f16;
 use rand::Rng;
 
 use super::*;
-use crate::backend::cpu::{attention, pool, rms_norm, rope_neox, scratch_per_thread, AttnShape};
+use crate::backend::cpu::{attention_rows, pool, rms_norm, rope_neox, scratch_per_thread};
+use crate::backend::cpu::{Contiguous, Heads, KvRows, QueryRow};
 pub(super) use crate::kernel_checks::{
     cpu_act, cpu_ternary, cpu_topk, rng, ternary_tensor, variants,
 };
-use crate::kv::PAGE_POSITIONS;
+use crate::kv::{KvRow, KvType, PAGE_POSITIONS};
 use crate::quant::{act, i2s};
 
 pub(super) fn ctx_with(opts: &GpuOptions) -> Option<GpuContext> {
@@ -310,11 +315,12 @@ fn rope_kv_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut r = rng(9);
     let mut worst = 0f32;
-    for &(d, pos0, n) in &[
+    let cases = [
         (dims(6, 2, 40, 24, 10000.0), 3usize, 5usize),
         (dims(4, 1, 64, 64, 500_000.0), 1000, 3),
         (dims(20, 5, 128, 128, 500_000.0), 4090, 1),
-    ] {
+    ];
+    for (&(d, pos0, n), ty) in cases.iter().flat_map(|c| KV_TYPES.map(|t| (c, t))) {
         let (hq, kvd) = (d.n_head * d.head_dim, d.kv_dim());
         let n_ctx = pos0 + n + 3;
         let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
@@ -328,7 +334,7 @@ fn rope_kv_matches_cpu() {
             GpuBuffer::from_slice(&ctx, "k", &k).unwrap(),
             GpuBuffer::from_slice(&ctx, "v", &v).unwrap(),
         );
-        let seq = PagedSeq::new(&ctx, n_ctx, kvd, pos0, n);
+        let seq = PagedSeq::typed(&ctx, ty, n_ctx, kvd, pos0, n);
         let step = StepUniform::new(&ctx).unwrap();
         step.write(&ctx, n as u32, pos0 as u32);
         let op = RopeKv::new(&ctx, d, &step, &qb, &kb, &vb, seq.both()).unwrap();
@@ -355,27 +361,26 @@ fn rope_kv_matches_cpu() {
         }
         let (kcache, vcache) = seq.read_rows(&ctx);
         assert!(
-            kcache[..pos0 * kvd].iter().all(|&b| b == 0),
+            kcache[..pos0 * kvd].iter().all(|&b| b.to_bits() == 0),
             "rows before pos0"
         );
         assert!(
-            kcache[(pos0 + n) * kvd..].iter().all(|&b| b == 0),
+            kcache[(pos0 + n) * kvd..].iter().all(|&b| b.to_bits() == 0),
             "rows after"
         );
         for i in 0..n * kvd {
-            let want = f16::from_f32(kc[i]);
-            let got = f16::from_bits(kcache[pos0 * kvd + i]);
-            // At most one F16 ulp apart (a rotated value within ~1e-7 of a rounding tie).
+            let got = kcache[pos0 * kvd + i];
             assert!(
-                (got.to_bits() as i32 - want.to_bits() as i32).abs() <= 1,
-                "{d:?} k[{i}]: gpu {got} cpu {want}"
+                cached_key_ok(ty, got, kc[i], mag(&k, i)),
+                "{d:?} {ty:?} k[{i}]: gpu {got} cpu {}",
+                kc[i]
             );
-            let err = (got.to_f32() - kc[i]).abs() / mag(&k, i).max(1e-30);
-            assert!(err <= 1e-3, "{d:?} k[{i}]");
+            let err = (got - kc[i]).abs() / mag(&k, i).max(1e-30);
+            assert!(err <= 1e-3, "{d:?} {ty:?} k[{i}]");
             assert_eq!(
-                vcache[pos0 * kvd + i],
-                f16::from_f32(v[i]).to_bits(),
-                "{d:?} v[{i}] = {}",
+                vcache[pos0 * kvd + i].to_bits(),
+                stored(ty, v[i]).to_bits(),
+                "{d:?} {ty:?} v[{i}] = {}",
                 v[i]
             );
         }
@@ -395,11 +400,24 @@ pub(super) struct PagedSeq {
 }
 
 impl PagedSeq {
+    /// An F16 cache.
     pub fn new(ctx: &GpuContext, n_ctx: usize, kvd: usize, pos0: usize, n: usize) -> PagedSeq {
+        Self::typed(ctx, KvType::F16, n_ctx, kvd, pos0, n)
+    }
+
+    /// A cache of `ty`.
+    pub fn typed(
+        ctx: &GpuContext,
+        ty: KvType,
+        n_ctx: usize,
+        kvd: usize,
+        pos0: usize,
+        n: usize,
+    ) -> PagedSeq {
         let n_pages = n_ctx.div_ceil(PAGE_POSITIONS);
         let pages: Vec<u32> = (0..n_pages).map(|i| (n_pages - i) as u32).collect();
-        let kv = GpuKv::new(ctx, n_pages + 1, kvd).unwrap();
-        let index = KvIndex::new(ctx, n.max(1), 2, n_ctx).unwrap();
+        let kv = GpuKv::new(ctx, n_pages + 1, kvd, ty).unwrap();
+        let index = KvIndex::new(ctx, n.max(1), 2, n_ctx, true).unwrap();
         let at = (index.pps * 4) as u64;
         index.pages.write(ctx, at, bytemuck::cast_slice(&pages));
         let toks: Vec<[u32; 2]> = (pos0..pos0 + n).map(|p| [p as u32, 1]).collect();
@@ -417,22 +435,36 @@ impl PagedSeq {
         self.pages[pos / PAGE_POSITIONS] as usize * PAGE_POSITIONS + pos % PAGE_POSITIONS
     }
 
-    /// Writes keys and values of positions `0..k.len() / kvd`.
+    /// Writes keys and values of positions `0..k.len() / kvd` (widened to f32 in an F32
+    /// cache).
     pub fn write_rows(&self, ctx: &GpuContext, k: &[f16], v: &[f16]) {
         for (pos, (kr, vr)) in k.chunks(self.kvd).zip(v.chunks(self.kvd)).enumerate() {
-            let at = (self.row(pos) * self.kvd * 2) as u64;
-            self.kv.k.write(ctx, at, bytemuck::cast_slice(kr));
-            self.kv.v.write(ctx, at, bytemuck::cast_slice(vr));
+            let at = (self.row(pos) * self.kvd * self.kv.ty.bytes()) as u64;
+            for (buf, row) in [(&self.kv.k, kr), (&self.kv.v, vr)] {
+                match self.kv.ty {
+                    KvType::F16 => buf.write(ctx, at, bytemuck::cast_slice(row)),
+                    KvType::F32 => {
+                        let wide: Vec<f32> = row.iter().map(|x| x.to_f32()).collect();
+                        buf.write(ctx, at, bytemuck::cast_slice(&wide));
+                    }
+                }
+            }
         }
     }
 
-    /// Keys and values (F16 bits) of positions `0..n_ctx`, in position order.
-    pub fn read_rows(&self, ctx: &GpuContext) -> (Vec<u16>, Vec<u16>) {
-        let (k, v) = (
-            self.kv.k.read::<u16>(ctx).unwrap(),
-            self.kv.v.read::<u16>(ctx).unwrap(),
-        );
-        let gather = |c: &[u16]| {
+    /// Keys and values of positions `0..n_ctx` as f32, in position order.
+    pub fn read_rows(&self, ctx: &GpuContext) -> (Vec<f32>, Vec<f32>) {
+        let read = |b: &GpuBuffer| match self.kv.ty {
+            KvType::F16 => b
+                .read::<u16>(ctx)
+                .unwrap()
+                .into_iter()
+                .map(|h| f16::from_bits(h).to_f32())
+                .collect(),
+            KvType::F32 => b.read::<f32>(ctx).unwrap(),
+        };
+        let (k, v): (Vec<f32>, Vec<f32>) = (read(&self.kv.k), read(&self.kv.v));
+        let gather = |c: &[f32]| {
             (0..self.n_ctx)
                 .flat_map(|p| c[self.row(p) * self.kvd..][..self.kvd].iter().copied())
                 .collect()
@@ -451,16 +483,92 @@ pub(super) fn random_kv(r: &mut impl Rng, n: usize) -> Vec<f16> {
         .collect()
 }
 
+/// Both KV cache types: the cache tests run one body for each.
+pub(super) const KV_TYPES: [KvType; 2] = [KvType::F16, KvType::F32];
+
+/// `x` as a cache of `ty` holds it.
+pub(super) fn stored(ty: KvType, x: f32) -> f32 {
+    match ty {
+        KvType::F16 => f16::from_f32(x).to_f32(),
+        KvType::F32 => x,
+    }
+}
+
+/// A cached key `got` against the CPU's rotated key `want` (`mag`: the magnitude of its
+/// rotation pair): within one F16 ulp of `want`'s rounding in an F16 cache (a rotated value
+/// within ~1e-7 of a rounding tie), within 1e-5·mag of `want` in an F32 one (as q).
+pub(super) fn cached_key_ok(ty: KvType, got: f32, want: f32, mag: f32) -> bool {
+    match ty {
+        KvType::F16 => {
+            let bits = |x: f32| i32::from(f16::from_f32(x).to_bits());
+            (bits(got) - bits(want)).abs() <= 1
+        }
+        KvType::F32 => (got - want).abs() <= 1e-5 * mag,
+    }
+}
+
+/// A contiguous F32 cache for the CPU reference ([`Contiguous`] is F16).
+struct ContiguousF32 {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    kv_dim: usize,
+}
+
+impl KvRows for ContiguousF32 {
+    fn ty(&self) -> KvType {
+        KvType::F32
+    }
+    fn key(&self, p: usize) -> KvRow<'_> {
+        KvRow::F32(&self.k[p * self.kv_dim..][..self.kv_dim])
+    }
+    fn value(&self, p: usize) -> KvRow<'_> {
+        KvRow::F32(&self.v[p * self.kv_dim..][..self.kv_dim])
+    }
+}
+
+/// The CPU reference's attention of `rows` (queries `q`) over the keys and values `kv`
+/// held in a cache of `ty` (widened to f32 in an F32 one, as [`PagedSeq::write_rows`]).
+pub(super) fn cpu_attention(
+    ty: KvType,
+    q: &[f32],
+    (k, v): (&[f16], &[f16]),
+    rows: &[QueryRow],
+    heads: Heads,
+    n_ctx: usize,
+) -> Vec<f32> {
+    let mut out = vec![0f32; rows.len() * heads.n_head * heads.head_dim];
+    let mut scratch =
+        vec![0f32; scratch_per_thread(n_ctx, heads.head_dim) * pool::global().n_threads()];
+    let kv_dim = heads.n_head_kv * heads.head_dim;
+    match ty {
+        KvType::F16 => {
+            let cache = Contiguous { k, v, kv_dim };
+            attention_rows(q, |_| &cache, rows, heads, n_ctx, &mut out, &mut scratch);
+        }
+        KvType::F32 => {
+            let wide = |x: &[f16]| x.iter().map(|h| h.to_f32()).collect();
+            let cache = ContiguousF32 {
+                k: wide(k),
+                v: wide(v),
+                kv_dim,
+            };
+            attention_rows(q, |_| &cache, rows, heads, n_ctx, &mut out, &mut scratch);
+        }
+    }
+    out
+}
+
 /// Runs [`Attention`] for `n` tokens after `pos0` cached positions of random F16 keys and
-/// values in [−2, 2] and checks it against the CPU: |Δ| ≤ 1e-4·max|v| per output (decode
-/// rounds probabilities to F16 like the reference); with the `fast` numerics a single
-/// token keeps its probabilities in f32 (split over KV pages), so |Δ| ≤ 2e-3·max|v|, the
-/// F16 rounding's own size; a prompt step (the tiled kernel for head widths 64 and 128)
-/// stays within 1e-4·max|v|. Returns the worst |Δ|/max|v|.
+/// values in [−2, 2] (in a cache of `ty`) and checks it against the CPU: |Δ| ≤ 1e-4·max|v|
+/// per output (decode rounds probabilities to F16 like the reference over an F16 cache);
+/// with the `fast` numerics a single token keeps its probabilities in f32 (split over KV
+/// pages), so |Δ| ≤ 2e-3·max|v| over an F16 cache, the F16 rounding's own size; a prompt
+/// step (the tiled kernel for head widths 64 and 128) stays within 1e-4·max|v|. Returns
+/// the worst |Δ|/max|v|.
 pub(super) fn attention_case(
     ctx: &GpuContext,
     r: &mut impl Rng,
-    d: AttnDims,
+    (d, ty): (AttnDims, KvType),
     (pos0, n): (usize, usize),
     fast: bool,
 ) -> f32 {
@@ -469,7 +577,7 @@ pub(super) fn attention_case(
     let n_kv = pos0 + n;
     let kc = random_kv(r, n_kv * kvd);
     let vc = random_kv(r, n_kv * kvd);
-    let seq = PagedSeq::new(ctx, n_ctx, kvd, pos0, n);
+    let seq = PagedSeq::typed(ctx, ty, n_ctx, kvd, pos0, n);
     seq.write_rows(ctx, &kc, &vc);
     let qb = GpuBuffer::zeroed(ctx, "q", (n * hq * 4) as u64).unwrap();
     let out = GpuBuffer::zeroed(ctx, "att", (n * hq * 4) as u64).unwrap();
@@ -484,16 +592,19 @@ pub(super) fn attention_case(
         rope: None,
     };
     let op = Attention::new(ctx, d, &qb, seq.both(), &out, opts).unwrap();
-    let shape = AttnShape {
+    let rows: Vec<QueryRow> = (0..n)
+        .map(|t| QueryRow {
+            seq: 0,
+            pos: pos0 + t,
+            round_probs: round,
+        })
+        .collect();
+    let heads = Heads {
         n_head: d.n_head,
         n_head_kv: d.n_head_kv,
         head_dim: d.head_dim,
-        pos0,
-        round_probs: round,
-        capacity: n_ctx,
+        window: None,
     };
-    let mut scratch =
-        vec![0f32; scratch_per_thread(n_ctx, d.head_dim) * pool::global().n_threads()];
     // Twice with other queries: the fast split's merge counters must be back at zero.
     let mut worst = 0f32;
     for _ in 0..2 {
@@ -502,13 +613,12 @@ pub(super) fn attention_case(
         qb.write(ctx, 0, bytemuck::cast_slice(&q));
         run(ctx, |p| op.record(p, n as u32, n_kv as u32, false));
         let got = out.read::<f32>(ctx).unwrap();
-        let mut want = vec![0f32; n * hq];
-        attention(&q, &kc, &vc, &shape, &mut want, &mut scratch);
+        let want = cpu_attention(ty, &q, (&kc, &vc), &rows, heads, n_ctx);
         worst = worst.max(attention_error(
             &got,
             &want,
-            fast && round,
-            (d, pos0, n, fast),
+            fast && round && ty == KvType::F16,
+            (d, ty, pos0, n, fast),
         ));
     }
     worst
@@ -520,9 +630,9 @@ fn attention_error(
     got: &[f32],
     want: &[f32],
     fast_decode: bool,
-    case: (AttnDims, usize, usize, bool),
+    case: (AttnDims, KvType, usize, usize, bool),
 ) -> f32 {
-    let (d, pos0, n, fast) = case;
+    let (d, ty, pos0, n, fast) = case;
     // Outputs are convex combinations of values in [−2, 2]: compare against that scale.
     let tol = if fast_decode { 2e-3 } else { 1e-4 };
     let mut worst = 0f32;
@@ -531,7 +641,7 @@ fn attention_error(
         worst = worst.max(err);
         assert!(
             err <= tol,
-            "{d:?} pos0 {pos0} n {n} fast {fast} out[{i}]: gpu {} cpu {}",
+            "{d:?} {ty:?} pos0 {pos0} n {n} fast {fast} out[{i}]: gpu {} cpu {}",
             got[i],
             want[i]
         );
@@ -557,9 +667,9 @@ fn attention_matches_cpu() {
         (dims(4, 1, 64, 64, 1e4), 250, 9),
         (dims(3, 3, 6, 4, 1e4), 517, 2),
     ];
-    for &(d, pos0, n) in &cases {
+    for (&(d, pos0, n), ty) in cases.iter().flat_map(|c| KV_TYPES.map(|t| (c, t))) {
         let round = n == 1;
-        let err = attention_case(&ctx, &mut r, d, (pos0, n), false);
+        let err = attention_case(&ctx, &mut r, (d, ty), (pos0, n), false);
         worst[usize::from(round)] = worst[usize::from(round)].max(err);
     }
     // The fast numerics' split decode (within a page, across pages, a partial last page)
@@ -570,7 +680,9 @@ fn attention_matches_cpu() {
         (dims(20, 5, 128, 128, 1e4), 3, 16),
     ];
     for &(d, pos0, n) in cases.iter().filter(|c| c.2 == 1).chain(&tiled) {
-        worst[2] = worst[2].max(attention_case(&ctx, &mut r, d, (pos0, n), true));
+        for ty in KV_TYPES {
+            worst[2] = worst[2].max(attention_case(&ctx, &mut r, (d, ty), (pos0, n), true));
+        }
     }
     eprintln!(
         "attention: worst |gpu − cpu| / max|v|: batch {:e}, decode (F16 probs) {:e}, fast \

@@ -9,10 +9,10 @@
 use rand::Rng;
 
 use super::ops::{AttnDims, Elementwise, WindowAttention};
-use super::tests::{ctx_with, dims, random_kv, rng, run, PagedSeq};
+use super::tests::{cpu_attention, ctx_with, dims, random_kv, rng, run, PagedSeq, KV_TYPES};
 use super::*;
-use crate::backend::cpu::{attention_rows, pool, rms_norm, scratch_per_thread};
-use crate::backend::cpu::{Contiguous, Heads, QueryRow};
+use crate::backend::cpu::{rms_norm, Heads, QueryRow};
+use crate::kv::KvType;
 
 fn ctx() -> Option<GpuContext> {
     ctx_with(&GpuOptions::default())
@@ -72,8 +72,15 @@ fn elementwise_ops_match_cpu() {
     }
 }
 
-/// `n` tokens after `pos0` cached positions, window `window`, against the CPU.
-fn window_case(ctx: &GpuContext, d: AttnDims, window: usize, pos0: usize, n: usize) {
+/// `n` tokens after `pos0` cached positions (in a cache of `ty`), window `window`, against
+/// the CPU.
+fn window_case(
+    ctx: &GpuContext,
+    (d, ty): (AttnDims, KvType),
+    window: usize,
+    pos0: usize,
+    n: usize,
+) {
     let mut r = rng(22 + pos0 as u64);
     let (hq, kvd) = (d.n_head * d.head_dim, d.kv_dim());
     let n_ctx = pos0 + n + 3;
@@ -81,7 +88,7 @@ fn window_case(ctx: &GpuContext, d: AttnDims, window: usize, pos0: usize, n: usi
     let kc = random_kv(&mut r, n_kv * kvd);
     let vc = random_kv(&mut r, n_kv * kvd);
     let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
-    let seq = PagedSeq::new(ctx, n_ctx, kvd, pos0, n);
+    let seq = PagedSeq::typed(ctx, ty, n_ctx, kvd, pos0, n);
     seq.write_rows(ctx, &kc, &vc);
     let step = ops::StepUniform::new(ctx).unwrap();
     step.write(ctx, n as u32, pos0 as u32);
@@ -104,19 +111,11 @@ fn window_case(ctx: &GpuContext, d: AttnDims, window: usize, pos0: usize, n: usi
         head_dim: d.head_dim,
         window: Some(window),
     };
-    let cache = Contiguous {
-        k: &kc,
-        v: &vc,
-        kv_dim: kvd,
-    };
-    let mut want = vec![0f32; n * hq];
-    let mut scratch =
-        vec![0f32; scratch_per_thread(n_ctx, d.head_dim) * pool::global().n_threads()];
-    attention_rows(&q, |_| &cache, &rows, heads, n_ctx, &mut want, &mut scratch);
+    let want = cpu_attention(ty, &q, (&kc, &vc), &rows, heads, n_ctx);
     for (i, (&g, &c)) in got.iter().zip(&want).enumerate() {
         assert!(
             (g - c).abs() / 2.0 <= 1e-4,
-            "{d:?} window {window} pos0 {pos0} n {n} out[{i}]: gpu {g} cpu {c}"
+            "{d:?} {ty:?} window {window} pos0 {pos0} n {n} out[{i}]: gpu {g} cpu {c}"
         );
     }
 }
@@ -133,7 +132,9 @@ fn window_attention_matches_cpu() {
         (dims(4, 2, 32, 32, 1e4), 300, 10, 3),
         (dims(2, 1, 256, 256, 1e4), 512, 20, 4),
     ] {
-        window_case(&ctx, d, window, pos0, n);
+        for ty in KV_TYPES {
+            window_case(&ctx, (d, ty), window, pos0, n);
+        }
     }
 }
 

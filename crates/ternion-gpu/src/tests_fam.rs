@@ -18,7 +18,8 @@
 use half::f16;
 use rand::Rng;
 
-use super::tests::{attention_case, ctx_with, dims, rng, run, variants, PagedSeq};
+use super::tests::{attention_case, cached_key_ok, ctx_with, dims, rng, run, stored, variants};
+use super::tests::{PagedSeq, KV_TYPES};
 use super::*;
 use crate::backend::cpu::{add_rows, gelu_ggml, layer_norm, rope};
 use crate::kernel_checks::unpack_q;
@@ -516,7 +517,7 @@ fn add_pos_embed_f32_and_f16_tables() {
 fn rope_norm_freqs_partial_and_plain_store() {
     let mut r = rng(26);
     for ctx in contexts() {
-        for &(d, mode, with_freqs, pos0, n) in &[
+        let cases = [
             (
                 dims(8, 2, 64, 64, 500_000.0),
                 RopeMode::Norm,
@@ -528,7 +529,9 @@ fn rope_norm_freqs_partial_and_plain_store() {
             (dims(6, 2, 40, 24, 10_000.0), RopeMode::Norm, true, 2, 4),
             (dims(4, 4, 96, 96, 10_000.0), RopeMode::Neox, true, 17, 2),
             (dims(3, 3, 64, 0, 10_000.0), RopeMode::Neox, false, 7, 3),
-        ] {
+        ];
+        let typed = cases.iter().flat_map(|c| KV_TYPES.map(|t| (c, t)));
+        for (&(d, mode, with_freqs, pos0, n), ty) in typed {
             let (hq, kvd) = (d.n_head * d.head_dim, d.kv_dim());
             let n_ctx = pos0 + n + 2;
             let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
@@ -549,7 +552,7 @@ fn rope_norm_freqs_partial_and_plain_store() {
                 GpuBuffer::from_slice(&ctx, "v", &v).unwrap(),
             );
             let fb = GpuBuffer::from_slice(&ctx, "freqs", &freqs).unwrap();
-            let seq = PagedSeq::new(&ctx, n_ctx, kvd, pos0, n);
+            let seq = PagedSeq::typed(&ctx, ty, n_ctx, kvd, pos0, n);
             let step = StepUniform::new(&ctx).unwrap();
             step.write(&ctx, n as u32, pos0 as u32);
             let opts = RopeOpts {
@@ -576,15 +579,14 @@ fn rope_norm_freqs_partial_and_plain_store() {
             }
             let (kcache, vcache) = seq.read_rows(&ctx);
             for i in 0..n * kvd {
-                let want = f16::from_f32(kc[i]).to_bits();
                 let got = kcache[pos0 * kvd + i];
                 assert!(
-                    (i32::from(got) - i32::from(want)).abs() <= 1,
-                    "{d:?} {mode:?} k[{i}]: gpu {} cpu {}",
-                    f16::from_bits(got),
+                    cached_key_ok(ty, got, kc[i], k[i].abs() + 3.0),
+                    "{d:?} {mode:?} {ty:?} k[{i}]: gpu {got} cpu {}",
                     kc[i]
                 );
-                assert_eq!(vcache[pos0 * kvd + i], f16::from_f32(v[i]).to_bits());
+                let want = stored(ty, v[i]);
+                assert_eq!(vcache[pos0 * kvd + i].to_bits(), want.to_bits());
             }
         }
         // Too few frequency factors.
@@ -617,7 +619,9 @@ fn attention_head_dims_64_96_and_gqa() {
             (dims(8, 2, 96, 96, 1e4), 520, 1),
             (dims(8, 2, 96, 96, 1e4), 250, 9),
         ] {
-            worst = worst.max(attention_case(&ctx, &mut r, d, (pos0, n), false));
+            for ty in KV_TYPES {
+                worst = worst.max(attention_case(&ctx, &mut r, (d, ty), (pos0, n), false));
+            }
         }
     }
     eprintln!("attention (head_dim 64/96, GQA 1/4): worst |gpu − cpu| / max|v| = {worst:e}");

@@ -6,7 +6,9 @@
 //! with I2_S weights where the ternary fusions apply, and the tiny golden files for the
 //! others. The CPU ↔ GPU comparison covers every row of a prompt and three decode steps,
 //! within the family's tolerance ([`CLOSE`] or [`LOOSE`]); measured on lavapipe: ≤ 2.2e-5
-//! for the close families, ≤ 0.25 (bitnet tq2_0, max |logit| 14) for the loose ones.
+//! for the close families, ≤ 0.25 (bitnet tq2_0, max |logit| 14) for the loose ones. With
+//! an F32 KV cache on both sides the float families give ≤ 2e-6 (Gemma's decode steps 6e-2:
+//! its GELU table), the GPU's F16 cache against them 1e-2–0.35.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +17,8 @@ use std::sync::Arc;
 use super::tests::ctx_with;
 use super::*;
 use crate::gguf::GgufFile;
-use crate::model::{self, Logits};
+use crate::kv::KvType;
+use crate::model::{self, Logits, Model};
 use crate::quant::GgmlType;
 use crate::synth::{self, Shape, Spec, Vocab};
 use crate::test_shared::shared_path;
@@ -210,6 +213,81 @@ fn fused_ops_of_every_family_match_cpu() {
             assert!(
                 d <= tol * (m + 1.0),
                 "{name} step {step}: {d} (max |logit| {m})"
+            );
+        }
+    }
+}
+
+/// An F32 KV cache end to end: the float families, CPU and GPU both with `KvType::F32`
+/// (prompt rows, then decode steps: the fused split stores the new keys as F32), under both
+/// numerics, within the family's tolerance; and closer to the CPU than the GPU with its
+/// default F16 cache is (so the F32 kernels ran: queries, keys and probabilities unrounded).
+#[test]
+fn f32_kv_cache_matches_cpu() {
+    let Some(ctx) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    let ctx = Arc::new(ctx);
+    let float = [
+        "llama q8_0",
+        "qwen2 f16",
+        "qwen3 f16",
+        "gemma3 f16",
+        "phi3 f16",
+    ];
+    for (name, file, _, tol) in families().into_iter().filter(|f| float.contains(&f.0)) {
+        let load = || {
+            model::load(&file.path)
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                .1
+        };
+        let cpu = load().with_kv_type(KvType::F32);
+        // The same weights with the default F16 cache.
+        let cpu_f16 = load();
+        let vocab = cpu.config().n_vocab as u32;
+        let prompt: Vec<u32> = (0..7).map(|i| (i * 37 + 5) % vocab).collect();
+        let steps = [11u32, 3, 29];
+        let mut st = cpu.cpu_state(64);
+        let mut want = vec![cpu
+            .forward_cpu(&prompt, Logits::All, &mut st)
+            .unwrap()
+            .to_vec()];
+        for &t in &steps {
+            want.push(
+                cpu.forward_cpu(&[t], Logits::Last, &mut st)
+                    .unwrap()
+                    .to_vec(),
+            );
+        }
+        for numerics in [Numerics::Fast, Numerics::Exact] {
+            let run = |cpu: &Model| {
+                let mut gpu = GpuModel::from_model(ctx.clone(), cpu, options(numerics))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let mut got = vec![gpu.forward(&prompt, Logits::All).unwrap().to_vec()];
+                for &t in &steps {
+                    got.push(gpu.forward(&[t], Logits::Last).unwrap().to_vec());
+                }
+                got.iter()
+                    .zip(&want)
+                    .map(|(g, w)| diff(g, w))
+                    .collect::<Vec<_>>()
+            };
+            let f32_cache = run(&cpu);
+            let f16_cache = run(&cpu_f16);
+            eprintln!(
+                "{name} {numerics:?}: max |gpu − cpu F32|, max |cpu| per step: GPU F32 cache \
+                 {f32_cache:?}, GPU F16 cache {f16_cache:?}"
+            );
+            for (step, &(d, m)) in f32_cache.iter().enumerate() {
+                assert!(
+                    d <= tol * (m + 1.0),
+                    "{name} {numerics:?} step {step}: {d} (max |logit| {m})"
+                );
+            }
+            let worst = |v: &[(f32, f32)]| v.iter().map(|p| p.0).fold(0f32, f32::max);
+            assert!(
+                worst(&f32_cache) < worst(&f16_cache),
+                "{name} {numerics:?}: the F32 cache is no closer to the CPU's than F16"
             );
         }
     }

@@ -37,6 +37,7 @@ use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ternion::kv::KvType;
 use ternion::tokenizer::TokenizerOptions;
 
 pub use crate::access::Access;
@@ -73,6 +74,8 @@ pub struct ServerConfig {
     pub prefill_per_step: usize,
     /// CPU or GPU.
     pub device: Device,
+    /// KV cache element type (F16 by default; F32 doubles its memory).
+    pub kv_type: KvType,
     /// On a GPU, apply a constrained request's token mask to the GPU top-k (the default)
     /// instead of reading back its whole logits row (`false`, for comparisons).
     pub gpu_mask: bool,
@@ -82,7 +85,8 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     /// Defaults for `model_path`: 4 active sequences, a queue of 64, 1 MiB bodies, 10 s
-    /// shutdown grace, 256 prompt tokens per step, token masks applied on the GPU.
+    /// shutdown grace, 256 prompt tokens per step, an F16 KV cache, token masks applied on
+    /// the GPU.
     pub fn new(model_path: impl Into<PathBuf>) -> ServerConfig {
         ServerConfig {
             model_path: model_path.into(),
@@ -97,6 +101,7 @@ impl ServerConfig {
             batching: Batching::Stacked,
             prefill_per_step: 256,
             device: Device::Cpu,
+            kv_type: KvType::F16,
             gpu_mask: true,
             access: Access::default(),
         }
@@ -173,6 +178,7 @@ impl Server {
                 batching: cfg.batching,
                 prefill_per_step: cfg.prefill_per_step,
                 device: cfg.device,
+                kv_type: cfg.kv_type,
                 gpu_mask: cfg.gpu_mask,
             },
             shared.clone(),

@@ -22,12 +22,12 @@ use ternion_testkit::synth::{self, Shape, Spec, Vocab};
 mod python;
 use ternion_testkit::shared as support_shared;
 
-/// The tiny synthetic model, in a file of its own per `device` (the tests run in parallel).
-fn tiny_model(device: Device) -> PathBuf {
+/// The tiny synthetic model, in a file of its own per `name` (the tests run in parallel).
+fn tiny_model(name: &str) -> PathBuf {
     let vocab = support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");
     let dir = std::env::temp_dir().join(format!("ternion-embeddings-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("tiny-{device:?}.gguf"));
+    let path = dir.join(format!("tiny-{name}.gguf"));
     let spec = Spec {
         arch: "bitnet-b1.58",
         shape: Shape::named("tiny").unwrap(),
@@ -118,33 +118,90 @@ fn gpu_server_embeddings_equal_the_library_within_the_gpu_tolerance() {
     serve_and_compare(Device::Gpu(None), GPU_TOL);
 }
 
+/// A server running `cfg` in this process until [`Served::stop`].
+struct Served {
+    rt: tokio::runtime::Runtime,
+    base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), ternion_server::StartError>>,
+}
+
+impl Served {
+    /// Starts `cfg` on a free port and waits until it is healthy.
+    fn start(cfg: ServerConfig) -> Served {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = rt.spawn(ternion_server::run(cfg, listener, async {
+            let _ = stopped.await;
+        }));
+        let t0 = Instant::now();
+        while ureq::get(&format!("{base}/health")).call().is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "never became healthy"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Served {
+            rt,
+            base,
+            stop,
+            server,
+        }
+    }
+
+    /// Shuts the server down.
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.rt.block_on(self.server).unwrap().unwrap();
+    }
+}
+
+/// A GPU server embeds a non-causal model's input (`attention.causal = false`) as one GPU
+/// step even where it is longer than an engine step (prompt budget 3: the plan's steps
+/// grow to the context), equal to the library's CPU vectors within [`GPU_TOL`].
+#[test]
+fn gpu_server_embeds_a_non_causal_model_in_one_step() {
+    if std::env::var("TERNION_SKIP_GPU_TESTS").as_deref() == Ok("1") {
+        return eprintln!("skipping GPU server test: TERNION_SKIP_GPU_TESTS=1");
+    }
+    let tiny = tiny_model("non-causal");
+    let model = tiny.with_extension("open.gguf");
+    let key = [(
+        "bitnet-b1.58.attention.causal",
+        ternion::gguf::Value::Bool(false),
+    )];
+    ternion_testkit::variant::copy_with(&tiny, &model, &key, &[]).unwrap();
+    let texts = ["the quick brown fox jumps over the lazy dog, twice over"];
+    let (want, n_tokens) = reference(&model, &texts);
+    assert!(n_tokens > 4, "{n_tokens} tokens fit one engine step");
+    let mut cfg = ServerConfig::new(&model);
+    cfg.device = Device::Gpu(None);
+    cfg.max_active = 1;
+    cfg.prefill_per_step = 3;
+    let s = Served::start(cfg);
+    let (status, v) = post(&s.base, &json!({"input": texts}));
+    assert_eq!(status, 200, "{v}");
+    assert_close(&vectors(&v["data"]), &want, GPU_TOL, "non-causal");
+    s.stop();
+}
+
 /// Starts a server on `device` and compares its vectors with the library's (on the CPU)
 /// within `tol`; checks the errors and the Python client.
 fn serve_and_compare(device: Device, tol: f32) {
-    let model = tiny_model(device);
+    let model = tiny_model(&format!("{device:?}"));
     let texts = ["hello world", "a second input"];
     let (want, n_tokens) = reference(&model, &texts);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut cfg = ServerConfig::new(&model);
     cfg.model_id = Some("tiny".into());
     cfg.device = device;
     cfg.max_active = 1;
-    let server = rt.spawn(ternion_server::run(cfg, listener, async {
-        let _ = stopped.await;
-    }));
-    let t0 = Instant::now();
-    while ureq::get(&format!("{base}/health")).call().is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "never became healthy"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let served = Served::start(cfg);
+    let base = served.base.clone();
 
     let (status, v) = post(&base, &json!({"model": "tiny", "input": texts}));
     assert_eq!(status, 200, "{v}");
@@ -174,8 +231,7 @@ fn serve_and_compare(device: Device, tol: f32) {
 
     python_client(&base, &want, n_tokens, tol);
     while_the_only_slot_generates(&base, texts[0], &want[0], tol);
-    let _ = stop.send(());
-    rt.block_on(server).unwrap().unwrap();
+    served.stop();
 }
 
 /// A server metric's value.

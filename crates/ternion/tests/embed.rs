@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use half::f16;
 use ternion::embed::{l2_normalize, Embedder, Pooling};
-use ternion::gguf::{GgufFile, GgufWriter, Value};
+use ternion::gguf::{GgufFile, Value};
 use ternion::kv::KvType;
 use ternion::model::{LoadOptions, Logits, Model};
 use ternion::quant::GgmlType;
@@ -48,33 +48,10 @@ fn load_with(path: &Path, keys: &[(&str, Value)]) -> Model {
 
 /// A copy of the file at `path` with the metadata `keys` and the F32 vectors `extra` added.
 fn variant(path: &Path, keys: &[(&str, Value)], extra: &[(String, Vec<f32>)]) -> PathBuf {
-    let src = GgufFile::open(path).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in src
-        .metadata
-        .iter()
-        .cloned()
-        .chain(keys.iter().map(|(k, v)| (k.to_string(), v.clone())))
-    {
-        w.add(&k, v);
-    }
-    for t in &src.tensors {
-        w.declare(&t.name, t.ty, &t.shape).unwrap();
-    }
-    for (name, v) in extra {
-        w.declare(name, GgmlType::F32, &[v.len() as u64]).unwrap();
-    }
     let mut tag: String = keys.iter().map(|(k, v)| format!("{k}={v:?};")).collect();
     tag.extend(extra.iter().map(|(n, v)| format!("{n}={};", v[0])));
     let out = path.with_extension(format!("{:x}.gguf", fnv1a(&tag)));
-    let n = src.tensors.len();
-    w.write(&out, |i, _| {
-        Ok(match i.checked_sub(n) {
-            None => src.tensor_data(&src.tensors[i]).to_vec(),
-            Some(j) => extra[j].1.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        })
-    })
-    .unwrap();
+    ternion_testkit::variant::copy_with(path, &out, keys, extra).unwrap();
     out
 }
 
@@ -340,36 +317,36 @@ fn gpu_context() -> Option<Arc<ternion::backend::gpu::GpuContext>> {
     }
 }
 
+/// Embeds `inputs` with every pooling on the CPU (`m`) and on `gpu`, asserts the vectors
+/// within `tol` of each other (`what` names the case) and returns the largest difference;
+/// `check` sees each pooling, input and CPU vectors first.
 #[cfg(feature = "gpu")]
-#[test]
-fn the_gpu_refuses_an_f32_kv_cache_and_non_causal_files() {
-    use ternion::backend::gpu::{GpuModel, GpuModelOptions};
-    let Some(ctx) = gpu_context() else { return };
-    let path = synth_model("gpu", "qwen3", GgmlType::Q2_0);
-    let gpu = |m: &Model| GpuModel::from_model(ctx.clone(), m, GpuModelOptions::default());
-    assert!(gpu(&load_with(&path, &[])).is_ok());
-    let f32 = load_with(&path, &[]).with_kv_type(KvType::F32);
-    let e = gpu(&f32).err().unwrap();
-    assert!(
-        matches!(&e, ternion::Error::Unsupported { found, .. } if found == "F32"),
-        "{e}"
-    );
-    assert!(
-        e.to_string()
-            .contains("GPU KV cache type 'F32' is not supported (supported: F16)"),
-        "{e}"
-    );
-    let open = load_with(&path, &[("qwen3.attention.causal", Value::Bool(false))]);
-    let e = gpu(&open).err().unwrap();
-    assert!(
-        matches!(e, ternion::Error::UnsupportedFeature { .. }),
-        "{e}"
-    );
-    let e = e.to_string();
-    assert!(
-        e.contains("qwen3.attention.causal = false") && e.contains("needs the CPU backend"),
-        "{e}"
-    );
+fn gpu_vs_cpu(
+    m: &Model,
+    gpu: &mut ternion::backend::gpu::GpuModel,
+    inputs: &[&[u32]],
+    tol: f32,
+    what: &str,
+    mut check: impl FnMut(Pooling, &[u32], &[Vec<f32>]),
+) -> f32 {
+    let mut worst = 0f32;
+    for p in [Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last] {
+        let mut cpu = Embedder::new(m, Some(p), true).unwrap();
+        let mut on_gpu = Embedder::with_backend(m, Box::new(&mut *gpu), Some(p), true).unwrap();
+        assert_eq!(on_gpu.dim(), cpu.dim(), "{what}");
+        for &ids in inputs {
+            let want = cpu.embed(ids).unwrap();
+            check(p, ids, &want);
+            let d = max_diff(&on_gpu.embed(ids).unwrap(), &want);
+            assert!(
+                d <= tol,
+                "{what} {p:?} {} tokens: max |gpu − cpu| {d}",
+                ids.len()
+            );
+            worst = worst.max(d);
+        }
+    }
+    worst
 }
 
 /// Largest |a − b| over the values of two lists of vectors.
@@ -435,25 +412,72 @@ fn gpu_embeddings_equal_the_cpus() {
             };
             let mut gpu = GpuModel::from_model(ctx.clone(), &m, opts)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let mut worst = 0f32;
-            for p in [Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last] {
-                let mut cpu = Embedder::new(&m, Some(p), true).unwrap();
-                let mut on_gpu =
-                    Embedder::with_backend(&m, Box::new(&mut gpu), Some(p), true).unwrap();
-                assert_eq!(on_gpu.dim(), cpu.dim(), "{name}");
-                for ids in inputs {
-                    let want = cpu.embed(ids).unwrap();
-                    let got = on_gpu.embed(ids).unwrap();
-                    let d = max_diff(&got, &want);
-                    assert!(
-                        d <= tol,
-                        "{name} {numerics:?} {p:?} {} tokens: max |gpu − cpu| {d}",
-                        ids.len()
-                    );
-                    worst = worst.max(d);
+            let what = format!("{name} {numerics:?}");
+            let worst = gpu_vs_cpu(&m, &mut gpu, &inputs, tol, &what, |_, _, _| {});
+            eprintln!("{what}: max |gpu − cpu| {worst}");
+        }
+    }
+}
+
+/// Non-causal files (`attention.causal = false`) on the GPU: every token of an input sees
+/// the whole input, as on the CPU — llama and qwen3 I2_S, and the Gemma 3 F16 file (its
+/// sliding-window layers too), under both numerics and every pooling, the input in one GPU
+/// step (21, 9 and 1 tokens; the CPU's vectors differ from the causal ones, so the flag is
+/// what is compared), with the bounds of [`gpu_embeddings_equal_the_cpus`]. An input longer
+/// than a step is refused, naming the limit, rather than cut.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_non_causal_embeddings_equal_the_cpus() {
+    use ternion::backend::gpu::{GpuModel, GpuModelOptions, Numerics};
+    let Some(ctx) = gpu_context() else { return };
+    let gemma = ternion_testkit::shared::shared_path("golden2-extra/models/gemma3-d64-f16.gguf");
+    let families = [
+        (
+            "llama",
+            synth_model("nc-llama", "llama", GgmlType::I2_S),
+            1e-2,
+        ),
+        (
+            "qwen3",
+            synth_model("nc-qwen3", "qwen3", GgmlType::I2_S),
+            1e-2,
+        ),
+        ("gemma3", gemma, 1e-3),
+    ];
+    for (arch, path, tol) in families {
+        let key = format!("{arch}.attention.causal");
+        let m = load_with(&path, &[(key.as_str(), Value::Bool(false))]);
+        let causal = load_with(&path, &[]);
+        let vocab = m.config().n_vocab as u32;
+        let long: Vec<u32> = (0..21).map(|i| (i * 37 + 5) % vocab).collect();
+        for numerics in [Numerics::Exact, Numerics::Fast] {
+            let opts = |max_batch| GpuModelOptions {
+                n_ctx: 32,
+                max_batch,
+                numerics,
+                ..GpuModelOptions::default()
+            };
+            let mut gpu = GpuModel::from_model(ctx.clone(), &m, opts(32))
+                .unwrap_or_else(|e| panic!("{arch}: {e}"));
+            let what = format!("non-causal {arch} {numerics:?}");
+            let inputs = [&long[..], &long[..9], &long[..1]];
+            // The last token sees every other in a causal pass too.
+            let differs = |p: Pooling, ids: &[u32], want: &[Vec<f32>]| {
+                if ids.len() > 1 && p != Pooling::Last {
+                    let other = Embedder::new(&causal, Some(p), true).unwrap().embed(ids);
+                    assert!(max_diff(want, &other.unwrap()) > 10.0 * tol, "{what} {p:?}");
                 }
-            }
-            eprintln!("{name} {numerics:?}: max |gpu − cpu| {worst}");
+            };
+            let worst = gpu_vs_cpu(&m, &mut gpu, &inputs, tol, &what, differs);
+            eprintln!("{what}: max |gpu − cpu| {worst}");
+            let mut small = GpuModel::from_model(ctx.clone(), &m, opts(8)).unwrap();
+            let mut on_gpu = Embedder::with_backend(&m, Box::new(&mut small), None, true).unwrap();
+            let e = on_gpu.embed(&long).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{arch}.attention.causal = false"))
+                    && e.contains("21 tokens, a step at most 8"),
+                "{e}"
+            );
         }
     }
 }

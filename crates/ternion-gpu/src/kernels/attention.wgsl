@@ -1,5 +1,6 @@
-// attention.wgsl — causal grouped-query attention over the layer's paged F16 KV cache
-// (rope_kv.wgsl writes it): out = softmax(f16(q)·Kᵀ · scale) · V per head, q head h reading
+// attention.wgsl — causal grouped-query attention over the layer's paged KV cache
+// (rope_kv.wgsl writes it; F16 or F32: kv_type.wgsl): out = softmax(f16(q)·Kᵀ · scale) · V
+// per head (q rounded to F16 over an F16 cache only), q head h reading
 // kv head h / (n_head / n_head_kv). Token t, at position toks[t].x of sequence slot
 // toks[t].y, sees that sequence's keys 0 ..= toks[t].x (the tokens of one step may belong
 // to different sequences: batched decoding).
@@ -9,16 +10,18 @@
 //                     n_ctx = most positions of one sequence; pps = page-table entries per
 //                     sequence
 //   2 storage read  q:       array<f32>   T × n_head·head_dim (rotated)
-//   3 storage read  k_cache: array<u32>   pages × PAGE rows of kv_dim F16, two halves per
+//   3 storage read  k_cache: array<KvWord> pages × PAGE rows of kv_dim elements, two a
 //                                         word; (seq s, position i) is row
 //                                         pages[s·pps + i / PAGE]·PAGE + i % PAGE
-//   4 storage read  v_cache: array<u32>   same layout
+//   4 storage read  v_cache: array<KvWord> same layout
 //   5 storage rw    out:     array<f32>   T × n_head·head_dim
 //   6 storage rw    scores:  array<f32>   n_head × n_ctx          (decode scratch)
 //   7 storage rw    stats:   array<vec2<f32>>  T × n_head × max_chunks (chunk max, chunk Σe;
 //                                         row 0 for single-token decode)
 //   8 storage rw    partial: array<f32>   max_chunks × n_head·head_dim
-//   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
+//   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot); for a non-causal
+//                                         model each position is the last of its sequence's
+//                                         tokens in the step (ops/paged.rs attn_toks)
 //  10 storage read  pages:   array<u32>   slots × pps page ids (the page tables)
 //
 // Entry points and dispatch (256 threads per workgroup; CHUNK = 256 keys):
@@ -61,8 +64,8 @@ const FAST_KEYS: u32 = 2048u;
 
 @group(0) @binding(0) var<uniform> p: AttnParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<KvWord>;
+@group(0) @binding(4) var<storage, read> v_cache: array<KvWord>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> scores: array<f32>;
 @group(0) @binding(7) var<storage, read_write> stats: array<vec2<f32>>;
@@ -109,11 +112,11 @@ fn sum_all(v: f32, li: u32) -> f32 {
     return r;
 }
 
-// q head h of token t, rounded to F16, into q_sh.
+// q head h of token t, rounded as the cache type wants (kv_round), into q_sh.
 fn load_q(t: u32, h: u32, li: u32) {
     let base = (t * p.n_head + h) * p.head_dim;
     for (var i = li; i < p.head_dim; i += WG) {
-        q_sh[i] = round_f16(q[base + i]);
+        q_sh[i] = kv_round(q[base + i]);
     }
     workgroupBarrier();
 }
@@ -128,7 +131,7 @@ fn score(s: u32, pos: u32, kvh: u32) -> f32 {
     let base = (cache_row(s, pos) * p.n_head_kv + kvh) * hw;
     var acc = 0.0;
     for (var i = 0u; i < hw; i++) {
-        let kk = unpack2x16float(k_cache[base + i]);
+        let kk = kv_unpack(k_cache[base + i]);
         acc += kk.x * q_sh[2u * i] + kk.y * q_sh[2u * i + 1u];
     }
     return acc * p.scale;
@@ -144,7 +147,7 @@ fn pv(s: u32, key0: u32, cnt: u32, kvh: u32, li: u32, carry: vec2<f32>) -> vec2<
     var acc = carry;
     if (g < groups) {
         for (var i = g; i < cnt; i += groups) {
-            let vv = unpack2x16float(v_cache[(cache_row(s, key0 + i) * p.n_head_kv + kvh) * hw + w]);
+            let vv = kv_unpack(v_cache[(cache_row(s, key0 + i) * p.n_head_kv + kvh) * hw + w]);
             acc += probs[i] * vv;
         }
     }
@@ -212,7 +215,7 @@ fn probs_pv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg:
     if (key < n_keys) {
         pr = exp(scores[h * p.n_ctx + key] - mx) * inv;
         if (ROUND_P) {
-            pr = round_f16(pr);
+            pr = kv_round(pr);
         }
     }
     probs[li] = pr;
@@ -287,7 +290,7 @@ fn decode_row(t: u32, h: u32, n_keys: u32, slot: u32, li: u32) {
         let key = key0 + li;
         var pr = 0.0;
         if (key < n_keys) {
-            pr = round_f16(exp(score(slot, key, kvh) - mx) * inv);
+            pr = kv_round(exp(score(slot, key, kvh) - mx) * inv);
         }
         probs[li] = pr;
         workgroupBarrier();

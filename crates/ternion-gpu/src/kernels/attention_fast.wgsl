@@ -9,9 +9,10 @@
 //   0 uniform AttnParams { n_head, n_head_kv, head_dim, n_ctx, scale, max_chunks, pps, _ }
 //                     (paged_kv.wgsl; max_chunks here = FAST_KEYS / PAGE)
 //   2 storage read  q:     array<f32>        T × n_head·head_dim (rotated)
-//   3 storage read  k4:    array<vec4<u32>>  the paged F16 key cache, 16 bytes at a time
+//   3 storage read  k4:    array<KvWord4>   the paged key cache, four words at a time (16
+//                                            bytes of F16: kv_type.wgsl)
 //                                            (attention.wgsl's layout; head_dim % 8 == 0)
-//   4 storage read  v_cache: array<u32>      the paged F16 value cache, two halves a word
+//   4 storage read  v_cache: array<KvWord>   the paged value cache, two elements a word
 //   5 storage rw    out:   array<f32>        T × n_head·head_dim
 //   8 storage rw    part:  array<f32>        slots × n_head × max_chunks × (head_dim + 2):
 //                                            per (sequence, head, page) Σ e·v, then m, l
@@ -50,15 +51,15 @@ const MAX_GQ: u32 = 1024u;
 @group(0) @binding(0) var<uniform> p: AttnParams;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 #if ROPE
-@group(0) @binding(3) var<storage, read_write> k4: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read_write> k4: array<KvWord4>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<KvWord>;
 @group(0) @binding(6) var<storage, read> k_raw: array<f32>;
 @group(0) @binding(7) var<storage, read> freqs: array<f32>;
 @group(0) @binding(11) var<storage, read> v_raw: array<f32>;
 @group(0) @binding(12) var<uniform> rp: RopeParams;
 #else
-@group(0) @binding(3) var<storage, read> k4: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read> k4: array<KvWord4>;
+@group(0) @binding(4) var<storage, read> v_cache: array<KvWord>;
 #endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
@@ -105,23 +106,23 @@ fn part_base(slot: u32, h: u32, c: u32) -> u32 {
     return ((slot * p.n_head + h) * p.max_chunks + c) * (p.head_dim + 2u);
 }
 
-// Σ over the 8 halves of key word vector `w` times q_sh[o ..= o + 7].
-fn dot8(w: vec4<u32>, o: u32) -> f32 {
-    let a = unpack2x16float(w.x);
-    let b = unpack2x16float(w.y);
-    let c = unpack2x16float(w.z);
-    let d = unpack2x16float(w.w);
+// Σ over the 8 elements of key words `w` times q_sh[o ..= o + 7].
+fn dot8(w: KvWord4, o: u32) -> f32 {
+    let a = kv_unpack(w[0]);
+    let b = kv_unpack(w[1]);
+    let c = kv_unpack(w[2]);
+    let d = kv_unpack(w[3]);
     return a.x * q_sh[o] + a.y * q_sh[o + 1u] + b.x * q_sh[o + 2u] + b.y * q_sh[o + 3u]
         + c.x * q_sh[o + 4u] + c.y * q_sh[o + 5u] + d.x * q_sh[o + 6u] + d.y * q_sh[o + 7u];
 }
 
-// The 16-byte words of a key row that slice `sl` reads: vec4s sl, sl + 8, sl + 16, sl + 24
-// of the row (zero past head_dim / 8), so the slices of a key read consecutive words.
+// The four-word groups of a key row that slice `sl` reads: groups sl, sl + 8, sl + 16,
+// sl + 24 of the row (zero past head_dim / 8), so the slices of a key read consecutive words.
 struct KeyWords {
-    k0: vec4<u32>,
-    k1: vec4<u32>,
-    k2: vec4<u32>,
-    k3: vec4<u32>,
+    k0: KvWord4,
+    k1: KvWord4,
+    k2: KvWord4,
+    k3: KvWord4,
 }
 
 // Slice `sl` of key row `row` of kv head kvh.
@@ -197,7 +198,7 @@ fn rope_src(which: u32, i: u32) -> f32 {
     return k_raw[i];
 }
 
-// ROPE: the group's G query heads (from element qbase of q) rotated into q_sh, F16-rounded.
+// ROPE: the group's G query heads (from element qbase of q) rotated into q_sh (kv_round).
 fn rope_q(qbase: u32, gq: u32, pos: u32, li: u32) {
     let hd = p.head_dim;
     let hw = hd / 2u;
@@ -206,19 +207,19 @@ fn rope_q(qbase: u32, gq: u32, pos: u32, li: u32) {
         let r = rope_words(0u, qbase + g * hd, i % hw, pos, rp.n_rot, rp.mode);
         let o = g * hd;
         if (r.n >= 1u) {
-            q_sh[o + r.i0] = round_f16(r.v0.x);
-            q_sh[o + r.i0 + 1u] = round_f16(r.v0.y);
+            q_sh[o + r.i0] = kv_round(r.v0.x);
+            q_sh[o + r.i0 + 1u] = kv_round(r.v0.y);
         }
         if (r.n == 2u) {
-            q_sh[o + r.i1] = round_f16(r.v1.x);
-            q_sh[o + r.i1 + 1u] = round_f16(r.v1.y);
+            q_sh[o + r.i1] = kv_round(r.v1.x);
+            q_sh[o + r.i1 + 1u] = kv_round(r.v1.y);
         }
     }
 }
 
-// Word w of the key cache (k4 holds four words a vec4).
-fn put_k(w: u32, bits: u32) {
-    k4[w / 4u][w % 4u] = bits;
+// Word w of the key cache (k4 holds four words an element).
+fn put_k(w: u32, word: KvWord) {
+    k4[w / 4u][w % 4u] = word;
 }
 
 // ROPE: kv head kvh of token t, rotated key and value, stored at (slot, pos) as rope_kv.wgsl
@@ -233,31 +234,31 @@ fn store_kv(t: u32, kvh: u32, slot: u32, pos: u32, li: u32) {
     for (var j = li; j < hw; j += WG) {
         let r = rope_words(1u, base, j, pos, rp.n_rot, rp.mode);
         if (r.n >= 1u) {
-            put_k(cbase + r.i0 / 2u, pack_f16(r.v0.x, r.v0.y));
+            put_k(cbase + r.i0 / 2u, kv_pack(r.v0.x, r.v0.y));
         }
         if (r.n == 2u) {
-            put_k(cbase + r.i1 / 2u, pack_f16(r.v1.x, r.v1.y));
+            put_k(cbase + r.i1 / 2u, kv_pack(r.v1.x, r.v1.y));
         }
-        v_cache[cbase + j] = pack_f16(v_raw[base + 2u * j], v_raw[base + 2u * j + 1u]);
+        v_cache[cbase + j] = kv_pack(v_raw[base + 2u * j], v_raw[base + 2u * j + 1u]);
     }
 }
 #endif
 
 // The value words of one (head word, page) item: key j's in component j % 4 of vj/4.
 struct Vals {
-    v0: vec4<u32>,
-    v1: vec4<u32>,
-    v2: vec4<u32>,
-    v3: vec4<u32>,
-    v4: vec4<u32>,
-    v5: vec4<u32>,
-    v6: vec4<u32>,
-    v7: vec4<u32>,
+    v0: KvWord4,
+    v1: KvWord4,
+    v2: KvWord4,
+    v3: KvWord4,
+    v4: KvWord4,
+    v5: KvWord4,
+    v6: KvWord4,
+    v7: KvWord4,
 }
 
 // Four value words of consecutive keys from word `a` (rows `rs` words apart).
-fn load4(a: u32, rs: u32) -> vec4<u32> {
-    return vec4<u32>(v_cache[a], v_cache[a + rs], v_cache[a + 2u * rs], v_cache[a + 3u * rs]);
+fn load4(a: u32, rs: u32) -> KvWord4 {
+    return KvWord4(v_cache[a], v_cache[a + rs], v_cache[a + 2u * rs], v_cache[a + 3u * rs]);
 }
 
 // Word w of kv head kvh for the page's 32 keys from cache row `row0` (32 loads in flight).
@@ -278,17 +279,17 @@ fn load_vals(row0: u32, kvh: u32, w: u32) -> Vals {
 
 // acc + e · the value pair `v` when the key exists (rows past cnt exist, whole pages, but
 // hold no key of this sequence).
-fn pv(acc: vec2<f32>, e: f32, v: u32, live: bool) -> vec2<f32> {
-    return acc + e * select(vec2<f32>(0.0), unpack2x16float(v), live);
+fn pv(acc: vec2<f32>, e: f32, v: KvWord, live: bool) -> vec2<f32> {
+    return acc + e * select(vec2<f32>(0.0), kv_unpack(v), live);
 }
 
 // Σ e·v over keys 4i..4i+3 of head g (p_sh), in key order.
-fn pv4(acc: vec2<f32>, v: vec4<u32>, g: u32, i: u32, cnt: u32) -> vec2<f32> {
+fn pv4(acc: vec2<f32>, v: KvWord4, g: u32, i: u32, cnt: u32) -> vec2<f32> {
     let e = g * PAGE + 4u * i;
-    var r = pv(acc, p_sh[e], v.x, 4u * i < cnt);
-    r = pv(r, p_sh[e + 1u], v.y, 4u * i + 1u < cnt);
-    r = pv(r, p_sh[e + 2u], v.z, 4u * i + 2u < cnt);
-    return pv(r, p_sh[e + 3u], v.w, 4u * i + 3u < cnt);
+    var r = pv(acc, p_sh[e], v[0], 4u * i < cnt);
+    r = pv(r, p_sh[e + 1u], v[1], 4u * i + 1u < cnt);
+    r = pv(r, p_sh[e + 2u], v[2], 4u * i + 2u < cnt);
+    return pv(r, p_sh[e + 3u], v[3], 4u * i + 3u < cnt);
 }
 
 // Σ e·v of head g over the page's keys, in key order.
@@ -406,7 +407,7 @@ fn split(
     }
 #else
     for (var i = li; i < gq * hd; i += WG) {
-        q_sh[i] = round_f16(q[qbase + i]);
+        q_sh[i] = kv_round(q[qbase + i]);
     }
 #endif
     let row0 = pages[slot * p.pps + c] * PAGE;

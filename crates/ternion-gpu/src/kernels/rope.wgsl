@@ -21,11 +21,6 @@ struct RopeParams {
     pps: u32,
 }
 
-// The bits of two f32 rounded to F16, element a in the low half.
-fn pack_f16(a: f32, b: f32) -> u32 {
-    return f16_bits(a) | (f16_bits(b) << 16u);
-}
-
 // (cos θ, sin θ) with Cody–Waite reduction by π/2.
 fn cos_sin(theta: f32) -> vec2<f32> {
     let kf = round(theta * 0.63661977236758134);

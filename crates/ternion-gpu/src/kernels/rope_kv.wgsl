@@ -1,7 +1,7 @@
 // rope_kv.wgsl — rotary embedding of q and k for T tokens, each at its own position in its
 // own sequence (toks), in ggml's NEOX pairing (i with i + n_rot/2) or NORM pairing (2i with
-// 2i + 1), then the layer's paged KV-cache store: rotated k and v rounded to F16 into the row
-// of the token's (sequence, position). n_rot = 0 is a plain KV store (GPT-2).
+// 2i + 1), then the layer's paged KV-cache store: rotated k and v (rounded to F16 unless the
+// cache is F32: kv_type.wgsl) into the row of the token's (sequence, position). n_rot = 0 is a plain KV store (GPT-2).
 //
 // Bindings (group 0):
 //   0 uniform Params { n_head, n_head_kv, head_dim, n_rot, theta_scale, mode, has_freqs, pps }:
@@ -13,11 +13,11 @@
 //   2 storage rw    q:       array<f32>         T × n_head·head_dim, rotated in place
 //   3 storage read  k:       array<f32>         T × kv_dim (kv_dim = n_head_kv·head_dim)
 //   4 storage read  v:       array<f32>         T × kv_dim
-//   5 storage rw    k_cache: array<u32>         pages × PAGE rows of kv_dim F16, two halves per
-//                                              word (element 2i in the low half); the row of
+//   5 storage rw    k_cache: array<KvWord>      pages × PAGE rows of kv_dim elements, two a
+//                                              word (kv_type.wgsl); the row of
 //                                              (seq s, position i) is
 //                                              pages[s·pps + i / PAGE]·PAGE + i % PAGE
-//   6 storage rw    v_cache: array<u32>         same layout
+//   6 storage rw    v_cache: array<KvWord>      same layout
 //   7 storage read  freqs:   array<f32>         n_rot/2 frequency divisors (Llama-3
 //                                              rope_freqs; any buffer when has_freqs = 0)
 //   8 storage read  toks:    array<vec2<u32>>   T × (position, sequence slot; top bit: a flag
@@ -50,8 +50,8 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(2) var<storage, read_write> q: array<f32>;
 @group(0) @binding(3) var<storage, read> k: array<f32>;
 @group(0) @binding(4) var<storage, read> v: array<f32>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<u32>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<KvWord>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<KvWord>;
 @group(0) @binding(7) var<storage, read> freqs: array<f32>;
 @group(0) @binding(8) var<storage, read> toks: array<vec2<u32>>;
 @group(0) @binding(9) var<storage, read> pages: array<u32>;
@@ -93,7 +93,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         // v: copy one word.
         let e = (head - p.n_head - p.n_head_kv) * p.head_dim + 2u * j;
         let src = t * kv_dim + e;
-        v_cache[crow + e / 2u] = pack_f16(v[src], v[src + 1u]);
+        v_cache[crow + e / 2u] = kv_pack(v[src], v[src + 1u]);
         return;
     }
     let is_q = head < p.n_head;
@@ -115,9 +115,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let r = rope_words(1u, base, j, pos, p.n_rot, p.mode);
     let cbase = crow + (head - p.n_head) * hw;
     if (r.n >= 1u) {
-        k_cache[cbase + r.i0 / 2u] = pack_f16(r.v0.x, r.v0.y);
+        k_cache[cbase + r.i0 / 2u] = kv_pack(r.v0.x, r.v0.y);
     }
     if (r.n == 2u) {
-        k_cache[cbase + r.i1 / 2u] = pack_f16(r.v1.x, r.v1.y);
+        k_cache[cbase + r.i1 / 2u] = kv_pack(r.v1.x, r.v1.y);
     }
 }

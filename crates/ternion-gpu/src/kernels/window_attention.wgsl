@@ -1,5 +1,5 @@
-// window_attention.wgsl — sliding-window grouped-query attention over the layer's paged F16
-// KV cache (Gemma 3's local layers): token t, at position toks[t].x of sequence slot
+// window_attention.wgsl — sliding-window grouped-query attention over the layer's paged
+// KV cache (F16 or F32: kv_type.wgsl) (Gemma 3's local layers): token t, at position toks[t].x of sequence slot
 // toks[t].y, sees that sequence's keys max(0, pos + 1 − window) ..= pos;
 // out = softmax(f16(q)·Kᵀ · scale) · V per head, q head h reading kv head h / group.
 //
@@ -8,10 +8,10 @@
 //                     pps = page-table entries per sequence
 //   1 uniform Step { n_tokens, .. }
 //   2 storage read  q:       array<f32>   T × n_head·head_dim (rotated)
-//   3 storage read  k_cache: array<u32>   pages × PAGE rows of kv_dim F16, two halves per
+//   3 storage read  k_cache: array<KvWord> pages × PAGE rows of kv_dim elements, two a
 //                                         word; (seq s, position i) is row
 //                                         pages[s·pps + i / PAGE]·PAGE + i % PAGE
-//   4 storage read  v_cache: array<u32>   same layout
+//   4 storage read  v_cache: array<KvWord> same layout
 //   5 storage rw    out:     array<f32>   T × n_head·head_dim
 //   6 storage rw    probs:   array<f32>   T × n_head × window (scratch)
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, slot | DECODE_ROW flag)
@@ -19,8 +19,8 @@
 // Dispatch: (n_head, T, 1), one workgroup of 256 threads per (head, token): a thread per
 // key for the scores and the softmax (tree max and sum in shared memory), then a thread per
 // head dimension for P·V. head_dim must be even and ≤ 512.
-// Numerics against backend/cpu/attention.rs: q is rounded to F16 and the probabilities too
-// for a decode row (a step of one token, or a row flagged DECODE_ROW), as on the CPU; the
+// Numerics against backend/cpu/attention.rs: over an F16 cache q is rounded to F16 and the
+// probabilities too for a decode row (a step of one token, or a row flagged DECODE_ROW), as on the CPU; the
 // softmax sums in f32 where the CPU sums in f64, and P·V adds in key order as the CPU does.
 
 const WG: u32 = 256u;
@@ -41,8 +41,8 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<KvWord>;
+@group(0) @binding(4) var<storage, read> v_cache: array<KvWord>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> probs: array<f32>;
 @group(0) @binding(9) var<storage, read> toks: array<vec2<u32>>;
@@ -88,7 +88,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let hw = p.head_dim / 2u;
     let qbase = (t * p.n_head + h) * p.head_dim;
     for (var i = li; i < p.head_dim; i += WG) {
-        q_sh[i] = round_f16(q[qbase + i]);
+        q_sh[i] = kv_round(q[qbase + i]);
     }
     workgroupBarrier();
     let pbase = (t * p.n_head + h) * p.window;
@@ -97,7 +97,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let kb = (row_of(slot, first + i) * p.n_head_kv + kvh) * hw;
         var acc = 0.0;
         for (var j = 0u; j < hw; j++) {
-            let kk = unpack2x16float(k_cache[kb + j]);
+            let kk = kv_unpack(k_cache[kb + j]);
             acc += kk.x * q_sh[2u * j] + kk.y * q_sh[2u * j + 1u];
         }
         let s = acc * p.scale;
@@ -115,7 +115,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     for (var i = li; i < cnt; i += WG) {
         var pr = probs[pbase + i] * inv;
         if (round_p) {
-            pr = round_f16(pr);
+            pr = kv_round(pr);
         }
         probs[pbase + i] = pr;
     }
@@ -125,7 +125,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         var acc = 0.0;
         for (var i = 0u; i < cnt; i++) {
             let vb = (row_of(slot, first + i) * p.n_head_kv + kvh) * hw;
-            let vv = unpack2x16float(v_cache[vb + d / 2u]);
+            let vv = kv_unpack(v_cache[vb + d / 2u]);
             acc += probs[pbase + i] * select(vv.x, vv.y, (d & 1u) == 1u);
         }
         out[qbase + d] = acc;

@@ -6,7 +6,7 @@ use super::{uniform, Dispatch, StepUniform, WG};
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
 use crate::model::graph::RopeMode;
-use crate::pipelines::{AttnStage, Kernel, PipelineKey, Variant};
+use crate::pipelines::{AttnStage, Kernel, PipelineKey};
 use crate::{Error, Result};
 
 /// Attention geometry shared by [`RopeKv`] and [`Attention`].
@@ -59,7 +59,7 @@ pub struct RopeOpts<'a> {
 }
 
 /// RoPE of `q` (in place) and `k` at the step's positions, then `k` and `v` stored into
-/// the cache as F16 (`rope_kv.wgsl`). With `n_rot = 0` it is the plain KV store (GPT-2).
+/// the cache in its element type (`rope_kv.wgsl`). With `n_rot = 0` it is the plain KV store (GPT-2).
 pub struct RopeKv {
     dispatch: Dispatch,
     inputs: FusedRope,
@@ -134,7 +134,7 @@ impl RopeKv {
         let items = ((dims.n_head + 2 * dims.n_head_kv) * dims.head_dim / 2) as u32;
         let key = PipelineKey {
             kernel: Kernel::RopeKv,
-            variant: Variant::default(),
+            variant: kv.variant(),
         };
         let dispatch = Dispatch::new(
             ctx,
@@ -231,7 +231,8 @@ pub struct AttnOpts<'a> {
 /// Most keys of the split decode (`attention_fast.wgsl` FAST_KEYS).
 pub const ATTN_FAST_KEYS: u32 = 2048;
 
-/// Causal GQA attention over a [`GpuKv`] (`attention.wgsl`): flash-decoding in three
+/// GQA attention over a [`GpuKv`] (`attention.wgsl`), causal or, for a non-causal model,
+/// over the whole step (the index's [`KvIndex::attn_toks`]): flash-decoding in three
 /// dispatches for one token, one workgroup per (head, token) for several (one sequence's
 /// prompt, or tokens of different sequences).
 pub struct Attention {
@@ -276,7 +277,11 @@ impl Attention {
             && dims.head_dim <= 256
             && group <= 32
             && group * dims.head_dim <= 1024;
-        let tiled_ok = fast && matches!(dims.head_dim, 64 | 128) && prompt_kernel_fits(ctx);
+        // The tiled kernel assumes causal blocks of consecutive positions.
+        let tiled_ok = fast
+            && index.causal()
+            && matches!(dims.head_dim, 64 | 128)
+            && prompt_kernel_fits(ctx, kv.ty);
         let n_ctx = index.n_ctx;
         let max_chunks = (n_ctx as u32).div_ceil(ATTN_CHUNK);
         let hq = dims.n_head * dims.head_dim;
@@ -314,11 +319,11 @@ impl Attention {
                 fast,
                 tiled: tiled_ok,
             },
-            variant: Variant::default(),
+            variant: kv.variant(),
         };
         let (u, toks, pages) = (
             params.binding(),
-            index.toks.binding(),
+            index.attn_toks().binding(),
             index.pages.binding(),
         );
         let scores_d = Dispatch::new(
@@ -396,7 +401,7 @@ impl Attention {
                 ctx,
                 PipelineKey {
                     kernel: Kernel::AttentionPrompt,
-                    variant: Variant::default(),
+                    variant: kv.variant(),
                 },
                 "attention_prompt",
                 &[

@@ -7,7 +7,7 @@ use super::{uniform, AttnDims, Dispatch, GpuKv, KvIndex};
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
 use crate::kv::PAGE_POSITIONS;
-use crate::pipelines::{Kernel, PipelineKey, Variant};
+use crate::pipelines::{Kernel, PipelineKey};
 use crate::Result;
 
 /// The `split` launch and its scratch (partial sums per sequence, head and page, sized for
@@ -33,7 +33,7 @@ impl FastSplit {
     ) -> Result<FastSplit> {
         let pkey = |rope| PipelineKey {
             kernel: Kernel::AttentionFast { rope },
-            variant: Variant::default(),
+            variant: kv.variant(),
         };
         let scale = 1.0 / (dims.head_dim as f32).sqrt();
         let pages = ATTN_FAST_KEYS / PAGE_POSITIONS as u32;
@@ -69,7 +69,7 @@ impl FastSplit {
             (4, kv.v.binding()),
             (5, out.binding()),
             (8, part.binding()),
-            (9, index.toks.binding()),
+            (9, index.attn_toks().binding()),
             (10, index.pages.binding()),
             (13, done.binding()),
         ];

@@ -77,6 +77,7 @@ fn key(ctx: &GpuContext, entry: DecodeEntry, epilogue: Epilogue, act: GluAct) ->
         variant: Variant {
             f16: false,
             subgroups: ctx.variant(tpr).subgroups,
+            kv_f32: false,
         },
     }
 }

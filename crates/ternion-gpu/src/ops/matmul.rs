@@ -94,6 +94,7 @@ impl TernaryMatmul {
             variant: Variant {
                 f16: kind == MatmulKind::Coop,
                 subgroups: kind == MatmulKind::Coop,
+                kv_f32: false,
             },
         };
         let bindings = [

@@ -402,6 +402,7 @@ impl F16Matvec {
         let variant = Variant {
             f16: true,
             subgroups: true,
+            ..Variant::default()
         };
         Self::build(
             ctx,

@@ -26,6 +26,7 @@ pub use glu::Glu;
 pub use matmul::{MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS};
 pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};
 pub use norm::{NormOut, QuantAct, RmsNorm};
+pub(crate) use paged::DECODE_ROW;
 pub use paged::{GpuKv, KvIndex};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
@@ -111,6 +112,7 @@ impl GpuContext {
         Variant {
             f16: c.f16,
             subgroups: c.subgroups && tpr <= c.subgroup_min_size,
+            kv_f32: false,
         }
     }
 }

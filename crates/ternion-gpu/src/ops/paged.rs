@@ -1,26 +1,35 @@
-//! The paged F16 KV cache on the GPU and the per-step index into it (token positions and
+//! The paged KV cache (F16 or F32) on the GPU and the per-step index into it (token positions and
 //! slots, page tables, prompt query blocks), shared by every layer's attention.
 
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
-use crate::kv::PAGE_POSITIONS;
+use crate::kv::{KvType, PAGE_POSITIONS};
+use crate::pipelines::Variant;
 use crate::{Error, Result};
+
+/// Top bit of a token's slot (attention) and of a picked row (LM head): this row is the
+/// one token of its sequence in a multi-sequence step and keeps the decode numerics
+/// (`paged_kv.wgsl` DECODE_ROW).
+pub(crate) const DECODE_ROW: u32 = 1 << 31;
 
 /// Queries per workgroup of the prompt kernel (`attention_prompt.wgsl` BQ).
 pub const ATTN_PROMPT_QUERIES: u32 = 32;
 /// Workgroup memory `attention_prompt.wgsl` declares, in bytes.
 const ATTN_PROMPT_BYTES: u32 = 30_096;
 
-/// True when `ctx`'s device allows the workgroup memory of `attention_prompt.wgsl` (most
-/// do; WebGPU's default limit, 16 KiB, does not: such devices run prompts with
-/// `attention.wgsl`'s `prefill`).
-pub fn prompt_kernel_fits(ctx: &GpuContext) -> bool {
-    ctx.device.limits().max_compute_workgroup_storage_size >= ATTN_PROMPT_BYTES
+/// True when `attention_prompt.wgsl` runs the prompts over a `ty` cache on `ctx`'s device:
+/// an F16 cache, and a device that allows its workgroup memory (most do; WebGPU's default
+/// limit, 16 KiB, does not). Other prompts run with `attention.wgsl`'s `prefill`. The
+/// kernel's tiles hold F16 pairs: F32 tiles would need 54,928 bytes, more than NVIDIA
+/// (48 KiB), Apple and lavapipe (32 KiB) give.
+pub fn prompt_kernel_fits(ctx: &GpuContext, ty: KvType) -> bool {
+    ty == KvType::F16 && ctx.device.limits().max_compute_workgroup_storage_size >= ATTN_PROMPT_BYTES
 }
 
-/// One layer's paged F16 KV cache on the GPU: `n_pages` pages of [`PAGE_POSITIONS`] rows of
-/// `kv_dim` halves for keys and for values (two halves per u32 word), written by [`RopeKv`]
-/// and read by [`Attention`] through the page tables of a [`KvIndex`].
+/// One layer's paged KV cache on the GPU: `n_pages` pages of [`PAGE_POSITIONS`] rows of
+/// `kv_dim` elements for keys and for values (F16, two per u32 word, or F32:
+/// `kv_type.wgsl`), written by [`RopeKv`] and read by [`Attention`] through the page tables
+/// of a [`KvIndex`].
 #[derive(Clone, Debug)]
 pub struct GpuKv {
     /// Keys.
@@ -29,30 +38,41 @@ pub struct GpuKv {
     pub v: GpuBuffer,
     /// Pages held.
     pub n_pages: usize,
-    /// Halves per position (n_head_kv · head_dim).
+    /// Elements per position (n_head_kv · head_dim).
     pub kv_dim: usize,
+    /// Element type.
+    pub ty: KvType,
 }
 
 impl GpuKv {
-    /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) halves.
-    pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize) -> Result<GpuKv> {
+    /// A zeroed cache of `n_pages` pages of positions of `kv_dim` (even) elements of `ty`.
+    pub fn new(ctx: &GpuContext, n_pages: usize, kv_dim: usize, ty: KvType) -> Result<GpuKv> {
         if !kv_dim.is_multiple_of(2) {
             return Err(Error::KernelArgs(format!("KV cache: odd kv_dim {kv_dim}")));
         }
         let bytes = n_pages
-            .checked_mul(PAGE_POSITIONS * kv_dim * 2)
+            .checked_mul(PAGE_POSITIONS * kv_dim * ty.bytes())
             .ok_or_else(|| Error::KernelArgs(format!("KV cache: {n_pages} pages overflow")))?;
         Ok(GpuKv {
             k: GpuBuffer::zeroed(ctx, "kv.k", bytes as u64)?,
             v: GpuBuffer::zeroed(ctx, "kv.v", bytes as u64)?,
             n_pages,
             kv_dim,
+            ty,
         })
     }
 
     /// Bytes of one page of keys (or values).
     pub fn page_bytes(&self) -> u64 {
-        (PAGE_POSITIONS * self.kv_dim * 2) as u64
+        (PAGE_POSITIONS * self.kv_dim * self.ty.bytes()) as u64
+    }
+
+    /// The kernel variant of the launches that store or read this cache.
+    pub fn variant(&self) -> Variant {
+        Variant {
+            kv_f32: self.ty == KvType::F32,
+            ..Variant::default()
+        }
     }
 
     /// Records copies of whole pages `(from, to)` of the keys and the values, through
@@ -79,6 +99,11 @@ impl GpuKv {
 pub struct KvIndex {
     /// `max_batch` × (position, slot), u32 pairs.
     pub toks: GpuBuffer,
+    /// Non-causal attention (`attention.causal = false`): the pairs the attention kernels
+    /// read instead of `toks`, each position replaced by the last position of its
+    /// sequence's tokens in the step, so every token sees the whole step (and the positions
+    /// cached before it), as the CPU's attention rows do. `None`: causal.
+    attn_toks: Option<GpuBuffer>,
     /// `slots × pps` page ids.
     pub pages: GpuBuffer,
     /// Page-table entries per slot (pages of the longest sequence).
@@ -96,6 +121,31 @@ pub struct KvIndex {
 }
 
 impl KvIndex {
+    /// The (position, slot) pairs the attention kernels read: [`KvIndex::toks`], or the
+    /// whole-step positions of a non-causal model.
+    pub fn attn_toks(&self) -> &GpuBuffer {
+        self.attn_toks.as_ref().unwrap_or(&self.toks)
+    }
+
+    /// False for a non-causal model's index.
+    pub fn causal(&self) -> bool {
+        self.attn_toks.is_none()
+    }
+
+    /// Writes the step's (position, slot | flags) pairs, and for a non-causal model their
+    /// whole-step positions (`scratch` holds them; a sequence's tokens are consecutive).
+    pub fn write_toks(&self, ctx: &GpuContext, toks: &[[u32; 2]], scratch: &mut Vec<[u32; 2]>) {
+        self.toks.write(ctx, 0, bytemuck::cast_slice(toks));
+        if let Some(buf) = &self.attn_toks {
+            scratch.clear();
+            for run in toks.chunk_by(|a, b| (a[1] ^ b[1]) & !DECODE_ROW == 0) {
+                let last = run[run.len() - 1][0];
+                scratch.extend(run.iter().map(|t| [last, t[1]]));
+            }
+            buf.write(ctx, 0, bytemuck::cast_slice(scratch));
+        }
+    }
+
     /// Most query blocks of a step of `max_batch` tokens over `slots` sequences.
     pub fn max_blocks(max_batch: usize, slots: usize) -> usize {
         max_batch.div_ceil(ATTN_PROMPT_QUERIES as usize) + slots
@@ -131,11 +181,19 @@ impl KvIndex {
     }
 
     /// Zeroed buffers for steps of up to `max_batch` tokens over `slots` sequences of up to
-    /// `n_ctx` positions.
-    pub fn new(ctx: &GpuContext, max_batch: usize, slots: usize, n_ctx: usize) -> Result<KvIndex> {
+    /// `n_ctx` positions, with causal or whole-step attention.
+    pub fn new(
+        ctx: &GpuContext,
+        max_batch: usize,
+        slots: usize,
+        n_ctx: usize,
+        causal: bool,
+    ) -> Result<KvIndex> {
         let pps = n_ctx.div_ceil(PAGE_POSITIONS).max(1);
+        let toks = || GpuBuffer::zeroed(ctx, "kv.toks", (max_batch.max(1) * 8) as u64);
         Ok(KvIndex {
-            toks: GpuBuffer::zeroed(ctx, "kv.toks", (max_batch.max(1) * 8) as u64)?,
+            toks: toks()?,
+            attn_toks: if causal { None } else { Some(toks()?) },
             pages: GpuBuffer::zeroed(ctx, "kv.pages", (slots.max(1) * pps * 4) as u64)?,
             pps,
             n_ctx,

@@ -358,6 +358,7 @@ impl QMatvec {
             variant: Variant {
                 f16: false,
                 subgroups: variant.subgroups,
+                kv_f32: false,
             },
         };
         let units = (w.k / w.fmt.unit()) as u32;

@@ -4,7 +4,7 @@
 use super::{uniform, AttnDims, Dispatch, GpuKv, KvIndex, StepUniform};
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
-use crate::pipelines::{Kernel, PipelineKey, Variant};
+use crate::pipelines::{Kernel, PipelineKey};
 use crate::{Error, Result};
 
 /// Windowed attention of one layer, built once and recorded per step.
@@ -61,7 +61,7 @@ impl WindowAttention {
         )?;
         let key = PipelineKey {
             kernel: Kernel::WindowAttention,
-            variant: Variant::default(),
+            variant: kv.variant(),
         };
         let dispatch = Dispatch::new(
             ctx,
@@ -75,7 +75,7 @@ impl WindowAttention {
                 (4, kv.v.binding()),
                 (5, out.binding()),
                 (6, probs.binding()),
-                (9, index.toks.binding()),
+                (9, index.attn_toks().binding()),
                 (10, index.pages.binding()),
             ],
             dims.n_head as u32,

@@ -37,6 +37,7 @@ use super::buffers::GpuBuffer;
 use super::context::GpuContext;
 use super::ops::{AttnDims, GpuKv, KvIndex, QAct, QuantAct, StepUniform};
 use super::upload::GpuWeight;
+use crate::kv::KvType;
 use crate::model::graph::{Graph, Op};
 use crate::model::Logits;
 use crate::Result;
@@ -147,13 +148,15 @@ pub(crate) struct PlanOpts {
     pub numerics: Numerics,
 }
 
-/// Sizes of the paged KV caches.
+/// Sizes and element type of the paged KV caches.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KvSizes {
     /// Pages per layer (shared by all sequences).
     pub pages: usize,
     /// Sequence slots (page tables).
     pub slots: usize,
+    /// Element type.
+    pub ty: KvType,
 }
 
 impl Plan {
@@ -191,10 +194,10 @@ impl Plan {
             pick_step: StepUniform::new(ctx)?,
             ids: GpuBuffer::zeroed(ctx, "ids", (max_batch * 4) as u64)?,
             picks: GpuBuffer::zeroed(ctx, "picks", (max_batch * 4) as u64)?,
-            index: KvIndex::new(ctx, max_batch, kv.slots, n_ctx)?,
+            index: KvIndex::new(ctx, max_batch, kv.slots, n_ctx, graph.attn.causal)?,
         };
         let kv = (0..graph.n_layer)
-            .map(|_| GpuKv::new(ctx, kv.pages, dims.kv_dim()))
+            .map(|_| GpuKv::new(ctx, kv.pages, dims.kv_dim(), kv.ty))
             .collect::<Result<Vec<_>>>()?;
         let mut c = Compiler {
             g: ctx,

@@ -28,10 +28,16 @@ pub(super) fn gpu(
         error: Box::new(e),
     })?;
     // One step holds a prompt budget's chunk and a token of every other sequence; the
-    // samplers read back the top-k candidates when they allow it.
+    // samplers read back the top-k candidates when they allow it. A non-causal model's
+    // embedding input runs as one step: a step then holds a whole context.
+    let step = prefill_per_step.min(PREFILL_CHUNK) + cfg.max_active;
     let gopts = GpuModelOptions {
         n_ctx,
-        max_batch: prefill_per_step.min(PREFILL_CHUNK) + cfg.max_active,
+        max_batch: if model.graph().attn.causal {
+            step
+        } else {
+            step.max(n_ctx)
+        },
         max_seqs: cfg.max_active,
         kv_pages: cfg.kv_pages,
         top_k: MAX_TOPK,

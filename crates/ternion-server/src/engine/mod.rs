@@ -275,6 +275,8 @@ pub struct EngineConfig {
     pub prefill_per_step: usize,
     /// CPU or GPU.
     pub device: Device,
+    /// KV cache element type.
+    pub kv_type: ternion::kv::KvType,
     /// On a GPU, select a constrained sequence's top-k under its token mask, so that only
     /// k pairs come back as for an unconstrained one (the default); `false` reads back its
     /// whole logits row and masks it on the host (for comparisons). The CPU always masks
@@ -424,7 +426,7 @@ fn load(cfg: &EngineConfig, shared: &Shared) -> Result<LoadedModel, StartError> 
         }
     };
     let (file, model) = ternion::model::load(&cfg.model_path).map_err(failed("loading"))?;
-    let model = Arc::new(model);
+    let model = Arc::new(model.with_kv_type(cfg.kv_type));
     let tokenizer = Tokenizer::from_gguf(&file, &cfg.tokenizer)
         .map_err(|e| failed("reading the tokenizer of")(e.into()))?;
     let template = file
