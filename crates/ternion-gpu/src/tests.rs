@@ -130,23 +130,50 @@ fn ternary3_equals_three_matvecs() {
     }
 }
 
-#[test]
-fn f16_matvec_matches_cpu_over_shards() {
-    let Some(ctx) = ctx() else { return };
-    let mut r = rng(5);
-    let (vocab, k, tokens) = (1007usize, 200usize, 11usize);
+/// A random F16 head of `vocab` rows of `k` in shards of `shard_rows` rows, and `tokens`
+/// random hidden states.
+fn head_case(
+    ctx: &GpuContext,
+    seed: u64,
+    (vocab, k, tokens): (usize, usize, usize),
+    shard_rows: usize,
+) -> (Vec<f16>, Vec<f32>, Sharded) {
+    let mut r = rng(seed);
     let w: Vec<f16> = (0..vocab * k)
         .map(|_| f16::from_f32(r.random_range(-1.0..1.0)))
         .collect();
     let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-3.0..3.0)).collect();
-    let sharded = Sharded::from_rows(
-        &ctx,
-        "head",
-        bytemuck::cast_slice(&w),
-        k * 2,
-        Some(333 * 400),
-    )
-    .unwrap();
+    let bytes = (shard_rows * k * 2) as u64;
+    let sharded = Sharded::from_rows(ctx, "head", bytemuck::cast_slice(&w), k * 2, Some(bytes));
+    (w, x, sharded.unwrap())
+}
+
+/// Asserts `got` (token-major logits) within 1e-5 of the magnitudes of the f64 sums of the
+/// F16 rows `w` (`k` wide) and the states `xs`.
+fn assert_head_sums(got: &[f32], w: &[f16], xs: &[f32], k: usize, what: &str) {
+    let vocab = w.len() / k;
+    for (t, x) in xs.chunks(k).enumerate() {
+        for (j, row) in w.chunks(k).enumerate() {
+            let (mut dot, mut mag) = (0f64, 0f64);
+            for (a, b) in row.iter().zip(x) {
+                let p = f64::from(a.to_f32()) * f64::from(*b);
+                dot += p;
+                mag += p.abs();
+            }
+            let g = f64::from(got[t * vocab + j]);
+            assert!(
+                (g - dot).abs() <= 1e-5 * mag,
+                "{what} t{t} row {j}: gpu {g} cpu {dot}"
+            );
+        }
+    }
+}
+
+#[test]
+fn f16_matvec_matches_cpu_over_shards() {
+    let Some(ctx) = ctx() else { return };
+    let (vocab, k, tokens) = (1007usize, 200usize, 11usize);
+    let (w, x, sharded) = head_case(&ctx, 5, (vocab, k, tokens), 333);
     assert_eq!(sharded.shards.len(), 4);
     let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
     let out = GpuBuffer::zeroed(&ctx, "logits", (tokens * vocab * 4) as u64).unwrap();
@@ -190,21 +217,8 @@ fn f16_matvec_matches_cpu_over_shards() {
                     assert_eq!(out.read::<f32>(&ctx).unwrap(), got, "rows8 {tpr} {v:?}");
                 }
                 got.truncate(tokens * vocab);
-                for t in 0..tokens {
-                    for j in 0..vocab {
-                        let (mut dot, mut mag) = (0f64, 0f64);
-                        for i in 0..k {
-                            let p = f64::from(w[j * k + i].to_f32()) * f64::from(xs[t * k + i]);
-                            dot += p;
-                            mag += p.abs();
-                        }
-                        let g = f64::from(got[t * vocab + j]);
-                        assert!(
-                            (g - dot).abs() <= 1e-5 * mag,
-                            "round {round_x} tpr {tpr} {v:?} t{t} row {j}: gpu {g} cpu {dot}"
-                        );
-                    }
-                }
+                let what = format!("round {round_x} tpr {tpr} {v:?}");
+                assert_head_sums(&got, &w, &xs, k, &what);
             }
         }
     }
@@ -216,20 +230,8 @@ fn f16_matvec_matches_cpu_over_shards() {
 #[test]
 fn f16_coop_rows_match_cpu() {
     let Some(ctx) = ctx() else { return };
-    let mut r = rng(6);
     let (vocab, k, tokens) = (1008usize, 192usize, 37usize);
-    let w: Vec<f16> = (0..vocab * k)
-        .map(|_| f16::from_f32(r.random_range(-1.0..1.0)))
-        .collect();
-    let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-3.0..3.0)).collect();
-    let sharded = Sharded::from_rows(
-        &ctx,
-        "head",
-        bytemuck::cast_slice(&w),
-        k * 2,
-        Some((336 * k * 2) as u64),
-    )
-    .unwrap();
+    let (w, x, sharded) = head_case(&ctx, 6, (vocab, k, tokens), 336);
     assert_eq!(sharded.shards.len(), 3);
     let xb = GpuBuffer::from_slice(&ctx, "x", &x).unwrap();
     let out = GpuBuffer::zeroed(&ctx, "logits", (tokens * vocab * 4) as u64).unwrap();
@@ -248,22 +250,8 @@ fn f16_coop_rows_match_cpu() {
     };
     run(&ctx, |p| op.record(p, tokens as u32));
     let got = out.read::<f32>(&ctx).unwrap();
-    for t in 0..tokens {
-        for j in 0..vocab {
-            let (mut dot, mut mag) = (0f64, 0f64);
-            for i in 0..k {
-                let xv = f16::from_f32(x[t * k + i]).to_f32();
-                let p = f64::from(w[j * k + i].to_f32()) * f64::from(xv);
-                dot += p;
-                mag += p.abs();
-            }
-            let g = f64::from(got[t * vocab + j]);
-            assert!(
-                (g - dot).abs() <= 1e-5 * mag,
-                "t{t} row {j}: gpu {g} cpu {dot}"
-            );
-        }
-    }
+    let xs: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+    assert_head_sums(&got, &w, &xs, k, "rows32");
     // A shard whose rows are not a multiple of 16 is refused (the caller takes rows8).
     let odd = Sharded::from_rows(
         &ctx,
