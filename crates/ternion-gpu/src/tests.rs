@@ -599,7 +599,7 @@ pub(super) fn attention_case(
         // Spread scores so that the softmax is far from uniform.
         let q: Vec<f32> = (0..n * hq).map(|_| r.random_range(-3.0..3.0)).collect();
         qb.write(ctx, 0, bytemuck::cast_slice(&q));
-        run(ctx, |p| op.record(p, n as u32, n_kv as u32, false));
+        run(ctx, |p| op.record(p, n as u32, n_kv as u32, (false, false)));
         let got = out.read::<f32>(ctx).unwrap();
         let want = cpu_attention(ty, &q, (&kc, &vc), &rows, heads, n_ctx);
         worst = worst.max(attention_error(

@@ -151,7 +151,7 @@ fn bench_decode_attention() {
                 rope: fused.then(|| rope.fused_inputs()),
             };
             let op = Attention::new(&ctx, d, &qb, seq.both(), &out, opts).unwrap();
-            let rec = |p: &mut wgpu::ComputePass<'_>| op.record(p, 1, n_kv as u32, false);
+            let rec = |p: &mut wgpu::ComputePass<'_>| op.record(p, 1, n_kv as u32, (false, false));
             // The first context warms the GPU up to its clock.
             while i == 0 && warm.elapsed().as_secs_f32() < 1.5 {
                 run(&ctx, |p| (0..200).for_each(|_| rec(p)));

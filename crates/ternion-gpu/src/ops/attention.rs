@@ -184,17 +184,24 @@ impl RopeKv {
         self.dispatch.record(pass, n_tokens);
     }
 
-    /// [`RopeKv::record`] in a step whose longest context is `n_kv` keys: nothing for a
-    /// single token whose attention does the work.
-    pub fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
-        if !self.skips(n_tokens, n_kv) {
+    /// [`RopeKv::record`] in a step whose longest context is `n_kv` keys (`all_decode`:
+    /// every token is the one its sequence brings): nothing when the attention split does
+    /// the work (a single token, or decode rows only).
+    pub fn record_step(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        n_tokens: u32,
+        n_kv: u32,
+        all_decode: bool,
+    ) {
+        if !self.skips(n_tokens, n_kv, all_decode) {
             self.record(pass, n_tokens);
         }
     }
 
     /// True when [`RopeKv::record`] records nothing for this step.
-    pub fn skips(&self, n_tokens: u32, n_kv: u32) -> bool {
-        self.fused && n_tokens == 1 && n_kv <= ATTN_FAST_KEYS
+    pub fn skips(&self, n_tokens: u32, n_kv: u32, all_decode: bool) -> bool {
+        self.fused && (n_tokens == 1 || all_decode) && n_kv <= ATTN_FAST_KEYS
     }
 }
 
@@ -434,20 +441,24 @@ impl Attention {
 
     /// Records attention for `n_tokens` new tokens (positions and slots in the index),
     /// the longest context among them `n_kv` keys; `decode_rows` when the step holds the
-    /// single tokens of several sequences (flagged DECODE_ROW). One token: the fast split
-    /// (one launch) when it fits, else the exact split (three); several: `prefill`, then
-    /// the fast split over the step's decode rows when there are any.
+    /// single tokens of several sequences (flagged DECODE_ROW), `all_decode` when it holds
+    /// nothing else. One token: the fast split (one launch) when it fits, else the exact
+    /// split (three); decode rows only, with the rotation fused: the rotating split alone
+    /// (the `RopeKv` launch skips the step); several: `prefill`, then the fast split over
+    /// the step's decode rows when there are any.
     pub fn record(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         n_tokens: u32,
         n_kv: u32,
-        decode_rows: bool,
+        (decode_rows, all_decode): (bool, bool),
     ) {
         debug_assert!(n_tokens > 1 || n_kv <= self.n_ctx);
         let fast = self.split.as_ref().filter(|_| n_kv <= ATTN_FAST_KEYS);
         match (n_tokens, fast) {
-            (1, Some(f)) => f.record(pass, 1, n_kv),
+            (1, Some(f)) => f.record(pass, 1, n_kv, true),
+            // Decode rows only, with the rotation and store fused: the split alone.
+            (_, Some(f)) if all_decode && f.fuses_rope() => f.record(pass, n_tokens, n_kv, true),
             (1, None) => {
                 let chunks = n_kv.div_ceil(ATTN_CHUNK);
                 for d in [&self.scores, &self.probs_pv] {
@@ -470,7 +481,7 @@ impl Attention {
                     None => self.prefill.record(pass, n_tokens),
                 }
                 if let (true, Some(f)) = (decode_rows, &self.split) {
-                    f.record(pass, n_tokens, n_kv.min(ATTN_FAST_KEYS));
+                    f.record(pass, n_tokens, n_kv.min(ATTN_FAST_KEYS), false);
                 }
             }
         }
@@ -482,11 +493,17 @@ impl Attention {
     }
 
     /// Dispatches [`Attention::record`] issues (same arguments, bar the pass).
-    pub fn dispatches(&self, n_tokens: u32, n_kv: u32, decode_rows: bool) -> usize {
+    pub fn dispatches(
+        &self,
+        n_tokens: u32,
+        n_kv: u32,
+        (decode_rows, all_decode): (bool, bool),
+    ) -> usize {
         let fast = self.split.is_some();
         match n_tokens {
             1 if fast && n_kv <= ATTN_FAST_KEYS => 1,
             1 => 3,
+            _ if all_decode && self.fuses_rope() && n_kv <= ATTN_FAST_KEYS => 1,
             _ if fast && decode_rows => 2,
             _ => 1,
         }

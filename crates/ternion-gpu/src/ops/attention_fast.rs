@@ -116,11 +116,18 @@ impl FastSplit {
     }
 
     /// The split over the pages of up to `n_kv` keys, merged in the same launch, for
-    /// `n_tokens` rows (one token: the rotating split when there is one).
-    pub(super) fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32, n_kv: u32) {
+    /// `n_tokens` rows (`rotate`: the rotating split when there is one — every row a decode
+    /// row whose key and value no `RopeKv` launch stored).
+    pub(super) fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        n_tokens: u32,
+        n_kv: u32,
+        rotate: bool,
+    ) {
         let pages = n_kv.div_ceil(PAGE_POSITIONS as u32);
-        let split = match (&self.split_rope, n_tokens) {
-            (Some(s), 1) => s,
+        let split = match (&self.split_rope, rotate) {
+            (Some(s), true) => s,
             _ => &self.split,
         };
         split.record_grid(pass, [self.n_head_kv, pages, n_tokens]);

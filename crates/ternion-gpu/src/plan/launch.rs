@@ -160,8 +160,11 @@ impl Launch {
                     glu.record(pass, n);
                 }
             }
-            Launch::RopeKv(o) => o.record_step(pass, n, n_kv),
-            Launch::Attention(o) => o.record(pass, n, n_kv, matches!(rows, Rows::Picked { .. })),
+            Launch::RopeKv(o) => o.record_step(pass, n, n_kv, rows.all_decode()),
+            Launch::Attention(o) => {
+                let picked = matches!(rows, Rows::Picked { .. });
+                o.record(pass, n, n_kv, (picked, rows.all_decode()))
+            }
             Launch::Glu(o) => o.record(pass, n),
             Launch::Head(h) => match rows {
                 Rows::Decode => h.decode.record(pass, n),
@@ -233,8 +236,8 @@ impl Launch {
             Launch::Decode(_) if n == 1 => 1,
             Launch::Decode(b) => b.1.dispatches(n),
             Launch::Embed(e) => e.dispatch_count(),
-            Launch::Attention(a) => a.dispatches(n, 1, false),
-            Launch::RopeKv(r) if r.skips(n, 1) => 0,
+            Launch::Attention(a) => a.dispatches(n, 1, (false, false)),
+            Launch::RopeKv(r) if r.skips(n, 1, false) => 0,
             Launch::TernaryGlu(_) | Launch::Ternary3(_) if n > 1 => 3,
             Launch::Head(h) => h.decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),

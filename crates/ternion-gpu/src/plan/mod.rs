@@ -65,6 +65,11 @@ pub(crate) enum Rows {
 }
 
 impl Rows {
+    /// Whether every token of the step is the one its sequence brings (picked decode rows).
+    pub(crate) fn all_decode(self) -> bool {
+        matches!(self, Rows::Picked { decode: true, .. })
+    }
+
     /// The rows a step of `n` tokens wanting `which` logits computes.
     pub(crate) fn of(n: usize, which: Logits) -> Rows {
         match (n, which) {
