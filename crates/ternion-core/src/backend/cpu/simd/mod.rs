@@ -13,6 +13,8 @@ use crate::quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod avx512_attn;
+#[cfg(target_arch = "x86_64")]
 mod avx512_bits;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -469,6 +471,52 @@ pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
             neon_float::float_dots::<neon_float::F16, 1>(k.as_ptr().cast(), [q])[0]
         },
         _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
+    }
+}
+
+/// `out[i] = `[`f16_dot_halves`]`(k_i, q)` for the key rows `k_i = keys[i·stride..][..q.len()]`,
+/// one per entry of `out` (the same value, bit for bit, on every path).
+///
+/// # Panics
+/// If `keys` is too short for `out.len()` rows.
+pub fn f16_scores(level: Level, q: &[f32], keys: &[f16], stride: usize, out: &mut [f32]) {
+    let hd = q.len();
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(
+            keys.len() >= last * stride + hd,
+            "f16_scores: keys too short"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && hd.is_multiple_of(32) {
+        // SAFETY: the level proves AVX-512 F; every row lies inside `keys` (asserted).
+        return unsafe { avx512_attn::f16_scores(q, keys.as_ptr(), stride, out) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = f16_dot_halves(level, &keys[i * stride..][..hd], q);
+    }
+}
+
+/// `out += Σ_i w[i]·v_i` over the value rows `v_i = values[i·stride..][..out.len()]` in
+/// order of i: [`f16_axpy`] row after row (the same sums, bit for bit, on every path).
+///
+/// # Panics
+/// If `values` is too short for `w.len()` rows.
+pub fn f16_weighted_sum(level: Level, w: &[f32], values: &[f16], stride: usize, out: &mut [f32]) {
+    let hd = out.len();
+    if let Some(last) = w.len().checked_sub(1) {
+        assert!(
+            values.len() >= last * stride + hd,
+            "f16_weighted_sum: values too short"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && hd.is_multiple_of(16) {
+        // SAFETY: the level proves AVX-512 F; every row lies inside `values` (asserted).
+        return unsafe { avx512_attn::f16_weighted_sum(w, values.as_ptr(), stride, out) };
+    }
+    for (i, &wi) in w.iter().enumerate() {
+        f16_axpy(level, out, wi, &values[i * stride..][..hd]);
     }
 }
 

@@ -96,6 +96,52 @@ fn f16_kernels_match_reference() {
     }
 }
 
+/// The attention kernels over runs of rows (`f16_scores`, `f16_weighted_sum`) return, at
+/// every level, bit for bit what the row-at-a-time kernels return at the AVX2 level (the
+/// numerics the AVX-512 kernels keep) and at their own level, for head widths that take
+/// the AVX-512 path and widths that do not, rows inside wider strided rows.
+#[test]
+fn attention_runs_equal_row_at_a_time_kernels() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for hd in [16, 32, 40, 64, 80, 96, 128, 144, 256] {
+        let (n, stride, off) = (37, 3 * hd + 16, hd + 8);
+        let rows: Vec<f16> = (0..n * stride)
+            .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)))
+            .collect();
+        let q: Vec<f32> = (0..hd)
+            .map(|_| f16::from_f32(rng.random_range(-3.0..3.0)).to_f32())
+            .collect();
+        let w: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..0.2)).collect();
+        let row = |i: usize| &rows[off + i * stride..][..hd];
+        for level in levels() {
+            let reference = match level {
+                Level::Avx512 => Level::Avx2,
+                other => other,
+            };
+            for lv in [level, reference] {
+                let mut scores = vec![0f32; n];
+                f16_scores(level, &q, &rows[off..], stride, &mut scores);
+                for (i, &sc) in scores.iter().enumerate() {
+                    let want = f16_dot_halves(lv, row(i), &q);
+                    assert_eq!(
+                        sc.to_bits(),
+                        want.to_bits(),
+                        "{level:?}/{lv:?} hd={hd} key {i}"
+                    );
+                }
+                let mut got = vec![0.25f32; hd];
+                f16_weighted_sum(level, &w, &rows[off..], stride, &mut got);
+                let mut want = vec![0.25f32; hd];
+                for (i, &wi) in w.iter().enumerate() {
+                    f16_axpy(lv, &mut want, wi, row(i));
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{level:?}/{lv:?} hd={hd} values");
+            }
+        }
+    }
+}
+
 #[test]
 fn tq2_dot_is_bit_identical_to_reference() {
     let level = Level::detect();
