@@ -149,3 +149,26 @@ fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
             }
         });
 }
+
+/// One token against 6400 groups of 16 rows (64 MB of weights, far more than the caches
+/// hold), as a decode step's matrix-vector product streams them (counter: weight bytes).
+#[divan::bench(args = [2560])]
+fn vnni_per_token_dot1_stream(bencher: Bencher, k: usize) {
+    let Some(v) = simd::Vnni::get() else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(1);
+    let groups = 6400;
+    let (tile, q) = ternary_tile(&mut rng, k);
+    let weights: Vec<simd::Chunk> = (0..groups).flat_map(|_| tile.iter().copied()).collect();
+    let q = &q[..k];
+    let mut out = [[0f32; 16]; 1];
+    let bytes = std::mem::size_of_val(weights.as_slice());
+    bencher
+        .counter(divan::counter::BytesCount::new(bytes))
+        .bench_local(|| {
+            for group in weights.chunks_exact(k / simd::CHUNK_ELEMS) {
+                v.per_token_dots(black_box(group), q, &[0], &[1.0], 1.0, &mut out);
+            }
+        });
+}

@@ -256,8 +256,9 @@ pub fn attention_rows<C: KvRows>(
             let n_keys = row.pos + 1;
             let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
             let kvh = h / group;
-            for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
-                *d = if half { f16::from_f32(x).to_f32() } else { x };
+            qh.copy_from_slice(&q[i * hd..(i + 1) * hd]);
+            if half {
+                simd::round_f16(level, qh);
             }
             let scores = &mut scores[..n_keys - first];
             let mut max = f32::NEG_INFINITY;
@@ -282,11 +283,9 @@ pub fn attention_rows<C: KvRows>(
                 sum += f64::from(*sc);
             }
             let inv = (1.0 / sum) as f32;
-            for sc in scores.iter_mut() {
-                *sc *= inv;
-                if row.round_probs && half {
-                    *sc = f16::from_f32(*sc).to_f32();
-                }
+            scores.iter_mut().for_each(|sc| *sc *= inv);
+            if row.round_probs && half {
+                simd::round_f16(level, scores);
             }
             o.fill(0.0);
             if half {

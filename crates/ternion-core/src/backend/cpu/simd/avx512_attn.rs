@@ -59,6 +59,24 @@ pub unsafe fn f16_scores(q: &[f32], keys: *const f16, stride: usize, out: &mut [
     }
 }
 
+/// Every value of `v` rounded to the nearest F16 (ties to even, as F16C's `vcvtps2ph`, which
+/// the `half` crate uses) and back to f32.
+///
+/// # Safety
+/// AVX-512 F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn round_f16(v: &mut [f32]) {
+    let mut chunks = v.chunks_exact_mut(16);
+    for c in &mut chunks {
+        let x = _mm512_loadu_ps(c.as_ptr());
+        let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        _mm512_storeu_ps(c.as_mut_ptr(), _mm512_cvtph_ps(h));
+    }
+    for x in chunks.into_remainder() {
+        *x = f16::from_f32(*x).to_f32();
+    }
+}
+
 /// Floats of `out` one pass over the values holds in registers (16 per register).
 const BLOCK: usize = 128;
 

@@ -520,6 +520,17 @@ pub fn f16_weighted_sum(level: Level, w: &[f32], values: &[f16], stride: usize, 
     }
 }
 
+/// Every value rounded to F16 and back (`f16::from_f32(v).to_f32()`, bit for bit).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn round_f16(level: Level, v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level proves AVX-512 F.
+        return unsafe { avx512_attn::round_f16(v) };
+    }
+    v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+}
+
 /// `out_i += w · v_i` for an F16 value row.
 #[inline]
 pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {

@@ -142,6 +142,41 @@ fn attention_runs_equal_row_at_a_time_kernels() {
     }
 }
 
+/// `round_f16` equals the `half` crate's conversion there and back at every level: ties,
+/// subnormals, overflow to infinity, and every length of tail.
+#[test]
+fn round_f16_equals_the_scalar_conversion() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut v: Vec<f32> = (0..200)
+        .map(|i| match i % 5 {
+            0 => rng.random_range(-70000.0..70000.0),
+            1 => rng.random_range(-1e-6..1e-6),
+            // An exact tie between two halves: 1 + 2^-11 (and its neighbours).
+            2 => 1.0 + f32::powi(2.0, -11) * (1.0 + rng.random_range(-1..=1) as f32 * 1e-7),
+            _ => rng.random_range(-3.0..3.0),
+        })
+        .collect();
+    v.extend([
+        65520.0,
+        -65519.0,
+        f32::INFINITY,
+        0.0,
+        -0.0,
+        5.96e-8,
+        2.98e-8,
+    ]);
+    for level in levels() {
+        for n in [0, 1, 15, 16, 17, 33, v.len()] {
+            let mut got = v[..n].to_vec();
+            round_f16(level, &mut got);
+            for (g, &x) in got.iter().zip(&v) {
+                let want = f16::from_f32(x).to_f32();
+                assert_eq!(g.to_bits(), want.to_bits(), "{level:?} n={n} x={x:e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn tq2_dot_is_bit_identical_to_reference() {
     let level = Level::detect();
