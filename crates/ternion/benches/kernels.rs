@@ -100,6 +100,22 @@ fn q8_0_dot(bencher: Bencher, k: usize) {
     bencher.bench(|| simd::q8_0_dot(level, black_box(&row), &q, &d));
 }
 
+/// One Q6_K row (as a quantized LM head's) against Q8_K activations (counter: weight
+/// bytes; `TERNION_SIMD=avx2` runs the AVX2 kernel for comparison).
+#[divan::bench(args = [2560])]
+fn q6_k_dot_q8k(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut row = vec![0u8; k / 256 * 210];
+    quant::q6_k::quantize_row(&w, &mut row);
+    let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / 256]);
+    quant::act::quantize_q8k(&w, &mut q, &mut d);
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::BytesCount::new(row.len()))
+        .bench(|| simd::q6_k_dot_q8k(level, black_box(&row), &q, &d));
+}
+
 #[divan::bench(args = SIZES)]
 fn quantize_per_token(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);

@@ -16,6 +16,8 @@ mod avx512;
 mod avx512_attn;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bits;
+#[cfg(target_arch = "x86_64")]
+mod avx512_kq;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -232,7 +234,11 @@ pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
+        Level::Avx2 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
+        // SAFETY: as in `i2s_dot` (the level proves AVX-512 F/BW/VNNI); the kernel asserts
+        // the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { avx512_kq::q6_k_dot_q8k(row, q, d) },
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_kq::q6_k_dot_q8k(row, q, d) },

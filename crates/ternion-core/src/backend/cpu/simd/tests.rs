@@ -298,11 +298,18 @@ fn k_quant_dots_are_bit_identical_to_reference() {
             quant::q4_k::dot_q8k(&r4, &q, &d).to_bits(),
             "q4_k k={k}"
         );
-        assert_eq!(
-            q6_k_dot_q8k(level, &r6, &q, &d).to_bits(),
-            quant::q6_k::dot_q8k(&r6, &q, &d).to_bits(),
-            "q6_k k={k}"
-        );
+        // Q6_K at every level, also against activations at the int8 extremes.
+        let extremes: Vec<i8> = (0..k).map(|i| [127, -128, -127][i % 3]).collect();
+        for q in [&q, &extremes] {
+            let want = quant::q6_k::dot_q8k(&r6, q, &d).to_bits();
+            for lv in levels() {
+                assert_eq!(
+                    q6_k_dot_q8k(lv, &r6, q, &d).to_bits(),
+                    want,
+                    "q6_k {lv:?} k={k}"
+                );
+            }
+        }
     }
 }
 
