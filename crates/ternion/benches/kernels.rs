@@ -147,6 +147,29 @@ fn vnni_per_token_dots_16x16(bencher: Bencher, k: usize) {
         .bench_local(|| v.per_token_dots(black_box(&group), &q, &sum, &scale, 1.0, &mut out));
 }
 
+/// One 16-row group against 16 tokens of Q8_K activations with per-block weight scales
+/// (TQ2_0 / TQ1_0 prompts; counter: multiply-adds).
+#[divan::bench(args = SIZES)]
+fn vnni_block_dots_16x16(bencher: Bencher, k: usize) {
+    let Some(v) = simd::Vnni::get() else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(1);
+    let (group, q) = ternary_tile(&mut rng, k);
+    let nb = k / simd::SCALE_BLOCK;
+    let scales = vec![f16::from_f32(0.5); nb * simd::GROUP_ROWS];
+    let (d, bsum) = (vec![0.01f32; 16 * nb], vec![3i32; 16 * nb]);
+    let x = simd::Q8kRows {
+        q: &q,
+        d: &d,
+        bsum: &bsum,
+    };
+    let mut out = [[0f32; 16]; 16];
+    bencher
+        .counter(divan::counter::ItemsCount::new(16 * 16 * k))
+        .bench_local(|| v.block_dots(black_box(&group), &scales, x, 1.0, &mut out));
+}
+
 /// The same work (16 rows × 16 tokens) with the AVX2 / scalar `i2s_dot4`.
 #[divan::bench(args = SIZES)]
 fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
