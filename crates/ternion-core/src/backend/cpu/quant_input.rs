@@ -53,6 +53,7 @@ impl QuantInput {
             return;
         }
         let rows = x.len() / k;
+        let level = simd::Level::detect();
         self.q.resize(x.len(), 0);
         self.token_scale.resize(rows, 0.0);
         self.token_sum.resize(rows, 0);
@@ -64,7 +65,7 @@ impl QuantInput {
         // same values.
         pool::global().for_each_chunk_mut(&mut self.q, k, |t, qr, _| {
             let (scale, sum) = (&scale, &sum);
-            let p = act::quantize_per_token(&x[t * k..(t + 1) * k], qr);
+            let p = simd::quantize_per_token(level, &x[t * k..(t + 1) * k], qr);
             // SAFETY: t < rows = the length of both buffers, and row t belongs to this
             // task alone.
             unsafe {

@@ -13,6 +13,8 @@ use crate::quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod avx512_act;
+#[cfg(target_arch = "x86_64")]
 mod avx512_attn;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bits;
@@ -524,6 +526,18 @@ pub fn f16_weighted_sum(level: Level, w: &[f32], values: &[f16], stride: usize, 
     for (i, &wi) in w.iter().enumerate() {
         f16_axpy(level, out, wi, &values[i * stride..][..hd]);
     }
+}
+
+/// BitNet's per-token int8 quantization of `x` into `q`, equal to
+/// [`quant::act::quantize_per_token`] bit for bit.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn quantize_per_token(level: Level, x: &[f32], q: &mut [i8]) -> quant::act::PerToken {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level proves AVX-512 F/BW; the kernel asserts the lengths.
+        return unsafe { avx512_act::quantize_per_token(x, q) };
+    }
+    quant::act::quantize_per_token(x, q)
 }
 
 /// Every value rounded to F16 and back (`f16::from_f32(v).to_f32()`, bit for bit).

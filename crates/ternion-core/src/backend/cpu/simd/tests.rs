@@ -177,6 +177,36 @@ fn round_f16_equals_the_scalar_conversion() {
     }
 }
 
+/// The per-token quantizer at every level equals the reference bit for bit: every tail
+/// length, all-zero rows (the 1e-5 floor), values at the rounding ties, and rows with a
+/// NaN or an infinity.
+#[test]
+fn per_token_quantizer_equals_the_reference() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for n in [1, 15, 16, 17, 100, 2560, 6912] {
+        let random: Vec<f32> = (0..n).map(|_| rng.random_range(-8.0..8.0)).collect();
+        let ties: Vec<f32> = (0..n).map(|i| (i % 255) as f32 - 127.0 + 0.5).collect();
+        let mut odd = random.clone();
+        odd[n / 2] = f32::NAN;
+        let mut inf = random.clone();
+        inf[n - 1] = f32::INFINITY;
+        for x in [random, ties, vec![0.0; n], vec![1e-7; n], odd, inf] {
+            let mut want = vec![0i8; n];
+            let p = quant::act::quantize_per_token(&x, &mut want);
+            for level in levels() {
+                let mut got = vec![0i8; n];
+                let g = quantize_per_token(level, &x, &mut got);
+                assert_eq!(got, want, "{level:?} n={n}");
+                assert_eq!(
+                    (g.scale.to_bits(), g.sum),
+                    (p.scale.to_bits(), p.sum),
+                    "{level:?}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn tq2_dot_is_bit_identical_to_reference() {
     let level = Level::detect();
