@@ -26,7 +26,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 
 use crate::{Error, Result};
 
@@ -365,10 +365,9 @@ impl KvSeq {
                     .data;
                 match ty {
                     KvType::F16 => {
-                        let dst = &mut bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim];
-                        for (d, &s) in dst.iter_mut().zip(row) {
-                            *d = f16::from_f32(s);
-                        }
+                        // Rounded to nearest (ties to even), F16C vectors where the CPU has them.
+                        bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim]
+                            .convert_from_f32_slice(row);
                     }
                     KvType::F32 => bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + kv_dim]
                         .copy_from_slice(row),
