@@ -80,6 +80,7 @@ impl QuantInput {
             return;
         }
         let (nb, rows) = (k / act::Q8K_BLOCK, x.len() / k);
+        let level = simd::Level::detect();
         self.q8k.resize(x.len(), 0);
         self.q8k_d.resize(rows * nb, 0.0);
         self.q8k_bsum.resize(rows * nb, 0);
@@ -98,10 +99,7 @@ impl QuantInput {
                     std::slice::from_raw_parts_mut(bsum.0.add(t * nb), nb),
                 )
             };
-            act::quantize_q8k(&x[t * k..(t + 1) * k], qr, dr);
-            for (b, qb) in br.iter_mut().zip(qr.chunks_exact(act::Q8K_BLOCK)) {
-                *b = qb.iter().map(|&v| i32::from(v)).sum();
-            }
+            simd::quantize_q8k(level, &x[t * k..(t + 1) * k], qr, dr, br);
         });
     }
 

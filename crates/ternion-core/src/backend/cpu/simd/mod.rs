@@ -540,6 +540,21 @@ pub fn quantize_per_token(level: Level, x: &[f32], q: &mut [i8]) -> quant::act::
     quant::act::quantize_per_token(x, q)
 }
 
+/// ggml's Q8_K quantization of one row `x` into `q` and the block scales `d`, equal to
+/// [`quant::act::quantize_q8k`] bit for bit, with each block's Σq into `bsum`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn quantize_q8k(level: Level, x: &[f32], q: &mut [i8], d: &mut [f32], bsum: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level proves AVX-512 F/BW; the kernel asserts the lengths.
+        return unsafe { avx512_act::quantize_q8k(x, q, d, bsum) };
+    }
+    quant::act::quantize_q8k(x, q, d);
+    for (b, qb) in bsum.iter_mut().zip(q.chunks_exact(quant::act::Q8K_BLOCK)) {
+        *b = qb.iter().map(|&v| i32::from(v)).sum();
+    }
+}
+
 /// Every value rounded to F16 and back (`f16::from_f32(v).to_f32()`, bit for bit).
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn round_f16(level: Level, v: &mut [f32]) {
