@@ -26,7 +26,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 
 use crate::{Error, Result};
 
@@ -365,10 +365,9 @@ impl KvSeq {
                     .data;
                 match ty {
                     KvType::F16 => {
-                        let dst = &mut bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim];
-                        for (d, &s) in dst.iter_mut().zip(row) {
-                            *d = f16::from_f32(s);
-                        }
+                        // Rounded to nearest (ties to even), F16C vectors where the CPU has them.
+                        bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim]
+                            .convert_from_f32_slice(row);
                     }
                     KvType::F32 => bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + kv_dim]
                         .copy_from_slice(row),
@@ -403,17 +402,25 @@ pub struct KvLayer<'a> {
 
 impl<'a> KvLayer<'a> {
     fn row(&self, half: usize, p: usize) -> KvRow<'a> {
+        self.rows(half, p, 1)
+    }
+
+    /// `n` rows from position `p` (all inside `p`'s page: `n ≤ page_size − p % page_size`),
+    /// or as many as the page holds after `p` with `n` = `usize::MAX`.
+    fn rows(&self, half: usize, p: usize, n: usize) -> KvRow<'a> {
         let KvGeometry {
             kv_dim,
             page_size,
             ty,
             ..
         } = self.seq.pool.geo;
+        let n = n.min(page_size - p % page_size);
         let at = ((2 * self.layer + half) * page_size + p % page_size) * kv_dim;
         let data = &self.seq.pages[p / page_size].data;
+        let span = at..at + n * kv_dim;
         match ty {
-            KvType::F16 => KvRow::F16(&bytemuck::cast_slice(data)[at..at + kv_dim]),
-            KvType::F32 => KvRow::F32(&bytemuck::cast_slice(data)[at..at + kv_dim]),
+            KvType::F16 => KvRow::F16(&bytemuck::cast_slice(data)[span]),
+            KvType::F32 => KvRow::F32(&bytemuck::cast_slice(data)[span]),
         }
     }
 
@@ -430,6 +437,17 @@ impl<'a> KvLayer<'a> {
     /// The value row (all kv heads) of position `p`.
     pub fn value(&self, p: usize) -> KvRow<'a> {
         self.row(1, p)
+    }
+
+    /// The key rows of position `p` and the positions after it stored next to it (to the
+    /// end of `p`'s page), one after the other.
+    pub fn keys_from(&self, p: usize) -> KvRow<'a> {
+        self.rows(0, p, usize::MAX)
+    }
+
+    /// The value rows of position `p` and the positions after it stored next to it.
+    pub fn values_from(&self, p: usize) -> KvRow<'a> {
+        self.rows(1, p, usize::MAX)
     }
 }
 

@@ -100,6 +100,22 @@ fn q8_0_dot(bencher: Bencher, k: usize) {
     bencher.bench(|| simd::q8_0_dot(level, black_box(&row), &q, &d));
 }
 
+/// One Q6_K row (as a quantized LM head's) against Q8_K activations (counter: weight
+/// bytes; `TERNION_SIMD=avx2` runs the AVX2 kernel for comparison).
+#[divan::bench(args = [2560])]
+fn q6_k_dot_q8k(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut row = vec![0u8; k / 256 * 210];
+    quant::q6_k::quantize_row(&w, &mut row);
+    let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / 256]);
+    quant::act::quantize_q8k(&w, &mut q, &mut d);
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::BytesCount::new(row.len()))
+        .bench(|| simd::q6_k_dot_q8k(level, black_box(&row), &q, &d));
+}
+
 #[divan::bench(args = SIZES)]
 fn quantize_per_token(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
@@ -131,6 +147,29 @@ fn vnni_per_token_dots_16x16(bencher: Bencher, k: usize) {
         .bench_local(|| v.per_token_dots(black_box(&group), &q, &sum, &scale, 1.0, &mut out));
 }
 
+/// One 16-row group against 16 tokens of Q8_K activations with per-block weight scales
+/// (TQ2_0 / TQ1_0 prompts; counter: multiply-adds).
+#[divan::bench(args = SIZES)]
+fn vnni_block_dots_16x16(bencher: Bencher, k: usize) {
+    let Some(v) = simd::Vnni::get() else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(1);
+    let (group, q) = ternary_tile(&mut rng, k);
+    let nb = k / simd::SCALE_BLOCK;
+    let scales = vec![f16::from_f32(0.5); nb * simd::GROUP_ROWS];
+    let (d, bsum) = (vec![0.01f32; 16 * nb], vec![3i32; 16 * nb]);
+    let x = simd::Q8kRows {
+        q: &q,
+        d: &d,
+        bsum: &bsum,
+    };
+    let mut out = [[0f32; 16]; 16];
+    bencher
+        .counter(divan::counter::ItemsCount::new(16 * 16 * k))
+        .bench_local(|| v.block_dots(black_box(&group), &scales, x, 1.0, &mut out));
+}
+
 /// The same work (16 rows × 16 tokens) with the AVX2 / scalar `i2s_dot4`.
 #[divan::bench(args = SIZES)]
 fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
@@ -146,6 +185,29 @@ fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
                     let q = [&t[0][..], &t[1], &t[2], &t[3]];
                     black_box(simd::i2s_dot4(level, black_box(row), q, [0; 4]));
                 }
+            }
+        });
+}
+
+/// One token against 6400 groups of 16 rows (64 MB of weights, far more than the caches
+/// hold), as a decode step's matrix-vector product streams them (counter: weight bytes).
+#[divan::bench(args = [2560])]
+fn vnni_per_token_dot1_stream(bencher: Bencher, k: usize) {
+    let Some(v) = simd::Vnni::get() else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(1);
+    let groups = 6400;
+    let (tile, q) = ternary_tile(&mut rng, k);
+    let weights: Vec<simd::Chunk> = (0..groups).flat_map(|_| tile.iter().copied()).collect();
+    let q = &q[..k];
+    let mut out = [[0f32; 16]; 1];
+    let bytes = std::mem::size_of_val(weights.as_slice());
+    bencher
+        .counter(divan::counter::BytesCount::new(bytes))
+        .bench_local(|| {
+            for group in weights.chunks_exact(k / simd::CHUNK_ELEMS) {
+                v.per_token_dots(black_box(group), q, &[0], &[1.0], 1.0, &mut out);
             }
         });
 }

@@ -44,6 +44,15 @@ pub trait KvRows: Sync {
     fn key(&self, p: usize) -> KvRow<'_>;
     /// The value row of position `p`.
     fn value(&self, p: usize) -> KvRow<'_>;
+    /// The key rows of position `p` and of the positions after it stored right after it,
+    /// one after the other (at least `p`'s own row; by default only it).
+    fn keys_from(&self, p: usize) -> KvRow<'_> {
+        self.key(p)
+    }
+    /// The value rows of position `p` and of the positions stored right after it.
+    fn values_from(&self, p: usize) -> KvRow<'_> {
+        self.value(p)
+    }
 }
 
 /// A cache laid out contiguously: row `p` at `p · kv_dim`.
@@ -66,6 +75,12 @@ impl KvRows for Contiguous<'_> {
     fn value(&self, p: usize) -> KvRow<'_> {
         KvRow::F16(&self.v[p * self.kv_dim..][..self.kv_dim])
     }
+    fn keys_from(&self, p: usize) -> KvRow<'_> {
+        KvRow::F16(&self.k[p * self.kv_dim..])
+    }
+    fn values_from(&self, p: usize) -> KvRow<'_> {
+        KvRow::F16(&self.v[p * self.kv_dim..])
+    }
 }
 
 impl<T: KvRows> KvRows for &T {
@@ -78,6 +93,12 @@ impl<T: KvRows> KvRows for &T {
     fn value(&self, p: usize) -> KvRow<'_> {
         (**self).value(p)
     }
+    fn keys_from(&self, p: usize) -> KvRow<'_> {
+        (**self).keys_from(p)
+    }
+    fn values_from(&self, p: usize) -> KvRow<'_> {
+        (**self).values_from(p)
+    }
 }
 
 impl KvRows for crate::kv::KvLayer<'_> {
@@ -89,6 +110,32 @@ impl KvRows for crate::kv::KvLayer<'_> {
     }
     fn value(&self, p: usize) -> KvRow<'_> {
         crate::kv::KvLayer::value(self, p)
+    }
+    fn keys_from(&self, p: usize) -> KvRow<'_> {
+        crate::kv::KvLayer::keys_from(self, p)
+    }
+    fn values_from(&self, p: usize) -> KvRow<'_> {
+        crate::kv::KvLayer::values_from(self, p)
+    }
+}
+
+/// Calls `f(i, rows, n)` over the F16 runs `run(p)` covering the positions `span` in order:
+/// `rows` holds the `n` rows (of `stride` halves) from position `span.start + i`, each
+/// from its element `at` on.
+fn f16_runs<'c>(
+    span: std::ops::Range<usize>,
+    (stride, at): (usize, usize),
+    run: impl Fn(usize) -> KvRow<'c>,
+    mut f: impl FnMut(usize, &'c [f16], usize),
+) {
+    let mut p = span.start;
+    while p < span.end {
+        let KvRow::F16(rows) = run(p) else {
+            unreachable!("an F16 cache holds F16 rows")
+        };
+        let n = (rows.len() / stride).min(span.end - p);
+        f(p - span.start, &rows[at..], n);
+        p += n;
     }
 }
 
@@ -184,6 +231,8 @@ pub fn attention_rows<C: KvRows>(
     let hd = s.head_dim;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
+    // A cache row holds every kv head of its position.
+    let stride = s.n_head_kv * hd;
     let level = simd::Level::detect();
     let per_thread = scratch_per_thread(capacity, hd);
     let pool = pool::global();
@@ -207,14 +256,26 @@ pub fn attention_rows<C: KvRows>(
             let n_keys = row.pos + 1;
             let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
             let kvh = h / group;
-            for (d, &x) in qh.iter_mut().zip(&q[i * hd..(i + 1) * hd]) {
-                *d = if half { f16::from_f32(x).to_f32() } else { x };
+            qh.copy_from_slice(&q[i * hd..(i + 1) * hd]);
+            if half {
+                simd::round_f16(level, qh);
             }
             let scores = &mut scores[..n_keys - first];
             let mut max = f32::NEG_INFINITY;
-            for (p, sc) in (first..).zip(scores.iter_mut()) {
-                *sc = dot(level, cache.key(p).slice(kvh * hd, hd), qh) * scale;
-                max = max.max(*sc);
+            if half {
+                let keys = |p| cache.keys_from(p);
+                f16_runs(first..n_keys, (stride, kvh * hd), keys, |i, k, n| {
+                    simd::f16_scores(level, qh, k, stride, &mut scores[i..i + n])
+                });
+                for sc in scores.iter_mut() {
+                    *sc *= scale;
+                    max = max.max(*sc);
+                }
+            } else {
+                for (p, sc) in (first..).zip(scores.iter_mut()) {
+                    *sc = dot(level, cache.key(p).slice(kvh * hd, hd), qh) * scale;
+                    max = max.max(*sc);
+                }
             }
             let mut sum = 0f64;
             for sc in scores.iter_mut() {
@@ -222,15 +283,20 @@ pub fn attention_rows<C: KvRows>(
                 sum += f64::from(*sc);
             }
             let inv = (1.0 / sum) as f32;
-            for sc in scores.iter_mut() {
-                *sc *= inv;
-                if row.round_probs && half {
-                    *sc = f16::from_f32(*sc).to_f32();
-                }
+            scores.iter_mut().for_each(|sc| *sc *= inv);
+            if row.round_probs && half {
+                simd::round_f16(level, scores);
             }
             o.fill(0.0);
-            for (p, &w) in (first..).zip(scores.iter()) {
-                axpy(level, o, w, cache.value(p).slice(kvh * hd, hd));
+            if half {
+                let values = |p| cache.values_from(p);
+                f16_runs(first..n_keys, (stride, kvh * hd), values, |i, v, n| {
+                    simd::f16_weighted_sum(level, &scores[i..i + n], v, stride, o)
+                });
+            } else {
+                for (p, &w) in (first..).zip(scores.iter()) {
+                    axpy(level, o, w, cache.value(p).slice(kvh * hd, hd));
+                }
             }
         }
     });

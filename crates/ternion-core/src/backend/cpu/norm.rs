@@ -21,13 +21,43 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
-    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
-        let mean = (sum / n as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
-        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
-            *o = (v * scale) * g;
+    let mut sums = [0f64; ROWS_PER_TASK];
+    for (i, xs) in x.chunks(n * ROWS_PER_TASK).enumerate() {
+        let rows = xs.len() / n;
+        squares(xs, n, &mut sums[..rows]);
+        let at = i * n * ROWS_PER_TASK;
+        let o = &mut out[at..at + rows * n];
+        for ((xr, or), &sum) in xs.chunks_exact(n).zip(o.chunks_exact_mut(n)).zip(&sums) {
+            scale_row(xr, or, w, eps, sum);
         }
+    }
+}
+
+/// `sums[r] = Σ_e f64(x_re²)` for the rows r of `x` (of `n` values), each summed in
+/// element order from 0; four rows side by side, so that the four independent chains
+/// overlap (the same sums as one row after the other, bit for bit).
+fn squares(x: &[f32], n: usize, sums: &mut [f64]) {
+    if let Ok(s) = <&mut [f64; 4]>::try_from(&mut *sums) {
+        let [a, b, c, d]: [&[f32]; 4] = std::array::from_fn(|r| &x[r * n..(r + 1) * n]);
+        *s = [0.0; 4];
+        for (((&a, &b), &c), &d) in a.iter().zip(b).zip(c).zip(d) {
+            for (acc, v) in s.iter_mut().zip([a, b, c, d]) {
+                *acc += f64::from(v * v);
+            }
+        }
+        return;
+    }
+    for (sum, xr) in sums.iter_mut().zip(x.chunks_exact(n)) {
+        *sum = xr.iter().map(|&v| f64::from(v * v)).sum();
+    }
+}
+
+/// One row normalised from its sum of squares.
+fn scale_row(xr: &[f32], or: &mut [f32], w: &[f32], eps: f32, sum: f64) {
+    let mean = (sum / w.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+        *o = (v * scale) * g;
     }
 }
 
@@ -72,6 +102,31 @@ mod tests {
             for i in 0..n {
                 let want = (xr[i] - mean) / (var + 1e-5).sqrt() * f64::from(w[i]) + f64::from(b[i]);
                 assert!((f64::from(out[r * n + i]) - want).abs() < 1e-5, "r{r} i{i}");
+            }
+        }
+    }
+
+    /// Rows normalised four side by side (and the rest one by one, on any number of
+    /// threads) equal the row-at-a-time formula bit for bit.
+    #[test]
+    fn rows_side_by_side_equal_one_row_at_a_time() {
+        for (rows, n) in [(1, 9), (3, 16), (4, 2560), (9, 40), (13, 7)] {
+            let x: Vec<f32> = (0..rows * n)
+                .map(|i| (i as f32 * 0.731).sin() * 10f32.powi(i as i32 % 7 - 3))
+                .collect();
+            let w: Vec<f32> = (0..n).map(|i| 0.5 + 0.01 * i as f32).collect();
+            let mut out = vec![0.0; rows * n];
+            rms_norm(&x, &w, 1e-5, &mut out);
+            for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact(n)) {
+                let sum: f64 = xr.iter().map(|&v| f64::from(v * v)).sum();
+                let scale = 1.0 / ((sum / n as f64) as f32 + 1e-5).sqrt();
+                for ((&o, &v), &g) in or.iter().zip(xr).zip(&w) {
+                    assert_eq!(
+                        o.to_bits(),
+                        ((v * scale) * g).to_bits(),
+                        "rows {rows} n {n}"
+                    );
+                }
             }
         }
     }

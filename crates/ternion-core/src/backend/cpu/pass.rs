@@ -11,6 +11,10 @@ use super::{
 use crate::model::graph::{ActId, GluAct, Graph, InNorm, Op, UnaryAct, WeightId};
 use crate::Result;
 
+/// Rows per parallel task of the row-wise element ops (RoPE, the gated activation): one
+/// decode row is one task, run on the caller.
+const ROWS_PER_TASK: usize = 4;
+
 /// The state of one forward pass: the model, the steps and the workspace's buffers.
 pub(super) struct Pass<'p, 'k> {
     pub(super) model: &'p CpuModel,
@@ -295,16 +299,24 @@ impl Pass<'_, '_> {
             let w = self.width(a);
             let buf = self.acts.modify(a, n * w);
             for &(start, len) in self.spans {
-                rope(
-                    &mut buf[start * w..(start + len) * w],
-                    len,
-                    self.rows[start].pos,
-                    g.head_dim,
-                    g.n_rot,
-                    g.rope_base_of(layer),
-                    g.rope_mode,
-                    freqs,
-                );
+                let pos = self.rows[start].pos;
+                // A row's rotation depends on its position only: blocks of rows in parallel.
+                let span = &mut buf[start * w..(start + len) * w];
+                pool::global().for_each_chunk_mut(span, ROWS_PER_TASK * w, |c, rows, _| {
+                    let base = g.rope_base_of(layer);
+                    let n_rows = rows.len() / w;
+                    let p = pos + c * ROWS_PER_TASK;
+                    rope(
+                        rows,
+                        n_rows,
+                        p,
+                        g.head_dim,
+                        g.n_rot,
+                        base,
+                        g.rope_mode,
+                        freqs,
+                    );
+                });
             }
         }
         Ok(())
@@ -352,19 +364,24 @@ impl Pass<'_, '_> {
         let w = self.width(gate);
         let ups = std::mem::take(&mut self.acts.bufs[up.0]);
         let gs = self.acts.modify(gate, self.tokens.len() * w);
-        match act {
-            GluAct::Relu2 => gs.iter_mut().zip(&ups).for_each(|(g, &u)| {
-                let r = g.max(0.0);
-                *g = (r * r) * u;
-            }),
-            GluAct::Silu => gs.iter_mut().zip(&ups).for_each(|(g, &u)| {
-                *g = (*g / (1.0 + (-*g).exp())) * u;
-            }),
-            GluAct::GeluTanh => gs
-                .iter_mut()
-                .zip(&ups)
-                .for_each(|(g, &u)| *g = gelu_ggml(*g) * u),
-        }
+        // Element by element: blocks of rows in parallel (a decode row runs inline).
+        let block = ROWS_PER_TASK * w;
+        pool::global().for_each_chunk_mut(gs, block, |c, gs, _| {
+            let ups = &ups[c * block..];
+            match act {
+                GluAct::Relu2 => gs.iter_mut().zip(ups).for_each(|(g, &u)| {
+                    let r = g.max(0.0);
+                    *g = (r * r) * u;
+                }),
+                GluAct::Silu => gs.iter_mut().zip(ups).for_each(|(g, &u)| {
+                    *g = (*g / (1.0 + (-*g).exp())) * u;
+                }),
+                GluAct::GeluTanh => gs
+                    .iter_mut()
+                    .zip(ups)
+                    .for_each(|(g, &u)| *g = gelu_ggml(*g) * u),
+            }
+        });
         self.acts.bufs[up.0] = ups;
     }
 

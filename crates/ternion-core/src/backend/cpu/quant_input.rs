@@ -53,6 +53,7 @@ impl QuantInput {
             return;
         }
         let rows = x.len() / k;
+        let level = simd::Level::detect();
         self.q.resize(x.len(), 0);
         self.token_scale.resize(rows, 0.0);
         self.token_sum.resize(rows, 0);
@@ -64,7 +65,7 @@ impl QuantInput {
         // same values.
         pool::global().for_each_chunk_mut(&mut self.q, k, |t, qr, _| {
             let (scale, sum) = (&scale, &sum);
-            let p = act::quantize_per_token(&x[t * k..(t + 1) * k], qr);
+            let p = simd::quantize_per_token(level, &x[t * k..(t + 1) * k], qr);
             // SAFETY: t < rows = the length of both buffers, and row t belongs to this
             // task alone.
             unsafe {
@@ -78,22 +79,28 @@ impl QuantInput {
         if std::mem::replace(&mut self.fresh[1], true) {
             return;
         }
-        let nb = k / act::Q8K_BLOCK;
+        let (nb, rows) = (k / act::Q8K_BLOCK, x.len() / k);
+        let level = simd::Level::detect();
         self.q8k.resize(x.len(), 0);
-        self.q8k_d.resize(x.len() / k * nb, 0.0);
-        for ((xr, qr), dr) in x
-            .chunks_exact(k)
-            .zip(self.q8k.chunks_exact_mut(k))
-            .zip(self.q8k_d.chunks_exact_mut(nb))
-        {
-            act::quantize_q8k(xr, qr, dr);
-        }
-        self.q8k_bsum.clear();
-        self.q8k_bsum.extend(
-            self.q8k
-                .chunks_exact(act::Q8K_BLOCK)
-                .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
+        self.q8k_d.resize(rows * nb, 0.0);
+        self.q8k_bsum.resize(rows * nb, 0);
+        let (d, bsum) = (
+            SharedMut(self.q8k_d.as_mut_ptr()),
+            SharedMut(self.q8k_bsum.as_mut_ptr()),
         );
+        // One token row per task, as `ensure_per_token`.
+        pool::global().for_each_chunk_mut(&mut self.q8k, k, |t, qr, _| {
+            let (d, bsum) = (&d, &bsum);
+            // SAFETY: t < rows; row t's nb scales and sums lie inside both buffers
+            // (rows · nb long) and belong to this task alone.
+            let (dr, br) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(d.0.add(t * nb), nb),
+                    std::slice::from_raw_parts_mut(bsum.0.add(t * nb), nb),
+                )
+            };
+            simd::quantize_q8k(level, &x[t * k..(t + 1) * k], qr, dr, br);
+        });
     }
 
     pub(super) fn ensure_q8_0(&mut self, x: &[f32], k: usize) {

@@ -165,8 +165,16 @@ impl TernaryPack {
             self.tile(x, post, g, t0..t1, tile);
             for (t, v) in (t0..t1).zip(tile.iter()) {
                 // SAFETY: row t < rows and columns j0..j0 + n < m lie inside the rows × m
-                // output; those columns belong to group g alone.
-                unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out.0.add(t * m + j0), n) };
+                // output; those columns belong to group g alone. A whole group's 16
+                // columns go as one store.
+                unsafe {
+                    let o = out.0.add(t * m + j0);
+                    if n == GROUP_ROWS {
+                        o.cast::<[f32; GROUP_ROWS]>().write_unaligned(*v);
+                    } else {
+                        std::ptr::copy_nonoverlapping(v.as_ptr(), o, n);
+                    }
+                }
             }
         }
     }

@@ -13,7 +13,13 @@ use crate::quant;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod avx512_act;
+#[cfg(target_arch = "x86_64")]
+mod avx512_attn;
+#[cfg(target_arch = "x86_64")]
 mod avx512_bits;
+#[cfg(target_arch = "x86_64")]
+mod avx512_kq;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -230,7 +236,11 @@ pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
+        Level::Avx2 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
+        // SAFETY: as in `i2s_dot` (the level proves AVX-512 F/BW/VNNI); the kernel asserts
+        // the lengths it reads.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { avx512_kq::q6_k_dot_q8k(row, q, d) },
         // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_kq::q6_k_dot_q8k(row, q, d) },
@@ -470,6 +480,90 @@ pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
         },
         _ => k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
     }
+}
+
+/// `out[i] = `[`f16_dot_halves`]`(k_i, q)` for the key rows `k_i = keys[i·stride..][..q.len()]`,
+/// one per entry of `out` (the same value, bit for bit, on every path).
+///
+/// # Panics
+/// If `keys` is too short for `out.len()` rows.
+pub fn f16_scores(level: Level, q: &[f32], keys: &[f16], stride: usize, out: &mut [f32]) {
+    let hd = q.len();
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(
+            keys.len() >= last * stride + hd,
+            "f16_scores: keys too short"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && hd.is_multiple_of(32) {
+        // SAFETY: the level proves AVX-512 F; every row lies inside `keys` (asserted).
+        return unsafe { avx512_attn::f16_scores(q, keys.as_ptr(), stride, out) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = f16_dot_halves(level, &keys[i * stride..][..hd], q);
+    }
+}
+
+/// `out += Σ_i w[i]·v_i` over the value rows `v_i = values[i·stride..][..out.len()]` in
+/// order of i: [`f16_axpy`] row after row (the same sums, bit for bit, on every path).
+///
+/// # Panics
+/// If `values` is too short for `w.len()` rows.
+pub fn f16_weighted_sum(level: Level, w: &[f32], values: &[f16], stride: usize, out: &mut [f32]) {
+    let hd = out.len();
+    if let Some(last) = w.len().checked_sub(1) {
+        assert!(
+            values.len() >= last * stride + hd,
+            "f16_weighted_sum: values too short"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 && hd.is_multiple_of(16) {
+        // SAFETY: the level proves AVX-512 F; every row lies inside `values` (asserted).
+        return unsafe { avx512_attn::f16_weighted_sum(w, values.as_ptr(), stride, out) };
+    }
+    for (i, &wi) in w.iter().enumerate() {
+        f16_axpy(level, out, wi, &values[i * stride..][..hd]);
+    }
+}
+
+/// BitNet's per-token int8 quantization of `x` into `q`, equal to
+/// [`quant::act::quantize_per_token`] bit for bit.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn quantize_per_token(level: Level, x: &[f32], q: &mut [i8]) -> quant::act::PerToken {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level proves AVX-512 F/BW; the kernel asserts the lengths.
+        return unsafe { avx512_act::quantize_per_token(x, q) };
+    }
+    quant::act::quantize_per_token(x, q)
+}
+
+/// ggml's Q8_K quantization of one row `x` into `q` and the block scales `d`, equal to
+/// [`quant::act::quantize_q8k`] bit for bit, with each block's Σq into `bsum`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn quantize_q8k(level: Level, x: &[f32], q: &mut [i8], d: &mut [f32], bsum: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level proves AVX-512 F/BW; the kernel asserts the lengths.
+        return unsafe { avx512_act::quantize_q8k(x, q, d, bsum) };
+    }
+    quant::act::quantize_q8k(x, q, d);
+    for (b, qb) in bsum.iter_mut().zip(q.chunks_exact(quant::act::Q8K_BLOCK)) {
+        *b = qb.iter().map(|&v| i32::from(v)).sum();
+    }
+}
+
+/// Every value rounded to F16 and back (`f16::from_f32(v).to_f32()`, bit for bit).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn round_f16(level: Level, v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level proves AVX-512 F.
+        return unsafe { avx512_attn::round_f16(v) };
+    }
+    v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
 }
 
 /// `out_i += w · v_i` for an F16 value row.

@@ -96,6 +96,149 @@ fn f16_kernels_match_reference() {
     }
 }
 
+/// The attention kernels over runs of rows (`f16_scores`, `f16_weighted_sum`) return, at
+/// every level, bit for bit what the row-at-a-time kernels return at the AVX2 level (the
+/// numerics the AVX-512 kernels keep) and at their own level, for head widths that take
+/// the AVX-512 path and widths that do not, rows inside wider strided rows.
+#[test]
+fn attention_runs_equal_row_at_a_time_kernels() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for hd in [16, 32, 40, 64, 80, 96, 128, 144, 256] {
+        let (n, stride, off) = (37, 3 * hd + 16, hd + 8);
+        let rows: Vec<f16> = (0..n * stride)
+            .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)))
+            .collect();
+        let q: Vec<f32> = (0..hd)
+            .map(|_| f16::from_f32(rng.random_range(-3.0..3.0)).to_f32())
+            .collect();
+        let w: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..0.2)).collect();
+        let row = |i: usize| &rows[off + i * stride..][..hd];
+        for level in levels() {
+            let reference = match level {
+                Level::Avx512 => Level::Avx2,
+                other => other,
+            };
+            for lv in [level, reference] {
+                let mut scores = vec![0f32; n];
+                f16_scores(level, &q, &rows[off..], stride, &mut scores);
+                for (i, &sc) in scores.iter().enumerate() {
+                    let want = f16_dot_halves(lv, row(i), &q);
+                    assert_eq!(
+                        sc.to_bits(),
+                        want.to_bits(),
+                        "{level:?}/{lv:?} hd={hd} key {i}"
+                    );
+                }
+                let mut got = vec![0.25f32; hd];
+                f16_weighted_sum(level, &w, &rows[off..], stride, &mut got);
+                let mut want = vec![0.25f32; hd];
+                for (i, &wi) in w.iter().enumerate() {
+                    f16_axpy(lv, &mut want, wi, row(i));
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{level:?}/{lv:?} hd={hd} values");
+            }
+        }
+    }
+}
+
+/// `round_f16` equals the `half` crate's conversion there and back at every level: ties,
+/// subnormals, overflow to infinity, and every length of tail.
+#[test]
+fn round_f16_equals_the_scalar_conversion() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut v: Vec<f32> = (0..200)
+        .map(|i| match i % 5 {
+            0 => rng.random_range(-70000.0..70000.0),
+            1 => rng.random_range(-1e-6..1e-6),
+            // An exact tie between two halves: 1 + 2^-11 (and its neighbours).
+            2 => 1.0 + f32::powi(2.0, -11) * (1.0 + rng.random_range(-1..=1) as f32 * 1e-7),
+            _ => rng.random_range(-3.0..3.0),
+        })
+        .collect();
+    v.extend([
+        65520.0,
+        -65519.0,
+        f32::INFINITY,
+        0.0,
+        -0.0,
+        5.96e-8,
+        2.98e-8,
+    ]);
+    for level in levels() {
+        for n in [0, 1, 15, 16, 17, 33, v.len()] {
+            let mut got = v[..n].to_vec();
+            round_f16(level, &mut got);
+            for (g, &x) in got.iter().zip(&v) {
+                let want = f16::from_f32(x).to_f32();
+                assert_eq!(g.to_bits(), want.to_bits(), "{level:?} n={n} x={x:e}");
+            }
+        }
+    }
+}
+
+/// The per-token quantizer at every level equals the reference bit for bit: every tail
+/// length, all-zero rows (the 1e-5 floor), values at the rounding ties, and rows with a
+/// NaN or an infinity.
+#[test]
+fn per_token_quantizer_equals_the_reference() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for n in [1, 15, 16, 17, 100, 2560, 6912] {
+        let random: Vec<f32> = (0..n).map(|_| rng.random_range(-8.0..8.0)).collect();
+        let ties: Vec<f32> = (0..n).map(|i| (i % 255) as f32 - 127.0 + 0.5).collect();
+        let mut odd = random.clone();
+        odd[n / 2] = f32::NAN;
+        let mut inf = random.clone();
+        inf[n - 1] = f32::INFINITY;
+        for x in [random, ties, vec![0.0; n], vec![1e-7; n], odd, inf] {
+            let mut want = vec![0i8; n];
+            let p = quant::act::quantize_per_token(&x, &mut want);
+            for level in levels() {
+                let mut got = vec![0i8; n];
+                let g = quantize_per_token(level, &x, &mut got);
+                assert_eq!(got, want, "{level:?} n={n}");
+                assert_eq!(
+                    (g.scale.to_bits(), g.sum),
+                    (p.scale.to_bits(), p.sum),
+                    "{level:?}"
+                );
+            }
+        }
+    }
+}
+
+/// The Q8_K quantizer (and its block sums) at every level equals the reference bit for
+/// bit: random rows, an all-zero block, the largest |x| twice with opposite signs (the
+/// first one's sign wins), NaN and infinity.
+#[test]
+fn q8k_quantizer_equals_the_reference() {
+    let mut rng = StdRng::seed_from_u64(15);
+    let n = 4 * 256;
+    let mut x: Vec<f32> = (0..n).map(|_| rng.random_range(-6.0..6.0)).collect();
+    x[256..512].fill(0.0);
+    x[600] = -9.5;
+    x[700] = 9.5;
+    let mut special = x.clone();
+    special[10] = f32::NAN;
+    special[900] = f32::NEG_INFINITY;
+    for x in [x, special] {
+        let (mut want, mut wd) = (vec![0i8; n], vec![0f32; 4]);
+        quant::act::quantize_q8k(&x, &mut want, &mut wd);
+        let wsum: Vec<i32> = want
+            .chunks(256)
+            .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+            .collect();
+        for level in levels() {
+            let (mut q, mut d, mut bsum) = (vec![0i8; n], vec![0f32; 4], vec![0i32; 4]);
+            quantize_q8k(level, &x, &mut q, &mut d, &mut bsum);
+            assert_eq!(q, want, "{level:?}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&d), bits(&wd), "{level:?}");
+            assert_eq!(bsum, wsum, "{level:?}");
+        }
+    }
+}
+
 #[test]
 fn tq2_dot_is_bit_identical_to_reference() {
     let level = Level::detect();
@@ -217,11 +360,18 @@ fn k_quant_dots_are_bit_identical_to_reference() {
             quant::q4_k::dot_q8k(&r4, &q, &d).to_bits(),
             "q4_k k={k}"
         );
-        assert_eq!(
-            q6_k_dot_q8k(level, &r6, &q, &d).to_bits(),
-            quant::q6_k::dot_q8k(&r6, &q, &d).to_bits(),
-            "q6_k k={k}"
-        );
+        // Q6_K at every level, also against activations at the int8 extremes.
+        let extremes: Vec<i8> = (0..k).map(|i| [127, -128, -127][i % 3]).collect();
+        for q in [&q, &extremes] {
+            let want = quant::q6_k::dot_q8k(&r6, q, &d).to_bits();
+            for lv in levels() {
+                assert_eq!(
+                    q6_k_dot_q8k(lv, &r6, q, &d).to_bits(),
+                    want,
+                    "q6_k {lv:?} k={k}"
+                );
+            }
+        }
     }
 }
 
