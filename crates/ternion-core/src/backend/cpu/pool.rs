@@ -120,17 +120,24 @@ impl Pool {
             workers: OnceLock::new(),
             sleeper: Mutex::new(None),
         });
+        // Every worker has started (and made its thread's own allocations) before `new`
+        // returns: nothing of their start-up lands in a later op.
+        let started = Arc::new(std::sync::Barrier::new(n_threads));
         let workers = (1..n_threads)
             .map(|i| {
-                let s = shared.clone();
+                let (s, started) = (shared.clone(), started.clone());
                 std::thread::Builder::new()
                     .name(format!("ternion-worker-{i}"))
-                    .spawn(move || worker(&s, i))
+                    .spawn(move || {
+                        started.wait();
+                        worker(&s, i)
+                    })
                     .expect("starting a worker thread")
                     .thread()
                     .clone()
             })
             .collect();
+        started.wait();
         shared.workers.set(workers).ok();
         Pool {
             shared,
