@@ -363,8 +363,13 @@ fn multi_seq_model_of(
 /// Asserts the logits of a sequence decoded beside others (`got`) against the same sequence
 /// decoded alone (`want`): bit for bit, except where the adapter has cooperative matrices
 /// and the LM head of a step of decode rows runs on them (`f16_coop.wgsl`: the same F16
-/// inputs, summed in the tensor cores' order): there within 1e-5 of the row's largest
-/// |logit| (the order of f32 sums; an input not rounded to F16 would be off by ~1e-3).
+/// inputs, summed in the tensor cores' order): there within [`COOP_HEAD_TOL`] of the row's
+/// largest |logit|.
+/// The tensor-core head's bound, relative to a row's largest |logit|: the order of its f32
+/// sums moved the tiny model's rows by at most 5.9e-7 of that on an H100; an input not
+/// rounded to F16 would move them by ~1e-3.
+const COOP_HEAD_TOL: f32 = 2e-6;
+
 fn assert_same_row(ctx: &GpuContext, got: &[f32], want: &[f32], what: &str) {
     if ctx.caps().prefill != PrefillKernel::Coop {
         assert_eq!(got, want, "{what}");
@@ -377,7 +382,7 @@ fn assert_same_row(ctx: &GpuContext, got: &[f32], want: &[f32], what: &str) {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(
-        worst <= 1e-5 * scale,
+        worst <= COOP_HEAD_TOL * scale,
         "{what}: max |diff| {worst} (largest |logit| {scale})"
     );
 }
@@ -666,14 +671,14 @@ fn masked_top_k_of_each_sequence_matches_its_masked_logits() {
 
 /// Asserts that `best` is the top 8 of the row a sequence decoded alone gives: exactly
 /// (`kernel_checks::cpu_topk`), or where a step of decode rows takes the tensor-core LM
-/// head (`assert_same_row`) with its values within 1e-5 of the row's largest |logit| of
-/// the row's, and no id left out above the last one kept by more than that.
+/// head (`assert_same_row`) with its values within [`COOP_HEAD_TOL`] of the row's largest
+/// |logit| of the row's, and no id left out above the last one kept by more than that.
 fn assert_topk_of_row(ctx: &GpuContext, best: &[(u32, f32)], row: &[f32]) {
     if ctx.caps().prefill != PrefillKernel::Coop {
         assert_eq!(best, &crate::kernel_checks::cpu_topk(row, 8)[..]);
         return;
     }
-    let tol = 1e-5 * row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let tol = COOP_HEAD_TOL * row.iter().fold(0f32, |m, v| m.max(v.abs()));
     assert_eq!(best.len(), 8);
     for &(id, v) in best {
         assert!(

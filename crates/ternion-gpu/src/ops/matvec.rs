@@ -372,32 +372,20 @@ impl F16Matvec {
     }
 
     /// Like [`F16Matvec::rows8`] on cooperative matrices, 32 token rows at a time (each
-    /// weight row read once for 32 tokens), the token rows rounded to F16: for adapters
-    /// whose prefill kernel is the coop one, rows of a multiple of 64 and shards of a
-    /// multiple of 16 rows.
+    /// weight row read once for 32 tokens), the token rows rounded to F16; `None` unless
+    /// the adapter's prefill kernel is the coop one, rows are a multiple of 64 wide and
+    /// every shard holds a multiple of 16 rows.
     pub fn rows32(
         ctx: &GpuContext,
         w: &Sharded,
         x: &GpuBuffer,
         out: &GpuBuffer,
         step: &StepUniform,
-    ) -> Result<F16Matvec> {
+    ) -> Result<Option<F16Matvec>> {
+        let shards_fit = (0..w.shards.len()).all(|i| w.shard_rows(i).1.is_multiple_of(16));
         let k = w.row_bytes / 2;
-        let odd = (0..w.shards.len()).find(|&i| !w.shard_rows(i).1.is_multiple_of(16));
-        let unfit = if ctx.caps().prefill != PrefillKernel::Coop {
-            Some("the adapter has no cooperative matrices".to_string())
-        } else if !k.is_multiple_of(64) {
-            Some(format!("rows of {k} (needs a multiple of 64)"))
-        } else {
-            odd.map(|i| {
-                format!(
-                    "shard {i} of {} rows (needs a multiple of 16)",
-                    w.shard_rows(i).1
-                )
-            })
-        };
-        if let Some(why) = unfit {
-            return Err(Error::KernelArgs(format!("f16 coop matvec: {why}")));
+        if ctx.caps().prefill != PrefillKernel::Coop || !k.is_multiple_of(64) || !shards_fit {
+            return Ok(None);
         }
         let variant = Variant {
             f16: true,
@@ -415,6 +403,7 @@ impl F16Matvec {
             Some(step),
             F16Rows::Coop32,
         )
+        .map(Some)
     }
 
     /// Like [`F16Matvec::new`] but multiplies only the last token row of the step (row

@@ -194,7 +194,7 @@ impl Compiler<'_> {
             gather: RowOp::gather(g, &xb, self.width(x), &s.picks, &pb, true)?,
             picked: F16Matvec::rows8(g, v, TPR, m, &pb, &ob, &s.pick_step)?,
             // The rows32 kernel rounds its input to F16, as the gather does for decode rows.
-            picked_decode: F16Matvec::rows32(g, m, &pb, &ob, &s.pick_step).ok(),
+            picked_decode: F16Matvec::rows32(g, m, &pb, &ob, &s.pick_step)?,
         };
         self.acts.keep.push(pb);
         self.push(Launch::Head(Box::new(head)))
