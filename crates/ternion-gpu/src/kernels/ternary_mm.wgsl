@@ -5,7 +5,7 @@
 // Bindings (group 0):
 //   0 uniform Params { rows, words, w_scale, zero }: output features M, u32 words per weight
 //                                         row (K/16), per-tensor I2_S scale, 0 (see `pinned`)
-//   1 storage read  w:   array<u32>        M × K/16 words: the I2_S codes as in the file
+//   1 storage read  w:   array<vec4<u32>>  M × K/64 vec4s: the I2_S codes as in the file
 //   2 storage read  act: array<vec4<u32>>  T × K/16 vec4s of packed int8 (rmsnorm.wgsl)
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
@@ -24,14 +24,21 @@
 // read token T−1; neither is written.
 //
 // matmul_narrow, for steps of a few tokens (sequences decoded together): the same walk over
-// 32 rows × 32 tokens, so a 2,560-row matrix still spreads over 80 workgroups, with the
-// block's 32 k-words split over four groups of 64 threads (thread (tr, tt) of a group owns
-// rows 4·tr..+3 and tokens 4·tt..+3), whose integer sums are added at the end; each thread
-// stages one code word and one activation vec4 a block.
+// 32 rows × 32 tokens, so a 2,560-row matrix still spreads over 80 workgroups, staged
+// row-major and token-major instead: each row's (token's) block as 8 k-quads (vec4s of four
+// k-words: codes unpacked to a byte each, or packed int8 activations), rows NS = 9 vec4s
+// apart so the eight rows a warp reads at once fall in distinct banks. Staging reads global
+// memory coalesced — eight consecutive threads one token's 128 bytes, two one row's 32
+// bytes of codes, whose four bit planes they store as four k-quads — where k-word-major
+// staging had every lane of a warp read a different row (measured: BENCHMARKS.md,
+// session 12). Thread (kg, tr, tt) = (li / 64, li % 8, li / 8 % 8) owns rows tr + 8i and
+// tokens tt + 8j (i, j < 4) over k-quads 2·kg and 2·kg + 1 of each block; the four
+// k-groups' integer sums are added at the end.
 //
 // Unpacking (ternary.wgsl's header): u32 word j (0..8) of block b of a row, shifted right
 // by 6−2g and masked with 0x03030303, holds the codes of elements 128b + 32g + 4j + 0..3,
-// which pair with packed activation word 32b + 8g + j.
+// which pair with packed activation word 32b + 8g + j (so a row's code vec4 h, words
+// 4h..4h+3, holds k-quad 2g + h of plane g).
 
 override EPILOGUE: u32 = 0u;
 const TM: u32 = 64u;
@@ -45,7 +52,7 @@ struct Params { rows: u32, words: u32, w_scale: f32, zero: u32 }
 struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> act: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> tok_scale: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
@@ -68,6 +75,11 @@ struct Tile {
     lj: u32,
     wrow: u32,
     arow: u32,
+}
+
+// Word i of the codes.
+fn wl(i: u32) -> u32 {
+    return w[i >> 2u][i & 3u];
 }
 
 fn tile(li: u32, wg: vec3<u32>, tm: u32, tn: u32) -> Tile {
@@ -102,8 +114,8 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
     let arow = tl.arow;
 
     let blocks = p.words / 8u;
-    var wv0 = w[wrow + lj];
-    var wv1 = w[wrow + lj + 4u];
+    var wv0 = wl(wrow + lj);
+    var wv1 = wl(wrow + lj + 4u);
     var av0 = act[arow + lj];
     var av1 = act[arow + lj + 4u];
     var acc = Acc();
@@ -121,8 +133,8 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
         workgroupBarrier();
         if (b + 1u < blocks) {
             let wn = wrow + (b + 1u) * 8u + lj;
-            wv0 = w[wn];
-            wv1 = w[wn + 4u];
+            wv0 = wl(wn);
+            wv1 = wl(wn + 4u);
             let an = arow + (b + 1u) * 8u + lj;
             av0 = act[an];
             av1 = act[an + 4u];
@@ -134,11 +146,11 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
 
     let tb = t0 + 4u * tt;
     let r = row0 + 4u * tr;
-    let ts = tok_scales(tb, last);
-    store_row(r, acc.r0, ts, tb, last);
-    store_row(r + 1u, acc.r1, ts, tb, last);
-    store_row(r + 2u, acc.r2, ts, tb, last);
-    store_row(r + 3u, acc.r3, ts, tb, last);
+    let ts = tok_scales(tb, 1u, last);
+    store_row(r, acc.r0, ts, tb, 1u, last);
+    store_row(r + 1u, acc.r1, ts, tb, 1u, last);
+    store_row(r + 2u, acc.r2, ts, tb, 1u, last);
+    store_row(r + 3u, acc.r3, ts, tb, 1u, last);
 }
 
 // The scale s and Σq of tokens tb..tb+3 (past the end: the last token's).
@@ -147,11 +159,11 @@ struct TokScales {
     s: vec4<f32>,
 }
 
-fn tok_scales(tb: u32, last: u32) -> TokScales {
+fn tok_scales(tb: u32, ts: u32, last: u32) -> TokScales {
     let m0 = tok_scale[min(tb, last)];
-    let m1 = tok_scale[min(tb + 1u, last)];
-    let m2 = tok_scale[min(tb + 2u, last)];
-    let m3 = tok_scale[min(tb + 3u, last)];
+    let m1 = tok_scale[min(tb + ts, last)];
+    let m2 = tok_scale[min(tb + 2u * ts, last)];
+    let m3 = tok_scale[min(tb + 3u * ts, last)];
     return TokScales(
         bitcast<vec4<i32>>(vec4<u32>(m0.y, m1.y, m2.y, m3.y)),
         bitcast<vec4<f32>>(vec4<u32>(m0.x, m1.x, m2.x, m3.x)),
@@ -160,14 +172,15 @@ fn tok_scales(tb: u32, last: u32) -> TokScales {
 
 // Scales the integer sums `d` of row `row` against tokens tb..tb+3 (their scales `ts`)
 // and stores (or adds) those that exist.
-fn store_row(row: u32, d: vec4<i32>, ts: TokScales, tb: u32, last: u32) {
+fn store_row(row: u32, d: vec4<i32>, ts: TokScales, tb: u32, step_t: u32, last: u32) {
     let y = (vec4<f32>(d - ts.sq) / ts.s) * p.w_scale;
     if (row >= p.rows) {
         return;
     }
     for (var j = 0u; j < 4u; j++) {
-        if (tb + j <= last) {
-            let o = (tb + j) * p.rows + row;
+        let t = tb + j * step_t;
+        if (t <= last) {
+            let o = t * p.rows + row;
             if (EPILOGUE == 1u) {
                 out[o] = out[o] + pinned(y[j], p.zero);
             } else {
@@ -226,36 +239,49 @@ fn dot4(wv: u32, aq: vec4<u32>) -> vec4<i32> {
 
 @compute @workgroup_size(256)
 fn matmul_narrow(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    // Thread (kg, tr, tt): k-words 8·kg..8·kg+7 of each block, rows 4·tr..+3, tokens 4·tt..+3.
+    // Thread (kg, tr, tt): k-quads 2·kg, 2·kg + 1 of each block, rows tr + 8i, tokens tt + 8j.
     let kg = li / 64u;
     let tr = li % 8u;
-    let tt = (li % 64u) / 8u;
-    // Staging roles: code word lj of row lr, activation vec4 lj of token lr, each block.
-    let tl = tile(li, wg, NM, NM);
+    let tt = (li / 8u) % 8u;
+    let row0 = wg.x * NM;
+    let t0 = wg.y * NM;
+    let last = step.n_tokens - 1u;
+    // Staging roles: activation vec4 li % 8 of token li / 8; threads below 64 also code
+    // vec4 li % 2 of row li / 2.
+    let ta = li / 8u;
+    let ca = li % 8u;
+    let arow = min(t0 + ta, last) * p.words + ca;
+    let wr = (li / 2u) % NM;
+    let wh = li % 2u;
+    let wrow = min(row0 + wr, p.rows - 1u) * (p.words / 4u) + wh;
+    let stw = li < 64u;
 
     let blocks = p.words / 8u;
-    var wv = w[tl.wrow + tl.lj];
-    var av = act[tl.arow + tl.lj];
+    var av = act[arow];
+    var wv = w[wrow];
     var acc = Acc();
     for (var b = 0u; b < blocks; b++) {
         workgroupBarrier();
-        // wsh[k-word · 8 + row / 4][row % 4]: word j of a row holds k-words j, j + 8, j + 16,
-        // j + 24; ash[k-word · 8 + token / 4][token % 4]: vec4 q holds k-words 4q..4q+3.
-        let c = tl.lr % 4u;
-        stage_codes(wv, tl.lj * 8u + tl.lr / 4u, c, 64u);
-        stage_act(av, tl.lj * 32u + tl.lr / 4u, c, 8u);
+        ash[ta * NS + ca] = av;
+        if (stw) {
+            let o = wr * NS + wh;
+            wsh[o] = (wv >> vec4<u32>(6u)) & vec4<u32>(M2);
+            wsh[o + 2u] = (wv >> vec4<u32>(4u)) & vec4<u32>(M2);
+            wsh[o + 4u] = (wv >> vec4<u32>(2u)) & vec4<u32>(M2);
+            wsh[o + 6u] = wv & vec4<u32>(M2);
+        }
         workgroupBarrier();
         if (b + 1u < blocks) {
-            wv = w[tl.wrow + (b + 1u) * 8u + tl.lj];
-            av = act[tl.arow + (b + 1u) * 8u + tl.lj];
+            av = act[arow + (b + 1u) * 8u];
+            wv = w[wrow + (b + 1u) * 2u];
         }
-        for (var k = 8u * kg; k < 8u * kg + 8u; k++) {
-            acc = mac(acc, wsh[k * 8u + tr], ash[k * 8u + tt]);
+        for (var q = 2u * kg; q < 2u * kg + 2u; q++) {
+            acc = macq(acc, tr, tt, q);
         }
     }
     // The four k-groups' sums (exact integers, any order): partial i of thread (kg, tq) at
     // [kg][i][tq] across wsh (kg 0, 1) and ash (kg 2, 3); thread (kg = i, tq) adds row
-    // 4·tr + i's four.
+    // tr + 8i's four.
     let tq = li % 64u;
     workgroupBarrier();
     if (kg < 2u) {
@@ -275,7 +301,34 @@ fn matmul_narrow(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
     let i = kg;
     let d = bitcast<vec4<i32>>(wsh[i * 64u + tq]) + bitcast<vec4<i32>>(wsh[256u + i * 64u + tq])
         + bitcast<vec4<i32>>(ash[i * 64u + tq]) + bitcast<vec4<i32>>(ash[256u + i * 64u + tq]);
+    let tb = t0 + tt;
+    store_row(row0 + tr + 8u * i, d, tok_scales(tb, 8u, last), tb, 8u, last);
+}
 
-    let tb = tl.t0 + 4u * tt;
-    store_row(tl.row0 + 4u * tr + i, d, tok_scales(tb, tl.last), tb, tl.last);
+// The narrow tile's row and token stride in wsh / ash (vec4s: 8 k-quads and one of padding,
+// so eight rows' same k-quad fall in distinct banks).
+const NS: u32 = 9u;
+
+// `acc` plus k-quad q of rows tr + 8i against tokens tt + 8j.
+fn macq(acc: Acc, tr: u32, tt: u32, q: u32) -> Acc {
+    let w0 = wsh[tr * NS + q];
+    let w1 = wsh[(tr + 8u) * NS + q];
+    let w2 = wsh[(tr + 16u) * NS + q];
+    let w3 = wsh[(tr + 24u) * NS + q];
+    let a0 = ash[tt * NS + q];
+    let a1 = ash[(tt + 8u) * NS + q];
+    let a2 = ash[(tt + 16u) * NS + q];
+    let a3 = ash[(tt + 24u) * NS + q];
+    return Acc(
+        acc.r0 + vec4<i32>(dotq(w0, a0), dotq(w0, a1), dotq(w0, a2), dotq(w0, a3)),
+        acc.r1 + vec4<i32>(dotq(w1, a0), dotq(w1, a1), dotq(w1, a2), dotq(w1, a3)),
+        acc.r2 + vec4<i32>(dotq(w2, a0), dotq(w2, a1), dotq(w2, a2), dotq(w2, a3)),
+        acc.r3 + vec4<i32>(dotq(w3, a0), dotq(w3, a1), dotq(w3, a2), dotq(w3, a3)),
+    );
+}
+
+// Σ over four k-words of code words `c` against activation words `a`.
+fn dotq(c: vec4<u32>, a: vec4<u32>) -> i32 {
+    return dot4I8Packed(c.x, a.x) + dot4I8Packed(c.y, a.y) + dot4I8Packed(c.z, a.z)
+        + dot4I8Packed(c.w, a.w);
 }
