@@ -83,6 +83,12 @@ pub enum Kernel {
         /// The coop kernel's 128-token entry point (`matmul_wide`).
         wide: bool,
     },
+    /// `ternary_mm.wgsl` `matmul_narrow3` / `matmul_narrow_glu`: the narrow tiles of several
+    /// I2_S matrices that read the same activations, in one launch.
+    TernaryNarrowFused {
+        /// The gate activation (`matmul_narrow_glu`), or none (`matmul_narrow3`: q, k, v).
+        glu: Option<GluAct>,
+    },
     /// `ternary.wgsl` `matvec_glu`: gate and up I2_S matvecs and `act(g)·u`, fused (decode).
     TernaryGlu {
         /// Threads per weight row (power of two, 1..=256).
@@ -324,6 +330,7 @@ impl Kernel {
                 Source::Ternary
             }
             Kernel::TernaryDecode { .. } => Source::TernaryDecode,
+            Kernel::TernaryNarrowFused { .. } => Source::TernaryMm,
             Kernel::TernaryMatmul { kind, .. } => match kind {
                 MatmulKind::Portable | MatmulKind::Narrow => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
@@ -365,6 +372,8 @@ impl Kernel {
             Kernel::TernaryMatmul { wide: true, .. } => "matmul_wide",
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
+            Kernel::TernaryNarrowFused { glu: None } => "matmul_narrow3",
+            Kernel::TernaryNarrowFused { glu: Some(_) } => "matmul_narrow_glu",
             Kernel::TernaryDecode { entry, .. } => match entry {
                 DecodeEntry::NormQuant => "norm_quant",
                 DecodeEntry::Matvec => "matvec_n",
@@ -427,6 +436,10 @@ impl Kernel {
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
+            Kernel::TernaryNarrowFused { glu: None } => vec![],
+            Kernel::TernaryNarrowFused { glu: Some(act) } => {
+                vec![("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 })]
+            }
             Kernel::TernaryDecode {
                 entry,
                 tpr,

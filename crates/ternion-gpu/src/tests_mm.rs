@@ -26,19 +26,21 @@ fn kinds(ctx: &GpuContext) -> Vec<MatmulKind> {
     k
 }
 
-#[test]
-fn tiled_matmul_equals_batch_kernel_and_cpu() {
-    // A context without f16 and subgroups too: the portable kernel needs neither.
+/// The adapter's default context and one without f16 and subgroups (the portable kernels
+/// need neither); None without an adapter.
+fn contexts() -> Option<(GpuContext, GpuContext)> {
     let plain = GpuOptions {
         disable_f16: true,
         disable_subgroups: true,
         prefill: Some(PrefillKernel::Tiled),
         ..GpuOptions::default()
     };
-    let Some(ctx) = ctx_with(&GpuOptions::default()) else {
-        return;
-    };
-    let Some(plain) = ctx_with(&plain) else {
+    Some((ctx_with(&GpuOptions::default())?, ctx_with(&plain)?))
+}
+
+#[test]
+fn tiled_matmul_equals_batch_kernel_and_cpu() {
+    let Some((ctx, plain)) = contexts() else {
         return;
     };
     let tested = [kinds(&ctx), kinds(&plain)];
@@ -193,5 +195,77 @@ fn bench_prompt_matmuls() {
         let mv =
             TernaryMatvec::new(&ctx, v, 8, &w, &qa, &out, Epilogue::Store, Some(&step)).unwrap();
         time("Batch4", &|p| mv.record(p, tokens as u32, true));
+    }
+}
+
+/// The fused narrow launches (q/k/v in one; gate/up with the GLU in one) give the bits of
+/// the separate narrow launches and `glu.wgsl`, for row counts that are not multiples of
+/// the tile and steps of 13 to 32 tokens.
+#[test]
+fn narrow_fused_equals_separate_launches() {
+    let Some((ctx, plain)) = contexts() else {
+        return;
+    };
+    let mut r = rng(404);
+    let k = 384;
+    for c in [&ctx, &plain] {
+        for tokens in [13usize, 20, 32] {
+            let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
+            let (qa, _, _) = cpu_act(c, &x, k);
+            let step = StepUniform::new(c).unwrap();
+            step.write(c, tokens as u32, 0);
+            let upload = |r: &mut _, rows| {
+                let data = ternary_tensor(r, rows, k);
+                TernaryWeights::upload(c, "w", &data, k, rows).unwrap()
+            };
+            let zeroed =
+                |rows: usize| GpuBuffer::zeroed(c, "y", (tokens * rows * 4) as u64).unwrap();
+            let alone = |w: &TernaryWeights, out: &GpuBuffer| {
+                let mm =
+                    TernaryMatmul::new(c, MatmulKind::Narrow, w, &qa, out, Epilogue::Store, &step)
+                        .unwrap();
+                run(c, |p| mm.record(p, tokens as u32));
+            };
+            let same = |got: &GpuBuffer, want: &GpuBuffer, what: &str| {
+                let (got, want) = (got.read::<f32>(c).unwrap(), want.read::<f32>(c).unwrap());
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(diff.is_none(), "{what} t{tokens} elem {diff:?}");
+            };
+
+            let rows = [70, 40, 33];
+            let ws = rows.map(|n| upload(&mut r, n));
+            let (outs, refs) = (rows.map(zeroed), rows.map(zeroed));
+            let fused = NarrowFused::qkv(
+                c,
+                [&ws[0], &ws[1], &ws[2]],
+                &qa,
+                [&outs[0], &outs[1], &outs[2]],
+                &step,
+            )
+            .unwrap()
+            .expect("an adapter with tiled kernels runs the narrow tiles");
+            run(c, |p| fused.record(p, tokens as u32));
+            for i in 0..3 {
+                alone(&ws[i], &refs[i]);
+                same(&outs[i], &refs[i], &format!("q/k/v matrix {i}"));
+            }
+
+            let (gate, up) = (upload(&mut r, 100), upload(&mut r, 100));
+            for act in [GluAct::ReluSqr, GluAct::Silu] {
+                let (out, gb, ub) = (zeroed(100), zeroed(100), zeroed(100));
+                let fused = NarrowFused::glu(c, (&gate, &up), &qa, &out, act, &step)
+                    .unwrap()
+                    .unwrap();
+                run(c, |p| fused.record(p, tokens as u32));
+                alone(&gate, &gb);
+                alone(&up, &ub);
+                let glu = Glu::new(c, act, &gb, &ub, 100).unwrap();
+                run(c, |p| glu.record(p, tokens as u32));
+                same(&out, &gb, &format!("gate/up {act:?}"));
+            }
+        }
     }
 }

@@ -10,7 +10,12 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
 //   5 uniform Step { n_tokens, .. }
-// Dispatch: matmul_tiled (ceil(M / 64), ceil(T / 64), 1); matmul_narrow (ceil(M / 32),
+//   6 storage read  w2, 7 w3: array<vec4<u32>>  matmul_narrow3: the 2nd and 3rd matrices;
+//                                         matmul_narrow_glu: the up matrix (w2)
+//   8 storage rw    out2, 9 out3: array<f32>    matmul_narrow3: their outputs
+//  10 uniform Parts { m2, m3, scale2, scale3 }: those matrices' rows and I2_S scales
+// Dispatch: matmul_tiled (ceil(M / 64), ceil(T / 64), 1); matmul_narrow and
+// matmul_narrow_glu (ceil(M / 32), ceil(T / 32), 1); matmul_narrow3 (Σ ceil(Mi / 32),
 // ceil(T / 32), 1); 256 threads per workgroup.
 //
 // A workgroup owns a tile of 64 weight rows × 64 tokens and walks K one I2_S block (128
@@ -33,7 +38,11 @@
 // staging had every lane of a warp read a different row (measured: BENCHMARKS.md,
 // session 12). Thread (kg, tr, tt) = (li / 64, li % 8, li / 8 % 8) owns rows tr + 8i and
 // tokens tt + 8j (i, j < 4) over k-quads 2·kg and 2·kg + 1 of each block; the four
-// k-groups' integer sums are added at the end.
+// k-groups' integer sums are added at the end. matmul_narrow3 runs the narrow tiles of three
+// matrices that read the same activations (q, k, v) in one launch; matmul_narrow_glu
+// stages a tile's gate and up rows together against one staging of the activations and
+// stores act(gate) · up (the integers, the scaling and the GLU expression are those of the
+// separate launches, so the values are the same bits).
 //
 // Unpacking (ternary.wgsl's header): u32 word j (0..8) of block b of a row, shifted right
 // by 6−2g and masked with 0x03030303, holds the codes of elements 128b + 32g + 4j + 0..3,
@@ -153,7 +162,7 @@ fn matmul_tiled(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
     store_row(r + 3u, acc.r3, ts, tb, 1u, last);
 }
 
-// The scale s and Σq of tokens tb..tb+3 (past the end: the last token's).
+// The scale s and Σq of tokens tb + ts·j, j < 4 (past the end: the last token's).
 struct TokScales {
     sq: vec4<i32>,
     s: vec4<f32>,
@@ -170,10 +179,15 @@ fn tok_scales(tb: u32, ts: u32, last: u32) -> TokScales {
     );
 }
 
-// Scales the integer sums `d` of row `row` against tokens tb..tb+3 (their scales `ts`)
-// and stores (or adds) those that exist.
+// The integer sums `d` of a row against four tokens (their scales `ts`), scaled.
+fn scaled(d: vec4<i32>, ts: TokScales, w_scale: f32) -> vec4<f32> {
+    return (vec4<f32>(d - ts.sq) / ts.s) * w_scale;
+}
+
+// Scales the integer sums `d` of row `row` against tokens tb + step_t·j, j < 4 (their
+// scales `ts`) and stores (or adds) those that exist.
 fn store_row(row: u32, d: vec4<i32>, ts: TokScales, tb: u32, step_t: u32, last: u32) {
-    let y = (vec4<f32>(d - ts.sq) / ts.s) * p.w_scale;
+    let y = scaled(d, ts, p.w_scale);
     if (row >= p.rows) {
         return;
     }
@@ -237,93 +251,119 @@ fn dot4(wv: u32, aq: vec4<u32>) -> vec4<i32> {
     );
 }
 
-@compute @workgroup_size(256)
-fn matmul_narrow(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    // Thread (kg, tr, tt): k-quads 2·kg, 2·kg + 1 of each block, rows tr + 8i, tokens tt + 8j.
+// The fused narrow entries' own bindings: matmul_narrow3's 2nd and 3rd matrices and
+// outputs; matmul_narrow_glu's up matrix is w2. Parts { m2, m3, scale2, scale3 }: their rows
+// and I2_S scales.
+struct Parts { m2: u32, m3: u32, scale2: f32, scale3: f32 }
+
+@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> w3: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(9) var<storage, read_write> out3: array<f32>;
+@group(0) @binding(10) var<uniform> parts: Parts;
+
+// matmul_narrow_glu's gate activation: 0 ReLU², 1 SiLU (glu.wgsl's expressions).
+override ACT: u32 = 0u;
+
+// The narrow entries' workgroup memory: up to 64 staged code rows (two matrices' 32) at
+// vec4 NS·r, the 32 staged tokens from NA; after the walk, the k-groups' partial sums.
+var<workgroup> nsh: array<vec4<u32>, 1024>;
+// Staged row and token stride (vec4s: 8 k-quads and one of padding, so the eight rows a
+// warp reads at once fall in distinct banks); first staged token.
+const NS: u32 = 9u;
+const NA: u32 = 576u;
+
+// Code vec4 i of matrix m (0: w, 1: w2, 2: w3).
+fn wq(m: u32, i: u32) -> vec4<u32> {
+    if (m == 1u) {
+        return w2[i];
+    }
+    if (m == 2u) {
+        return w3[i];
+    }
+    return w[i];
+}
+
+// A row set of a narrow tile: rows row0..row0+32 of matrix m (of `rows` rows).
+struct RowSet {
+    m: u32,
+    row0: u32,
+    rows: u32,
+}
+
+// A thread's sums over the walk: `g` for the first row set, `u` for the second.
+struct Walk {
+    g: Acc,
+    u: Acc,
+}
+
+// Thread li's walk over K for tokens t0.. (the last `last`) against `sets` (1 or 2) row
+// sets: thread (kg, tr, tt) = (li / 64, li % 8, li / 8 % 8) sums rows tr + 8i of each set
+// against tokens tt + 8j over k-quads 2·kg and 2·kg + 1 of each block.
+fn narrow_walk(li: u32, t0: u32, last: u32, a: RowSet, b: RowSet, sets: u32) -> Walk {
     let kg = li / 64u;
     let tr = li % 8u;
     let tt = (li / 8u) % 8u;
-    let row0 = wg.x * NM;
-    let t0 = wg.y * NM;
-    let last = step.n_tokens - 1u;
-    // Staging roles: activation vec4 li % 8 of token li / 8; threads below 64 also code
-    // vec4 li % 2 of row li / 2.
+    // Staging roles: activation vec4 ca of token ta; threads below 64·sets also code vec4
+    // wh of row wr of set li / 64. Every thread loads a code vec4 (a valid one) and only
+    // those store it: loads under a branch measured 17 % slower (BENCHMARKS.md, session 12).
     let ta = li / 8u;
     let ca = li % 8u;
     let arow = min(t0 + ta, last) * p.words + ca;
+    var rs = a;
+    if (li >= 64u) {
+        rs = b;
+    }
     let wr = (li / 2u) % NM;
     let wh = li % 2u;
-    let wrow = min(row0 + wr, p.rows - 1u) * (p.words / 4u) + wh;
-    let stw = li < 64u;
+    let wrow = min(rs.row0 + wr, rs.rows - 1u) * (p.words / 4u) + wh;
+    let codes = li < 64u * sets;
+    let cs = (li / 64u) * NM + wr;
 
     let blocks = p.words / 8u;
     var av = act[arow];
-    var wv = w[wrow];
-    var acc = Acc();
-    for (var b = 0u; b < blocks; b++) {
+    var wv = wq(rs.m, wrow);
+    var acc = Walk(Acc(), Acc());
+    for (var blk = 0u; blk < blocks; blk++) {
         workgroupBarrier();
-        ash[ta * NS + ca] = av;
-        if (stw) {
-            let o = wr * NS + wh;
-            wsh[o] = (wv >> vec4<u32>(6u)) & vec4<u32>(M2);
-            wsh[o + 2u] = (wv >> vec4<u32>(4u)) & vec4<u32>(M2);
-            wsh[o + 4u] = (wv >> vec4<u32>(2u)) & vec4<u32>(M2);
-            wsh[o + 6u] = wv & vec4<u32>(M2);
+        nsh[NA + ta * NS + ca] = av;
+        if (codes) {
+            let o = cs * NS + wh;
+            nsh[o] = (wv >> vec4<u32>(6u)) & vec4<u32>(M2);
+            nsh[o + 2u] = (wv >> vec4<u32>(4u)) & vec4<u32>(M2);
+            nsh[o + 4u] = (wv >> vec4<u32>(2u)) & vec4<u32>(M2);
+            nsh[o + 6u] = wv & vec4<u32>(M2);
         }
         workgroupBarrier();
-        if (b + 1u < blocks) {
-            av = act[arow + (b + 1u) * 8u];
-            wv = w[wrow + (b + 1u) * 2u];
+        if (blk + 1u < blocks) {
+            av = act[arow + (blk + 1u) * 8u];
+            wv = wq(rs.m, wrow + (blk + 1u) * 2u);
         }
         for (var q = 2u * kg; q < 2u * kg + 2u; q++) {
-            acc = macq(acc, tr, tt, q);
+            acc.g = macq(acc.g, tr, tt, q);
+            if (sets == 2u) {
+                acc.u = macq(acc.u, tr + NM, tt, q);
+            }
         }
     }
-    // The four k-groups' sums (exact integers, any order): partial i of thread (kg, tq) at
-    // [kg][i][tq] across wsh (kg 0, 1) and ash (kg 2, 3); thread (kg = i, tq) adds row
-    // tr + 8i's four.
-    let tq = li % 64u;
-    workgroupBarrier();
-    if (kg < 2u) {
-        let o = kg * 256u + tq;
-        wsh[o] = bitcast<vec4<u32>>(acc.r0);
-        wsh[o + 64u] = bitcast<vec4<u32>>(acc.r1);
-        wsh[o + 128u] = bitcast<vec4<u32>>(acc.r2);
-        wsh[o + 192u] = bitcast<vec4<u32>>(acc.r3);
-    } else {
-        let o = (kg - 2u) * 256u + tq;
-        ash[o] = bitcast<vec4<u32>>(acc.r0);
-        ash[o + 64u] = bitcast<vec4<u32>>(acc.r1);
-        ash[o + 128u] = bitcast<vec4<u32>>(acc.r2);
-        ash[o + 192u] = bitcast<vec4<u32>>(acc.r3);
-    }
-    workgroupBarrier();
-    let i = kg;
-    let d = bitcast<vec4<i32>>(wsh[i * 64u + tq]) + bitcast<vec4<i32>>(wsh[256u + i * 64u + tq])
-        + bitcast<vec4<i32>>(ash[i * 64u + tq]) + bitcast<vec4<i32>>(ash[256u + i * 64u + tq]);
-    let tb = t0 + tt;
-    store_row(row0 + tr + 8u * i, d, tok_scales(tb, 8u, last), tb, 8u, last);
+    return acc;
 }
 
-// The narrow tile's row and token stride in wsh / ash (vec4s: 8 k-quads and one of padding,
-// so eight rows' same k-quad fall in distinct banks).
-const NS: u32 = 9u;
-
-// `acc` plus k-quad q of rows tr + 8i against tokens tt + 8j.
+// `acc` plus k-quad q of staged rows tr + 8i against staged tokens tt + 8j.
 fn macq(acc: Acc, tr: u32, tt: u32, q: u32) -> Acc {
-    let w0 = wsh[tr * NS + q];
-    let w1 = wsh[(tr + 8u) * NS + q];
-    let w2 = wsh[(tr + 16u) * NS + q];
-    let w3 = wsh[(tr + 24u) * NS + q];
-    let a0 = ash[tt * NS + q];
-    let a1 = ash[(tt + 8u) * NS + q];
-    let a2 = ash[(tt + 16u) * NS + q];
-    let a3 = ash[(tt + 24u) * NS + q];
+    let c0 = nsh[tr * NS + q];
+    let c1 = nsh[(tr + 8u) * NS + q];
+    let c2 = nsh[(tr + 16u) * NS + q];
+    let c3 = nsh[(tr + 24u) * NS + q];
+    let a0 = nsh[NA + tt * NS + q];
+    let a1 = nsh[NA + (tt + 8u) * NS + q];
+    let a2 = nsh[NA + (tt + 16u) * NS + q];
+    let a3 = nsh[NA + (tt + 24u) * NS + q];
     return Acc(
-        acc.r0 + vec4<i32>(dotq(w0, a0), dotq(w0, a1), dotq(w0, a2), dotq(w0, a3)),
-        acc.r1 + vec4<i32>(dotq(w1, a0), dotq(w1, a1), dotq(w1, a2), dotq(w1, a3)),
-        acc.r2 + vec4<i32>(dotq(w2, a0), dotq(w2, a1), dotq(w2, a2), dotq(w2, a3)),
-        acc.r3 + vec4<i32>(dotq(w3, a0), dotq(w3, a1), dotq(w3, a2), dotq(w3, a3)),
+        acc.r0 + vec4<i32>(dotq(c0, a0), dotq(c0, a1), dotq(c0, a2), dotq(c0, a3)),
+        acc.r1 + vec4<i32>(dotq(c1, a0), dotq(c1, a1), dotq(c1, a2), dotq(c1, a3)),
+        acc.r2 + vec4<i32>(dotq(c2, a0), dotq(c2, a1), dotq(c2, a2), dotq(c2, a3)),
+        acc.r3 + vec4<i32>(dotq(c3, a0), dotq(c3, a1), dotq(c3, a2), dotq(c3, a3)),
     );
 }
 
@@ -331,4 +371,106 @@ fn macq(acc: Acc, tr: u32, tt: u32, q: u32) -> Acc {
 fn dotq(c: vec4<u32>, a: vec4<u32>) -> i32 {
     return dot4I8Packed(c.x, a.x) + dot4I8Packed(c.y, a.y) + dot4I8Packed(c.z, a.z)
         + dot4I8Packed(c.w, a.w);
+}
+
+// The four k-groups' sums (exact integers, any order) of row tr + 8·kg of thread
+// (kg, tr, tt)'s against its four tokens: partial i of thread (kg, tq) at nsh[256·kg +
+// 64·i + tq]. Every thread calls it together (barriers inside).
+fn ksum(acc: Acc, li: u32) -> vec4<i32> {
+    let kg = li / 64u;
+    let tq = li % 64u;
+    workgroupBarrier();
+    let o = kg * 256u + tq;
+    nsh[o] = bitcast<vec4<u32>>(acc.r0);
+    nsh[o + 64u] = bitcast<vec4<u32>>(acc.r1);
+    nsh[o + 128u] = bitcast<vec4<u32>>(acc.r2);
+    nsh[o + 192u] = bitcast<vec4<u32>>(acc.r3);
+    workgroupBarrier();
+    let i = kg * 64u + tq;
+    return bitcast<vec4<i32>>(nsh[i]) + bitcast<vec4<i32>>(nsh[256u + i])
+        + bitcast<vec4<i32>>(nsh[512u + i]) + bitcast<vec4<i32>>(nsh[768u + i]);
+}
+
+@compute @workgroup_size(256)
+fn matmul_narrow(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t0 = wg.y * NM;
+    let last = step.n_tokens - 1u;
+    let rs = RowSet(0u, wg.x * NM, p.rows);
+    let d = ksum(narrow_walk(li, t0, last, rs, rs, 1u).g, li);
+    let tb = t0 + (li / 8u) % 8u;
+    store_row(rs.row0 + li % 8u + 8u * (li / 64u), d, tok_scales(tb, 8u, last), tb, 8u, last);
+}
+
+// matmul_narrow3: the tiles of w (p.rows rows), then w2 (parts.m2), then w3 (parts.m3),
+// along x; each stores its matrix's output (out, out2, out3).
+@compute @workgroup_size(256)
+fn matmul_narrow3(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t0 = wg.y * NM;
+    let last = step.n_tokens - 1u;
+    let n1 = (p.rows + NM - 1u) / NM;
+    let n2 = (parts.m2 + NM - 1u) / NM;
+    var rs = RowSet(0u, wg.x * NM, p.rows);
+    var w_scale = p.w_scale;
+    if (wg.x >= n1 + n2) {
+        rs = RowSet(2u, (wg.x - n1 - n2) * NM, parts.m3);
+        w_scale = parts.scale3;
+    } else if (wg.x >= n1) {
+        rs = RowSet(1u, (wg.x - n1) * NM, parts.m2);
+        w_scale = parts.scale2;
+    }
+    let d = ksum(narrow_walk(li, t0, last, rs, rs, 1u).g, li);
+    let tb = t0 + (li / 8u) % 8u;
+    let y = scaled(d, tok_scales(tb, 8u, last), w_scale);
+    let row = rs.row0 + li % 8u + 8u * (li / 64u);
+    if (row >= rs.rows) {
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let t = tb + 8u * j;
+        if (t <= last) {
+            let o = t * rs.rows + row;
+            if (rs.m == 1u) {
+                out2[o] = y[j];
+            } else if (rs.m == 2u) {
+                out3[o] = y[j];
+            } else {
+                out[o] = y[j];
+            }
+        }
+    }
+}
+
+// matmul_narrow_glu: gate rows (w) and the same up rows (w2, scale parts.scale2) of a tile
+// together; out = act(gate) · up as glu.wgsl computes it from the two stored products.
+@compute @workgroup_size(256)
+fn matmul_narrow_glu(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t0 = wg.y * NM;
+    let last = step.n_tokens - 1u;
+    let row0 = wg.x * NM;
+    let acc = narrow_walk(li, t0, last, RowSet(0u, row0, p.rows), RowSet(1u, row0, p.rows), 2u);
+    let dg = ksum(acc.g, li);
+    let du = ksum(acc.u, li);
+    let tb = t0 + (li / 8u) % 8u;
+    let ts = tok_scales(tb, 8u, last);
+    let g = scaled(dg, ts, p.w_scale);
+    let u = scaled(du, ts, parts.scale2);
+    let row = row0 + li % 8u + 8u * (li / 64u);
+    if (row >= p.rows) {
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let t = tb + 8u * j;
+        if (t <= last) {
+            out[t * p.rows + row] = glu(g[j], u[j]);
+        }
+    }
+}
+
+// act(g) · u (glu.wgsl's ACT 0 and 1).
+fn glu(g: f32, u: f32) -> f32 {
+    if (ACT == 0u) {
+        let r = max(g, 0.0);
+        return (r * r) * u;
+    }
+    return (g / (1.0 + exp(-g))) * u;
 }

@@ -97,7 +97,7 @@ impl TernaryMatmul {
                 kv_f32: false,
             },
         };
-        let bindings = [
+        let mut bindings = vec![
             (0, params.binding()),
             (1, w.codes.binding()),
             (2, act.q.binding()),
@@ -105,6 +105,11 @@ impl TernaryMatmul {
             (4, out.binding()),
             (5, step.buf.binding()),
         ];
+        if kind == MatmulKind::Narrow {
+            // The narrow walk's code loader names the fused entries' 2nd and 3rd matrices
+            // too (ternary_mm.wgsl `wq`); this entry reads only w.
+            bindings.extend([(6, w.codes.binding()), (7, w.codes.binding())]);
+        }
         let groups = (w.rows as u32).div_ceil(kind.tile_rows());
         let dispatch = Dispatch::new(ctx, key(false), "ternary_mm", &bindings, groups)?;
         let wide = match kind {
@@ -150,6 +155,11 @@ pub const BATCH4_MAX_TOKENS: u32 = 12;
 /// 128 × 64 cooperative-matrix tiles, 20 workgroups for a 2,560-row matrix, and 1,238 on
 /// the 64 × 64 portable ones).
 pub const NARROW_MAX_TOKENS: u32 = 32;
+
+/// Whether a step of `n_tokens` tokens runs the narrow tiles (where the adapter has them).
+pub fn narrow_step(n_tokens: u32) -> bool {
+    n_tokens > BATCH4_MAX_TOKENS && n_tokens <= NARROW_MAX_TOKENS
+}
 
 /// Fewest rows for which a linear takes the narrow tiles: below, too few workgroups (the
 /// 640-row k and v projections of 2B-4T ran slower on 20 than in the 4-token kernel).
@@ -203,7 +213,7 @@ impl TernaryLinear {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         let tiles = if n_tokens <= BATCH4_MAX_TOKENS {
             None
-        } else if n_tokens <= NARROW_MAX_TOKENS {
+        } else if narrow_step(n_tokens) {
             self.narrow.as_ref()
         } else {
             self.tiled.as_ref()

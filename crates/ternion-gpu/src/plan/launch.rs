@@ -2,8 +2,9 @@
 
 use super::Rows;
 use crate::ops::{
-    Attention, Elementwise, Embed, F16Matvec, Glu, NormMatvec, NormQuant, QEmbed, QMatvec,
-    QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3, TernaryGlu, TernaryLinear, WindowAttention,
+    narrow_step, Attention, Elementwise, Embed, F16Matvec, Glu, NarrowFused, NormMatvec, NormQuant,
+    QEmbed, QMatvec, QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3, TernaryGlu, TernaryLinear,
+    WindowAttention,
 };
 
 /// One compiled launch group.
@@ -11,12 +12,13 @@ pub(super) enum Launch {
     Embed(Embed),
     Norm(RmsNorm),
     Ternary(TernaryLinear),
-    /// Gate and up I2_S matvecs and the GLU: fused for one token, three launches (the
-    /// prefill kernels and `glu.wgsl`) for a batch.
+    /// Gate and up I2_S matvecs and the GLU: fused for one token and for a step of the
+    /// narrow tiles' size, three launches (the prefill kernels and `glu.wgsl`) for other
+    /// batches.
     TernaryGlu(Box<FusedGlu>),
-    /// Three I2_S matvecs sharing their input (q, k, v): one launch for one token, the
-    /// three prefill kernels for a batch.
-    Ternary3(Box<(Ternary3, [TernaryLinear; 3])>),
+    /// Three I2_S matvecs sharing their input (q, k, v): one launch for one token and for a
+    /// step of the narrow tiles' size, the three prefill kernels for other batches.
+    Ternary3(Box<FusedQkv>),
     RopeKv(RopeKv),
     Attention(Attention),
     Glu(Glu),
@@ -54,6 +56,21 @@ pub(super) struct FusedGlu {
     pub(super) gate: TernaryLinear,
     pub(super) up: TernaryLinear,
     pub(super) glu: Glu,
+    /// The narrow tiles of both with the GLU (adapters with tiled kernels).
+    pub(super) narrow: Option<NarrowFused>,
+}
+
+/// The parts of [`Launch::Ternary3`].
+pub(super) struct FusedQkv {
+    pub(super) fused: Ternary3,
+    pub(super) each: [TernaryLinear; 3],
+    /// The narrow tiles of the three (adapters with tiled kernels).
+    pub(super) narrow: Option<NarrowFused>,
+}
+
+/// The fused narrow launch where a step of `n` tokens takes it.
+fn narrow_of(narrow: &Option<NarrowFused>, n: u32) -> Option<&NarrowFused> {
+    narrow.as_ref().filter(|_| narrow_step(n))
 }
 
 /// The parts of [`Launch::Head`]: one matvec per row mode; picked rows are gathered into
@@ -138,9 +155,11 @@ impl Launch {
             Launch::Ternary(o) => o.record(pass, n),
             Launch::Ternary3(b) => {
                 if n == 1 {
-                    b.0.record(pass, 1);
+                    b.fused.record(pass, 1);
+                } else if let Some(t) = narrow_of(&b.narrow, n) {
+                    t.record(pass, n);
                 } else {
-                    for mv in &b.1 {
+                    for mv in &b.each {
                         mv.record(pass, n);
                     }
                 }
@@ -151,9 +170,12 @@ impl Launch {
                     gate,
                     up,
                     glu,
+                    narrow,
                 } = &**f;
                 if n == 1 {
                     fused.record(pass, 1);
+                } else if let Some(t) = narrow_of(narrow, n) {
+                    t.record(pass, n);
                 } else {
                     gate.record(pass, n);
                     up.record(pass, n);
@@ -238,7 +260,8 @@ impl Launch {
             Launch::Embed(e) => e.dispatch_count(),
             Launch::Attention(a) => a.dispatches(n, 1, (false, false)),
             Launch::RopeKv(r) if r.skips(n, 1, false) => 0,
-            Launch::TernaryGlu(_) | Launch::Ternary3(_) if n > 1 => 3,
+            Launch::TernaryGlu(f) if n > 1 && narrow_of(&f.narrow, n).is_none() => 3,
+            Launch::Ternary3(b) if n > 1 && narrow_of(&b.narrow, n).is_none() => 3,
             Launch::Head(h) => h.decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
             Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),

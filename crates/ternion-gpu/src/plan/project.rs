@@ -3,11 +3,13 @@
 //! `TernaryGlu`), else the norm and one product at a time.
 
 use super::build::Compiler;
-use super::launch::{FusedGlu, Launch};
+use super::launch::{FusedGlu, FusedQkv, Launch};
 use super::linear::ternary;
 use super::TPR;
 use crate::model::graph::{ActId, GluAct, InNorm, Op, WeightId};
-use crate::ops::{kernel_glu, Glu, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear};
+use crate::ops::{
+    kernel_glu, Glu, NarrowFused, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear,
+};
 use crate::pipelines::Epilogue;
 use crate::Result;
 
@@ -52,11 +54,14 @@ impl Compiler<'_> {
                 };
                 let each = [mv(0)?, mv(1)?, mv(2)?];
                 let out = [&ob[0], &ob[1], &ob[2]];
+                let narrow = NarrowFused::qkv(g, ws, &input.q, out, &s.step)?;
                 let single = self.single(&input, NormMatvecKind::Three { w: ws, out })?;
-                self.push(Launch::decode(
-                    single,
-                    Launch::Ternary3(Box::new((fused, each))),
-                ))
+                let qkv = FusedQkv {
+                    fused,
+                    each,
+                    narrow,
+                };
+                self.push(Launch::decode(single, Launch::Ternary3(Box::new(qkv))))
             }
             _ => {
                 let all = i2s.iter().all(Option::is_some);
@@ -101,6 +106,7 @@ impl Compiler<'_> {
                     gate: mv(gw, &gb)?,
                     up: mv(uw, &ub)?,
                     glu: Glu::new(g, act, &gb, &ub, self.width(gate))?,
+                    narrow: NarrowFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step)?,
                 }));
                 self.push(Launch::decode(single, fused))
             }
