@@ -144,11 +144,11 @@ impl TernaryMatmul {
 }
 
 /// Largest step that runs the 4-token batch matvec rather than the narrow tiles: on an
-/// H200 (BENCHMARKS.md, 2026-11-26), 12 sequences decoded together ran 1,582–1,585 tok/s
-/// either way, 16 sequences 1,800–1,816 with it against 2,057–2,141 with the narrow tiles
-/// (half empty), 32 sequences 1,985 against 2,393–2,438 (before the kernels lost
-/// naga's loop counters: then 16 sequences were faster with it, 1,557 against 1,377).
-pub const BATCH4_MAX_TOKENS: u32 = 12;
+/// H200 (BENCHMARKS.md, session 12, after the narrow tiles were coalesced and q/k/v and
+/// gate/up fused), 12 sequences decoded together ran 2,008 / 2,062 tok/s on the narrow
+/// tiles against 1,672 / 1,695 with it; 8 sequences and 5 tied (1,297–1,359 either way,
+/// 810–860).
+pub const BATCH4_MAX_TOKENS: u32 = 8;
 
 /// Largest step that runs the narrow 32 × 32 tiles rather than the prompt tiles: 64-token
 /// tiles over 32 tokens are half empty (on an H100, 32 sequences ran 1,559 tok/s on the
