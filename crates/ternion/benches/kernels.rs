@@ -88,6 +88,23 @@ fn f16_dot(bencher: Bencher, k: usize) {
         .bench(|| simd::f16_dot(level, black_box(&w), black_box(&x)));
 }
 
+/// One query head (128 wide) against `n` F16 keys of a 2B-4T cache row (five kv heads,
+/// 640 halves per position): the attention scores of one (row, head) task.
+#[divan::bench(args = [128, 1024])]
+fn f16_scores(bencher: Bencher, n: usize) {
+    let (hd, stride) = (128, 640);
+    let mut rng = StdRng::seed_from_u64(1);
+    let keys: Vec<f16> = (0..n * stride)
+        .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+        .collect();
+    let q: Vec<f32> = (0..hd).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut out = vec![0f32; n];
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::ItemsCount::new(n))
+        .bench_local(|| simd::f16_scores(level, black_box(&q), black_box(&keys), stride, &mut out));
+}
+
 #[divan::bench(args = [2560])]
 fn q8_0_dot(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
