@@ -105,6 +105,31 @@ fn f16_scores(bencher: Bencher, n: usize) {
         .bench_local(|| simd::f16_scores(level, black_box(&q), black_box(&keys), stride, &mut out));
 }
 
+/// `g` query heads (128 wide) against 256 F16 keys of a 2B-4T cache row, scores then
+/// probabilities times values: one grouped-query attention task over an F16 cache.
+#[divan::bench(args = [1, 2, 4])]
+fn attention_heads(bencher: Bencher, g: usize) {
+    let (hd, stride, n) = (128, 640, 256);
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut halves = |len: usize| -> Vec<f16> {
+        (0..len)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+            .collect()
+    };
+    let (keys, values) = (halves(n * stride), halves(n * stride));
+    let q: Vec<f32> = (0..g * hd).map(|i| (i % 7) as f32 * 0.1).collect();
+    let (mut scores, mut out) = (vec![0f32; g * n], vec![0f32; g * hd]);
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::ItemsCount::new(g))
+        .bench_local(|| {
+            simd::f16_scores_heads(level, (&q, hd), (&keys, stride, n), &mut scores, n);
+            scores.iter_mut().for_each(|s| *s = s.abs() * 1e-3);
+            simd::f16_weighted_sum_heads(level, (&scores, n), (&values, stride, n), &mut out, hd);
+            black_box(&out);
+        });
+}
+
 #[divan::bench(args = [2560])]
 fn q8_0_dot(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
