@@ -167,6 +167,17 @@ fn quantize_per_token(bencher: Bencher, k: usize) {
 }
 
 /// 16 weight rows of `k` codes in the CPU ternary layout (codes 0..=2) and 16 token rows.
+/// One activation row quantized to Q8_K (TQ2_0 / TQ1_0 inputs, the Q6_K head's input) on
+/// the dispatched kernel.
+#[divan::bench(args = SIZES)]
+fn quantize_q8k(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let (mut q, mut d, mut bsum) = (vec![0i8; k], vec![0f32; k / 256], vec![0i32; k / 256]);
+    let level = Level::detect();
+    bencher.bench_local(|| simd::quantize_q8k(level, black_box(&x), &mut q, &mut d, &mut bsum));
+}
+
 fn ternary_tile(rng: &mut StdRng, k: usize) -> (Vec<simd::Chunk>, Vec<i8>) {
     let group = (0..k / simd::CHUNK_ELEMS)
         .map(|_| simd::Chunk(std::array::from_fn(|_| rng.random::<u8>() & 0b1001_1001)))

@@ -274,6 +274,12 @@ fn q8k_quantizer_equals_the_reference() {
     x[256..512].fill(0.0);
     x[600] = -9.5;
     x[700] = 9.5;
+    // Ties of |x| (the first decides the sign): inside one group of sixteen, and across
+    // groups.
+    x[1000] = 8.0;
+    x[1001] = -8.0;
+    x[20] = -7.5;
+    x[40] = 7.5;
     let mut special = x.clone();
     special[10] = f32::NAN;
     special[900] = f32::NEG_INFINITY;
