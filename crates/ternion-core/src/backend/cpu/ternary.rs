@@ -164,21 +164,20 @@ impl TernaryPack {
         }
     }
 
-    /// [`TernaryPack::group`] through `tile` (room for up to 16 token rows at a time).
-    fn group_in(
+    /// [`TernaryPack::group`] through `tile`, T token rows at a time.
+    fn group_in<const T: usize>(
         &self,
         x: PackInput<'_>,
         post: f32,
         (g, rows): (usize, usize),
         out: &SharedMut<f32>,
-        tile: &mut [[f32; 16]],
+        tile: &mut [[f32; 16]; T],
     ) {
         let m = self.m;
         let j0 = g * GROUP_ROWS;
         let n = GROUP_ROWS.min(m - j0);
-        let step = tile.len();
-        for t0 in (0..rows).step_by(step) {
-            let t1 = (t0 + step).min(rows);
+        for t0 in (0..rows).step_by(T) {
+            let t1 = (t0 + T).min(rows);
             let tile = &mut tile[..t1 - t0];
             self.tile(x, post, g, t0..t1, tile);
             for (t, v) in (t0..t1).zip(tile.iter()) {
