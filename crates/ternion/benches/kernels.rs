@@ -88,6 +88,48 @@ fn f16_dot(bencher: Bencher, k: usize) {
         .bench(|| simd::f16_dot(level, black_box(&w), black_box(&x)));
 }
 
+/// One query head (128 wide) against `n` F16 keys of a 2B-4T cache row (five kv heads,
+/// 640 halves per position): the attention scores of one (row, head) task.
+#[divan::bench(args = [128, 1024])]
+fn f16_scores(bencher: Bencher, n: usize) {
+    let (hd, stride) = (128, 640);
+    let mut rng = StdRng::seed_from_u64(1);
+    let keys: Vec<f16> = (0..n * stride)
+        .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+        .collect();
+    let q: Vec<f32> = (0..hd).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut out = vec![0f32; n];
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::ItemsCount::new(n))
+        .bench_local(|| simd::f16_scores(level, black_box(&q), black_box(&keys), stride, &mut out));
+}
+
+/// `g` query heads (128 wide) against 256 F16 keys of a 2B-4T cache row, scores then
+/// probabilities times values: one grouped-query attention task over an F16 cache.
+#[divan::bench(args = [1, 2, 4])]
+fn attention_heads(bencher: Bencher, g: usize) {
+    let (hd, stride, n) = (128, 640, 256);
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut halves = |len: usize| -> Vec<f16> {
+        (0..len)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)))
+            .collect()
+    };
+    let (keys, values) = (halves(n * stride), halves(n * stride));
+    let q: Vec<f32> = (0..g * hd).map(|i| (i % 7) as f32 * 0.1).collect();
+    let (mut scores, mut out) = (vec![0f32; g * n], vec![0f32; g * hd]);
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::ItemsCount::new(g))
+        .bench_local(|| {
+            simd::f16_scores_heads(level, (&q, hd), (&keys, stride, n), &mut scores, n);
+            scores.iter_mut().for_each(|s| *s = s.abs() * 1e-3);
+            simd::f16_weighted_sum_heads(level, (&scores, n), (&values, stride, n), &mut out, hd);
+            black_box(&out);
+        });
+}
+
 #[divan::bench(args = [2560])]
 fn q8_0_dot(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
@@ -125,6 +167,17 @@ fn quantize_per_token(bencher: Bencher, k: usize) {
 }
 
 /// 16 weight rows of `k` codes in the CPU ternary layout (codes 0..=2) and 16 token rows.
+/// One activation row quantized to Q8_K (TQ2_0 / TQ1_0 inputs, the Q6_K head's input) on
+/// the dispatched kernel.
+#[divan::bench(args = SIZES)]
+fn quantize_q8k(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let (mut q, mut d, mut bsum) = (vec![0i8; k], vec![0f32; k / 256], vec![0i32; k / 256]);
+    let level = Level::detect();
+    bencher.bench_local(|| simd::quantize_q8k(level, black_box(&x), &mut q, &mut d, &mut bsum));
+}
+
 fn ternary_tile(rng: &mut StdRng, k: usize) -> (Vec<simd::Chunk>, Vec<i8>) {
     let group = (0..k / simd::CHUNK_ELEMS)
         .map(|_| simd::Chunk(std::array::from_fn(|_| rng.random::<u8>() & 0b1001_1001)))

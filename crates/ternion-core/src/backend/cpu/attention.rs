@@ -30,9 +30,18 @@ pub struct AttnShape {
 }
 
 /// Scratch floats one thread needs for a cache of `capacity` positions and heads of
-/// `head_dim`.
+/// `head_dim` (a task runs up to [`simd::MAX_HEADS`] query heads).
 pub fn scratch_per_thread(capacity: usize, head_dim: usize) -> usize {
-    capacity + head_dim
+    simd::MAX_HEADS * (capacity + head_dim)
+}
+
+/// Query heads per task: the largest divisor of the group (query heads per kv head) that
+/// is at most [`simd::MAX_HEADS`] — they read the same keys and values.
+fn heads_per_task(group: usize) -> usize {
+    (1..=simd::MAX_HEADS.min(group))
+        .rev()
+        .find(|g| group.is_multiple_of(*g))
+        .unwrap_or(1)
 }
 
 /// Where the keys and values of one sequence's cache are read, one position at a time
@@ -215,8 +224,11 @@ pub fn attention(
 
 /// Batched causal attention: query row `r` of `q` (described by `rows[r]`) attends over
 /// positions `0..=rows[r].pos` of cache `cache(rows[r].seq)` (the last `window` of them
-/// when [`Heads::window`] is set). Each (row, head) pair is one
-/// task of the global pool, with the numerics of [`attention`]. `capacity` bounds every
+/// when [`Heads::window`] is set). Each row's query heads of one kv head, up to
+/// [`simd::MAX_HEADS`] at a time (the largest divisor of the group that fits), are one task
+/// of the global pool, which converts each F16 key and value row once for them; the numerics
+/// are those of [`attention`], each head's result the same bit for bit however the heads
+/// are grouped. `capacity` bounds every
 /// row's position + 1; `scratch` holds [`scratch_per_thread`]`(capacity, head_dim)` floats
 /// for each thread.
 pub fn attention_rows<C: KvRows>(
@@ -241,65 +253,80 @@ pub fn attention_rows<C: KvRows>(
         "attention: scratch too small"
     );
     let scratch = SharedMut(scratch.as_mut_ptr());
-    pool.for_each_chunk_mut(out, hd, |i, o, thread| {
-        {
-            let scratch = &scratch;
-            // SAFETY: thread `thread` alone uses floats [thread·per_thread, +per_thread) of
-            // the scratch (asserted large enough), and runs one chunk at a time.
-            let mine = unsafe {
-                std::slice::from_raw_parts_mut(scratch.0.add(thread * per_thread), per_thread)
-            };
-            let (qh, scores) = mine.split_at_mut(hd);
-            let (row, h) = (rows[i / s.n_head], i % s.n_head);
-            let cache = cache(row.seq);
-            let half = cache.ty() == KvType::F16;
-            let n_keys = row.pos + 1;
-            let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
-            let kvh = h / group;
-            qh.copy_from_slice(&q[i * hd..(i + 1) * hd]);
-            if half {
-                simd::round_f16(level, qh);
-            }
-            let scores = &mut scores[..n_keys - first];
-            let mut max = f32::NEG_INFINITY;
-            if half {
-                let keys = |p| cache.keys_from(p);
-                f16_runs(first..n_keys, (stride, kvh * hd), keys, |i, k, n| {
-                    simd::f16_scores(level, qh, k, stride, &mut scores[i..i + n])
-                });
-                for sc in scores.iter_mut() {
-                    *sc *= scale;
-                    max = max.max(*sc);
+    let g = heads_per_task(group);
+    // Each task: one row's g query heads of one kv head (contiguous in `out`).
+    pool.for_each_chunk_mut(out, g * hd, |i, o, thread| {
+        let scratch = &scratch;
+        // SAFETY: thread `thread` alone uses floats [thread·per_thread, +per_thread) of
+        // the scratch (asserted large enough), and runs one chunk at a time.
+        let mine = unsafe {
+            std::slice::from_raw_parts_mut(scratch.0.add(thread * per_thread), per_thread)
+        };
+        let (qh, scores) = mine.split_at_mut(g * hd);
+        let (row, h) = (rows[i * g / s.n_head], i * g % s.n_head);
+        let cache = cache(row.seq);
+        let half = cache.ty() == KvType::F16;
+        let n_keys = row.pos + 1;
+        let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
+        let (kvh, len) = (h / group, n_keys - first);
+        // The length of each query's row of scores, at least 1 (an empty window's rows are
+        // empty slices either way).
+        let step = len.max(1);
+        qh.copy_from_slice(&q[i * g * hd..(i + 1) * g * hd]);
+        if half {
+            simd::round_f16(level, qh);
+        }
+        // Query j's scores at scores[j·len..][..len].
+        let scores = &mut scores[..g * len];
+        if half {
+            let keys = |p| cache.keys_from(p);
+            f16_runs(first..n_keys, (stride, kvh * hd), keys, |i, k, n| {
+                simd::f16_scores_heads(level, (qh, hd), (k, stride, n), &mut scores[i..], len)
+            });
+        } else {
+            for (qj, sj) in qh.chunks_exact(hd).zip(scores.chunks_exact_mut(step)) {
+                for (p, sc) in (first..).zip(sj.iter_mut()) {
+                    *sc = dot(level, cache.key(p).slice(kvh * hd, hd), qj);
                 }
-            } else {
-                for (p, sc) in (first..).zip(scores.iter_mut()) {
-                    *sc = dot(level, cache.key(p).slice(kvh * hd, hd), qh) * scale;
-                    max = max.max(*sc);
-                }
             }
-            let mut sum = 0f64;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += f64::from(*sc);
-            }
-            let inv = (1.0 / sum) as f32;
-            scores.iter_mut().for_each(|sc| *sc *= inv);
-            if row.round_probs && half {
-                simd::round_f16(level, scores);
-            }
-            o.fill(0.0);
-            if half {
-                let values = |p| cache.values_from(p);
-                f16_runs(first..n_keys, (stride, kvh * hd), values, |i, v, n| {
-                    simd::f16_weighted_sum(level, &scores[i..i + n], v, stride, o)
-                });
-            } else {
-                for (p, &w) in (first..).zip(scores.iter()) {
-                    axpy(level, o, w, cache.value(p).slice(kvh * hd, hd));
+        }
+        for sj in scores.chunks_exact_mut(step) {
+            softmax(level, sj, scale, row.round_probs && half);
+        }
+        o.fill(0.0);
+        if half {
+            let values = |p| cache.values_from(p);
+            f16_runs(first..n_keys, (stride, kvh * hd), values, |i, v, n| {
+                simd::f16_weighted_sum_heads(level, (&scores[i..], len), (v, stride, n), o, hd)
+            });
+        } else {
+            for (oj, sj) in o.chunks_exact_mut(hd).zip(scores.chunks_exact(step)) {
+                for (p, &w) in (first..).zip(sj.iter()) {
+                    axpy(level, oj, w, cache.value(p).slice(kvh * hd, hd));
                 }
             }
         }
     });
+}
+
+/// The probabilities of one query's raw scores: scaled by `scale`, softmax with the sum in
+/// f64, rounded to F16 when `round` (single-token decode over an F16 cache).
+fn softmax(level: simd::Level, scores: &mut [f32], scale: f32, round: bool) {
+    let mut max = f32::NEG_INFINITY;
+    for sc in scores.iter_mut() {
+        *sc *= scale;
+        max = max.max(*sc);
+    }
+    let mut sum = 0f64;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - max).exp();
+        sum += f64::from(*sc);
+    }
+    let inv = (1.0 / sum) as f32;
+    scores.iter_mut().for_each(|sc| *sc *= inv);
+    if round {
+        simd::round_f16(level, scores);
+    }
 }
 
 #[cfg(test)]
@@ -325,6 +352,62 @@ mod tests {
         let mut scratch = vec![0.0; 64 * pool::global().n_threads()];
         attention(&q, &k, &v, &s, &mut out, &mut scratch);
         assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
+    }
+
+    /// Grouped-query attention (tasks of several query heads sharing one kv head) gives
+    /// bit for bit what the same heads give against a cache with each kv head repeated
+    /// for every query head (one head per task), for groups of 4, 8 (two tasks of 4), 6
+    /// (two of 3) and 5 (one head per task), with and without rounded probabilities.
+    #[test]
+    fn grouped_heads_equal_repeated_kv_heads() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(5);
+        let (hd, pos0, t) = (128, 3, 9);
+        let n = pos0 + t;
+        for (n_head, n_head_kv) in [(8, 2), (8, 1), (6, 1), (5, 1)] {
+            let group = n_head / n_head_kv;
+            let mut half = |len: usize| -> Vec<f16> {
+                (0..len)
+                    .map(|_| f16::from_f32(rng.random_range(-2.0..2.0)))
+                    .collect()
+            };
+            let (k, v) = (half(n * n_head_kv * hd), half(n * n_head_kv * hd));
+            let q: Vec<f32> = (0..t * n_head * hd)
+                .map(|_| rng.random_range(-2.0..2.0))
+                .collect();
+            // Position p, head h of the repeated cache is kv head h / group of p.
+            let repeat = |c: &[f16]| -> Vec<f16> {
+                (0..n * n_head)
+                    .flat_map(|i| {
+                        let (p, h) = (i / n_head, i % n_head);
+                        c[(p * n_head_kv + h / group) * hd..][..hd].to_vec()
+                    })
+                    .collect()
+            };
+            let (kr, vr) = (repeat(&k), repeat(&v));
+            for round_probs in [false, true] {
+                let shape = |kv| AttnShape {
+                    n_head,
+                    n_head_kv: kv,
+                    head_dim: hd,
+                    pos0,
+                    round_probs,
+                    capacity: n,
+                };
+                let threads = pool::global().n_threads();
+                let mut scratch = vec![0.0; scratch_per_thread(n, hd) * threads];
+                let mut got = vec![0.0; t * n_head * hd];
+                attention(&q, &k, &v, &shape(n_head_kv), &mut got, &mut scratch);
+                let mut want = vec![0.0; t * n_head * hd];
+                attention(&q, &kr, &vr, &shape(n_head), &mut want, &mut scratch);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{n_head}/{n_head_kv} {round_probs}"
+                );
+            }
+        }
     }
 
     /// Equal scores average the values; the second token sees both keys, the first one.

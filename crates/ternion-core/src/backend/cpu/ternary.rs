@@ -155,12 +155,29 @@ impl TernaryPack {
     /// Group `g`'s columns of the product, for every run of at most 16 token rows, written
     /// into `out` (`rows × m`, row-major; padding rows dropped).
     fn group(&self, x: PackInput<'_>, post: f32, g: usize, rows: usize, out: &SharedMut<f32>) {
+        // A one-row tile for a single token: zeroing the 1 KiB tile for every group of a
+        // decode step cost more than the group's bookkeeping.
+        if rows == 1 {
+            self.group_in(x, post, (g, rows), out, &mut [[0f32; 16]; 1]);
+        } else {
+            self.group_in(x, post, (g, rows), out, &mut [[0f32; 16]; 16]);
+        }
+    }
+
+    /// [`TernaryPack::group`] through `tile`, T token rows at a time.
+    fn group_in<const T: usize>(
+        &self,
+        x: PackInput<'_>,
+        post: f32,
+        (g, rows): (usize, usize),
+        out: &SharedMut<f32>,
+        tile: &mut [[f32; 16]; T],
+    ) {
         let m = self.m;
         let j0 = g * GROUP_ROWS;
         let n = GROUP_ROWS.min(m - j0);
-        let mut tile = [[0f32; 16]; 16];
-        for t0 in (0..rows).step_by(16) {
-            let t1 = (t0 + 16).min(rows);
+        for t0 in (0..rows).step_by(T) {
+            let t1 = (t0 + T).min(rows);
             let tile = &mut tile[..t1 - t0];
             self.tile(x, post, g, t0..t1, tile);
             for (t, v) in (t0..t1).zip(tile.iter()) {

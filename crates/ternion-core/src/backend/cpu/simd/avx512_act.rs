@@ -92,11 +92,19 @@ pub unsafe fn quantize_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], bsum: &mut [i
             std::ptr::write_bytes(qb, 0, BLOCK);
             continue;
         }
-        // The first element whose |x| is the maximum (a NaN never compares equal).
-        let max = (0..BLOCK)
-            .map(|i| *xb.add(i))
-            .find(|v| v.abs() == amax)
-            .expect("the maximum is one of the block's values");
+        // The first element whose |x| is the maximum (a NaN never compares equal), sixteen
+        // compared at a time.
+        let target = _mm512_set1_ps(amax);
+        let mut at = None;
+        for i in (0..BLOCK).step_by(16) {
+            let v = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(xb.add(i))), abs);
+            let hit = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_castsi512_ps(v), target);
+            if hit != 0 {
+                at = Some(i + hit.trailing_zeros() as usize);
+                break;
+            }
+        }
+        let max = *xb.add(at.expect("the maximum is one of the block's values"));
         let iscale = -127.0 / max;
         let s = _mm512_set1_ps(iscale);
         let mut sum = _mm512_setzero_si512();

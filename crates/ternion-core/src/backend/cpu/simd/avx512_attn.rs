@@ -29,7 +29,14 @@ unsafe fn dot(k: *const f16, q: *const f32, hd: usize) -> f32 {
         a = _mm512_fmadd_ps(halves16(k.add(i)), _mm512_loadu_ps(q.add(i)), a);
         b = _mm512_fmadd_ps(halves16(k.add(i + 16)), _mm512_loadu_ps(q.add(i + 16)), b);
     }
-    // (acc0 + acc1) + (acc2 + acc3), then AVX2's horizontal sum of the eight lanes.
+    reduce(a, b)
+}
+
+/// The sum of [`dot`]'s two accumulators: (acc0 + acc1) + (acc2 + acc3), then AVX2's
+/// horizontal sum of the eight lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce(a: __m512, b: __m512) -> f32 {
     let ab = _mm256_add_ps(_mm512_castps512_ps256(a), high(a));
     let cd = _mm256_add_ps(_mm512_castps512_ps256(b), high(b));
     let v = _mm256_add_ps(ab, cd);
@@ -56,6 +63,101 @@ pub unsafe fn f16_scores(q: &[f32], keys: *const f16, stride: usize, out: &mut [
     let hd = q.len();
     for (i, o) in out.iter_mut().enumerate() {
         *o = dot(keys.add(i * stride), q.as_ptr(), hd);
+    }
+}
+
+/// [`f16_scores`] of the G queries at `q` (rows of `hd` floats, `hd` a multiple of 32)
+/// against the `n` keys at `keys + i·stride`: `out[g·out_stride + i] = dot(k_i, q_g)`, each
+/// key converted once for the G queries, each score computed as [`dot`] computes it.
+///
+/// # Safety
+/// AVX-512 F; `q` holds `G·hd` floats, every key row `hd` halves, `out` every written
+/// position.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn f16_scores_heads<const G: usize>(
+    q: *const f32,
+    hd: usize,
+    (keys, stride, n): (*const f16, usize, usize),
+    out: *mut f32,
+    out_stride: usize,
+) {
+    for i in 0..n {
+        let k = keys.add(i * stride);
+        let mut a = [_mm512_setzero_ps(); G];
+        let mut b = [_mm512_setzero_ps(); G];
+        for e in (0..hd).step_by(32) {
+            let (k0, k1) = (halves16(k.add(e)), halves16(k.add(e + 16)));
+            for (g, (a, b)) in a.iter_mut().zip(b.iter_mut()).enumerate() {
+                let qg = q.add(g * hd + e);
+                *a = _mm512_fmadd_ps(k0, _mm512_loadu_ps(qg), *a);
+                *b = _mm512_fmadd_ps(k1, _mm512_loadu_ps(qg.add(16)), *b);
+            }
+        }
+        for (g, (a, b)) in a.iter().zip(&b).enumerate() {
+            *out.add(g * out_stride + i) = reduce(*a, *b);
+        }
+    }
+}
+
+/// Floats of each query's output one pass of [`f16_weighted_sum_heads`] holds in registers.
+const HEADS_BLOCK: usize = 64;
+
+/// [`f16_weighted_sum`] of G queries over the same `n` value rows (at `values + i·stride`):
+/// `out_g += Σ_i w[g·w_stride + i]·v_i` for the G rows `out_g` of `hd` floats at `out`
+/// (`hd` a multiple of 16), each value converted once for the G queries, each element
+/// summed as [`f16_weighted_sum`] sums it.
+///
+/// # Safety
+/// AVX-512 F; `w` holds every read weight, every value row `hd` readable halves, `out`
+/// `G·hd` floats.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn f16_weighted_sum_heads<const G: usize>(
+    (w, w_stride): (*const f32, usize),
+    (values, stride, n): (*const f16, usize, usize),
+    out: *mut f32,
+    hd: usize,
+) {
+    let rows = (w, w_stride, values, stride, n);
+    for c0 in (0..hd).step_by(HEADS_BLOCK) {
+        let o = (out.add(c0), hd);
+        match (hd - c0).min(HEADS_BLOCK) / 16 {
+            4 => heads_block::<G, 4>(rows, c0, o),
+            3 => heads_block::<G, 3>(rows, c0, o),
+            2 => heads_block::<G, 2>(rows, c0, o),
+            _ => heads_block::<G, 1>(rows, c0, o),
+        }
+    }
+}
+
+/// [`f16_weighted_sum_heads`] of the `16 · N` columns from `c0` (each query's at `o.0 +
+/// g·o.1`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn heads_block<const G: usize, const N: usize>(
+    (w, w_stride, values, stride, n): (*const f32, usize, *const f16, usize, usize),
+    c0: usize,
+    (o, o_stride): (*mut f32, usize),
+) {
+    let mut acc = [[_mm512_setzero_ps(); N]; G];
+    for (g, acc) in acc.iter_mut().enumerate() {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(o.add(g * o_stride + 16 * j));
+        }
+    }
+    for i in 0..n {
+        let v = values.add(i * stride + c0);
+        let vs: [__m512; N] = std::array::from_fn(|j| halves16(v.add(16 * j)));
+        for (g, acc) in acc.iter_mut().enumerate() {
+            let wv = _mm512_set1_ps(*w.add(g * w_stride + i));
+            for (a, vj) in acc.iter_mut().zip(&vs) {
+                *a = _mm512_fmadd_ps(wv, *vj, *a);
+            }
+        }
+    }
+    for (g, acc) in acc.iter().enumerate() {
+        for (j, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add(g * o_stride + 16 * j), *a);
+        }
     }
 }
 

@@ -20,6 +20,7 @@ mod avx512_attn;
 mod avx512_bits;
 #[cfg(target_arch = "x86_64")]
 mod avx512_kq;
+mod heads;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
@@ -42,6 +43,7 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_bits;
 
+pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
 pub use vnni::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 
 /// The instruction set the kernels use on this machine.

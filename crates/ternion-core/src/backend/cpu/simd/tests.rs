@@ -99,12 +99,17 @@ fn f16_kernels_match_reference() {
 /// The attention kernels over runs of rows (`f16_scores`, `f16_weighted_sum`) return, at
 /// every level, bit for bit what the row-at-a-time kernels return at the AVX2 level (the
 /// numerics the AVX-512 kernels keep) and at their own level, for head widths that take
-/// the AVX-512 path and widths that do not, rows inside wider strided rows.
+/// the AVX-512 path and widths that do not, rows inside wider strided rows, runs of whole
+/// blocks of eight keys and runs with a tail.
 #[test]
 fn attention_runs_equal_row_at_a_time_kernels() {
     let mut rng = StdRng::seed_from_u64(11);
-    for hd in [16, 32, 40, 64, 80, 96, 128, 144, 256] {
-        let (n, stride, off) = (37, 3 * hd + 16, hd + 8);
+    let shapes = [16, 32, 40, 64, 80, 96, 128, 144, 256]
+        .into_iter()
+        .flat_map(|hd| [(hd, 37), (hd, 8), (hd, 1)])
+        .chain([(128, 16), (128, 23), (32, 7)]);
+    for (hd, n) in shapes {
+        let (stride, off) = (3 * hd + 16, hd + 8);
         let rows: Vec<f16> = (0..n * stride)
             .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)))
             .collect();
@@ -126,7 +131,7 @@ fn attention_runs_equal_row_at_a_time_kernels() {
                     assert_eq!(
                         sc.to_bits(),
                         want.to_bits(),
-                        "{level:?}/{lv:?} hd={hd} key {i}"
+                        "{level:?}/{lv:?} hd={hd} n={n} key {i}"
                     );
                 }
                 let mut got = vec![0.25f32; hd];
@@ -136,7 +141,58 @@ fn attention_runs_equal_row_at_a_time_kernels() {
                     f16_axpy(lv, &mut want, wi, row(i));
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{level:?}/{lv:?} hd={hd} values");
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{level:?}/{lv:?} hd={hd} n={n} values"
+                );
+            }
+        }
+    }
+}
+
+/// The grouped-query kernels (`f16_scores_heads`, `f16_weighted_sum_heads`) give each of
+/// their 1 to 4 queries bit for bit what the one-query kernels give it, at every level, for
+/// head widths on and off the AVX-512 path, runs with and without a tail of keys, strided
+/// rows and output rows wider than the run.
+#[test]
+fn grouped_attention_kernels_equal_one_query_kernels() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for (hd, n) in [
+        (128, 37),
+        (128, 1),
+        (32, 16),
+        (64, 9),
+        (40, 5),
+        (16, 3),
+        (256, 11),
+    ] {
+        let (stride, off, wide) = (3 * hd + 16, hd + 8, n + 3);
+        let rows: Vec<f16> = (0..n * stride)
+            .map(|_| f16::from_f32(rng.random_range(-4.0..4.0)))
+            .collect();
+        for g in 1..=MAX_HEADS {
+            let q: Vec<f32> = (0..g * hd)
+                .map(|_| f16::from_f32(rng.random_range(-3.0..3.0)).to_f32())
+                .collect();
+            let w: Vec<f32> = (0..g * wide).map(|_| rng.random_range(0.0..0.2)).collect();
+            for level in levels() {
+                let mut scores = vec![f32::NAN; g * wide];
+                let keys = (&rows[off..], stride, n);
+                f16_scores_heads(level, (&q, hd), keys, &mut scores, wide);
+                let mut got = vec![0.25f32; g * hd];
+                f16_weighted_sum_heads(level, (&w, wide), keys, &mut got, hd);
+                for j in 0..g {
+                    let mut want = vec![0f32; n];
+                    f16_scores(level, &q[j * hd..][..hd], &rows[off..], stride, &mut want);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let what = format!("{level:?} hd={hd} n={n} g={g} query {j}");
+                    assert_eq!(bits(&scores[j * wide..][..n]), bits(&want), "{what} scores");
+                    let mut want = vec![0.25f32; hd];
+                    let wj = &w[j * wide..][..n];
+                    f16_weighted_sum(level, wj, &rows[off..], stride, &mut want);
+                    assert_eq!(bits(&got[j * hd..][..hd]), bits(&want), "{what} values");
+                }
             }
         }
     }
@@ -218,6 +274,12 @@ fn q8k_quantizer_equals_the_reference() {
     x[256..512].fill(0.0);
     x[600] = -9.5;
     x[700] = 9.5;
+    // Ties of |x| (the first decides the sign): inside one group of sixteen, and across
+    // groups.
+    x[1000] = 8.0;
+    x[1001] = -8.0;
+    x[20] = -7.5;
+    x[40] = 7.5;
     let mut special = x.clone();
     special[10] = f32::NAN;
     special[900] = f32::NEG_INFINITY;
