@@ -33,8 +33,9 @@
 // row-major and token-major instead: each row's (token's) block as 8 k-quads (vec4s of four
 // k-words: codes unpacked to a byte each, or packed int8 activations), rows NS = 9 vec4s
 // apart so the eight rows a warp reads at once fall in distinct banks. Staging reads global
-// memory coalesced — eight consecutive threads one token's 128 bytes, two one row's 32
-// bytes of codes, whose four bit planes they store as four k-quads — where k-word-major
+// memory coalesced — eight consecutive threads one token's 128 bytes, eight one row's 32
+// bytes of codes (four a 16-byte half, each storing one of its bit planes as a k-quad) —
+// where k-word-major
 // staging had every lane of a warp read a different row (measured: BENCHMARKS.md,
 // session 12). Thread (kg, tr, tt) = (li / 64, li % 8, li / 8 % 8) owns rows tr + 8i and
 // tokens tt + 8j (i, j < 4) over k-quads 2·kg and 2·kg + 1 of each block; the four
@@ -304,40 +305,43 @@ fn narrow_walk(li: u32, t0: u32, last: u32, a: RowSet, b: RowSet, sets: u32) -> 
     let kg = li / 64u;
     let tr = li % 8u;
     let tt = (li / 8u) % 8u;
-    // Staging roles: activation vec4 ca of token ta; threads below 64·sets also code vec4
-    // wh of row wr of set li / 64. Every thread loads a code vec4 (a valid one) and only
-    // those store it: loads under a branch measured 17 % slower (BENCHMARKS.md, session 12).
     let ta = li / 8u;
     let ca = li % 8u;
     let arow = min(t0 + ta, last) * p.words + ca;
-    var rs = a;
-    if (li >= 64u) {
-        rs = b;
-    }
-    let wr = (li / 2u) % NM;
-    let wh = li % 2u;
-    let wrow = min(rs.row0 + wr, rs.rows - 1u) * (p.words / 4u) + wh;
-    let codes = li < 64u * sets;
-    let cs = (li / 64u) * NM + wr;
+    // Code staging: thread li stores bit plane g = li % 4 of code vec4 v = li / 4 of set
+    // a (row v / 2, half v % 2), and with two sets the same plane of set b's: four threads
+    // load each vec4 and every thread stores one plane a set, so no warp waits at the
+    // barrier for a few staging warps (measured: BENCHMARKS.md, session 12). The loads
+    // depend on no thread's role (loads under such a branch measured 17 % slower).
+    let g = li % 4u;
+    let sh = 6u - 2u * g;
+    let v = li / 4u;
+    let wr = (v / 2u) % NM;
+    let wh = v % 2u;
+    let wrow_a = min(a.row0 + wr, a.rows - 1u) * (p.words / 4u) + wh;
+    let wrow_b = min(b.row0 + wr, b.rows - 1u) * (p.words / 4u) + wh;
+    let oa = wr * NS + wh + 2u * g;
+    let ob = (NM + wr) * NS + wh + 2u * g;
 
     let blocks = p.words / 8u;
     var av = act[arow];
-    var wv = wq(rs.m, wrow);
+    var wa = wq(a.m, wrow_a);
+    var wb = wq(b.m, wrow_b);
     var acc = Walk(Acc(), Acc());
     for (var blk = 0u; blk < blocks; blk++) {
         workgroupBarrier();
         nsh[NA + ta * NS + ca] = av;
-        if (codes) {
-            let o = cs * NS + wh;
-            nsh[o] = (wv >> vec4<u32>(6u)) & vec4<u32>(M2);
-            nsh[o + 2u] = (wv >> vec4<u32>(4u)) & vec4<u32>(M2);
-            nsh[o + 4u] = (wv >> vec4<u32>(2u)) & vec4<u32>(M2);
-            nsh[o + 6u] = wv & vec4<u32>(M2);
+        nsh[oa] = (wa >> vec4<u32>(sh)) & vec4<u32>(M2);
+        if (sets == 2u) {
+            nsh[ob] = (wb >> vec4<u32>(sh)) & vec4<u32>(M2);
         }
         workgroupBarrier();
         if (blk + 1u < blocks) {
             av = act[arow + (blk + 1u) * 8u];
-            wv = wq(rs.m, wrow + (blk + 1u) * 2u);
+            wa = wq(a.m, wrow_a + (blk + 1u) * 2u);
+            if (sets == 2u) {
+                wb = wq(b.m, wrow_b + (blk + 1u) * 2u);
+            }
         }
         for (var q = 2u * kg; q < 2u * kg + 2u; q++) {
             acc.g = macq(acc.g, tr, tt, q);
