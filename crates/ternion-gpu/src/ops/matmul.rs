@@ -178,7 +178,9 @@ pub struct TernaryLinear {
 
 impl TernaryLinear {
     /// Binds `w`, `act`, `out` (f32, `w.rows` per token) for decode (`tpr` lanes per row,
-    /// `variant`) and for batches of up to the activations' tokens (`step`).
+    /// `variant`) and for batches of up to the activations' tokens (`step`). `narrow`: build
+    /// the narrow tiles — false for a product whose steps of their size run in a fused
+    /// launch ([`super::NarrowFused`]), which never records them.
     #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
     pub fn new(
         ctx: &GpuContext,
@@ -187,7 +189,7 @@ impl TernaryLinear {
         w: &TernaryWeights,
         act: &QuantAct,
         out: &GpuBuffer,
-        epilogue: Epilogue,
+        (epilogue, narrow): (Epilogue, bool),
         step: &StepUniform,
     ) -> Result<TernaryLinear> {
         let kind = match ctx.caps().prefill {
@@ -198,7 +200,7 @@ impl TernaryLinear {
         let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, Some(step))?;
         let tiled_of = |k| TernaryMatmul::new(ctx, k, w, act, out, epilogue, step);
         let narrow = kind
-            .filter(|_| w.rows >= NARROW_MIN_ROWS)
+            .filter(|_| narrow && w.rows >= NARROW_MIN_ROWS)
             .map(|_| tiled_of(MatmulKind::Narrow))
             .transpose()?;
         let tiled = kind.map(tiled_of).transpose()?;

@@ -41,7 +41,7 @@ impl NarrowFused {
             (8, out[1].binding()),
             (9, out[2].binding()),
         ];
-        Self::new(ctx, (w, act, out[0], step), None, parts, &bind, tiles)
+        Self::new(ctx, (&w, act, out[0], step), None, parts, &bind, tiles)
     }
 
     /// Gate and up: `act(gate · x) · (up · x)` into `out` (f32, `gate.rows` per token).
@@ -66,7 +66,7 @@ impl NarrowFused {
         let bind = [(6, up.codes.binding()), (7, up.codes.binding())];
         Self::new(
             ctx,
-            ([gate, up, up], act, out, step),
+            (&[gate, up], act, out, step),
             Some(glu),
             parts,
             &bind,
@@ -76,7 +76,7 @@ impl NarrowFused {
 
     fn new(
         ctx: &GpuContext,
-        (w, act, out, step): ([&TernaryWeights; 3], &QuantAct, &GpuBuffer, &StepUniform),
+        (w, act, out, step): (&[&TernaryWeights], &QuantAct, &GpuBuffer, &StepUniform),
         glu: Option<GluAct>,
         parts: [u32; 4],
         extra: &[(u32, wgpu::BufferBinding<'_>)],
@@ -86,9 +86,10 @@ impl NarrowFused {
             return Ok(None);
         }
         if w.iter().any(|m| m.k != act.k) {
+            let widths: Vec<usize> = w.iter().map(|m| m.k).collect();
             return Err(Error::KernelArgs(format!(
-                "narrow tiles: activations of width {} for weights of widths {}, {}, {}",
-                act.k, w[0].k, w[1].k, w[2].k
+                "narrow tiles: activations of width {} for weights of widths {widths:?}",
+                act.k
             )));
         }
         let params = uniform(

@@ -175,7 +175,16 @@ impl Compiler<'_> {
             epilogue,
         };
         let single = self.single(input, kind)?;
-        let mv = TernaryLinear::new(g, self.variant, TPR, tw, &input.q, &ob, epilogue, &s.step)?;
+        let mv = TernaryLinear::new(
+            g,
+            self.variant,
+            TPR,
+            tw,
+            &input.q,
+            &ob,
+            (epilogue, true),
+            &s.step,
+        )?;
         self.push(Launch::decode(single, Launch::Ternary(mv)))
     }
 

@@ -48,13 +48,13 @@ impl Compiler<'_> {
                     self.acts.f32(out[2])?,
                 ];
                 let ws = [a, b, c];
-                let fused = Ternary3::new(g, v, TPR, ws, &input.q, [&ob[0], &ob[1], &ob[2]])?;
-                let mv = |i: usize| {
-                    TernaryLinear::new(g, v, TPR, ws[i], &input.q, &ob[i], Epilogue::Store, &s.step)
-                };
-                let each = [mv(0)?, mv(1)?, mv(2)?];
                 let out = [&ob[0], &ob[1], &ob[2]];
+                let fused = Ternary3::new(g, v, TPR, ws, &input.q, out)?;
                 let narrow = NarrowFused::qkv(g, ws, &input.q, out, &s.step)?;
+                let own = (Epilogue::Store, narrow.is_none());
+                let mv =
+                    |i: usize| TernaryLinear::new(g, v, TPR, ws[i], &input.q, out[i], own, &s.step);
+                let each = [mv(0)?, mv(1)?, mv(2)?];
                 let single = self.single(&input, NormMatvecKind::Three { w: ws, out })?;
                 let qkv = FusedQkv {
                     fused,
@@ -98,15 +98,15 @@ impl Compiler<'_> {
                     act,
                 };
                 let single = self.single(&input, kind)?;
-                let mv = |w, out| {
-                    TernaryLinear::new(g, v, TPR, w, &input.q, out, Epilogue::Store, &s.step)
-                };
+                let narrow = NarrowFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step)?;
+                let own = (Epilogue::Store, narrow.is_none());
+                let mv = |w, out| TernaryLinear::new(g, v, TPR, w, &input.q, out, own, &s.step);
                 let fused = Launch::TernaryGlu(Box::new(FusedGlu {
                     fused: TernaryGlu::new(g, v, TPR, gw, uw, &input.q, &gb, act)?,
                     gate: mv(gw, &gb)?,
                     up: mv(uw, &ub)?,
                     glu: Glu::new(g, act, &gb, &ub, self.width(gate))?,
-                    narrow: NarrowFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step)?,
+                    narrow,
                 }));
                 self.push(Launch::decode(single, fused))
             }
