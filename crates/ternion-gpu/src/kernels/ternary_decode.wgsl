@@ -44,8 +44,9 @@
 // behind the norm (PRE vec4s cover a 2,560-wide row entirely, and 8/13.5 of a 6,912-wide
 // one at TPR 8); then lanes stride over the rest four vec4s at a time (four loads in
 // flight).
-// Reductions: variant SUBGROUPS sums the prologue's partials with subgroupAdd/subgroupMax
-// and then over the subgroups in order (2 barriers each), and a row's TPR lanes with
+// Reductions: variant SUBGROUPS sums the prologue's Σx² and max with subgroupAdd/subgroupMax
+// and then over the subgroups in order (2 barriers), leaves Σq's per-subgroup sums for the
+// epilogue to add (sum_q), and sums a row's TPR lanes with
 // subgroupShuffleXor (the host picks the variant only when TPR ≤ the smallest subgroup);
 // otherwise a shared-memory tree, and the row's lanes through one barrier.
 
@@ -80,8 +81,6 @@ struct Parts { m1: u32, m2: u32, scale2: f32, scale3: f32 }
 var<workgroup> act_sh: array<vec4<u32>, 512>;
 var<workgroup> red_f: array<vec2<f32>, WG>;
 var<workgroup> red_i: array<vec4<i32>, WG>;
-// The token's (scale s, Σq) once the prologue has run.
-var<workgroup> tok_sh: vec2<u32>;
 
 #if SUBGROUPS
 var<private> sg_lane: u32;
@@ -100,22 +99,6 @@ fn reduce_sum_max(a: vec2<f32>, li: u32) -> vec2<f32> {
         let b = red_f[i];
         r = vec2<f32>(r.x + b.x, max(r.y, b.y));
     }
-    workgroupBarrier();
-    return r;
-}
-
-// Workgroup sum of v (valid in every thread).
-fn reduce_all(v: vec4<i32>, li: u32) -> vec4<i32> {
-    let s = subgroupAdd(v);
-    if (sg_lane == 0u) {
-        red_i[sg_id] = s;
-    }
-    workgroupBarrier();
-    var r = vec4<i32>(0);
-    for (var i = 0u; i < sg_count; i++) {
-        r += red_i[i];
-    }
-    workgroupBarrier();
     return r;
 }
 
@@ -128,6 +111,9 @@ fn reduce_row(v: vec2<i32>, li: u32) -> vec2<i32> {
     return s;
 }
 #else
+// The token's Σq once the prologue has run (the tree's total, in every thread).
+var<private> q_total: i32;
+
 // Workgroup (Σ, max) of (a.x, a.y), in a fixed order (a shared-memory tree).
 fn reduce_sum_max(a: vec2<f32>, li: u32) -> vec2<f32> {
     red_f[li] = a;
@@ -139,9 +125,7 @@ fn reduce_sum_max(a: vec2<f32>, li: u32) -> vec2<f32> {
         }
         workgroupBarrier();
     }
-    let r = red_f[0];
-    workgroupBarrier();
-    return r;
+    return red_f[0];
 }
 
 // Workgroup sum of v (valid in every thread), a shared-memory tree.
@@ -268,8 +252,8 @@ fn load_row(t: u32, li: u32) -> RowPart {
 }
 
 // RMSNorm and int8 quantization of a row (thread li holding `part`, from load_row) into
-// act_sh and tok_sh (see the header).
-fn prologue(part: RowPart, li: u32) {
+// act_sh (see the header); returns the token's scale s (the same in every thread).
+fn prologue(part: RowPart, li: u32) -> f32 {
     let n16 = nrm.k / 16u;
     let a = part.a;
     let b = part.b;
@@ -289,11 +273,33 @@ fn prologue(part: RowPart, li: u32) {
     if (li + WG < n16) {
         qs += quant_group(b, li + WG, inv, s);
     }
-    let total = reduce_all(qs, li);
-    if (li == 0u) {
-        tok_sh = vec2<u32>(bitcast<u32>(s), bitcast<u32>(total.x + total.y + total.z + total.w));
+#if SUBGROUPS
+    // Σq is needed only by the epilogue: the subgroups' sums wait in red_i behind this
+    // barrier and are added there (sum_q), off the path to the products.
+    let q4 = subgroupAdd(qs);
+    if (sg_lane == 0u) {
+        red_i[sg_id] = q4;
     }
+#else
+    let total = reduce_all(qs, li);
+    q_total = total.x + total.y + total.z + total.w;
+#endif
     workgroupBarrier();
+    return s;
+}
+
+// The token's Σq, once the prologue's last barrier has passed (the subgroups' sums in
+// order, or the tree's total).
+fn sum_q() -> i32 {
+#if SUBGROUPS
+    var r = vec4<i32>(0);
+    for (var i = 0u; i < sg_count; i++) {
+        r += red_i[i];
+    }
+    return r.x + r.y + r.z + r.w;
+#else
+    return q_total;
+#endif
 }
 
 @compute @workgroup_size(256)
@@ -302,27 +308,36 @@ fn norm_quant(ids: Ids) {
     let wg = ids.wg;
     enter(ids);
     let t = wg.x;
-    prologue(load_row(t, li), li);
+    let s = prologue(load_row(t, li), li);
     let n16 = nrm.k / 16u;
     for (var c = li; c < n16; c += WG) {
         qa[t * n16 + c] = act_sh[c];
     }
     if (li == 0u) {
-        tok_meta[t] = tok_sh;
+        tok_meta[t] = vec2<u32>(bitcast<u32>(s), bitcast<u32>(sum_q()));
     }
 }
 
-// Σ code·q of weight vec4 `wv` (vec4 v of its row) against the activations in act_sh.
+// Σ_k code·q over the four words of one 4-element column of codes against activation
+// words `a` (their packed int8).
+fn dot4(w: vec4<u32>, a: vec4<u32>) -> i32 {
+    return dot4I8Packed(w.x, a.x) + dot4I8Packed(w.y, a.y) + dot4I8Packed(w.z, a.z)
+        + dot4I8Packed(w.w, a.w);
+}
+
+// Σ code·q of weight vec4 `wv` (vec4 v of its row) against the activations in act_sh. Each
+// bit plane is masked in place rather than shifted down: plane 3 (bits 0–1) counts 1×,
+// plane 2 (bits 2–3) 4×, plane 1 (bits 4–5) and plane 0 (bits 6–7, shifted right by 2)
+// 16× (every byte stays ≤ 32, a valid int8), and the exact integer sums are divided back.
 fn vec_dot(wv: vec4<u32>, v: u32) -> i32 {
     let a = (v >> 1u) * 8u + (v & 1u);
-    var d = 0;
-    for (var g = 0u; g < 4u; g++) {
-        let sh = 6u - 2u * g;
-        let av = act_sh[a + 2u * g];
-        d += dot4I8Packed((wv.x >> sh) & M2, av.x) + dot4I8Packed((wv.y >> sh) & M2, av.y)
-            + dot4I8Packed((wv.z >> sh) & M2, av.z) + dot4I8Packed((wv.w >> sh) & M2, av.w);
-    }
-    return d;
+    let p0 = (wv >> vec4<u32>(2u)) & vec4<u32>(0x30303030u);
+    let p1 = wv & vec4<u32>(0x30303030u);
+    let p2 = wv & vec4<u32>(0x0C0C0C0Cu);
+    let p3 = wv & vec4<u32>(M2);
+    let d16 = dot4(p0, act_sh[a]) + dot4(p1, act_sh[a + 2u]);
+    let d4 = dot4(p2, act_sh[a + 4u]);
+    return dot4(p3, act_sh[a + 6u]) + (d4 >> 2u) + (d16 >> 4u);
 }
 
 // Vec4 i of matrix `which` (0: w, 1: w2, 2: w3).
@@ -431,10 +446,10 @@ fn row_dots(row: u32, lane: u32, which: u32, glu: bool) -> vec2<i32> {
     return acc;
 }
 
-// The f32 output of integer dot `d` for a matrix of scale `scale` (ternary.wgsl `scaled`).
-fn scaled(d: i32, scale: f32) -> f32 {
-    let m = tok_sh;
-    return (f32(d - bitcast<i32>(m.y)) / bitcast<f32>(m.x)) * scale;
+// The f32 output of integer dot `d` for token scale `s` and a matrix of scale `scale`
+// (ternary.wgsl `scaled`).
+fn scaled(d: i32, s: f32, scale: f32) -> f32 {
+    return (f32(d - sum_q()) / s) * scale;
 }
 
 @compute @workgroup_size(256)
@@ -447,14 +462,14 @@ fn matvec_n(ids: Ids) {
     let live = row < p.rows;
     let x_part = load_row(0u, li);
     let pre = prefetch(0u, row, lane, live);
-    prologue(x_part, li);
+    let s = prologue(x_part, li);
     var acc = vec2<i32>(pre_dots(pre, lane), 0);
     if (live) {
         acc += row_dots(row, lane, 0u, false);
     }
     let d = reduce_row(acc, li).x;
     if (lane == 0u && live) {
-        let y = scaled(d, p.w_scale);
+        let y = scaled(d, s, p.w_scale);
         if (EPILOGUE == 1u) {
             out[row] = out[row] + pinned(y, bitcast<u32>(p.up_scale));
         } else {
@@ -474,15 +489,15 @@ fn glu_n(ids: Ids) {
     let x_part = load_row(0u, li);
     let pre_g = prefetch(0u, row, lane, live);
     let pre_u = prefetch(1u, row, lane, live);
-    prologue(x_part, li);
+    let s = prologue(x_part, li);
     var acc = vec2<i32>(pre_dots(pre_g, lane), pre_dots(pre_u, lane));
     if (live) {
         acc += row_dots(row, lane, 0u, true);
     }
     let d = reduce_row(acc, li);
     if (lane == 0u && live) {
-        let g = scaled(d.x, p.w_scale);
-        let u = scaled(d.y, p.up_scale);
+        let g = scaled(d.x, s, p.w_scale);
+        let u = scaled(d.y, s, p.up_scale);
         var y: f32;
         if (ACT == 0u) {
             let r = max(g, 0.0);
@@ -514,7 +529,7 @@ fn matvec3_n(ids: Ids) {
     }
     let x_part = load_row(0u, li);
     let pre = prefetch(part, r, lane, live);
-    prologue(x_part, li);
+    let s = prologue(x_part, li);
     var acc = vec2<i32>(pre_dots(pre, lane), 0);
     if (live) {
         acc += row_dots(r, lane, part, false);
@@ -522,11 +537,11 @@ fn matvec3_n(ids: Ids) {
     let d = reduce_row(acc, li).x;
     if (lane == 0u && live) {
         if (part == 0u) {
-            out[r] = scaled(d, p.w_scale);
+            out[r] = scaled(d, s, p.w_scale);
         } else if (part == 1u) {
-            out2[r] = scaled(d, parts.scale2);
+            out2[r] = scaled(d, s, parts.scale2);
         } else {
-            out3[r] = scaled(d, parts.scale3);
+            out3[r] = scaled(d, s, parts.scale3);
         }
     }
 }
