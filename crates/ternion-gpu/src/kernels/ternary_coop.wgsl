@@ -26,8 +26,14 @@
 // the weights −1/0/1 row-major ([row][k], A) and the activations token-major ([token][k],
 // B, read as a column-major fragment), each row 32 elements + 8 of padding (80 bytes, so
 // the fragment loads' eight 16-byte rows fall in distinct banks), four elements per
-// 8-byte store. Two buffers alternate: the words of stage s + 1 are loaded before stage s's
-// products and unpacked after them into the other buffer, one barrier a stage. Subgroup s
+// 8-byte store. Two buffers alternate: stage s + 1 is unpacked after stage s's products
+// into the other buffer, one barrier a stage. Global memory is read a block (four stages)
+// at a time, before the products of the stage that precedes it, and coalesced: two
+// adjacent threads read a weight row's 32 code bytes, eight a token's 128 activation
+// bytes, rotated so that each thread holds one activation vec4 of every stage (of two of
+// the four in 64-token tiles; act_vec); reading one activation vec4 of 32 different tokens
+// per load instruction, as this kernel did first, cost 2–5 % of pp512 on an H100
+// (BENCHMARKS.md, session 13). Subgroup s
 // multiplies rows 32·(s % 4)..+32 by tokens 32·(s / 4)..+32: 2×2 accumulators of 16×16, 4
 // multiply-adds per 16-wide k step. At the end each accumulator goes through a 16×16 f32
 // scratch of its subgroup, and the lanes scale and store it. 48 KiB of workgroup memory
@@ -125,61 +131,77 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
     }
 }
 
-// Staging roles of thread `li` for a tile of `tn` tokens (64 or 128): weight row li % 128
-// with block bytes 16·(li / 128)..+16, and for li < 2·tn token li % tn with activation
-// vec4 (li / tn) % 2 of each stage.
-struct Roles { lr: u32, lh: u32, lt: u32, la: u32, acts: bool, wrow: u32, arow: u32 }
+// Staging roles of thread `li` for a tile of `tn` tokens (64 or 128): weight row li / 2
+// with block bytes 16·(li % 2)..+16; for the activations, lane group li / 8 and slot
+// li % 8 (see act_vec).
+struct Roles { lr: u32, lh: u32, lg: u32, ls: u32, nm: u32, t0: u32, wrow: u32 }
 
 fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
     var r: Roles;
-    r.lr = li % TM;
-    r.lh = li / TM;
-    r.lt = li % tn;
-    r.la = (li / tn) % 2u;
-    r.acts = li < 2u * tn;
+    r.lr = li / 2u;
+    r.lh = li % 2u;
+    r.lg = li / 8u;
+    r.ls = li % 8u;
+    r.nm = tn / 32u;
+    r.t0 = t0;
     r.wrow = min(row0 + r.lr, p.rows - 1u) * (p.words / 4u);
-    r.arow = min(t0 + r.lt, step.n_tokens - 1u) * p.words;
     return r;
 }
 
-// A thread's words of a stage: its block words (the weights of four stages) and its
-// activation vec4.
-struct Words { w: vec4<u32>, a: vec4<u32> }
+// A thread's words of an I2_S block (four stages): its block words of the weights, and
+// activation vec4s a0..a3 (the first nm of them).
+struct Words { w: vec4<u32>, a0: vec4<u32>, a1: vec4<u32>, a2: vec4<u32>, a3: vec4<u32> }
 
-// The words of stage `s` (elements 32·s..32·s+31: bit plane s % 4 of I2_S block s / 4),
-// the block words loaded only when s starts a block.
-fn load_words(r: Roles, s: u32, prev: Words) -> Words {
-    var n = prev;
-    if (s % 4u == 0u) {
-        n.w = w[r.wrow + 2u * (s / 4u) + r.lh];
+// Activation vec4 of load m of block b: token lg + 32·m of the tile, vec4 (ls + 2m) % 8 of
+// the token's 128 bytes of the block. Eight consecutive threads read one token's 128 bytes
+// (one cache line), and over its loads a thread holds one vec4 of each of the block's four
+// stages when nm = 4 (two of them when nm = 2): stage (ls / 2 + m) % 4, half ls % 2.
+fn act_vec(r: Roles, b: u32, m: u32) -> vec4<u32> {
+    let t = min(r.t0 + r.lg + 32u * m, step.n_tokens - 1u);
+    return act[t * p.words + 8u * b + (r.ls + 2u * m) % 8u];
+}
+
+// The words of block b (stages 4b..4b+3: bit plane s % 4 of I2_S block s / 4).
+fn load_words(r: Roles, b: u32) -> Words {
+    var n: Words;
+    n.w = w[r.wrow + 2u * b + r.lh];
+    n.a0 = act_vec(r, b, 0u);
+    n.a1 = act_vec(r, b, 1u);
+    if (r.nm == 4u) {
+        n.a2 = act_vec(r, b, 2u);
+        n.a3 = act_vec(r, b, 3u);
     }
-    n.a = act[r.arow + 2u * s + r.la];
     return n;
 }
 
-// Stage 0 loaded, unpacked and visible to the workgroup; returns its words.
+// Stage 0 loaded, unpacked and visible to the workgroup; returns block 0's words.
 fn first_stage(r: Roles) -> Words {
-    let wd = load_words(r, 0u, Words());
+    let wd = load_words(r, 0u);
     stage(r, 0u, wd);
     workgroupBarrier();
     return wd;
 }
 
-// The words of stage s + 1 when there is one (loaded before stage s's products and
-// unpacked after them, into the buffer nobody reads since the last barrier), else `wd`.
+// The words stage s + 1 is unpacked from: block (s + 1) / 4's, loaded before stage s's
+// products when s + 1 starts a block (stage s's own were unpacked a stage earlier), else
+// `wd`.
 fn next_words(r: Roles, s: u32, stages: u32, wd: Words) -> Words {
-    if (s + 1u < stages) {
-        return load_words(r, s + 1u, wd);
+    if (s + 1u < stages && (s + 1u) % 4u == 0u) {
+        return load_words(r, (s + 1u) / 4u);
     }
     return wd;
 }
 
-// Writes stage `s` from its words into buffer s % 2.
+// Writes stage `s` from its block's words into buffer s % 2: every thread its 16 weights,
+// and the thread holding a vec4 of the stage (load m, see act_vec) its 16 activations.
 fn stage(r: Roles, s: u32, wd: Words) {
     let o = (s % 2u) * BUF;
     stage_codes(wd.w, 6u - 2u * (s % 4u), o + r.lr * LD4 + 4u * r.lh);
-    if (r.acts) {
-        stage_act(wd.a, o + r.lt * LD4 + 4u * r.la);
+    let m = (s + 4u - r.ls / 2u) % 4u;
+    if (m < r.nm) {
+        // Explicit selects: a dynamically indexed vector variable would live in local memory.
+        let av = select(select(wd.a0, wd.a1, m == 1u), select(wd.a2, wd.a3, m == 3u), m >= 2u);
+        stage_act(av, o + (r.lg + 32u * m) * LD4 + 4u * (r.ls % 2u));
     }
 }
 
