@@ -48,7 +48,6 @@ override EPILOGUE: u32 = 0u;
 const TM: u32 = 128u;
 const TN: u32 = 64u;
 const TNW: u32 = 128u;
-const KS: u32 = 32u;
 const LD4: u32 = 10u;
 const BUF: u32 = 1280u;
 
@@ -227,19 +226,28 @@ fn matmul_tiled(
     for (var s = 0u; s < stages; s++) {
         wd = next_words(r, s, stages, wd);
         let o = (s % 2u) * BUF;
-        for (var kq = 0u; kq < KS / 4u; kq += 4u) {
-            let a0 = frag_a(o + rb * LD4 + kq);
-            let a1 = frag_a(o + (rb + 16u) * LD4 + kq);
-            let b0 = frag_b(o + tb * LD4 + kq);
-            let b1 = frag_b(o + (tb + 16u) * LD4 + kq);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
-        }
+        // The stage's first 16 k: fragments, then products.
+        let a0 = frag_a(o + rb * LD4);
+        let a1 = frag_a(o + (rb + 16u) * LD4);
+        let b0 = frag_b(o + tb * LD4);
+        let b1 = frag_b(o + (tb + 16u) * LD4);
+        c00 = coopMultiplyAdd(a0, b0, c00);
+        c01 = coopMultiplyAdd(a0, b1, c01);
+        c10 = coopMultiplyAdd(a1, b0, c10);
+        c11 = coopMultiplyAdd(a1, b1, c11);
+        // The second 16 k's fragments are read before the next stage is unpacked, so the
+        // unpacking overlaps their reads; then their products.
+        let e0 = frag_a(o + rb * LD4 + 4u);
+        let e1 = frag_a(o + (rb + 16u) * LD4 + 4u);
+        let f0 = frag_b(o + tb * LD4 + 4u);
+        let f1 = frag_b(o + (tb + 16u) * LD4 + 4u);
         if (s + 1u < stages) {
             stage(r, s + 1u, wd);
         }
+        c00 = coopMultiplyAdd(e0, f0, c00);
+        c01 = coopMultiplyAdd(e0, f1, c01);
+        c10 = coopMultiplyAdd(e1, f0, c10);
+        c11 = coopMultiplyAdd(e1, f1, c11);
         workgroupBarrier();
     }
 
@@ -281,25 +289,40 @@ fn matmul_wide(
     for (var s = 0u; s < stages; s++) {
         wd = next_words(r, s, stages, wd);
         let o = (s % 2u) * BUF;
-        for (var kq = 0u; kq < KS / 4u; kq += 4u) {
-            let a0 = frag_a(o + rb * LD4 + kq);
-            let a1 = frag_a(o + (rb + 16u) * LD4 + kq);
-            let b0 = frag_b(o + tb * LD4 + kq);
-            let b1 = frag_b(o + (tb + 16u) * LD4 + kq);
-            let b2 = frag_b(o + (tb + 32u) * LD4 + kq);
-            let b3 = frag_b(o + (tb + 48u) * LD4 + kq);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c02 = coopMultiplyAdd(a0, b2, c02);
-            c03 = coopMultiplyAdd(a0, b3, c03);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
-            c12 = coopMultiplyAdd(a1, b2, c12);
-            c13 = coopMultiplyAdd(a1, b3, c13);
-        }
+        // The stage's first 16 k: fragments, then products.
+        let a0 = frag_a(o + rb * LD4);
+        let a1 = frag_a(o + (rb + 16u) * LD4);
+        let b0 = frag_b(o + tb * LD4);
+        let b1 = frag_b(o + (tb + 16u) * LD4);
+        let b2 = frag_b(o + (tb + 32u) * LD4);
+        let b3 = frag_b(o + (tb + 48u) * LD4);
+        c00 = coopMultiplyAdd(a0, b0, c00);
+        c01 = coopMultiplyAdd(a0, b1, c01);
+        c02 = coopMultiplyAdd(a0, b2, c02);
+        c03 = coopMultiplyAdd(a0, b3, c03);
+        c10 = coopMultiplyAdd(a1, b0, c10);
+        c11 = coopMultiplyAdd(a1, b1, c11);
+        c12 = coopMultiplyAdd(a1, b2, c12);
+        c13 = coopMultiplyAdd(a1, b3, c13);
+        // The second 16 k's fragments are read before the next stage is unpacked, so the
+        // unpacking overlaps their reads; then their products.
+        let e0 = frag_a(o + rb * LD4 + 4u);
+        let e1 = frag_a(o + (rb + 16u) * LD4 + 4u);
+        let f0 = frag_b(o + tb * LD4 + 4u);
+        let f1 = frag_b(o + (tb + 16u) * LD4 + 4u);
+        let f2 = frag_b(o + (tb + 32u) * LD4 + 4u);
+        let f3 = frag_b(o + (tb + 48u) * LD4 + 4u);
         if (s + 1u < stages) {
             stage(r, s + 1u, wd);
         }
+        c00 = coopMultiplyAdd(e0, f0, c00);
+        c01 = coopMultiplyAdd(e0, f1, c01);
+        c02 = coopMultiplyAdd(e0, f2, c02);
+        c03 = coopMultiplyAdd(e0, f3, c03);
+        c10 = coopMultiplyAdd(e1, f0, c10);
+        c11 = coopMultiplyAdd(e1, f1, c11);
+        c12 = coopMultiplyAdd(e1, f2, c12);
+        c13 = coopMultiplyAdd(e1, f3, c13);
         workgroupBarrier();
     }
 
