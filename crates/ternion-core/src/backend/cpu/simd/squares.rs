@@ -19,6 +19,7 @@ pub const SQUARE_ROWS: usize = 16;
 ///
 /// # Panics
 /// If `x.len() != sums.len() · n`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn squares_rows(level: Level, x: &[f32], n: usize, sums: &mut [f64]) {
     assert_eq!(x.len(), sums.len() * n, "squares_rows: rows × width");
     #[cfg(target_arch = "x86_64")]
