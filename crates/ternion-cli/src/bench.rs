@@ -134,10 +134,12 @@ fn cpu_seconds() -> f64 {
     s(u.ru_utime) + s(u.ru_stime)
 }
 
-/// Prefill and decode seconds on the CPU (after a warm-up that touches every weight page
-/// and starts the worker pool).
+/// Prefill and decode seconds on the CPU, after a warm-up as llama-bench's: the same
+/// prompt once in a session of the same size, which touches every weight page, starts the
+/// worker pool and leaves the buffers that the timed session then reuses (so that the
+/// timed prompt, like llama-bench's repetitions, pays no first touch of fresh pages).
 fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result<Timings> {
-    Session::new(model, 8).prefill(&prompt[..prompt.len().min(4)])?;
+    Session::new(model, n_ctx).prefill(prompt)?;
     let mut s = Session::new(model, n_ctx);
     let t = Instant::now();
     let mut next = argmax(s.prefill(prompt)?);

@@ -119,6 +119,13 @@ impl<'m> CpuEngine<'m> {
     }
 }
 
+impl Drop for CpuEngine<'_> {
+    /// The next CPU sequence of the model reuses this one's buffers.
+    fn drop(&mut self) {
+        self.model.give_back_cpu_state(&mut self.state);
+    }
+}
+
 impl Engine for CpuEngine<'_> {
     fn n_vocab(&self) -> usize {
         self.model.config().n_vocab

@@ -284,3 +284,44 @@ fn prompt_of_513_tokens_gives_the_logits_of_one_batch() {
     assert_eq!(got.generated.len(), 8);
     std::fs::remove_file(&p).ok();
 }
+
+/// A CPU session started after another ended reuses its buffers (the KV pool with its
+/// pages, and the workspace) and gives the same logits bit for bit as one on fresh
+/// buffers, also after a longer prompt left larger buffers behind; a pool of another
+/// size is not reused.
+#[test]
+fn a_new_session_reuses_the_last_ones_buffers() {
+    let p = synth_bitnet(GgmlType::I2_S, "reuse.gguf");
+    let (_file, m) = model::load(&p).unwrap();
+    let run = |n: usize| {
+        let prompt: Vec<u32> = (0..n).map(|i| (i * 7 % 97) as u32).collect();
+        let mut s = Session::new(&m, 64);
+        let a = s.prefill(&prompt).unwrap().to_vec();
+        let b = s.decode(5).unwrap().to_vec();
+        [a, b].concat()
+    };
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let fresh = bits(run(40));
+    run(60);
+    assert_eq!(bits(run(40)), fresh, "logits after reuse");
+
+    let mut st = m.cpu_state(64);
+    m.forward_cpu(&[1, 2, 3], Logits::Last, &mut st).unwrap();
+    let pages = st.kv().pool().pages_allocated();
+    assert!(pages > 0);
+    m.give_back_cpu_state(&mut st);
+    let next = m.cpu_state(64);
+    assert!(Arc::ptr_eq(st.kv().pool(), next.kv().pool()), "pool reused");
+    assert_eq!(
+        (next.kv().len(), next.kv().pool().pages_allocated()),
+        (0, pages)
+    );
+    let mut next = next;
+    m.give_back_cpu_state(&mut next);
+    let other = m.cpu_state(32);
+    assert!(
+        !Arc::ptr_eq(next.kv().pool(), other.kv().pool()),
+        "other size"
+    );
+    std::fs::remove_file(&p).ok();
+}

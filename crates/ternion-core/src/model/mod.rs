@@ -127,9 +127,16 @@ impl Model {
         self.cpu.weight_bytes_per_token(&self.graph)
     }
 
-    /// A fresh CPU sequence state with room for `n_ctx` positions, in a pool of its own.
+    /// An empty CPU sequence state with room for `n_ctx` positions, in a pool of its own
+    /// (the buffers of the last state given back where they fit).
     pub fn cpu_state(&self, n_ctx: usize) -> CpuState {
-        self.cpu_state_in(self.kv_pool(n_ctx, 1), n_ctx)
+        self.cpu.new_private_state(self.kv_geometry(), n_ctx)
+    }
+
+    /// Hands a finished state's buffers to the next [`Model::cpu_state`] (see
+    /// [`CpuModel::give_back`]).
+    pub fn give_back_cpu_state(&self, state: &mut CpuState) {
+        self.cpu.give_back(state);
     }
 
     /// The shape of this model's KV-cache pages.

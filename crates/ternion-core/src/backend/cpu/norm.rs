@@ -2,9 +2,12 @@
 //! in f32, then `(x · scale) · w`; and LayerNorm, as ggml's `norm` then `mul` and `add`:
 //! the mean in f64, `y = x − mean`, Σy² in f64, `y · 1/sqrt(var + eps)`, then `· w + b`.
 
+use super::simd::{self, Level, SQUARE_ROWS};
+
 /// Rows normalised by one parallel task (rows are independent: the result does not depend
-/// on the thread count).
-const ROWS_PER_TASK: usize = 4;
+/// on the thread count): one block of the side-by-side sums of squares where there are at
+/// least two such blocks, else four (so that a few rows still spread over the threads).
+const ROWS_PER_TASK: [usize; 2] = [4, SQUARE_ROWS];
 
 /// Normalises each row of `x` (`rows × w.len()`) into `out`, multiplied by the weight `w`;
 /// several rows run in parallel.
@@ -13,7 +16,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     if out.len() <= n {
         return rms_norm_rows(x, w, eps, out);
     }
-    let per_task = n * ROWS_PER_TASK;
+    let per_task = n * ROWS_PER_TASK[usize::from(out.len() >= 2 * SQUARE_ROWS * n)];
     super::pool::global().for_each_chunk_mut(out, per_task, |c, o, _| {
         rms_norm_rows(&x[c * per_task..][..o.len()], w, eps, o)
     });
@@ -21,38 +24,33 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
-    let mut sums = [0f64; ROWS_PER_TASK];
-    for (i, xs) in x.chunks(n * ROWS_PER_TASK).enumerate() {
-        let rows = xs.len() / n;
-        squares(xs, n, &mut sums[..rows]);
-        let at = i * n * ROWS_PER_TASK;
-        let o = &mut out[at..at + rows * n];
-        for ((xr, or), &sum) in xs.chunks_exact(n).zip(o.chunks_exact_mut(n)).zip(&sums) {
-            scale_row(xr, or, w, eps, sum);
+    let rows = out.len() / n;
+    let mut sums = [0f64; SQUARE_ROWS];
+    let level = Level::detect();
+    simd::squares_rows(level, &x[..rows * n], n, &mut sums[..rows]);
+    for ((xr, or), &sum) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).zip(&sums) {
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx512 {
+            // SAFETY: the level proves AVX-512 F.
+            unsafe { scale_row_avx512(xr, or, w, eps, sum) };
+            continue;
         }
+        scale_row(xr, or, w, eps, sum);
     }
 }
 
-/// `sums[r] = Σ_e f64(x_re²)` for the rows r of `x` (of `n` values), each summed in
-/// element order from 0; four rows side by side, so that the four independent chains
-/// overlap (the same sums as one row after the other, bit for bit).
-fn squares(x: &[f32], n: usize, sums: &mut [f64]) {
-    if let Ok(s) = <&mut [f64; 4]>::try_from(&mut *sums) {
-        let [a, b, c, d]: [&[f32]; 4] = std::array::from_fn(|r| &x[r * n..(r + 1) * n]);
-        *s = [0.0; 4];
-        for (((&a, &b), &c), &d) in a.iter().zip(b).zip(c).zip(d) {
-            for (acc, v) in s.iter_mut().zip([a, b, c, d]) {
-                *acc += f64::from(v * v);
-            }
-        }
-        return;
-    }
-    for (sum, xr) in sums.iter_mut().zip(x.chunks_exact(n)) {
-        *sum = xr.iter().map(|&v| f64::from(v * v)).sum();
-    }
+/// [`scale_row`] compiled for AVX-512 (the same operations on 16 lanes).
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_row_avx512(xr: &[f32], or: &mut [f32], w: &[f32], eps: f32, sum: f64) {
+    scale_row(xr, or, w, eps, sum)
 }
 
 /// One row normalised from its sum of squares.
+#[inline(always)]
 fn scale_row(xr: &[f32], or: &mut [f32], w: &[f32], eps: f32, sum: f64) {
     let mean = (sum / w.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
@@ -106,11 +104,19 @@ mod tests {
         }
     }
 
-    /// Rows normalised four side by side (and the rest one by one, on any number of
-    /// threads) equal the row-at-a-time formula bit for bit.
+    /// Rows normalised sixteen or four side by side (and the rest one by one, on any
+    /// number of threads) equal the row-at-a-time formula bit for bit.
     #[test]
     fn rows_side_by_side_equal_one_row_at_a_time() {
-        for (rows, n) in [(1, 9), (3, 16), (4, 2560), (9, 40), (13, 7)] {
+        for (rows, n) in [
+            (1, 9),
+            (3, 16),
+            (4, 2560),
+            (9, 40),
+            (13, 7),
+            (37, 2560),
+            (21, 44),
+        ] {
             let x: Vec<f32> = (0..rows * n)
                 .map(|i| (i as f32 * 0.731).sin() * 10f32.powi(i as i32 % 7 - 3))
                 .collect();

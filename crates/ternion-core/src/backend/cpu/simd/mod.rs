@@ -37,6 +37,7 @@ mod neon_kq2;
 mod neon_q80;
 #[cfg(target_arch = "aarch64")]
 mod neon_q81;
+mod squares;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -44,6 +45,7 @@ mod x86;
 mod x86_bits;
 
 pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
+pub use squares::{squares_rows, SQUARE_ROWS};
 pub use vnni::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 
 /// The instruction set the kernels use on this machine.
