@@ -547,6 +547,12 @@ impl GpuContext {
                     if src == Source::AttentionFastRope {
                         defines.push("ROPE");
                     }
+                    if src == Source::AttentionPrompt
+                        && self.device.limits().max_compute_workgroup_storage_size
+                            >= crate::ops::ATTN_PROMPT_F32_BYTES
+                    {
+                        defines.push("F32_TILES");
+                    }
                     if matches!(src, Source::QMatvecTiled(_)) {
                         defines.push("TILED");
                     }

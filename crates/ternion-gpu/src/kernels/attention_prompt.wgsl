@@ -18,7 +18,14 @@
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
 // Dispatch: (≥ block count, n_head, 1); workgroups past the count return. head_dim is 64 or
-// 128 (the host checks). Workgroup memory: 30,096 bytes (the host checks the limit).
+// 128 (the host checks). Workgroup memory: 30,096 bytes, or 46,608 with F32_TILES (the
+// host checks the limit, and picks F32_TILES where the device allows it).
+//
+// Variant F32_TILES holds the key and value tiles as f32 pairs, converted once when a page
+// is staged, where the other holds the F16 words and converts each pair at every use (in
+// the scores and in P·V, 32 times a page per word): the same values either way (an F16
+// converts to f32 exactly), 11 % faster prompt attention on an H100 (BENCHMARKS.md,
+// session 13).
 //
 // A workgroup takes a block of BQ = 32 queries of one head and walks the keys one KV page
 // (BK = 32 keys) at a time, the page's keys and values loaded once for the block: each
@@ -48,8 +55,13 @@ const SP: u32 = 33u;
 @group(0) @binding(10) var<storage, read> pages: array<u32>;
 
 var<workgroup> q_sh: array<u32, 2080>; // BQ × HWP F16 pairs
+#if F32_TILES
+var<workgroup> k_sh: array<vec2<f32>, 2080>; // BK × HWP pairs, converted once
+var<workgroup> v_sh: array<vec2<f32>, 2048>; // BK × 64 pairs, converted once
+#else
 var<workgroup> k_sh: array<u32, 2080>; // BK × HWP
 var<workgroup> v_sh: array<u32, 2048>; // BK × 64
+#endif
 var<workgroup> s_sh: array<f32, 1056>; // BQ × SP probabilities e
 var<workgroup> pm_sh: array<f32, 256>; // each thread's maximum of its four scores
 var<workgroup> tok_sh: vec4<u32>;
@@ -101,8 +113,8 @@ fn put(kw: u32, vw: u32, i: u32) {
     if (i < BK * hw) {
         let j = i / hw;
         let w = i % hw;
-        k_sh[j * HWP + w] = kw;
-        v_sh[j * 64u + w] = vw;
+        k_sh[j * HWP + w] = kv_tile(kw);
+        v_sh[j * 64u + w] = kv_tile(vw);
     }
 }
 
@@ -118,9 +130,41 @@ fn store_tile(t: Tile, li: u32) {
     put(t.k1.w, t.v1.w, li + 7u * WG);
 }
 
+#if F32_TILES
+// A key or value word as the tiles hold it: its F16 pair converted to f32 (exactly).
+fn kv_tile(word: u32) -> vec2<f32> {
+    return unpack2x16float(word);
+}
+
+// The key pair at `at` of the key tile, as f32.
+fn k_pair(at: u32) -> vec2<f32> {
+    return k_sh[at];
+}
+
+// The value pair at `at` of the value tile, as f32.
+fn v_pair(at: u32) -> vec2<f32> {
+    return v_sh[at];
+}
+#else
+// A key or value word as the tiles hold it: the F16 pair itself.
+fn kv_tile(word: u32) -> u32 {
+    return word;
+}
+
+// The key pair at `at` of the key tile, as f32.
+fn k_pair(at: u32) -> vec2<f32> {
+    return unpack2x16float(k_sh[at]);
+}
+
+// The value pair at `at` of the value tile, as f32.
+fn v_pair(at: u32) -> vec2<f32> {
+    return unpack2x16float(v_sh[at]);
+}
+#endif
+
 // Adds e · the value pair at word `at` of the value tile to `a`.
 fn pv(a: vec2<f32>, e: f32, at: u32) -> vec2<f32> {
-    return a + e * unpack2x16float(v_sh[at]);
+    return a + e * v_pair(at);
 }
 
 @compute @workgroup_size(256)
@@ -128,8 +172,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let h = wg.y;
     if (li == 0u) {
         var b = vec2<u32>(0u, 0u);
-        if (wg.x < blocks[0].x) {
-            b = blocks[1u + wg.x];
+        // The blocks in reverse order: a sequence's last blocks, which walk the most keys,
+        // start first.
+        let count = blocks[0].x;
+        if (wg.x < count) {
+            b = blocks[count - wg.x];
         }
         let tk = toks[b.x];
         tok_sh = vec4<u32>(b.x, b.y, tk.x, tk.y);
@@ -188,10 +235,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         var c3 = 0.0;
         for (var w = 0u; w < hw; w++) {
             let a = unpack2x16float(q_sh[sq * HWP + w]);
-            let b0 = unpack2x16float(k_sh[sk * HWP + w]);
-            let b1 = unpack2x16float(k_sh[(sk + 8u) * HWP + w]);
-            let b2 = unpack2x16float(k_sh[(sk + 16u) * HWP + w]);
-            let b3 = unpack2x16float(k_sh[(sk + 24u) * HWP + w]);
+            let b0 = k_pair(sk * HWP + w);
+            let b1 = k_pair((sk + 8u) * HWP + w);
+            let b2 = k_pair((sk + 16u) * HWP + w);
+            let b3 = k_pair((sk + 24u) * HWP + w);
             c0 += a.x * b0.x + a.y * b0.y;
             c1 += a.x * b1.x + a.y * b1.y;
             c2 += a.x * b2.x + a.y * b2.y;

@@ -28,8 +28,8 @@ pub use matmul::{narrow_step, MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_
 pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};
 pub use narrow::NarrowFused;
 pub use norm::{NormOut, QuantAct, RmsNorm};
-pub(crate) use paged::DECODE_ROW;
 pub use paged::{GpuKv, KvIndex};
+pub(crate) use paged::{ATTN_PROMPT_F32_BYTES, DECODE_ROW};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
 };

@@ -16,12 +16,14 @@ pub(crate) const DECODE_ROW: u32 = 1 << 31;
 pub const ATTN_PROMPT_QUERIES: u32 = 32;
 /// Workgroup memory `attention_prompt.wgsl` declares, in bytes.
 const ATTN_PROMPT_BYTES: u32 = 30_096;
+/// The same with its key and value tiles held as f32 (variant `F32_TILES`), which the
+/// pipeline cache picks on devices that allow it (NVIDIA's 48 KiB do; Apple's and
+/// lavapipe's 32 KiB do not).
+pub(crate) const ATTN_PROMPT_F32_BYTES: u32 = 46_608;
 
 /// True when `attention_prompt.wgsl` runs the prompts over a `ty` cache on `ctx`'s device:
 /// an F16 cache, and a device that allows its workgroup memory (most do; WebGPU's default
-/// limit, 16 KiB, does not). Other prompts run with `attention.wgsl`'s `prefill`. The
-/// kernel's tiles hold F16 pairs: F32 tiles would need 54,928 bytes, more than NVIDIA
-/// (48 KiB), Apple and lavapipe (32 KiB) give.
+/// limit, 16 KiB, does not). Other prompts run with `attention.wgsl`'s `prefill`.
 pub fn prompt_kernel_fits(ctx: &GpuContext, ty: KvType) -> bool {
     ty == KvType::F16 && ctx.device.limits().max_compute_workgroup_storage_size >= ATTN_PROMPT_BYTES
 }
