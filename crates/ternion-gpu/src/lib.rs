@@ -123,11 +123,11 @@ pub use engine::GpuEngine;
 pub use exec::{GpuModel, GpuModelOptions};
 pub use greedy::GreedyChain;
 pub use ops::{
-    ActQuant, Attention, AttnDims, AttnOpts, Dispatch, Embed, F16Matvec, Glu, GpuKv, KvIndex,
-    MatIn, MatmulKind, NarrowFused, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts,
-    QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind, StepUniform,
-    Ternary3, TernaryGlu, TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights, TopK,
-    ATTN_CHUNK, MAX_TOPK, MM_TILE_TOKENS, SELECT_CHUNK, WG,
+    ActQuant, Attention, AttnDims, AttnOpts, CoopQkv, Dispatch, Embed, F16Matvec, Glu, GpuKv,
+    KvIndex, MatIn, MatmulKind, NarrowFused, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec,
+    QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind,
+    StepUniform, Ternary3, TernaryGlu, TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights,
+    TopK, ATTN_CHUNK, MAX_TOPK, MM_TILE_TOKENS, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

@@ -83,6 +83,9 @@ pub enum Kernel {
         /// The coop kernel's 128-token entry point (`matmul_wide`).
         wide: bool,
     },
+    /// `ternary_coop.wgsl` `matmul_wide3` (`#if FUSED3`): the 128-token coop tiles of three
+    /// I2_S matrices that read the same activations (q, k, v), in one launch.
+    TernaryCoop3,
     /// `ternary_mm.wgsl` `matmul_narrow3` / `matmul_narrow_glu`: the narrow tiles of several
     /// I2_S matrices that read the same activations, in one launch.
     TernaryNarrowFused {
@@ -257,6 +260,8 @@ enum Source {
     TernaryDecode,
     TernaryMm,
     TernaryCoop,
+    /// ternary_coop.wgsl with `#if FUSED3` on.
+    TernaryCoop3,
     F16Matvec,
     F16Coop,
     RopeKv,
@@ -288,7 +293,7 @@ impl Source {
                 include_str!("kernels/ternary_decode.wgsl"),
             ),
             Source::TernaryMm => ("ternary_mm.wgsl", include_str!("kernels/ternary_mm.wgsl")),
-            Source::TernaryCoop => (
+            Source::TernaryCoop | Source::TernaryCoop3 => (
                 "ternary_coop.wgsl",
                 include_str!("kernels/ternary_coop.wgsl"),
             ),
@@ -331,6 +336,7 @@ impl Kernel {
             }
             Kernel::TernaryDecode { .. } => Source::TernaryDecode,
             Kernel::TernaryNarrowFused { .. } => Source::TernaryMm,
+            Kernel::TernaryCoop3 => Source::TernaryCoop3,
             Kernel::TernaryMatmul { kind, .. } => match kind {
                 MatmulKind::Portable | MatmulKind::Narrow => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
@@ -372,6 +378,7 @@ impl Kernel {
             Kernel::TernaryMatmul { wide: true, .. } => "matmul_wide",
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
+            Kernel::TernaryCoop3 => "matmul_wide3",
             Kernel::TernaryNarrowFused { glu: None } => "matmul_narrow3",
             Kernel::TernaryNarrowFused { glu: Some(_) } => "matmul_narrow_glu",
             Kernel::TernaryDecode { entry, .. } => match entry {
@@ -436,7 +443,7 @@ impl Kernel {
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
-            Kernel::TernaryNarrowFused { glu: None } => vec![],
+            Kernel::TernaryNarrowFused { glu: None } | Kernel::TernaryCoop3 => vec![],
             Kernel::TernaryNarrowFused { glu: Some(act) } => {
                 vec![("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 })]
             }
@@ -546,6 +553,9 @@ impl GpuContext {
                     }
                     if src == Source::AttentionFastRope {
                         defines.push("ROPE");
+                    }
+                    if src == Source::TernaryCoop3 {
+                        defines.push("FUSED3");
                     }
                     if src == Source::AttentionPrompt
                         && self.device.limits().max_compute_workgroup_storage_size

@@ -269,3 +269,68 @@ fn narrow_fused_equals_separate_launches() {
         }
     }
 }
+
+/// The fused coop launch of q/k/v (`matmul_wide3`) gives the bits of the three separate
+/// coop launches, for row counts that are not multiples of the tile and steps of more
+/// than 64 tokens (where it runs). Adapters without cooperative matrices (lavapipe) have
+/// no fused launch: the test says so and checks that none is built.
+#[test]
+fn coop_qkv_equals_separate_launches() {
+    let Some(c) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    let mut r = rng(505);
+    let k = 384;
+    let step = StepUniform::new(&c).unwrap();
+    for tokens in [65usize, 130, 200] {
+        let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
+        let (qa, _, _) = cpu_act(&c, &x, k);
+        step.write(&c, tokens as u32, 0);
+        let rows = [300, 70, 130];
+        let ws = rows.map(|n| {
+            let data = ternary_tensor(&mut r, n, k);
+            TernaryWeights::upload(&c, "w", &data, k, n).unwrap()
+        });
+        let zeroed = |n: usize| GpuBuffer::zeroed(&c, "y", (tokens * n * 4) as u64).unwrap();
+        let (outs, refs) = (rows.map(zeroed), rows.map(zeroed));
+        let fused = CoopQkv::new(
+            &c,
+            [&ws[0], &ws[1], &ws[2]],
+            &qa,
+            [&outs[0], &outs[1], &outs[2]],
+            &step,
+        )
+        .unwrap();
+        let Some(fused) = fused else {
+            assert_ne!(c.caps().prefill, PrefillKernel::Coop);
+            eprintln!(
+                "{}: no cooperative matrices, no fused coop q/k/v to test",
+                c.caps().name
+            );
+            return;
+        };
+        run(&c, |p| fused.record(p, tokens as u32));
+        for i in 0..3 {
+            let mm = TernaryMatmul::new(
+                &c,
+                MatmulKind::Coop,
+                &ws[i],
+                &qa,
+                &refs[i],
+                Epilogue::Store,
+                &step,
+            )
+            .unwrap();
+            run(&c, |p| mm.record(p, tokens as u32));
+            let (got, want) = (
+                outs[i].read::<f32>(&c).unwrap(),
+                refs[i].read::<f32>(&c).unwrap(),
+            );
+            let diff = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(diff.is_none(), "matrix {i}, {tokens} tokens: elem {diff:?}");
+        }
+    }
+}

@@ -60,6 +60,20 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> tok_scale: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
+#if FUSED3
+struct Parts { m2: u32, m3: u32, scale2: f32, scale3: f32 }
+
+@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> w3: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(9) var<storage, read_write> out3: array<f32>;
+@group(0) @binding(10) var<uniform> parts: Parts;
+
+// FUSED3: the matrix of this workgroup's row tile (0: w, 1: w2, 2: w3), its rows and scale.
+var<private> mat: u32;
+var<private> mat_rows: u32;
+var<private> mat_scale: f32;
+#endif
 
 var<workgroup> wa: array<vec4<f16>, 2560>; // 2 buffers × TM rows × LD4 vec4s, [row][k]
 var<workgroup> xb: array<vec4<f16>, 2560>; // 2 buffers × TNW tokens × LD4 vec4s, [token][k]
@@ -117,10 +131,20 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
         let e = lane + 32u * i;
         let row = r0 + e % 16u;
         let t = tk0 + e / 16u;
-        if (row < p.rows && t <= last) {
+        if (row < rows_of() && t <= last) {
             let m = tok_scale[t];
-            let y = (cs[sg * 256u + e] / bitcast<f32>(m.x)) * p.w_scale;
-            let o = t * p.rows + row;
+            let y = (cs[sg * 256u + e] / bitcast<f32>(m.x)) * scale_of();
+            let o = t * rows_of() + row;
+#if FUSED3
+            if (mat == 1u) {
+                out2[o] = y;
+                continue;
+            }
+            if (mat == 2u) {
+                out3[o] = y;
+                continue;
+            }
+#endif
             if (EPILOGUE == 1u) {
                 out[o] = out[o] + pinned(y, p.zero);
             } else {
@@ -128,6 +152,35 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
             }
         }
     }
+}
+
+// Rows and I2_S scale of the matrix this workgroup multiplies, and vec4 i of its codes.
+fn rows_of() -> u32 {
+#if FUSED3
+    return mat_rows;
+#else
+    return p.rows;
+#endif
+}
+
+fn scale_of() -> f32 {
+#if FUSED3
+    return mat_scale;
+#else
+    return p.w_scale;
+#endif
+}
+
+fn code_vec(i: u32) -> vec4<u32> {
+#if FUSED3
+    if (mat == 1u) {
+        return w2[i];
+    }
+    if (mat == 2u) {
+        return w3[i];
+    }
+#endif
+    return w[i];
 }
 
 // Staging roles of thread `li` for a tile of `tn` tokens (64 or 128): weight row li / 2
@@ -143,7 +196,7 @@ fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
     r.ls = li % 8u;
     r.nm = tn / 32u;
     r.t0 = t0;
-    r.wrow = min(row0 + r.lr, p.rows - 1u) * (p.words / 4u);
+    r.wrow = min(row0 + r.lr, rows_of() - 1u) * (p.words / 4u);
     return r;
 }
 
@@ -163,7 +216,7 @@ fn act_vec(r: Roles, b: u32, m: u32) -> vec4<u32> {
 // The words of block b (stages 4b..4b+3: bit plane s % 4 of I2_S block s / 4).
 fn load_words(r: Roles, b: u32) -> Words {
     var n: Words;
-    n.w = w[r.wrow + 2u * b + r.lh];
+    n.w = code_vec(r.wrow + 2u * b + r.lh);
     n.a0 = act_vec(r, b, 0u);
     n.a1 = act_vec(r, b, 1u);
     if (r.nm == 4u) {
@@ -270,8 +323,44 @@ fn matmul_wide(
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
-    let row0 = wg.x * TM;
-    let t0 = wg.y * TNW;
+    wide(li, wg.x * TM, wg.y * TNW, sg, lane);
+}
+
+#if FUSED3
+// matmul_wide over three matrices that read the same activations (q, k, v), their row tiles
+// one after another along x: M1 = p.rows rows of w into out (scale p.w_scale), then
+// parts.m2 of w2 into out2 and parts.m3 of w3 into out3, each token-major with its own row
+// count; stores only (EPILOGUE 0). Dispatch: (Σ ceil(Mi / 128), ceil(T / 128), 1).
+@compute @workgroup_size(256)
+fn matmul_wide3(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let t1 = (p.rows + TM - 1u) / TM;
+    let t2 = (parts.m2 + TM - 1u) / TM;
+    var tile = wg.x;
+    mat = 0u;
+    mat_rows = p.rows;
+    mat_scale = p.w_scale;
+    if (tile >= t1 + t2) {
+        mat = 2u;
+        mat_rows = parts.m3;
+        mat_scale = parts.scale3;
+        tile -= t1 + t2;
+    } else if (tile >= t1) {
+        mat = 1u;
+        mat_rows = parts.m2;
+        mat_scale = parts.scale2;
+        tile -= t1;
+    }
+    wide(li, tile * TM, wg.y * TNW, sg, lane);
+}
+#endif
+
+// The 128 × 128 tile at rows row0.., tokens t0.. (matmul_wide and matmul_wide3).
+fn wide(li: u32, row0: u32, t0: u32, sg: u32, lane: u32) {
     let r = roles(li, row0, t0, TNW);
     let rb = 32u * (sg % 4u);
     let tb = 64u * (sg / 4u);

@@ -4,6 +4,7 @@
 
 mod attention;
 mod attention_fast;
+mod coop3;
 mod decode;
 mod elementwise;
 mod embed;
@@ -19,6 +20,7 @@ mod select;
 mod window_attention;
 
 pub use attention::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, ATTN_CHUNK};
+pub use coop3::CoopQkv;
 pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};

@@ -2,9 +2,9 @@
 
 use super::Rows;
 use crate::ops::{
-    narrow_step, Attention, Elementwise, Embed, F16Matvec, Glu, NarrowFused, NormMatvec, NormQuant,
-    QEmbed, QMatvec, QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3, TernaryGlu, TernaryLinear,
-    WindowAttention,
+    narrow_step, Attention, CoopQkv, Elementwise, Embed, F16Matvec, Glu, NarrowFused, NormMatvec,
+    NormQuant, QEmbed, QMatvec, QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3, TernaryGlu,
+    TernaryLinear, WindowAttention,
 };
 
 /// One compiled launch group.
@@ -66,6 +66,13 @@ pub(super) struct FusedQkv {
     pub(super) each: [TernaryLinear; 3],
     /// The narrow tiles of the three (adapters with tiled kernels).
     pub(super) narrow: Option<NarrowFused>,
+    /// The 128-token coop tiles of the three (adapters whose prompt kernel is the coop one).
+    pub(super) coop: Option<CoopQkv>,
+}
+
+/// The fused coop launch where a step of `n` tokens takes it.
+fn coop_of(coop: &Option<CoopQkv>, n: u32) -> Option<&CoopQkv> {
+    coop.as_ref().filter(|_| CoopQkv::takes(n))
 }
 
 /// The fused narrow launch where a step of `n` tokens takes it.
@@ -158,6 +165,8 @@ impl Launch {
                     b.fused.record(pass, 1);
                 } else if let Some(t) = narrow_of(&b.narrow, n) {
                     t.record(pass, n);
+                } else if let Some(c) = coop_of(&b.coop, n) {
+                    c.record(pass, n);
                 } else {
                     for mv in &b.each {
                         mv.record(pass, n);
@@ -261,7 +270,11 @@ impl Launch {
             Launch::Attention(a) => a.dispatches(n, 1, (false, false)),
             Launch::RopeKv(r) if r.skips(n, 1, false) => 0,
             Launch::TernaryGlu(f) if n > 1 && narrow_of(&f.narrow, n).is_none() => 3,
-            Launch::Ternary3(b) if n > 1 && narrow_of(&b.narrow, n).is_none() => 3,
+            Launch::Ternary3(b)
+                if n > 1 && narrow_of(&b.narrow, n).is_none() && coop_of(&b.coop, n).is_none() =>
+            {
+                3
+            }
             Launch::Head(h) => h.decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
             Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),

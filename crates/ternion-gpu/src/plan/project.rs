@@ -8,7 +8,7 @@ use super::linear::ternary;
 use super::TPR;
 use crate::model::graph::{ActId, GluAct, InNorm, Op, WeightId};
 use crate::ops::{
-    kernel_glu, Glu, NarrowFused, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear,
+    kernel_glu, CoopQkv, Glu, NarrowFused, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear,
 };
 use crate::pipelines::Epilogue;
 use crate::Result;
@@ -51,6 +51,7 @@ impl Compiler<'_> {
                 let out = [&ob[0], &ob[1], &ob[2]];
                 let fused = Ternary3::new(g, v, TPR, ws, &input.q, out)?;
                 let narrow = NarrowFused::qkv(g, ws, &input.q, out, &s.step)?;
+                let coop = CoopQkv::new(g, ws, &input.q, out, &s.step)?;
                 let own = (Epilogue::Store, narrow.is_none());
                 let mv =
                     |i: usize| TernaryLinear::new(g, v, TPR, ws[i], &input.q, out[i], own, &s.step);
@@ -60,6 +61,7 @@ impl Compiler<'_> {
                     fused,
                     each,
                     narrow,
+                    coop,
                 };
                 self.push(Launch::decode(single, Launch::Ternary3(Box::new(qkv))))
             }
