@@ -446,10 +446,13 @@ fn row_dots(row: u32, lane: u32, which: u32, glu: bool) -> vec2<i32> {
     return acc;
 }
 
-// The f32 output of integer dot `d` for token scale `s` and a matrix of scale `scale`
+// The token's scale s and Σq (sum_q, added once per row).
+struct Tok { s: f32, sq: i32 }
+
+// The f32 output of integer dot `d` for the token `tok` and a matrix of scale `scale`
 // (ternary.wgsl `scaled`).
-fn scaled(d: i32, s: f32, scale: f32) -> f32 {
-    return (f32(d - sum_q()) / s) * scale;
+fn scaled(d: i32, tok: Tok, scale: f32) -> f32 {
+    return (f32(d - tok.sq) / tok.s) * scale;
 }
 
 @compute @workgroup_size(256)
@@ -469,7 +472,7 @@ fn matvec_n(ids: Ids) {
     }
     let d = reduce_row(acc, li).x;
     if (lane == 0u && live) {
-        let y = scaled(d, s, p.w_scale);
+        let y = scaled(d, Tok(s, sum_q()), p.w_scale);
         if (EPILOGUE == 1u) {
             out[row] = out[row] + pinned(y, bitcast<u32>(p.up_scale));
         } else {
@@ -496,8 +499,9 @@ fn glu_n(ids: Ids) {
     }
     let d = reduce_row(acc, li);
     if (lane == 0u && live) {
-        let g = scaled(d.x, s, p.w_scale);
-        let u = scaled(d.y, s, p.up_scale);
+        let tok = Tok(s, sum_q());
+        let g = scaled(d.x, tok, p.w_scale);
+        let u = scaled(d.y, tok, p.up_scale);
         var y: f32;
         if (ACT == 0u) {
             let r = max(g, 0.0);
@@ -536,12 +540,13 @@ fn matvec3_n(ids: Ids) {
     }
     let d = reduce_row(acc, li).x;
     if (lane == 0u && live) {
+        let tok = Tok(s, sum_q());
         if (part == 0u) {
-            out[r] = scaled(d, s, p.w_scale);
+            out[r] = scaled(d, tok, p.w_scale);
         } else if (part == 1u) {
-            out2[r] = scaled(d, s, parts.scale2);
+            out2[r] = scaled(d, tok, parts.scale2);
         } else {
-            out3[r] = scaled(d, s, parts.scale3);
+            out3[r] = scaled(d, tok, parts.scale3);
         }
     }
 }

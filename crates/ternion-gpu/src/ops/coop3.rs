@@ -3,11 +3,12 @@
 //! x, so a 2B-4T step fills 120 workgroups instead of 80 + 40 + 40 in three launches
 //! (the 640-row k and v on 64-token tiles); the same values as the separate launches.
 
+use super::narrow::{check_widths, three_bindings, three_parts};
 use super::{uniform, Dispatch, QuantAct, StepUniform, TernaryWeights, MM_TILE_TOKENS};
 use crate::buffers::GpuBuffer;
 use crate::context::{GpuContext, PrefillKernel};
 use crate::pipelines::{Kernel, PipelineKey, Variant};
-use crate::{Error, Result};
+use crate::Result;
 
 /// Weight rows of a coop tile.
 const TILE_ROWS: u32 = 128;
@@ -31,24 +32,14 @@ impl CoopQkv {
         if ctx.caps().prefill != PrefillKernel::Coop {
             return Ok(None);
         }
-        if w.iter().any(|m| m.k != act.k) {
-            let widths: Vec<usize> = w.iter().map(|m| m.k).collect();
-            return Err(Error::KernelArgs(format!(
-                "coop q/k/v: activations of width {} for weights of widths {widths:?}",
-                act.k
-            )));
-        }
+        check_widths("coop q/k/v", &w, act)?;
         let rows = w.map(|m| m.rows as u32);
         let params = uniform(
             ctx,
             "ternary_coop3.params",
             &[rows[0], (act.k / 16) as u32, w[0].scale.to_bits(), 0],
         )?;
-        let parts = uniform(
-            ctx,
-            "ternary_coop3.parts",
-            &[rows[1], rows[2], w[1].scale.to_bits(), w[2].scale.to_bits()],
-        )?;
+        let parts = uniform(ctx, "ternary_coop3.parts", &three_parts(w))?;
         let key = PipelineKey {
             kernel: Kernel::TernaryCoop3,
             variant: Variant {
@@ -57,30 +48,22 @@ impl CoopQkv {
                 kv_f32: false,
             },
         };
-        let bindings = [
+        let mut bindings = vec![
             (0, params.binding()),
             (1, w[0].codes.binding()),
             (2, act.q.binding()),
             (3, act.meta.binding()),
             (4, out[0].binding()),
             (5, step.buf.binding()),
-            (6, w[1].codes.binding()),
-            (7, w[2].codes.binding()),
-            (8, out[1].binding()),
-            (9, out[2].binding()),
             (10, parts.binding()),
         ];
+        bindings.extend(three_bindings(w, out));
         let tiles = rows.iter().map(|r| r.div_ceil(TILE_ROWS)).sum();
         let dispatch = Dispatch::new(ctx, key, "ternary_coop3", &bindings, tiles)?;
         Ok(Some(CoopQkv {
             dispatch,
             _params: [params, parts],
         }))
-    }
-
-    /// Whether a step of `n_tokens` tokens runs this launch (the 128-token tiles).
-    pub fn takes(n_tokens: u32) -> bool {
-        n_tokens > MM_TILE_TOKENS
     }
 
     /// Records the products for `n_tokens` tokens (the value in the step uniform).

@@ -62,9 +62,14 @@ pub struct TernaryMatmul {
     _params: GpuBuffer,
 }
 
+/// Whether a step of `n_tokens` tokens takes the coop kernel's 128-token tiles
+/// (`matmul_wide`, and the fused q/k/v's `matmul_wide3`).
+pub fn wide_step(n_tokens: u32) -> bool {
+    n_tokens > MM_TILE_TOKENS
+}
+
 impl TernaryMatmul {
     /// Binds `w`, `act`, `out` (f32, `w.rows` per token) and the step uniform.
-    #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
     pub fn new(
         ctx: &GpuContext,
         kind: MatmulKind,
@@ -73,6 +78,19 @@ impl TernaryMatmul {
         out: &GpuBuffer,
         epilogue: Epilogue,
         step: &StepUniform,
+    ) -> Result<TernaryMatmul> {
+        Self::build(ctx, kind, (w, act, out), epilogue, step, true)
+    }
+
+    /// [`TernaryMatmul::new`], building the 128-token entry only when `wide` (false where a
+    /// fused launch runs those steps and this one would never be recorded).
+    fn build(
+        ctx: &GpuContext,
+        kind: MatmulKind,
+        (w, act, out): (&TernaryWeights, &QuantAct, &GpuBuffer),
+        epilogue: Epilogue,
+        step: &StepUniform,
+        wide: bool,
     ) -> Result<TernaryMatmul> {
         if act.k != w.k {
             return Err(Error::KernelArgs(format!(
@@ -113,7 +131,7 @@ impl TernaryMatmul {
         let groups = (w.rows as u32).div_ceil(kind.tile_rows());
         let dispatch = Dispatch::new(ctx, key(false), "ternary_mm", &bindings, groups)?;
         let wide = match kind {
-            MatmulKind::Coop if w.rows >= WIDE_MIN_ROWS => Some(Dispatch::new(
+            MatmulKind::Coop if wide && w.rows >= WIDE_MIN_ROWS => Some(Dispatch::new(
                 ctx,
                 key(true),
                 "ternary_mm_wide",
@@ -133,9 +151,7 @@ impl TernaryMatmul {
     /// Records the product for `n_tokens` tokens (the value in the step uniform).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         match &self.wide {
-            Some(w) if n_tokens > MM_TILE_TOKENS => {
-                w.record(pass, n_tokens.div_ceil(2 * MM_TILE_TOKENS))
-            }
+            Some(w) if wide_step(n_tokens) => w.record(pass, n_tokens.div_ceil(2 * MM_TILE_TOKENS)),
             _ => self
                 .dispatch
                 .record(pass, n_tokens.div_ceil(self.kind.tile_tokens())),
@@ -165,6 +181,17 @@ pub fn narrow_step(n_tokens: u32) -> bool {
 /// 640-row k and v projections of 2B-4T ran slower on 20 than in the 4-token kernel).
 const NARROW_MIN_ROWS: usize = 1024;
 
+/// Which of a linear's tiled launches it builds and records itself: false where a fused
+/// launch of several matrices runs those steps ([`super::NarrowFused`] for the narrow
+/// tiles, [`super::CoopQkv`] for the 128-token coop tiles).
+#[derive(Clone, Copy, Debug)]
+pub struct OwnTiles {
+    /// The narrow tiles (steps of 9–32 tokens).
+    pub narrow: bool,
+    /// The coop kernel's 128-token tiles (steps of more than 64 tokens).
+    pub wide: bool,
+}
+
 /// An I2_S linear for steps of any size: the matvec for one token, the 4-token batch
 /// kernel up to [`BATCH4_MAX_TOKENS`], the narrow tiles up to [`NARROW_MAX_TOKENS`] (for
 /// matrices of [`NARROW_MIN_ROWS`] rows or more), and beyond that the kernel
@@ -178,9 +205,8 @@ pub struct TernaryLinear {
 
 impl TernaryLinear {
     /// Binds `w`, `act`, `out` (f32, `w.rows` per token) for decode (`tpr` lanes per row,
-    /// `variant`) and for batches of up to the activations' tokens (`step`). `narrow`: build
-    /// the narrow tiles — false for a product whose steps of their size run in a fused
-    /// launch ([`super::NarrowFused`]), which never records them.
+    /// `variant`) and for batches of up to the activations' tokens (`step`); `own` says
+    /// which tiled launches it builds (see [`OwnTiles`]).
     #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
     pub fn new(
         ctx: &GpuContext,
@@ -189,7 +215,7 @@ impl TernaryLinear {
         w: &TernaryWeights,
         act: &QuantAct,
         out: &GpuBuffer,
-        (epilogue, narrow): (Epilogue, bool),
+        (epilogue, own): (Epilogue, OwnTiles),
         step: &StepUniform,
     ) -> Result<TernaryLinear> {
         let kind = match ctx.caps().prefill {
@@ -198,9 +224,9 @@ impl TernaryLinear {
             PrefillKernel::Coop => Some(MatmulKind::Coop),
         };
         let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, Some(step))?;
-        let tiled_of = |k| TernaryMatmul::new(ctx, k, w, act, out, epilogue, step);
+        let tiled_of = |k| TernaryMatmul::build(ctx, k, (w, act, out), epilogue, step, own.wide);
         let narrow = kind
-            .filter(|_| narrow && w.rows >= NARROW_MIN_ROWS)
+            .filter(|_| own.narrow && w.rows >= NARROW_MIN_ROWS)
             .map(|_| tiled_of(MatmulKind::Narrow))
             .transpose()?;
         let tiled = kind.map(tiled_of).transpose()?;

@@ -26,7 +26,9 @@ pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};
 pub use embed::Embed;
 pub use glu::Glu;
-pub use matmul::{narrow_step, MatmulKind, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS};
+pub use matmul::{
+    narrow_step, wide_step, MatmulKind, OwnTiles, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS,
+};
 pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};
 pub use narrow::NarrowFused;
 pub use norm::{NormOut, QuantAct, RmsNorm};

@@ -12,6 +12,43 @@ use crate::{Error, Result};
 /// Weight rows (and tokens) of a narrow tile.
 const TILE: u32 = 32;
 
+/// The `Parts` uniform of the kernels that run three matrices in one launch
+/// (`ternary_mm.wgsl` `matmul_narrow3`, `ternary_coop.wgsl` `matmul_wide3`): the 2nd and
+/// 3rd matrices' rows and I2_S scales.
+pub(super) fn three_parts(w: [&TernaryWeights; 3]) -> [u32; 4] {
+    [
+        w[1].rows as u32,
+        w[2].rows as u32,
+        w[1].scale.to_bits(),
+        w[2].scale.to_bits(),
+    ]
+}
+
+/// Those kernels' bindings 6–9: the 2nd and 3rd matrices and their outputs.
+pub(super) fn three_bindings<'a>(
+    w: [&'a TernaryWeights; 3],
+    out: [&'a GpuBuffer; 3],
+) -> [(u32, wgpu::BufferBinding<'a>); 4] {
+    [
+        (6, w[1].codes.binding()),
+        (7, w[2].codes.binding()),
+        (8, out[1].binding()),
+        (9, out[2].binding()),
+    ]
+}
+
+/// An error naming `what` unless every matrix of `w` is as wide as the activations.
+pub(super) fn check_widths(what: &str, w: &[&TernaryWeights], act: &QuantAct) -> Result<()> {
+    if w.iter().all(|m| m.k == act.k) {
+        return Ok(());
+    }
+    let widths: Vec<usize> = w.iter().map(|m| m.k).collect();
+    Err(Error::KernelArgs(format!(
+        "{what}: activations of width {} for weights of widths {widths:?}",
+        act.k
+    )))
+}
+
 /// One launch of the narrow tiles of several matrices.
 pub struct NarrowFused {
     dispatch: Dispatch,
@@ -28,20 +65,16 @@ impl NarrowFused {
         out: [&GpuBuffer; 3],
         step: &StepUniform,
     ) -> Result<Option<NarrowFused>> {
-        let parts = [
-            w[1].rows as u32,
-            w[2].rows as u32,
-            w[1].scale.to_bits(),
-            w[2].scale.to_bits(),
-        ];
         let tiles = w.iter().map(|m| (m.rows as u32).div_ceil(TILE)).sum();
-        let bind = [
-            (6, w[1].codes.binding()),
-            (7, w[2].codes.binding()),
-            (8, out[1].binding()),
-            (9, out[2].binding()),
-        ];
-        Self::new(ctx, (&w, act, out[0], step), None, parts, &bind, tiles)
+        let bind = three_bindings(w, out);
+        Self::new(
+            ctx,
+            (&w, act, out[0], step),
+            None,
+            three_parts(w),
+            &bind,
+            tiles,
+        )
     }
 
     /// Gate and up: `act(gate · x) · (up · x)` into `out` (f32, `gate.rows` per token).
@@ -85,13 +118,7 @@ impl NarrowFused {
         if ctx.caps().prefill == PrefillKernel::Batch4 {
             return Ok(None);
         }
-        if w.iter().any(|m| m.k != act.k) {
-            let widths: Vec<usize> = w.iter().map(|m| m.k).collect();
-            return Err(Error::KernelArgs(format!(
-                "narrow tiles: activations of width {} for weights of widths {widths:?}",
-                act.k
-            )));
-        }
+        check_widths("narrow tiles", w, act)?;
         let params = uniform(
             ctx,
             "ternary_narrow.params",

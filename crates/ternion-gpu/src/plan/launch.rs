@@ -2,9 +2,9 @@
 
 use super::Rows;
 use crate::ops::{
-    narrow_step, Attention, CoopQkv, Elementwise, Embed, F16Matvec, Glu, NarrowFused, NormMatvec,
-    NormQuant, QEmbed, QMatvec, QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3, TernaryGlu,
-    TernaryLinear, WindowAttention,
+    narrow_step, wide_step, Attention, CoopQkv, Elementwise, Embed, F16Matvec, Glu, NarrowFused,
+    NormMatvec, NormQuant, QEmbed, QMatvec, QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3,
+    TernaryGlu, TernaryLinear, WindowAttention,
 };
 
 /// One compiled launch group.
@@ -72,7 +72,7 @@ pub(super) struct FusedQkv {
 
 /// The fused coop launch where a step of `n` tokens takes it.
 fn coop_of(coop: &Option<CoopQkv>, n: u32) -> Option<&CoopQkv> {
-    coop.as_ref().filter(|_| CoopQkv::takes(n))
+    coop.as_ref().filter(|_| wide_step(n))
 }
 
 /// The fused narrow launch where a step of `n` tokens takes it.

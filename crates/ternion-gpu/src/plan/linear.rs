@@ -10,8 +10,8 @@ use crate::context::GpuContext;
 use crate::model::graph::{ActId, InNorm, Op, WeightId};
 use crate::ops::{
     ActQuant, Elementwise, F16Matvec, MatIn, NormIn, NormMatvec, NormMatvecKind, NormOut,
-    NormQuant, QAct, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RowOp,
-    TernaryLinear, TernaryWeights,
+    NormQuant, OwnTiles, QAct, QMatvec, QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm,
+    RowOp, TernaryLinear, TernaryWeights,
 };
 use crate::pipelines::Epilogue;
 use crate::upload::GpuWeight;
@@ -182,7 +182,13 @@ impl Compiler<'_> {
             tw,
             &input.q,
             &ob,
-            (epilogue, true),
+            (
+                epilogue,
+                OwnTiles {
+                    narrow: true,
+                    wide: true,
+                },
+            ),
             &s.step,
         )?;
         self.push(Launch::decode(single, Launch::Ternary(mv)))

@@ -8,7 +8,8 @@ use super::linear::ternary;
 use super::TPR;
 use crate::model::graph::{ActId, GluAct, InNorm, Op, WeightId};
 use crate::ops::{
-    kernel_glu, CoopQkv, Glu, NarrowFused, NormMatvecKind, Ternary3, TernaryGlu, TernaryLinear,
+    kernel_glu, CoopQkv, Glu, NarrowFused, NormMatvecKind, OwnTiles, Ternary3, TernaryGlu,
+    TernaryLinear,
 };
 use crate::pipelines::Epilogue;
 use crate::Result;
@@ -52,7 +53,11 @@ impl Compiler<'_> {
                 let fused = Ternary3::new(g, v, TPR, ws, &input.q, out)?;
                 let narrow = NarrowFused::qkv(g, ws, &input.q, out, &s.step)?;
                 let coop = CoopQkv::new(g, ws, &input.q, out, &s.step)?;
-                let own = (Epilogue::Store, narrow.is_none());
+                let own = OwnTiles {
+                    narrow: narrow.is_none(),
+                    wide: coop.is_none(),
+                };
+                let own = (Epilogue::Store, own);
                 let mv =
                     |i: usize| TernaryLinear::new(g, v, TPR, ws[i], &input.q, out[i], own, &s.step);
                 let each = [mv(0)?, mv(1)?, mv(2)?];
@@ -101,7 +106,11 @@ impl Compiler<'_> {
                 };
                 let single = self.single(&input, kind)?;
                 let narrow = NarrowFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step)?;
-                let own = (Epilogue::Store, narrow.is_none());
+                let own = OwnTiles {
+                    narrow: narrow.is_none(),
+                    wide: true,
+                };
+                let own = (Epilogue::Store, own);
                 let mv = |w, out| TernaryLinear::new(g, v, TPR, w, &input.q, out, own, &s.step);
                 let fused = Launch::TernaryGlu(Box::new(FusedGlu {
                     fused: TernaryGlu::new(g, v, TPR, gw, uw, &input.q, &gb, act)?,
