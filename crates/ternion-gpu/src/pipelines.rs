@@ -86,6 +86,16 @@ pub enum Kernel {
     /// `ternary_coop.wgsl` `matmul_wide3` (`#if FUSED3`): the 128-token coop tiles of three
     /// I2_S matrices that read the same activations (q, k, v), in one launch.
     TernaryCoop3,
+    /// `ternary_coop.wgsl` `#if SPLIT`: the 128-token coop tiles with K walked in `parts`
+    /// parts (`matmul_split`), or the sum and scaling of those parts (`split_sum`).
+    TernaryCoopSplit {
+        /// Parts of K.
+        parts: u32,
+        /// Store or add (`split_sum`).
+        epilogue: Epilogue,
+        /// `split_sum` rather than `matmul_split`.
+        sum: bool,
+    },
     /// `ternary_mm.wgsl` `matmul_narrow3` / `matmul_narrow_glu`: the narrow tiles of several
     /// I2_S matrices that read the same activations, in one launch.
     TernaryNarrowFused {
@@ -262,6 +272,8 @@ enum Source {
     TernaryCoop,
     /// ternary_coop.wgsl with `#if FUSED3` on.
     TernaryCoop3,
+    /// ternary_coop.wgsl with `#if SPLIT` on.
+    TernaryCoopSplit,
     F16Matvec,
     F16Coop,
     RopeKv,
@@ -293,7 +305,7 @@ impl Source {
                 include_str!("kernels/ternary_decode.wgsl"),
             ),
             Source::TernaryMm => ("ternary_mm.wgsl", include_str!("kernels/ternary_mm.wgsl")),
-            Source::TernaryCoop | Source::TernaryCoop3 => (
+            Source::TernaryCoop | Source::TernaryCoop3 | Source::TernaryCoopSplit => (
                 "ternary_coop.wgsl",
                 include_str!("kernels/ternary_coop.wgsl"),
             ),
@@ -337,6 +349,7 @@ impl Kernel {
             Kernel::TernaryDecode { .. } => Source::TernaryDecode,
             Kernel::TernaryNarrowFused { .. } => Source::TernaryMm,
             Kernel::TernaryCoop3 => Source::TernaryCoop3,
+            Kernel::TernaryCoopSplit { .. } => Source::TernaryCoopSplit,
             Kernel::TernaryMatmul { kind, .. } => match kind {
                 MatmulKind::Portable | MatmulKind::Narrow => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
@@ -379,6 +392,8 @@ impl Kernel {
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
             Kernel::TernaryCoop3 => "matmul_wide3",
+            Kernel::TernaryCoopSplit { sum: false, .. } => "matmul_split",
+            Kernel::TernaryCoopSplit { sum: true, .. } => "split_sum",
             Kernel::TernaryNarrowFused { glu: None } => "matmul_narrow3",
             Kernel::TernaryNarrowFused { glu: Some(_) } => "matmul_narrow_glu",
             Kernel::TernaryDecode { entry, .. } => match entry {
@@ -462,6 +477,9 @@ impl Kernel {
                 DecodeEntry::Matvec3 => vec![("TPR", f64::from(tpr))],
             },
             Kernel::TernaryMatmul { epilogue, .. } => vec![epilogue.constant()],
+            Kernel::TernaryCoopSplit {
+                parts, epilogue, ..
+            } => vec![("PARTS", f64::from(parts)), epilogue.constant()],
             Kernel::TernaryGlu { tpr, act } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
@@ -556,6 +574,9 @@ impl GpuContext {
                     }
                     if src == Source::TernaryCoop3 {
                         defines.push("FUSED3");
+                    }
+                    if src == Source::TernaryCoopSplit {
+                        defines.push("SPLIT");
                     }
                     if src == Source::AttentionPrompt
                         && self.device.limits().max_compute_workgroup_storage_size

@@ -10,6 +10,7 @@ use rand::Rng;
 
 use super::tests::{cpu_act, cpu_ternary, ctx_with, rng, run, ternary_tensor};
 use super::*;
+use crate::ops::{uniform, SplitK};
 
 /// The tiled kinds the adapter of `ctx` runs (printed: the cooperative-matrix kernel only
 /// runs where the adapter lists 16×16×16 f16 matrices, not on lavapipe).
@@ -331,6 +332,60 @@ fn coop_qkv_equals_separate_launches() {
                 .zip(&want)
                 .position(|(a, b)| a.to_bits() != b.to_bits());
             assert!(diff.is_none(), "matrix {i}, {tokens} tokens: elem {diff:?}");
+        }
+    }
+}
+
+/// The coop tiles with K in parts (`matmul_split`, then `split_sum`) give the bits of the
+/// whole-K launch, storing and adding, for rows and tokens that are not multiples of the
+/// tiles and K of 7 and 20 I2_S blocks (parts of unequal length). Adapters without
+/// cooperative matrices (lavapipe) have no split: the test says so.
+#[test]
+fn coop_split_k_equals_whole_k() {
+    let Some(c) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    if c.caps().prefill != PrefillKernel::Coop {
+        eprintln!(
+            "{}: no cooperative matrices, no split coop tiles to test",
+            c.caps().name
+        );
+        return;
+    }
+    let mut r = rng(506);
+    let step = StepUniform::new(&c).unwrap();
+    let n = 300;
+    for k in [896usize, 2560] {
+        let w = TernaryWeights::upload(&c, "w", &ternary_tensor(&mut r, n, k), k, n).unwrap();
+        let words = [n as u32, (k / 16) as u32, w.scale.to_bits(), 0];
+        let params = uniform(&c, "params", &words).unwrap();
+        for tokens in [65usize, 130, 200] {
+            let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
+            let (qa, _, _) = cpu_act(&c, &x, k);
+            step.write(&c, tokens as u32, 0);
+            let bytes = SplitK::scratch_bytes(n, k, tokens).expect("a split for these sizes");
+            let scratch = GpuBuffer::zeroed(&c, "scratch", bytes).unwrap();
+            for epi in [Epilogue::Store, Epilogue::Add] {
+                let init: Vec<f32> = (0..tokens * n).map(|_| r.random_range(-1.0..1.0)).collect();
+                let got = GpuBuffer::from_slice(&c, "got", &init).unwrap();
+                let want = GpuBuffer::from_slice(&c, "want", &init).unwrap();
+                let split =
+                    SplitK::new(&c, (&w, &qa, &got), (&scratch, &params), epi, &step).unwrap();
+                assert!(split.takes(tokens as u32), "{tokens} tokens of {n} rows");
+                run(&c, |p| split.record(p, tokens as u32));
+                let whole =
+                    TernaryMatmul::new(&c, MatmulKind::Coop, &w, &qa, &want, epi, &step).unwrap();
+                run(&c, |p| whole.record(p, tokens as u32));
+                let (got, want) = (got.read::<f32>(&c).unwrap(), want.read::<f32>(&c).unwrap());
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    diff.is_none(),
+                    "K {k}, {tokens} tokens, {epi:?}: elem {diff:?}"
+                );
+            }
         }
     }
 }

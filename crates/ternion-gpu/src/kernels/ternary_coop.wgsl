@@ -16,9 +16,11 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
 //   5 uniform Step { n_tokens, .. }
+//   6 storage read  partial: array<f32>    SPLIT, split_sum: the parts' raw sums (PARTS × T × M)
 // Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 64), 1); matmul_wide (the host's choice
-// for steps of more than 64 tokens and M ≥ 1024) (ceil(M / 128), ceil(T / 128), 1); 256
-// threads per workgroup.
+// for steps of more than 64 tokens and M ≥ 1024) (ceil(M / 128), ceil(T / 128), 1);
+// matmul_split (`#if SPLIT`, K in PARTS parts) (ceil(M / 128), ceil(T / 128), PARTS), then
+// split_sum (ceil(M / 256), T, 1); 256 threads per workgroup.
 //
 // A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 32 elements (one
 // bit plane of an I2_S block: the codes at shift 6 − 2·(s % 4) of block s / 4's 8 words per
@@ -74,6 +76,18 @@ var<private> mat: u32;
 var<private> mat_rows: u32;
 var<private> mat_scale: f32;
 #endif
+#if SPLIT
+@group(0) @binding(6) var<storage, read> partial: array<f32>;
+
+// SPLIT: this workgroup's part of the parts' outputs (matmul_split), PARTS · T · M floats.
+var<private> part_base: u32;
+override PARTS: u32 = 3u;
+#endif
+
+// The I2_S blocks this workgroup walks: from blk0, blk_n of them (matmul_split walks a
+// PARTS-th of K; every other entry all of it).
+var<private> blk0: u32;
+var<private> blk_n: u32;
 
 var<workgroup> wa: array<vec4<f16>, 2560>; // 2 buffers × TM rows × LD4 vec4s, [row][k]
 var<workgroup> xb: array<vec4<f16>, 2560>; // 2 buffers × TNW tokens × LD4 vec4s, [token][k]
@@ -132,6 +146,11 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
         let row = r0 + e % 16u;
         let t = tk0 + e / 16u;
         if (row < rows_of() && t <= last) {
+#if SPLIT
+            // A part's raw integer sums (exact in f32); split_sum scales their total.
+            out[part_base + t * rows_of() + row] = cs[sg * 256u + e];
+            continue;
+#endif
             let m = tok_scale[t];
             let y = (cs[sg * 256u + e] / bitcast<f32>(m.x)) * scale_of();
             let o = t * rows_of() + row;
@@ -213,8 +232,10 @@ fn act_vec(r: Roles, b: u32, m: u32) -> vec4<u32> {
     return act[t * p.words + 8u * b + (r.ls + 2u * m) % 8u];
 }
 
-// The words of block b (stages 4b..4b+3: bit plane s % 4 of I2_S block s / 4).
-fn load_words(r: Roles, b: u32) -> Words {
+// The words of this workgroup's block `rel` (stages 4·rel..+3: bit plane s % 4 of I2_S block
+// blk0 + s / 4).
+fn load_words(r: Roles, rel: u32) -> Words {
+    let b = blk0 + rel;
     var n: Words;
     n.w = code_vec(r.wrow + 2u * b + r.lh);
     n.a0 = act_vec(r, b, 0u);
@@ -264,6 +285,7 @@ fn matmul_tiled(
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
+    blk_n = p.words / 8u;
     let row0 = wg.x * TM;
     let t0 = wg.y * TN;
     let r = roles(li, row0, t0, TN);
@@ -274,7 +296,7 @@ fn matmul_tiled(
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
 
-    let stages = p.words / 2u;
+    let stages = 4u * blk_n;
     var wd = first_stage(r);
     for (var s = 0u; s < stages; s++) {
         wd = next_words(r, s, stages, wd);
@@ -323,8 +345,59 @@ fn matmul_wide(
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
+    blk_n = p.words / 8u;
     wide(li, wg.x * TM, wg.y * TNW, sg, lane);
 }
+
+#if SPLIT
+// matmul_wide over a PARTS-th of K: part wg.z walks I2_S blocks z·⌈B/PARTS⌉.. (B = K/128
+// blocks; the host splits only where every part gets at least one) and stores its raw
+// integer sums, token-major, at part z of `out` (PARTS × T × M floats); split_sum adds the
+// parts and scales them. For matrices whose row tiles alone leave most of the GPU idle (a
+// 2,560-row o or down projection: 20 row tiles, 80 workgroups for 512 tokens).
+// Dispatch: (ceil(M / 128), ceil(T / 128), PARTS).
+@compute @workgroup_size(256)
+fn matmul_split(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let blocks = p.words / 8u;
+    let per = (blocks + PARTS - 1u) / PARTS;
+    blk0 = wg.z * per;
+    blk_n = min(per, blocks - blk0);
+    part_base = wg.z * step.n_tokens * p.rows;
+    wide(li, wg.x * TM, wg.y * TNW, sg, lane);
+}
+
+// out[t][r] (= or +=) (Σ_z part z's sum) / s[t] · w_scale: the parts' integer sums add up
+// exactly to the whole-K sum, so the result is matmul_wide's bit for bit.
+// Dispatch: (ceil(M / 256), T, 1).
+@compute @workgroup_size(256)
+fn split_sum(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let row = wg.x * 256u + li;
+    let t = wg.y;
+    if (row >= p.rows) {
+        return;
+    }
+    let n = step.n_tokens * p.rows;
+    let o = t * p.rows + row;
+    var c = 0.0;
+    for (var z = 0u; z < PARTS; z++) {
+        c += partial[z * n + o];
+    }
+    let y = (c / bitcast<f32>(tok_scale[t].x)) * p.w_scale;
+    if (EPILOGUE == 1u) {
+        out[o] = out[o] + pinned(y, p.zero);
+    } else {
+        out[o] = y;
+    }
+}
+#endif
 
 #if FUSED3
 // matmul_wide over three matrices that read the same activations (q, k, v), their row tiles
@@ -341,6 +414,7 @@ fn matmul_wide3(
     let t1 = (p.rows + TM - 1u) / TM;
     let t2 = (parts.m2 + TM - 1u) / TM;
     var tile = wg.x;
+    blk_n = p.words / 8u;
     mat = 0u;
     mat_rows = p.rows;
     mat_scale = p.w_scale;
@@ -373,7 +447,7 @@ fn wide(li: u32, row0: u32, t0: u32, sg: u32, lane: u32) {
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
 
-    let stages = p.words / 2u;
+    let stages = 4u * blk_n;
     var wd = first_stage(r);
     for (var s = 0u; s < stages; s++) {
         wd = next_words(r, s, stages, wd);

@@ -3,7 +3,7 @@
 //! 4-token batch kernel of [`super::TernaryMatvec`], with the weights read once per 64
 //! tokens instead of once per 4.
 
-use super::{uniform, Dispatch, QuantAct, StepUniform, TernaryMatvec, TernaryWeights};
+use super::{uniform, Dispatch, QuantAct, SplitK, StepUniform, TernaryMatvec, TernaryWeights};
 use crate::buffers::GpuBuffer;
 use crate::context::{GpuContext, PrefillKernel};
 use crate::pipelines::{Epilogue, Kernel, PipelineKey, Variant};
@@ -59,6 +59,8 @@ pub struct TernaryMatmul {
     kind: MatmulKind,
     /// `ternary_coop.wgsl` `matmul_wide`, for steps of more than 64 tokens.
     wide: Option<Dispatch>,
+    /// The wide tiles with K in parts, for the steps [`SplitK::takes`].
+    split: Option<Box<SplitK>>,
     _params: GpuBuffer,
 }
 
@@ -79,18 +81,24 @@ impl TernaryMatmul {
         epilogue: Epilogue,
         step: &StepUniform,
     ) -> Result<TernaryMatmul> {
-        Self::build(ctx, kind, (w, act, out), epilogue, step, true)
+        let own = OwnTiles {
+            narrow: true,
+            wide: true,
+            split: None,
+        };
+        Self::build(ctx, kind, (w, act, out), epilogue, step, own)
     }
 
-    /// [`TernaryMatmul::new`], building the 128-token entry only when `wide` (false where a
-    /// fused launch runs those steps and this one would never be recorded).
+    /// [`TernaryMatmul::new`], building the 128-token entry only when `own.wide` (false
+    /// where a fused launch runs those steps and this one would never be recorded), and
+    /// its split where `own.split` gives a scratch.
     fn build(
         ctx: &GpuContext,
         kind: MatmulKind,
         (w, act, out): (&TernaryWeights, &QuantAct, &GpuBuffer),
         epilogue: Epilogue,
         step: &StepUniform,
-        wide: bool,
+        own: OwnTiles<'_>,
     ) -> Result<TernaryMatmul> {
         if act.k != w.k {
             return Err(Error::KernelArgs(format!(
@@ -130,26 +138,38 @@ impl TernaryMatmul {
         }
         let groups = (w.rows as u32).div_ceil(kind.tile_rows());
         let dispatch = Dispatch::new(ctx, key(false), "ternary_mm", &bindings, groups)?;
-        let wide = match kind {
-            MatmulKind::Coop if wide && w.rows >= WIDE_MIN_ROWS => Some(Dispatch::new(
+        let wide_tiles = kind == MatmulKind::Coop && own.wide && w.rows >= WIDE_MIN_ROWS;
+        let split = match own.split {
+            Some(scratch) if wide_tiles => Some(Box::new(SplitK::new(
                 ctx,
-                key(true),
-                "ternary_mm_wide",
-                &bindings,
-                groups,
-            )?),
+                (w, act, out),
+                (scratch, &params),
+                epilogue,
+                step,
+            )?)),
             _ => None,
         };
+        let wide = wide_tiles
+            .then(|| Dispatch::new(ctx, key(true), "ternary_mm_wide", &bindings, groups))
+            .transpose()?;
         Ok(TernaryMatmul {
             dispatch,
             kind,
             wide,
+            split,
             _params: params,
         })
     }
 
     /// Records the product for `n_tokens` tokens (the value in the step uniform).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        if let Some(s) = self
+            .split
+            .as_ref()
+            .filter(|s| wide_step(n_tokens) && s.takes(n_tokens))
+        {
+            return s.record(pass, n_tokens);
+        }
         match &self.wide {
             Some(w) if wide_step(n_tokens) => w.record(pass, n_tokens.div_ceil(2 * MM_TILE_TOKENS)),
             _ => self
@@ -185,11 +205,14 @@ const NARROW_MIN_ROWS: usize = 1024;
 /// launch of several matrices runs those steps ([`super::NarrowFused`] for the narrow
 /// tiles, [`super::CoopQkv`] for the 128-token coop tiles).
 #[derive(Clone, Copy, Debug)]
-pub struct OwnTiles {
+pub struct OwnTiles<'a> {
     /// The narrow tiles (steps of 9–32 tokens).
     pub narrow: bool,
     /// The coop kernel's 128-token tiles (steps of more than 64 tokens).
     pub wide: bool,
+    /// A scratch for the 128-token tiles with K in parts ([`SplitK`]; sized by
+    /// [`SplitK::scratch_bytes`]), where the linear may run them.
+    pub split: Option<&'a GpuBuffer>,
 }
 
 /// An I2_S linear for steps of any size: the matvec for one token, the 4-token batch
@@ -215,7 +238,7 @@ impl TernaryLinear {
         w: &TernaryWeights,
         act: &QuantAct,
         out: &GpuBuffer,
-        (epilogue, own): (Epilogue, OwnTiles),
+        (epilogue, own): (Epilogue, OwnTiles<'_>),
         step: &StepUniform,
     ) -> Result<TernaryLinear> {
         let kind = match ctx.caps().prefill {
@@ -224,7 +247,7 @@ impl TernaryLinear {
             PrefillKernel::Coop => Some(MatmulKind::Coop),
         };
         let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, Some(step))?;
-        let tiled_of = |k| TernaryMatmul::build(ctx, k, (w, act, out), epilogue, step, own.wide);
+        let tiled_of = |k| TernaryMatmul::build(ctx, k, (w, act, out), epilogue, step, own);
         let narrow = kind
             .filter(|_| own.narrow && w.rows >= NARROW_MIN_ROWS)
             .map(|_| tiled_of(MatmulKind::Narrow))

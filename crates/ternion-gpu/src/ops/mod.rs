@@ -17,6 +17,7 @@ mod paged;
 mod qmatvec;
 mod rowops;
 mod select;
+mod split_k;
 mod window_attention;
 
 pub use attention::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, ATTN_CHUNK};
@@ -39,6 +40,7 @@ pub use qmatvec::{
 };
 pub use rowops::{PosTable, RowOp, RowOpKind};
 pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
+pub use split_k::SplitK;
 pub use window_attention::WindowAttention;
 
 use super::buffers::{GpuBuffer, UNIFORM};

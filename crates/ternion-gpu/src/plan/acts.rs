@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use super::launch::Launch;
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
+use crate::context::PrefillKernel;
 use crate::model::graph::{ActId, Graph, Op};
-use crate::ops::{ActQuant, QAct, QuantAct, QuantizeAct};
+use crate::ops::{ActQuant, QAct, QuantAct, QuantizeAct, SplitK};
 use crate::Result;
 
 /// Where the activations live while compiling.
@@ -28,6 +29,9 @@ pub(super) struct Acts<'g> {
     pub(super) alias: HashMap<ActId, ActId>,
     /// Acts computed on selected rows.
     pub(super) selected: Vec<ActId>,
+    /// The scratch of the split coop tiles ([`SplitK`]) by output rows, shared by every
+    /// linear of that many rows (they run one after another).
+    split: HashMap<usize, GpuBuffer>,
 }
 
 impl<'g> Acts<'g> {
@@ -50,12 +54,30 @@ impl<'g> Acts<'g> {
             keep: Vec::new(),
             alias: HashMap::new(),
             selected: Vec::new(),
+            split: HashMap::new(),
         }
     }
 
     /// The act whose buffer `a` uses (the source of a `SelectRows`, or `a`).
     pub(super) fn resolve(&self, a: ActId) -> ActId {
         self.alias.get(&a).copied().unwrap_or(a)
+    }
+
+    /// The scratch an I2_S linear of `rows × k` splits its coop tiles' K in, where the
+    /// adapter runs coop tiles and the split can run for it (see [`SplitK`]).
+    pub(super) fn split_scratch(&mut self, rows: usize, k: usize) -> Result<Option<GpuBuffer>> {
+        if self.ctx.caps().prefill != PrefillKernel::Coop {
+            return Ok(None);
+        }
+        let Some(bytes) = SplitK::scratch_bytes(rows, k, self.max_batch) else {
+            return Ok(None);
+        };
+        if let Some(b) = self.split.get(&rows).filter(|b| b.size >= bytes) {
+            return Ok(Some(b.clone()));
+        }
+        let b = GpuBuffer::zeroed(self.ctx, "split_k", bytes)?;
+        self.split.insert(rows, b.clone());
+        Ok(Some(b))
     }
 
     /// The f32 buffer of `a` (`max_batch` rows; the logits: `logits_rows`).

@@ -175,6 +175,12 @@ impl Compiler<'_> {
             epilogue,
         };
         let single = self.single(input, kind)?;
+        let scratch = self.acts.split_scratch(tw.rows, tw.k)?;
+        let own = OwnTiles {
+            narrow: true,
+            wide: true,
+            split: scratch.as_ref(),
+        };
         let mv = TernaryLinear::new(
             g,
             self.variant,
@@ -182,13 +188,7 @@ impl Compiler<'_> {
             tw,
             &input.q,
             &ob,
-            (
-                epilogue,
-                OwnTiles {
-                    narrow: true,
-                    wide: true,
-                },
-            ),
+            (epilogue, own),
             &s.step,
         )?;
         self.push(Launch::decode(single, Launch::Ternary(mv)))

@@ -56,6 +56,7 @@ impl Compiler<'_> {
                 let own = OwnTiles {
                     narrow: narrow.is_none(),
                     wide: coop.is_none(),
+                    split: None,
                 };
                 let own = (Epilogue::Store, own);
                 let mv =
@@ -109,6 +110,7 @@ impl Compiler<'_> {
                 let own = OwnTiles {
                     narrow: narrow.is_none(),
                     wide: true,
+                    split: None,
                 };
                 let own = (Epilogue::Store, own);
                 let mv = |w, out| TernaryLinear::new(g, v, TPR, w, &input.q, out, own, &s.step);
