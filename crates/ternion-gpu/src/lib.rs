@@ -123,7 +123,7 @@ pub use engine::GpuEngine;
 pub use exec::{GpuModel, GpuModelOptions};
 pub use greedy::GreedyChain;
 pub use ops::{
-    ActQuant, Attention, AttnDims, AttnOpts, CoopQkv, Dispatch, Embed, F16Matvec, Glu, GpuKv,
+    ActQuant, Attention, AttnDims, AttnOpts, CoopFused, Dispatch, Embed, F16Matvec, Glu, GpuKv,
     KvIndex, MatIn, MatmulKind, NarrowFused, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec,
     QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind,
     StepUniform, Ternary3, TernaryGlu, TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights,

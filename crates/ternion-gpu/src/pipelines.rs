@@ -86,6 +86,12 @@ pub enum Kernel {
     /// `ternary_coop.wgsl` `matmul_wide3` (`#if FUSED3`): the 128-token coop tiles of three
     /// I2_S matrices that read the same activations (q, k, v), in one launch.
     TernaryCoop3,
+    /// `ternary_coop.wgsl` `matmul_wide_glu` (`#if GLU`): the 128-token coop tiles of gate
+    /// and up rows together, `act(gate) · up` in the epilogue.
+    TernaryCoopGlu {
+        /// The gate activation (ReLU² or SiLU).
+        act: GluAct,
+    },
     /// `ternary_coop.wgsl` `#if SPLIT`: the 128-token coop tiles with K walked in `parts`
     /// parts (`matmul_split`), or the sum and scaling of those parts (`split_sum`).
     TernaryCoopSplit {
@@ -274,6 +280,8 @@ enum Source {
     TernaryCoop3,
     /// ternary_coop.wgsl with `#if SPLIT` on.
     TernaryCoopSplit,
+    /// ternary_coop.wgsl with `#if GLU` on.
+    TernaryCoopGlu,
     F16Matvec,
     F16Coop,
     RopeKv,
@@ -305,7 +313,10 @@ impl Source {
                 include_str!("kernels/ternary_decode.wgsl"),
             ),
             Source::TernaryMm => ("ternary_mm.wgsl", include_str!("kernels/ternary_mm.wgsl")),
-            Source::TernaryCoop | Source::TernaryCoop3 | Source::TernaryCoopSplit => (
+            Source::TernaryCoop
+            | Source::TernaryCoop3
+            | Source::TernaryCoopSplit
+            | Source::TernaryCoopGlu => (
                 "ternary_coop.wgsl",
                 include_str!("kernels/ternary_coop.wgsl"),
             ),
@@ -350,6 +361,7 @@ impl Kernel {
             Kernel::TernaryNarrowFused { .. } => Source::TernaryMm,
             Kernel::TernaryCoop3 => Source::TernaryCoop3,
             Kernel::TernaryCoopSplit { .. } => Source::TernaryCoopSplit,
+            Kernel::TernaryCoopGlu { .. } => Source::TernaryCoopGlu,
             Kernel::TernaryMatmul { kind, .. } => match kind {
                 MatmulKind::Portable | MatmulKind::Narrow => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
@@ -394,6 +406,7 @@ impl Kernel {
             Kernel::TernaryCoop3 => "matmul_wide3",
             Kernel::TernaryCoopSplit { sum: false, .. } => "matmul_split",
             Kernel::TernaryCoopSplit { sum: true, .. } => "split_sum",
+            Kernel::TernaryCoopGlu { .. } => "matmul_wide_glu",
             Kernel::TernaryNarrowFused { glu: None } => "matmul_narrow3",
             Kernel::TernaryNarrowFused { glu: Some(_) } => "matmul_narrow_glu",
             Kernel::TernaryDecode { entry, .. } => match entry {
@@ -459,7 +472,7 @@ impl Kernel {
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
             Kernel::TernaryNarrowFused { glu: None } | Kernel::TernaryCoop3 => vec![],
-            Kernel::TernaryNarrowFused { glu: Some(act) } => {
+            Kernel::TernaryNarrowFused { glu: Some(act) } | Kernel::TernaryCoopGlu { act } => {
                 vec![("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 })]
             }
             Kernel::TernaryDecode {
@@ -577,6 +590,9 @@ impl GpuContext {
                     }
                     if src == Source::TernaryCoopSplit {
                         defines.push("SPLIT");
+                    }
+                    if src == Source::TernaryCoopGlu {
+                        defines.push("GLU");
                     }
                     if src == Source::AttentionPrompt
                         && self.device.limits().max_compute_workgroup_storage_size

@@ -294,7 +294,7 @@ fn coop_qkv_equals_separate_launches() {
         });
         let zeroed = |n: usize| GpuBuffer::zeroed(&c, "y", (tokens * n * 4) as u64).unwrap();
         let (outs, refs) = (rows.map(zeroed), rows.map(zeroed));
-        let fused = CoopQkv::new(
+        let fused = CoopFused::qkv(
             &c,
             [&ws[0], &ws[1], &ws[2]],
             &qa,
@@ -332,6 +332,57 @@ fn coop_qkv_equals_separate_launches() {
                 .zip(&want)
                 .position(|(a, b)| a.to_bits() != b.to_bits());
             assert!(diff.is_none(), "matrix {i}, {tokens} tokens: elem {diff:?}");
+        }
+    }
+}
+
+/// The fused coop gate/up launch (`matmul_wide_glu`) gives the bits of the two separate
+/// coop launches and `glu.wgsl`, for ReLU² and SiLU, rows that are not multiples of its
+/// 64-row tiles and steps of more than 64 tokens (where it runs). Adapters without
+/// cooperative matrices (lavapipe) have no fused launch: the test says so.
+#[test]
+fn coop_glu_equals_separate_launches() {
+    let Some(c) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    let mut r = rng(507);
+    let (k, n) = (384, 200);
+    let step = StepUniform::new(&c).unwrap();
+    let upload = |r: &mut rand::rngs::StdRng| {
+        TernaryWeights::upload(&c, "w", &ternary_tensor(r, n, k), k, n).unwrap()
+    };
+    let (gate, up) = (upload(&mut r), upload(&mut r));
+    for tokens in [65usize, 130, 200] {
+        let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
+        let (qa, _, _) = cpu_act(&c, &x, k);
+        step.write(&c, tokens as u32, 0);
+        let zeroed = || GpuBuffer::zeroed(&c, "y", (tokens * n * 4) as u64).unwrap();
+        for act in [GluAct::ReluSqr, GluAct::Silu] {
+            let (out, gb, ub) = (zeroed(), zeroed(), zeroed());
+            let fused = CoopFused::glu(&c, (&gate, &up), &qa, &out, act, &step).unwrap();
+            let Some(fused) = fused else {
+                assert_ne!(c.caps().prefill, PrefillKernel::Coop);
+                eprintln!(
+                    "{}: no cooperative matrices, no fused coop gate/up to test",
+                    c.caps().name
+                );
+                return;
+            };
+            run(&c, |p| fused.record(p, tokens as u32));
+            for (w, o) in [(&gate, &gb), (&up, &ub)] {
+                let mm =
+                    TernaryMatmul::new(&c, MatmulKind::Coop, w, &qa, o, Epilogue::Store, &step)
+                        .unwrap();
+                run(&c, |p| mm.record(p, tokens as u32));
+            }
+            let glu = Glu::new(&c, act, &gb, &ub, n).unwrap();
+            run(&c, |p| glu.record(p, tokens as u32));
+            let (got, want) = (out.read::<f32>(&c).unwrap(), gb.read::<f32>(&c).unwrap());
+            let diff = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(diff.is_none(), "{act:?}, {tokens} tokens: elem {diff:?}");
         }
     }
 }

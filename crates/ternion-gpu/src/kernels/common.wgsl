@@ -103,3 +103,13 @@ fn gelu_ggml(v: f32) -> f32 {
     }
     return round_f16(gelu_f32(round_f16(v)));
 }
+
+// act(g) · u of the gated feed-forward for act 0 (ReLU²) and 1 (SiLU): glu.wgsl's
+// expressions, shared by the kernels that fuse it.
+fn gated(g: f32, u: f32, act: u32) -> f32 {
+    if (act == 0u) {
+        let r = max(g, 0.0);
+        return (r * r) * u;
+    }
+    return (g / (1.0 + exp(-g))) * u;
+}

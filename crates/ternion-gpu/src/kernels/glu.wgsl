@@ -27,12 +27,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let i = gid.y * p.n + gid.x;
     let g = gate[i];
-    if (ACT == 0u) {
-        let r = max(g, 0.0);
-        gate[i] = (r * r) * up[i];
-    } else if (ACT == 1u) {
-        gate[i] = (g / (1.0 + exp(-g))) * up[i];
-    } else {
+    if (ACT == 2u) {
         gate[i] = gelu_ggml(g) * up[i];
+    } else {
+        gate[i] = gated(g, up[i], ACT);
     }
 }

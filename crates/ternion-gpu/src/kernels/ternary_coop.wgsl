@@ -17,10 +17,13 @@
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
 //   5 uniform Step { n_tokens, .. }
 //   6 storage read  partial: array<f32>    SPLIT, split_sum: the parts' raw sums (PARTS × T × M)
+//   6 storage read  w2:  array<vec4<u32>>  GLU: the up matrix's codes (FUSED3: the 2nd matrix)
+//  10 uniform Parts { m2, m3, scale2, scale3 }  FUSED3; GLU: scale2 = the up matrix's scale
 // Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 64), 1); matmul_wide (the host's choice
 // for steps of more than 64 tokens and M ≥ 1024) (ceil(M / 128), ceil(T / 128), 1);
 // matmul_split (`#if SPLIT`, K in PARTS parts) (ceil(M / 128), ceil(T / 128), PARTS), then
-// split_sum (ceil(M / 256), T, 1); 256 threads per workgroup.
+// split_sum (ceil(M / 256), T, 1); matmul_wide_glu (`#if GLU`) (ceil(M / 64), ceil(T / 128),
+// 1); 256 threads per workgroup.
 //
 // A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 32 elements (one
 // bit plane of an I2_S block: the codes at shift 6 − 2·(s % 4) of block s / 4's 8 words per
@@ -76,6 +79,14 @@ var<private> mat: u32;
 var<private> mat_rows: u32;
 var<private> mat_scale: f32;
 #endif
+#if GLU
+// GLU: the up matrix (w2) beside the gate (w) and its scale (parts.scale2), ACT as glu.wgsl.
+override ACT: u32 = 0u;
+struct Parts { m2: u32, m3: u32, scale2: f32, scale3: f32 }
+
+@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
+@group(0) @binding(10) var<uniform> parts: Parts;
+#endif
 #if SPLIT
 @group(0) @binding(6) var<storage, read> partial: array<f32>;
 
@@ -129,13 +140,40 @@ fn frag_b(at: u32) -> coop_mat16x16<f16, B> {
 }
 
 // One accumulator through the subgroup's scratch: store, then scale and write rows
-// r0..r0+16 × tokens tk0..tk0+16. Every subgroup calls it together (barriers inside).
+// r0..r0+16 × tokens tk0..tk0+16 (GLU: the gate subgroups combine theirs with the up
+// subgroups'). Every subgroup calls it together (barriers inside).
 fn drain(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, r0: u32, tk0: u32) {
     coopStore(c, &cs[sg * 256u], 16u);
     workgroupBarrier();
+#if GLU
+    if (sg % 4u < 2u) {
+        finish_glu(sg, lane, r0, tk0);
+    }
+#else
     finish(sg, lane, r0, tk0);
+#endif
     workgroupBarrier();
 }
+
+#if GLU
+// out = act(gate) · up for gate subgroup `sg`'s scratch and up subgroup sg + 2's (the same
+// rows of the other matrix, the same tokens), each scaled as finish scales it: glu.wgsl's
+// values from the two products the separate launches would store.
+fn finish_glu(sg: u32, lane: u32, r0: u32, tk0: u32) {
+    let last = step.n_tokens - 1u;
+    for (var i = 0u; i < 8u; i++) {
+        let e = lane + 32u * i;
+        let row = r0 + e % 16u;
+        let t = tk0 + e / 16u;
+        if (row < p.rows && t <= last) {
+            let s = bitcast<f32>(tok_scale[t].x);
+            let g = (cs[sg * 256u + e] / s) * p.w_scale;
+            let u = (cs[(sg + 2u) * 256u + e] / s) * parts.scale2;
+            out[t * p.rows + row] = gated(g, u, ACT);
+        }
+    }
+}
+#endif
 
 // Scales and stores the accumulator in subgroup `sg`'s scratch (column-major: element
 // (row m, token n) at n·16 + m).
@@ -190,7 +228,12 @@ fn scale_of() -> f32 {
 #endif
 }
 
-fn code_vec(i: u32) -> vec4<u32> {
+fn code_vec(r: Roles, i: u32) -> vec4<u32> {
+#if GLU
+    if (r.wm == 1u) {
+        return w2[i];
+    }
+#endif
 #if FUSED3
     if (mat == 1u) {
         return w2[i];
@@ -202,10 +245,11 @@ fn code_vec(i: u32) -> vec4<u32> {
     return w[i];
 }
 
-// Staging roles of thread `li` for a tile of `tn` tokens (64 or 128): weight row li / 2
-// with block bytes 16·(li % 2)..+16; for the activations, lane group li / 8 and slot
+// Staging roles of thread `li` for a tile of `tn` tokens (64 or 128): tile row li / 2
+// with block bytes 16·(li % 2)..+16, its matrix wm (GLU: rows 64.. of the tile are up
+// rows) and the row's first vec4 wrow; for the activations, lane group li / 8 and slot
 // li % 8 (see act_vec).
-struct Roles { lr: u32, lh: u32, lg: u32, ls: u32, nm: u32, t0: u32, wrow: u32 }
+struct Roles { lr: u32, lh: u32, lg: u32, ls: u32, nm: u32, t0: u32, wm: u32, wrow: u32 }
 
 fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
     var r: Roles;
@@ -215,7 +259,12 @@ fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
     r.ls = li % 8u;
     r.nm = tn / 32u;
     r.t0 = t0;
+#if GLU
+    r.wm = r.lr / 64u;
+    r.wrow = min(row0 + r.lr % 64u, p.rows - 1u) * (p.words / 4u);
+#else
     r.wrow = min(row0 + r.lr, rows_of() - 1u) * (p.words / 4u);
+#endif
     return r;
 }
 
@@ -237,7 +286,7 @@ fn act_vec(r: Roles, b: u32, m: u32) -> vec4<u32> {
 fn load_words(r: Roles, rel: u32) -> Words {
     let b = blk0 + rel;
     var n: Words;
-    n.w = code_vec(r.wrow + 2u * b + r.lh);
+    n.w = code_vec(r, r.wrow + 2u * b + r.lh);
     n.a0 = act_vec(r, b, 0u);
     n.a1 = act_vec(r, b, 1u);
     if (r.nm == 4u) {
@@ -348,6 +397,23 @@ fn matmul_wide(
     blk_n = p.words / 8u;
     wide(li, wg.x * TM, wg.y * TNW, sg, lane);
 }
+
+#if GLU
+// matmul_wide over gate and up rows together: tile rows 0..63 are gate rows 64·x.. (w),
+// rows 64..127 the same up rows (w2); subgroups 0, 1, 4, 5 hold gate products, 2, 3, 6, 7
+// the matching up products, and out = act(gate) · up (ACT 0: ReLU², 1: SiLU), the bits of
+// two matmul_wide launches and glu.wgsl. Dispatch: (ceil(M / 64), ceil(T / 128), 1).
+@compute @workgroup_size(256)
+fn matmul_wide_glu(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    blk_n = p.words / 8u;
+    wide(li, wg.x * (TM / 2u), wg.y * TNW, sg, lane);
+}
+#endif
 
 #if SPLIT
 // matmul_wide over a PARTS-th of K: part wg.z walks I2_S blocks z·⌈B/PARTS⌉.. (B = K/128

@@ -465,16 +465,7 @@ fn matmul_narrow_glu(@builtin(local_invocation_index) li: u32, @builtin(workgrou
     for (var j = 0u; j < 4u; j++) {
         let t = tb + 8u * j;
         if (t <= last) {
-            out[t * p.rows + row] = glu(g[j], u[j]);
+            out[t * p.rows + row] = gated(g[j], u[j], ACT);
         }
     }
-}
-
-// act(g) · u (glu.wgsl's ACT 0 and 1).
-fn glu(g: f32, u: f32) -> f32 {
-    if (ACT == 0u) {
-        let r = max(g, 0.0);
-        return (r * r) * u;
-    }
-    return (g / (1.0 + exp(-g))) * u;
 }

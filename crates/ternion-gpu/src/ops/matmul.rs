@@ -3,6 +3,7 @@
 //! 4-token batch kernel of [`super::TernaryMatvec`], with the weights read once per 64
 //! tokens instead of once per 4.
 
+use super::narrow::tile_bindings;
 use super::{uniform, Dispatch, QuantAct, SplitK, StepUniform, TernaryMatvec, TernaryWeights};
 use crate::buffers::GpuBuffer;
 use crate::context::{GpuContext, PrefillKernel};
@@ -123,14 +124,7 @@ impl TernaryMatmul {
                 kv_f32: false,
             },
         };
-        let mut bindings = vec![
-            (0, params.binding()),
-            (1, w.codes.binding()),
-            (2, act.q.binding()),
-            (3, act.meta.binding()),
-            (4, out.binding()),
-            (5, step.buf.binding()),
-        ];
+        let mut bindings = tile_bindings(&params, w, act, out, step);
         if kind == MatmulKind::Narrow {
             // The narrow walk's code loader names the fused entries' 2nd and 3rd matrices
             // too (ternary_mm.wgsl `wq`); this entry reads only w.
@@ -203,7 +197,7 @@ const NARROW_MIN_ROWS: usize = 1024;
 
 /// Which of a linear's tiled launches it builds and records itself: false where a fused
 /// launch of several matrices runs those steps ([`super::NarrowFused`] for the narrow
-/// tiles, [`super::CoopQkv`] for the 128-token coop tiles).
+/// tiles, [`super::CoopFused`] for the 128-token coop tiles).
 #[derive(Clone, Copy, Debug)]
 pub struct OwnTiles<'a> {
     /// The narrow tiles (steps of 9–32 tokens).

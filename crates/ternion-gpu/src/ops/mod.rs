@@ -4,7 +4,7 @@
 
 mod attention;
 mod attention_fast;
-mod coop3;
+mod coop_fused;
 mod decode;
 mod elementwise;
 mod embed;
@@ -21,7 +21,7 @@ mod split_k;
 mod window_attention;
 
 pub use attention::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, ATTN_CHUNK};
-pub use coop3::CoopQkv;
+pub use coop_fused::CoopFused;
 pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};

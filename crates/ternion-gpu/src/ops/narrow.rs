@@ -37,6 +37,44 @@ pub(super) fn three_bindings<'a>(
     ]
 }
 
+/// The `Parts` uniform of the fused gate/up kernels (`ternary_mm.wgsl`
+/// `matmul_narrow_glu`, `ternary_coop.wgsl` `matmul_wide_glu`): the up matrix's rows and
+/// I2_S scale; an error naming `what` unless gate and up have as many rows and the
+/// activation is ReLU² or SiLU.
+pub(super) fn glu_parts(
+    what: &str,
+    (gate, up): (&TernaryWeights, &TernaryWeights),
+    glu: GluAct,
+) -> Result<[u32; 4]> {
+    if up.rows != gate.rows || glu == GluAct::GeluTanh {
+        return Err(Error::KernelArgs(format!(
+            "{what}: {} gate rows and {} up rows, activation {glu:?} (needs equal rows and \
+             ReLU² or SiLU)",
+            gate.rows, up.rows
+        )));
+    }
+    Ok([up.rows as u32, 0, up.scale.to_bits(), 0])
+}
+
+/// Bindings 0–5 of the tiled I2_S kernels: `params`, the codes of `w`, the activations and
+/// their token scales, `out` and the step uniform.
+pub(super) fn tile_bindings<'a>(
+    params: &'a GpuBuffer,
+    w: &'a TernaryWeights,
+    act: &'a QuantAct,
+    out: &'a GpuBuffer,
+    step: &'a StepUniform,
+) -> Vec<(u32, wgpu::BufferBinding<'a>)> {
+    vec![
+        (0, params.binding()),
+        (1, w.codes.binding()),
+        (2, act.q.binding()),
+        (3, act.meta.binding()),
+        (4, out.binding()),
+        (5, step.buf.binding()),
+    ]
+}
+
 /// An error naming `what` unless every matrix of `w` is as wide as the activations.
 pub(super) fn check_widths(what: &str, w: &[&TernaryWeights], act: &QuantAct) -> Result<()> {
     if w.iter().all(|m| m.k == act.k) {
@@ -86,14 +124,7 @@ impl NarrowFused {
         glu: GluAct,
         step: &StepUniform,
     ) -> Result<Option<NarrowFused>> {
-        if up.rows != gate.rows || glu == GluAct::GeluTanh {
-            return Err(Error::KernelArgs(format!(
-                "narrow gate/up: {} gate rows and {} up rows, activation {glu:?} (needs equal \
-                 rows and ReLU² or SiLU)",
-                gate.rows, up.rows
-            )));
-        }
-        let parts = [up.rows as u32, 0, up.scale.to_bits(), 0];
+        let parts = glu_parts("narrow gate/up", (gate, up), glu)?;
         let tiles = (gate.rows as u32).div_ceil(TILE);
         // The walk's code loader names a 3rd matrix too (`wq`); this entry reads two.
         let bind = [(6, up.codes.binding()), (7, up.codes.binding())];
@@ -138,15 +169,8 @@ impl NarrowFused {
                 kv_f32: false,
             },
         };
-        let mut bindings = vec![
-            (0, params.binding()),
-            (1, w[0].codes.binding()),
-            (2, act.q.binding()),
-            (3, act.meta.binding()),
-            (4, out.binding()),
-            (5, step.buf.binding()),
-            (10, parts.binding()),
-        ];
+        let mut bindings = tile_bindings(&params, w[0], act, out, step);
+        bindings.push((10, parts.binding()));
         bindings.extend(extra.iter().cloned());
         let dispatch = Dispatch::new(ctx, key, "ternary_narrow", &bindings, tiles)?;
         Ok(Some(NarrowFused {

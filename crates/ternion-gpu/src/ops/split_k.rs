@@ -4,6 +4,7 @@
 //! GPU, each walking all of K; in three parts it fills 240, each walking a third. The
 //! parts' integer sums add up exactly, so the result is the unsplit launch's bit for bit.
 
+use super::narrow::tile_bindings;
 use super::{Dispatch, QuantAct, StepUniform, TernaryWeights, MM_TILE_TOKENS};
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
@@ -82,15 +83,9 @@ impl SplitK {
             ctx,
             key(false),
             "ternary_coop_split",
-            &[
-                (0, params.binding()),
-                (1, w.codes.binding()),
-                (2, act.q.binding()),
-                // Bound for the layout (the shared epilogue names it); the parts never read it.
-                (3, act.meta.binding()),
-                (4, scratch.binding()),
-                (5, step.buf.binding()),
-            ],
+            // Binding 3 (the token scales) is bound for the layout: the shared epilogue
+            // names it, the parts never read it.
+            &tile_bindings(params, w, act, scratch, step),
             row_tiles,
         )?;
         let sum = Dispatch::new(

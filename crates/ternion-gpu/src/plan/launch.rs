@@ -2,7 +2,7 @@
 
 use super::Rows;
 use crate::ops::{
-    narrow_step, wide_step, Attention, CoopQkv, Elementwise, Embed, F16Matvec, Glu, NarrowFused,
+    narrow_step, wide_step, Attention, CoopFused, Elementwise, Embed, F16Matvec, Glu, NarrowFused,
     NormMatvec, NormQuant, QEmbed, QMatvec, QuantizeAct, RmsNorm, RopeKv, RowOp, Ternary3,
     TernaryGlu, TernaryLinear, WindowAttention,
 };
@@ -58,6 +58,9 @@ pub(super) struct FusedGlu {
     pub(super) glu: Glu,
     /// The narrow tiles of both with the GLU (adapters with tiled kernels).
     pub(super) narrow: Option<NarrowFused>,
+    /// The 128-token coop tiles of both with the GLU (adapters whose prompt kernel is the
+    /// coop one).
+    pub(super) coop: Option<CoopFused>,
 }
 
 /// The parts of [`Launch::Ternary3`].
@@ -67,11 +70,11 @@ pub(super) struct FusedQkv {
     /// The narrow tiles of the three (adapters with tiled kernels).
     pub(super) narrow: Option<NarrowFused>,
     /// The 128-token coop tiles of the three (adapters whose prompt kernel is the coop one).
-    pub(super) coop: Option<CoopQkv>,
+    pub(super) coop: Option<CoopFused>,
 }
 
 /// The fused coop launch where a step of `n` tokens takes it.
-fn coop_of(coop: &Option<CoopQkv>, n: u32) -> Option<&CoopQkv> {
+fn coop_of(coop: &Option<CoopFused>, n: u32) -> Option<&CoopFused> {
     coop.as_ref().filter(|_| wide_step(n))
 }
 
@@ -180,11 +183,14 @@ impl Launch {
                     up,
                     glu,
                     narrow,
+                    coop,
                 } = &**f;
                 if n == 1 {
                     fused.record(pass, 1);
                 } else if let Some(t) = narrow_of(narrow, n) {
                     t.record(pass, n);
+                } else if let Some(c) = coop_of(coop, n) {
+                    c.record(pass, n);
                 } else {
                     gate.record(pass, n);
                     up.record(pass, n);

@@ -8,7 +8,7 @@ use super::linear::ternary;
 use super::TPR;
 use crate::model::graph::{ActId, GluAct, InNorm, Op, WeightId};
 use crate::ops::{
-    kernel_glu, CoopQkv, Glu, NarrowFused, NormMatvecKind, OwnTiles, Ternary3, TernaryGlu,
+    kernel_glu, CoopFused, Glu, NarrowFused, NormMatvecKind, OwnTiles, Ternary3, TernaryGlu,
     TernaryLinear,
 };
 use crate::pipelines::Epilogue;
@@ -52,7 +52,7 @@ impl Compiler<'_> {
                 let out = [&ob[0], &ob[1], &ob[2]];
                 let fused = Ternary3::new(g, v, TPR, ws, &input.q, out)?;
                 let narrow = NarrowFused::qkv(g, ws, &input.q, out, &s.step)?;
-                let coop = CoopQkv::new(g, ws, &input.q, out, &s.step)?;
+                let coop = CoopFused::qkv(g, ws, &input.q, out, &s.step)?;
                 let own = OwnTiles {
                     narrow: narrow.is_none(),
                     wide: coop.is_none(),
@@ -107,9 +107,10 @@ impl Compiler<'_> {
                 };
                 let single = self.single(&input, kind)?;
                 let narrow = NarrowFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step)?;
+                let coop = CoopFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step)?;
                 let own = OwnTiles {
                     narrow: narrow.is_none(),
-                    wide: true,
+                    wide: coop.is_none(),
                     split: None,
                 };
                 let own = (Epilogue::Store, own);
@@ -120,6 +121,7 @@ impl Compiler<'_> {
                     up: mv(uw, &ub)?,
                     glu: Glu::new(g, act, &gb, &ub, self.width(gate))?,
                     narrow,
+                    coop,
                 }));
                 self.push(Launch::decode(single, fused))
             }
