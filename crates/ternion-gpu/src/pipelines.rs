@@ -156,7 +156,10 @@ pub enum Kernel {
         tiled: bool,
     },
     /// `attention_prompt.wgsl`: a prompt step's attention over 32 × 32 tiles.
-    AttentionPrompt,
+    AttentionPrompt {
+        /// P·V on cooperative matrices (`#if COOP_PV`).
+        coop: bool,
+    },
     /// `attention_fast.wgsl`: decode rows, split over KV pages and merged in one launch.
     AttentionFast {
         /// `split` rotates q and k and stores the new key and value itself (a single-token
@@ -290,6 +293,8 @@ enum Source {
     /// attention_fast.wgsl with `#if ROPE` on.
     AttentionFastRope,
     AttentionPrompt,
+    /// attention_prompt.wgsl with `#if COOP_PV` (and `F32_TILES`) on.
+    AttentionPromptCoop,
     Glu,
     Select,
     ReadProbe,
@@ -324,7 +329,7 @@ impl Source {
             Source::F16Coop => ("f16_coop.wgsl", include_str!("kernels/f16_coop.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
-            Source::AttentionPrompt => (
+            Source::AttentionPrompt | Source::AttentionPromptCoop => (
                 "attention_prompt.wgsl",
                 include_str!("kernels/attention_prompt.wgsl"),
             ),
@@ -375,7 +380,8 @@ impl Kernel {
             Kernel::Attention { .. } => Source::Attention,
             Kernel::AttentionFast { rope: true, .. } => Source::AttentionFastRope,
             Kernel::AttentionFast { .. } => Source::AttentionFast,
-            Kernel::AttentionPrompt => Source::AttentionPrompt,
+            Kernel::AttentionPrompt { coop: false } => Source::AttentionPrompt,
+            Kernel::AttentionPrompt { coop: true } => Source::AttentionPromptCoop,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
@@ -425,7 +431,7 @@ impl Kernel {
             Kernel::RopeKv
             | Kernel::Glu { .. }
             | Kernel::ReadProbe
-            | Kernel::AttentionPrompt
+            | Kernel::AttentionPrompt { .. }
             | Kernel::WindowAttention => "main",
             Kernel::Attention { stage, .. } => match stage {
                 AttnStage::Scores => "scores_main",
@@ -526,7 +532,7 @@ impl Kernel {
             Kernel::QuantAct { .. }
             | Kernel::RowOp { .. }
             | Kernel::AttentionFast { .. }
-            | Kernel::AttentionPrompt
+            | Kernel::AttentionPrompt { .. }
             | Kernel::Elementwise { .. }
             | Kernel::WindowAttention => vec![],
         }
@@ -594,11 +600,15 @@ impl GpuContext {
                     if src == Source::TernaryCoopGlu {
                         defines.push("GLU");
                     }
-                    if src == Source::AttentionPrompt
-                        && self.device.limits().max_compute_workgroup_storage_size
-                            >= crate::ops::ATTN_PROMPT_F32_BYTES
+                    if src == Source::AttentionPromptCoop
+                        || (src == Source::AttentionPrompt
+                            && self.device.limits().max_compute_workgroup_storage_size
+                                >= crate::ops::ATTN_PROMPT_F32_BYTES)
                     {
                         defines.push("F32_TILES");
+                    }
+                    if src == Source::AttentionPromptCoop {
+                        defines.push("COOP_PV");
                     }
                     if matches!(src, Source::QMatvecTiled(_)) {
                         defines.push("TILED");
@@ -618,12 +628,15 @@ impl GpuContext {
                             | Source::AttentionFast
                             | Source::AttentionFastRope
                             | Source::AttentionPrompt
+                            | Source::AttentionPromptCoop
                             | Source::WindowAttention
                     );
                     if paged {
                         code.push_str(include_str!("kernels/paged_kv.wgsl"));
                     }
-                    if (paged && src != Source::AttentionPrompt) || src == Source::RopeKv {
+                    let prompt =
+                        matches!(src, Source::AttentionPrompt | Source::AttentionPromptCoop);
+                    if (paged && !prompt) || src == Source::RopeKv {
                         let kv = include_str!("kernels/kv_type.wgsl");
                         code.push_str(&preprocess("kv_type.wgsl", kv, &defines)?);
                     }

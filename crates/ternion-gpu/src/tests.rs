@@ -657,15 +657,37 @@ fn attention_matches_cpu() {
         worst[usize::from(round)] = worst[usize::from(round)].max(err);
     }
     // The fast numerics' split decode (within a page, across pages, a partial last page)
-    // and tiled prompts (blocks and tiles cut anywhere, after cached positions or none).
+    // and tiled prompts (blocks and tiles cut anywhere, after cached positions or none;
+    // the last two walk 10 and 12 pages, whose rising maxima make the cooperative-matrix
+    // P·V rescale its accumulators).
     let tiled = [
         (dims(8, 2, 128, 128, 1e4), 0usize, 37usize),
         (dims(4, 1, 64, 64, 1e4), 45, 20),
         (dims(20, 5, 128, 128, 1e4), 3, 16),
+        (dims(4, 2, 128, 128, 1e4), 250, 70),
+        (dims(2, 1, 64, 64, 1e4), 330, 40),
     ];
     for &(d, pos0, n) in cases.iter().filter(|c| c.2 == 1).chain(&tiled) {
         for ty in KV_TYPES {
             worst[2] = worst[2].max(attention_case(&ctx, &mut r, (d, ty), (pos0, n), true));
+        }
+    }
+    // Where the prompts' P·V ran on cooperative matrices, the scalar tiles once more.
+    if crate::ops::prompt_kernel_coop(&ctx) {
+        let scalar = GpuOptions {
+            prefill: Some(PrefillKernel::Tiled),
+            ..GpuOptions::default()
+        };
+        let ctx = ctx_with(&scalar).expect("the adapter without cooperative matrices");
+        assert!(!crate::ops::prompt_kernel_coop(&ctx));
+        for &(d, pos0, n) in &tiled {
+            worst[2] = worst[2].max(attention_case(
+                &ctx,
+                &mut r,
+                (d, KvType::F16),
+                (pos0, n),
+                true,
+            ));
         }
     }
     eprintln!(

@@ -18,14 +18,28 @@
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
 // Dispatch: (≥ block count, n_head, 1); workgroups past the count return. head_dim is 64 or
-// 128 (the host checks). Workgroup memory: 30,096 bytes, or 46,608 with F32_TILES (the
-// host checks the limit, and picks F32_TILES where the device allows it).
+// 128 (the host checks). Workgroup memory: 30,096 bytes, 46,608 with F32_TILES, 48,276
+// with COOP_PV (the host checks the limit, and picks the variant the device allows).
 //
 // Variant F32_TILES holds the key and value tiles as f32 pairs, converted once when a page
 // is staged, where the other holds the F16 words and converts each pair at every use (in
 // the scores and in P·V, 32 times a page per word): the same values either way (an F16
 // converts to f32 exactly), 11 % faster prompt attention on an H100 (BENCHMARKS.md,
 // session 13).
+//
+// Variant COOP_PV (with F32_TILES; adapters with 16×16×16 f16 cooperative matrices, a
+// subgroup size of 32 and 48,276 bytes of workgroup memory) multiplies P·V on the matrix
+// units: the values are staged once more as F16 in v_h ([key][dim]), each probability p' =
+// e · 2^14 as two F16 parts (hi = p' rounded to F16, lo = the F16 of the rest: ~22 bits,
+// products exact) in p_hi / p_lo ([query][key]), and subgroup s accumulates query rows
+// 16·(s % 2)..+16 × head dims (head_dim / 4)·(s / 2).. in head_dim / 64 accumulators of
+// 16 × 16 f32. The scores stay the scalar ones above, in the CPU's order. The exponent
+// reference of a row is its running maximum plus MARGIN, raised only when a page's scores
+// pass it; the accumulators are then rescaled through a 16 × 16 scratch per subgroup (a
+// branch the whole workgroup takes, rare once a row's largest scores are seen). P·V is then
+// summed in the matrix units' order: the output differs from the scalar kernel's by ~1e-6
+// relative (the scores, which BitNet's int8 quantization of the output makes sensitive,
+// are the same bits). Prompt attention 19 % shorter on an H100 (BENCHMARKS.md, session 15).
 //
 // A workgroup takes a block of BQ = 32 queries of one head and walks the keys one KV page
 // (BK = 32 keys) at a time, the page's keys and values loaded once for the block: each
@@ -36,6 +50,11 @@
 // e = exp(s − max) in s_sh. P·V: thread t owns query t / 8 and head words t % 8 + 8x
 // (x < head_dim / 16: eight lanes read eight consecutive words), rescales its running
 // sums and adds e·v over the 32 keys in order.
+
+#if COOP_PV
+enable f16;
+enable wgpu_cooperative_matrix;
+#endif
 
 const WG: u32 = 256u;
 const BQ: u32 = 32u;
@@ -57,12 +76,34 @@ const SP: u32 = 33u;
 var<workgroup> q_sh: array<u32, 2080>; // BQ × HWP F16 pairs
 #if F32_TILES
 var<workgroup> k_sh: array<vec2<f32>, 2080>; // BK × HWP pairs, converted once
+#if COOP_PV
+#else
 var<workgroup> v_sh: array<vec2<f32>, 2048>; // BK × 64 pairs, converted once
+#endif
 #else
 var<workgroup> k_sh: array<u32, 2080>; // BK × HWP
 var<workgroup> v_sh: array<u32, 2048>; // BK × 64
 #endif
+#if COOP_PV
+// Padded row lengths (F16) of the value tile and of the probability parts: rows 16-byte
+// aligned, the fragment loads' rows in distinct banks.
+const VHP: u32 = 136u;
+const PP: u32 = 40u;
+// p' = e · P_SCALE keeps the lo parts of small probabilities out of F16's subnormals; the
+// exponent reference sits MARGIN above a row's maximum when it is raised.
+const P_SCALE: f32 = 16384.0;
+const MARGIN: f32 = 4.0;
+var<workgroup> v_h: array<f16, 4352>; // BK × VHP values as F16, [key][dim]
+var<workgroup> p_hi: array<f16, 1280>; // BQ × PP
+var<workgroup> p_lo: array<f16, 1280>; // BQ × PP
+var<workgroup> o_sh: array<f32, 2048>; // 8 subgroups × 16 × 16 (column-major)
+// Per query row: the page's rescaling factor (0..31), l at the end (32..63).
+var<workgroup> row_sh: array<f32, 64>;
+// Per subgroup: whether one of its rows raised its reference past the first page.
+var<workgroup> raised: array<u32, 8>;
+#else
 var<workgroup> s_sh: array<f32, 1056>; // BQ × SP probabilities e
+#endif
 var<workgroup> pm_sh: array<f32, 256>; // each thread's maximum of its four scores
 var<workgroup> tok_sh: vec4<u32>;
 
@@ -114,7 +155,13 @@ fn put(kw: u32, vw: u32, i: u32) {
         let j = i / hw;
         let w = i % hw;
         k_sh[j * HWP + w] = kv_tile(kw);
+#if COOP_PV
+        let v = unpack2x16float(vw);
+        v_h[j * VHP + 2u * w] = f16(v.x);
+        v_h[j * VHP + 2u * w + 1u] = f16(v.y);
+#else
         v_sh[j * 64u + w] = kv_tile(vw);
+#endif
     }
 }
 
@@ -141,10 +188,13 @@ fn k_pair(at: u32) -> vec2<f32> {
     return k_sh[at];
 }
 
+#if COOP_PV
+#else
 // The value pair at `at` of the value tile, as f32.
 fn v_pair(at: u32) -> vec2<f32> {
     return v_sh[at];
 }
+#endif
 #else
 // A key or value word as the tiles hold it: the F16 pair itself.
 fn kv_tile(word: u32) -> u32 {
@@ -162,13 +212,23 @@ fn v_pair(at: u32) -> vec2<f32> {
 }
 #endif
 
+#if COOP_PV
+#else
 // Adds e · the value pair at word `at` of the value tile to `a`.
 fn pv(a: vec2<f32>, e: f32, at: u32) -> vec2<f32> {
     return a + e * v_pair(at);
 }
+#endif
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn main(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+#if COOP_PV
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+#endif
+) {
     let h = wg.y;
     if (li == 0u) {
         var b = vec2<u32>(0u, 0u);
@@ -211,6 +271,14 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let w0 = li % 8u;
     var m = NEG;
     var l = 0.0;
+#if COOP_PV
+    // Accumulators: rows rb.., head dims d0.. (and d0 + 16 for head_dim 128).
+    let rb = 16u * (sg % 2u);
+    let d0 = (p.head_dim / 4u) * (sg / 2u);
+    let two = p.head_dim == 128u;
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+#else
     var a0 = vec2<f32>(0.0);
     var a1 = vec2<f32>(0.0);
     var a2 = vec2<f32>(0.0);
@@ -219,6 +287,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     var a5 = vec2<f32>(0.0);
     var a6 = vec2<f32>(0.0);
     var a7 = vec2<f32>(0.0);
+#endif
     var tile = load_tile(slot, 0u, n_keys, kvh, li);
     for (var k0 = 0u; k0 < n_keys; k0 += BK) {
         workgroupBarrier();
@@ -250,8 +319,73 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         let s3 = select(NEG, c3 * p.scale, k0 + sk + 24u <= s_pos);
         pm_sh[li] = max(max(s0, s1), max(s2, s3));
         workgroupBarrier();
-        // The row's maximum so far (sq = qi: the row's eight threads hold its 32 scores).
         let pr = qi * 8u;
+#if COOP_PV
+        // The page's maximum of the row (sq = qi); the reference m is raised MARGIN above it
+        // when the page passes it.
+        let pmax = max(
+            max(max(pm_sh[pr], pm_sh[pr + 1u]), max(pm_sh[pr + 2u], pm_sh[pr + 3u])),
+            max(max(pm_sh[pr + 4u], pm_sh[pr + 5u]), max(pm_sh[pr + 6u], pm_sh[pr + 7u])),
+        );
+        var alpha = 1.0;
+        if (pmax > m) {
+            let mt = pmax + MARGIN;
+            alpha = exp(m - mt);
+            m = mt;
+        }
+        let e0 = exp(s0 - m);
+        let e1 = exp(s1 - m);
+        let e2 = exp(s2 - m);
+        let e3 = exp(s3 - m);
+        let prow = sq * PP + sk;
+        put_p(e0, prow);
+        put_p(e1, prow + 8u);
+        put_p(e2, prow + 16u);
+        put_p(e3, prow + 24u);
+        // The row's Σe over its eight lanes (the same bits in each: pairwise sums commute).
+        var rs = (e0 + e1) + (e2 + e3);
+        rs += subgroupShuffleXor(rs, 1u);
+        rs += subgroupShuffleXor(rs, 2u);
+        rs += subgroupShuffleXor(rs, 4u);
+        l = l * alpha + rs;
+        if (sk == 0u) {
+            row_sh[sq] = alpha;
+        }
+        // Raised references after the first page rescale what the accumulators hold.
+        let up = subgroupAny(alpha != 1.0 && k0 > 0u);
+        if (lane == 0u) {
+            raised[sg] = u32(up);
+        }
+        let rf = workgroupUniformLoad(&raised);
+        if ((rf[0] | rf[1] | rf[2] | rf[3] | rf[4] | rf[5] | rf[6] | rf[7]) != 0u) {
+            o0 = rescale(o0, sg, lane, rb);
+            if (two) {
+                o1 = rescale(o1, sg, lane, rb);
+            }
+        }
+        // O += P·V over the page's two 16-key halves, hi and lo parts of P.
+        for (var ks = 0u; ks < BK; ks += 16u) {
+            let ph = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[rb * PP + ks], PP);
+            let pl = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[rb * PP + ks], PP);
+            let v0 = coopLoadT<coop_mat16x16<f16, B>>(&v_h[ks * VHP + d0], VHP);
+            o0 = coopMultiplyAdd(ph, v0, o0);
+            o0 = coopMultiplyAdd(pl, v0, o0);
+            if (two) {
+                let v1 = coopLoadT<coop_mat16x16<f16, B>>(&v_h[ks * VHP + d0 + 16u], VHP);
+                o1 = coopMultiplyAdd(ph, v1, o1);
+                o1 = coopMultiplyAdd(pl, v1, o1);
+            }
+        }
+    }
+    if (sk == 0u) {
+        row_sh[32u + sq] = l * P_SCALE;
+    }
+    drain(o0, sg, lane, rb, d0, qb, blk.y, h);
+    if (two) {
+        drain(o1, sg, lane, rb, d0 + 16u, qb, blk.y, h);
+    }
+#else
+        // The row's maximum so far (sq = qi: the row's eight threads hold its 32 scores).
         let mt = max(
             max(max(m, max(pm_sh[pr], pm_sh[pr + 1u])), max(pm_sh[pr + 2u], pm_sh[pr + 3u])),
             max(max(pm_sh[pr + 4u], pm_sh[pr + 5u]), max(pm_sh[pr + 6u], pm_sh[pr + 7u])),
@@ -302,10 +436,52 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             store2(o + 112u, a7 / l);
         }
     }
+#endif
 }
 
+#if COOP_PV
+// Probability e of P at `at` of the parts: p' = e · P_SCALE as hi (p' rounded to F16, in
+// integer arithmetic: the driver folds f32(f16(x)) to x) and lo = the F16 of p' − hi.
+fn put_p(e: f32, at: u32) {
+    let x = e * P_SCALE;
+    let hi = round_f16(x);
+    p_hi[at] = f16(hi);
+    p_lo[at] = f16(x - hi);
+}
+
+// Accumulator `o` of rows rb.. times each row's factor in row_sh, through the subgroup's
+// scratch (column-major: element i is row i % 16). The whole workgroup calls it.
+fn rescale(o: coop_mat16x16<f32, C>, sg: u32, lane: u32, rb: u32) -> coop_mat16x16<f32, C> {
+    let base = sg * 256u;
+    coopStore(o, &o_sh[base], 16u);
+    workgroupBarrier();
+    for (var i = lane; i < 256u; i += 32u) {
+        o_sh[base + i] *= row_sh[rb + i % 16u];
+    }
+    workgroupBarrier();
+    return coopLoad<coop_mat16x16<f32, C>>(&o_sh[base], 16u);
+}
+
+// Accumulator `o` (rows rb.., head dims d..) divided by its rows' l · P_SCALE into `out`, for
+// the block's n queries from token qb of head h; through the scratch row-major, so sixteen
+// lanes store sixteen consecutive values. The whole workgroup calls it.
+fn drain(o: coop_mat16x16<f32, C>, sg: u32, lane: u32, rb: u32, d: u32, qb: u32, n: u32, h: u32) {
+    let base = sg * 256u;
+    coopStoreT(o, &o_sh[base], 16u);
+    workgroupBarrier();
+    for (var i = lane; i < 256u; i += 32u) {
+        let r = rb + i / 16u;
+        if (r < n) {
+            let at = ((qb + r) * p.n_head + h) * p.head_dim + d + i % 16u;
+            out[at] = o_sh[base + i] / row_sh[32u + r];
+        }
+    }
+    workgroupBarrier();
+}
+#else
 // Two consecutive outputs from `at`.
 fn store2(at: u32, v: vec2<f32>) {
     out[at] = v.x;
     out[at + 1u] = v.y;
 }
+#endif

@@ -1,7 +1,7 @@
 //! RoPE + KV-cache store, and causal attention over the cache.
 
 use super::attention_fast::FastSplit;
-use super::paged::{prompt_kernel_fits, GpuKv, KvIndex, ATTN_PROMPT_QUERIES};
+use super::paged::{prompt_kernel_coop, prompt_kernel_fits, GpuKv, KvIndex, ATTN_PROMPT_QUERIES};
 use super::{uniform, Dispatch, StepUniform, WG};
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
@@ -407,7 +407,9 @@ impl Attention {
             Some(_) if tiled_ok => Some(Dispatch::new(
                 ctx,
                 PipelineKey {
-                    kernel: Kernel::AttentionPrompt,
+                    kernel: Kernel::AttentionPrompt {
+                        coop: prompt_kernel_coop(ctx),
+                    },
                     variant: kv.variant(),
                 },
                 "attention_prompt",

@@ -33,8 +33,10 @@ pub use matmul::{
 pub use matvec::{F16Matvec, Ternary3, TernaryGlu, TernaryMatvec, TernaryWeights};
 pub use narrow::NarrowFused;
 pub use norm::{NormOut, QuantAct, RmsNorm};
-pub use paged::{GpuKv, KvIndex};
+#[cfg(test)]
+pub(crate) use paged::prompt_kernel_coop;
 pub(crate) use paged::{ATTN_PROMPT_F32_BYTES, DECODE_ROW};
+pub use paged::{GpuKv, KvIndex};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
 };

@@ -2,7 +2,7 @@
 //! slots, page tables, prompt query blocks), shared by every layer's attention.
 
 use crate::buffers::GpuBuffer;
-use crate::context::GpuContext;
+use crate::context::{GpuContext, PrefillKernel};
 use crate::kv::{KvType, PAGE_POSITIONS};
 use crate::pipelines::Variant;
 use crate::{Error, Result};
@@ -20,12 +20,24 @@ const ATTN_PROMPT_BYTES: u32 = 30_096;
 /// pipeline cache picks on devices that allow it (NVIDIA's 48 KiB do; Apple's and
 /// lavapipe's 32 KiB do not).
 pub(crate) const ATTN_PROMPT_F32_BYTES: u32 = 46_608;
+/// The same with P·V on cooperative matrices (variant `COOP_PV`: F16 value tile,
+/// probability parts, accumulator scratch), which [`Attention`](super::Attention) picks on
+/// adapters with cooperative matrices that allow it.
+const ATTN_PROMPT_COOP_BYTES: u32 = 48_304;
 
 /// True when `attention_prompt.wgsl` runs the prompts over a `ty` cache on `ctx`'s device:
 /// an F16 cache, and a device that allows its workgroup memory (most do; WebGPU's default
 /// limit, 16 KiB, does not). Other prompts run with `attention.wgsl`'s `prefill`.
 pub fn prompt_kernel_fits(ctx: &GpuContext, ty: KvType) -> bool {
     ty == KvType::F16 && ctx.device.limits().max_compute_workgroup_storage_size >= ATTN_PROMPT_BYTES
+}
+
+/// True when `ctx` runs `attention_prompt.wgsl`'s P·V on cooperative matrices: its prompt
+/// matmuls do ([`PrefillKernel::Coop`]: 16×16×16 f16 matrices, subgroups of 32) and its
+/// device allows the variant's workgroup memory.
+pub(crate) fn prompt_kernel_coop(ctx: &GpuContext) -> bool {
+    ctx.caps().prefill == PrefillKernel::Coop
+        && ctx.device.limits().max_compute_workgroup_storage_size >= ATTN_PROMPT_COOP_BYTES
 }
 
 /// One layer's paged KV cache on the GPU: `n_pages` pages of [`PAGE_POSITIONS`] rows of
