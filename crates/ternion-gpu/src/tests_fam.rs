@@ -620,7 +620,7 @@ fn attention_head_dims_64_96_and_gqa() {
             (dims(8, 2, 96, 96, 1e4), 250, 9),
         ] {
             for ty in KV_TYPES {
-                worst = worst.max(attention_case(&ctx, &mut r, (d, ty), (pos0, n), false));
+                worst = worst.max(attention_case(&ctx, &mut r, (d, ty), (pos0, n, 0.0), false));
             }
         }
     }

@@ -35,8 +35,8 @@ pub use narrow::NarrowFused;
 pub use norm::{NormOut, QuantAct, RmsNorm};
 #[cfg(test)]
 pub(crate) use paged::prompt_kernel_coop;
-pub(crate) use paged::{ATTN_PROMPT_F32_BYTES, DECODE_ROW};
 pub use paged::{GpuKv, KvIndex};
+pub(crate) use paged::{ATTN_PROMPT_F32_BYTES, DECODE_ROW};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
 };
