@@ -18,17 +18,18 @@
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
 // Dispatch: (≥ block count, n_head, 1); workgroups past the count return. head_dim is 64 or
-// 128 (the host checks). Workgroup memory: 30,096 bytes, 46,608 with F32_TILES, 48,276
+// 128 (the host checks). Workgroup memory: 30,224 bytes, 46,992 with F32_TILES, 48,688
 // with COOP_PV (the host checks the limit, and picks the variant the device allows).
 //
 // Variant F32_TILES holds the key and value tiles as f32 pairs, converted once when a page
 // is staged, where the other holds the F16 words and converts each pair at every use (in
 // the scores and in P·V, 32 times a page per word): the same values either way (an F16
 // converts to f32 exactly), 11 % faster prompt attention on an H100 (BENCHMARKS.md,
-// session 13).
+// session 13). Its score loop takes two pairs a step, with 16-byte key loads (half the
+// workgroup-memory load instructions), still adding pair 2i before pair 2i + 1.
 //
 // Variant COOP_PV (with F32_TILES; adapters with 16×16×16 f16 cooperative matrices, a
-// subgroup size of 32 and 48,276 bytes of workgroup memory) multiplies P·V on the matrix
+// subgroup size of 32 and 48,688 bytes of workgroup memory) multiplies P·V on the matrix
 // units: the values are staged once more as F16 in v_h ([key][dim]), each probability p' =
 // e · 2^14 as two F16 parts (hi = p' rounded to F16, lo = the F16 of the rest: ~22 bits,
 // products exact) in p_hi / p_lo ([query][key]), and subgroup s accumulates query rows
@@ -59,9 +60,13 @@ enable wgpu_cooperative_matrix;
 const WG: u32 = 256u;
 const BQ: u32 = 32u;
 const BK: u32 = 32u;
-// Padded strides (words) of the query and key tiles (65: rows in distinct banks) and of
-// the score tile (33).
+// Padded strides of the query tile (QP2 = 33 pairs of words: 66 words a row, rows in
+// distinct banks and 8-byte aligned), of the key tile (F16 words: HWP = 65; f32 pairs:
+// KP4 = 33 vec4s, 66 pairs a key, rows 16-byte aligned and in distinct banks) and of the
+// score tile (33).
+const QP2: u32 = 33u;
 const HWP: u32 = 65u;
+const KP4: u32 = 33u;
 const SP: u32 = 33u;
 
 @group(0) @binding(0) var<uniform> p: AttnParams;
@@ -73,9 +78,9 @@ const SP: u32 = 33u;
 @group(0) @binding(9) var<storage, read> toks: array<vec2<u32>>;
 @group(0) @binding(10) var<storage, read> pages: array<u32>;
 
-var<workgroup> q_sh: array<u32, 2080>; // BQ × HWP F16 pairs
+var<workgroup> q_sh: array<vec2<u32>, 1056>; // BQ × QP2 words, each an F16 pair
 #if F32_TILES
-var<workgroup> k_sh: array<vec2<f32>, 2080>; // BK × HWP pairs, converted once
+var<workgroup> k_sh: array<vec4<f32>, 1056>; // BK × KP4: pairs 2i, 2i + 1 in vec4 i
 #if COOP_PV
 #else
 var<workgroup> v_sh: array<vec2<f32>, 2048>; // BK × 64 pairs, converted once
@@ -154,7 +159,20 @@ fn put(kw: u32, vw: u32, i: u32) {
     if (i < BK * hw) {
         let j = i / hw;
         let w = i % hw;
-        k_sh[j * HWP + w] = kv_tile(kw);
+#if F32_TILES
+        // Converted once (exactly), pair w in half w % 2 of vec4 w / 2.
+        let kf = unpack2x16float(kw);
+        let at = j * KP4 + w / 2u;
+        if (w % 2u == 0u) {
+            k_sh[at].x = kf.x;
+            k_sh[at].y = kf.y;
+        } else {
+            k_sh[at].z = kf.x;
+            k_sh[at].w = kf.y;
+        }
+#else
+        k_sh[j * HWP + w] = kw;
+#endif
 #if COOP_PV
         let v = unpack2x16float(vw);
         v_h[j * VHP + 2u * w] = f16(v.x);
@@ -178,14 +196,9 @@ fn store_tile(t: Tile, li: u32) {
 }
 
 #if F32_TILES
-// A key or value word as the tiles hold it: its F16 pair converted to f32 (exactly).
+// A value word as the value tile holds it: its F16 pair converted to f32 (exactly).
 fn kv_tile(word: u32) -> vec2<f32> {
     return unpack2x16float(word);
-}
-
-// The key pair at `at` of the key tile, as f32.
-fn k_pair(at: u32) -> vec2<f32> {
-    return k_sh[at];
 }
 
 #if COOP_PV
@@ -196,7 +209,7 @@ fn v_pair(at: u32) -> vec2<f32> {
 }
 #endif
 #else
-// A key or value word as the tiles hold it: the F16 pair itself.
+// A value word as the value tile holds it: the F16 pair itself.
 fn kv_tile(word: u32) -> u32 {
     return word;
 }
@@ -251,13 +264,17 @@ fn main(
     let slot = blk.w & SLOT_MASK;
     let kvh = h / (p.n_head / p.n_head_kv);
     let hw = p.head_dim / 2u;
-    // The block's queries, rounded to F16 (rows past the block repeat its last token).
-    for (var i = li; i < BQ * hw; i += WG) {
-        let r = i / hw;
-        let w = i % hw;
+    // The block's queries, rounded to F16, two words a store (rows past the block repeat
+    // its last token).
+    let hw2 = hw / 2u;
+    for (var i = li; i < BQ * hw2; i += WG) {
+        let r = i / hw2;
         let t = qb + min(r, blk.y - 1u);
-        let b = (t * p.n_head + h) * p.head_dim + 2u * w;
-        q_sh[r * HWP + w] = f16_bits(q[b]) | (f16_bits(q[b + 1u]) << 16u);
+        let b = (t * p.n_head + h) * p.head_dim + 4u * (i % hw2);
+        q_sh[r * QP2 + i % hw2] = vec2<u32>(
+            f16_bits(q[b]) | (f16_bits(q[b + 1u]) << 16u),
+            f16_bits(q[b + 2u]) | (f16_bits(q[b + 3u]) << 16u),
+        );
     }
     // Keys the block's last query sees.
     let n_keys = pos0 + blk.y;
@@ -302,8 +319,29 @@ fn main(
         var c1 = 0.0;
         var c2 = 0.0;
         var c3 = 0.0;
+#if F32_TILES
+        // Two pairs a step: one 8-byte query load and four 16-byte key loads for sixteen
+        // products, pair 2i added before pair 2i + 1.
+        for (var i = 0u; i < hw2; i++) {
+            let qq = q_sh[sq * QP2 + i];
+            let a = unpack2x16float(qq.x);
+            let a2 = unpack2x16float(qq.y);
+            let b0 = k_sh[sk * KP4 + i];
+            let b1 = k_sh[(sk + 8u) * KP4 + i];
+            let b2 = k_sh[(sk + 16u) * KP4 + i];
+            let b3 = k_sh[(sk + 24u) * KP4 + i];
+            c0 += a.x * b0.x + a.y * b0.y;
+            c1 += a.x * b1.x + a.y * b1.y;
+            c2 += a.x * b2.x + a.y * b2.y;
+            c3 += a.x * b3.x + a.y * b3.y;
+            c0 += a2.x * b0.z + a2.y * b0.w;
+            c1 += a2.x * b1.z + a2.y * b1.w;
+            c2 += a2.x * b2.z + a2.y * b2.w;
+            c3 += a2.x * b3.z + a2.y * b3.w;
+        }
+#else
         for (var w = 0u; w < hw; w++) {
-            let a = unpack2x16float(q_sh[sq * HWP + w]);
+            let a = unpack2x16float(q_sh[sq * QP2 + w / 2u][w % 2u]);
             let b0 = k_pair(sk * HWP + w);
             let b1 = k_pair((sk + 8u) * HWP + w);
             let b2 = k_pair((sk + 16u) * HWP + w);
@@ -313,6 +351,7 @@ fn main(
             c2 += a.x * b2.x + a.y * b2.y;
             c3 += a.x * b3.x + a.y * b3.y;
         }
+#endif
         let s0 = select(NEG, c0 * p.scale, k0 + sk <= s_pos);
         let s1 = select(NEG, c1 * p.scale, k0 + sk + 8u <= s_pos);
         let s2 = select(NEG, c2 * p.scale, k0 + sk + 16u <= s_pos);
