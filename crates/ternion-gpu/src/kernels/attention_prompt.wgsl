@@ -125,10 +125,10 @@ struct Tile {
 // of key i / hw, zero past the page, the sequence's keys or the tile.
 fn tile_word(row0: u32, k0: u32, n_keys: u32, kvh: u32, i: u32) -> vec2<u32> {
     let hw = p.head_dim / 2u;
-    let j = i / hw;
+    let j = i >> hw_log();
     var r = vec2<u32>(0u, 0u);
     if (i < BK * hw && k0 + j < n_keys) {
-        let at = ((row0 + j) * p.n_head_kv + kvh) * hw + i % hw;
+        let at = ((row0 + j) * p.n_head_kv + kvh) * hw + (i & (hw - 1u));
         r = vec2<u32>(k_cache[at], v_cache[at]);
     }
     return r;
@@ -153,12 +153,18 @@ fn load_tile(slot: u32, k0: u32, n_keys: u32, kvh: u32, li: u32) -> Tile {
     );
 }
 
+// log2 of the words of a head, head_dim / 2 (head_dim is 64 or 128): the divisions by it
+// are shifts, which the driver cannot know of a uniform (a division is ~20 instructions).
+fn hw_log() -> u32 {
+    return countTrailingZeros(p.head_dim) - 1u;
+}
+
 // Item i's key and value words into the tiles (items past the tile are not stored).
 fn put(kw: u32, vw: u32, i: u32) {
     let hw = p.head_dim / 2u;
     if (i < BK * hw) {
-        let j = i / hw;
-        let w = i % hw;
+        let j = i >> hw_log();
+        let w = i & (hw - 1u);
 #if F32_TILES
         // Converted once (exactly), pair w in half w % 2 of vec4 w / 2.
         let kf = unpack2x16float(kw);
@@ -268,10 +274,11 @@ fn main(
     // its last token).
     let hw2 = hw / 2u;
     for (var i = li; i < BQ * hw2; i += WG) {
-        let r = i / hw2;
+        let r = i >> (hw_log() - 1u);
+        let w2 = i & (hw2 - 1u);
         let t = qb + min(r, blk.y - 1u);
-        let b = (t * p.n_head + h) * p.head_dim + 4u * (i % hw2);
-        q_sh[r * QP2 + i % hw2] = vec2<u32>(
+        let b = (t * p.n_head + h) * p.head_dim + 4u * w2;
+        q_sh[r * QP2 + w2] = vec2<u32>(
             f16_bits(q[b]) | (f16_bits(q[b + 1u]) << 16u),
             f16_bits(q[b + 2u]) | (f16_bits(q[b + 3u]) << 16u),
         );
