@@ -12,8 +12,10 @@
 //                                         token, tokens ≤ 32): consecutive tokens of one
 //                                         sequence (ops/paged.rs KvIndex::write_blocks)
 //   2 storage read  q:       array<f32>   T × n_head·head_dim (rotated)
-//   3 storage read  k_cache: array<u32>   paged F16 keys, two halves a word (attention.wgsl)
-//   4 storage read  v_cache: array<u32>   paged F16 values, same layout
+//   3 storage read  k_cache: array<vec2<u32>>  paged F16 keys, two halves a word
+//                                         (attention.wgsl), read two words at a time
+//   4 storage read  v_cache: array<vec2<u32>>  paged F16 values, same layout (COOP_PV: as
+//                                         array<vec4<f16>>, the same bytes)
 //   5 storage rw    out:     array<f32>   T × n_head·head_dim
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
@@ -30,11 +32,11 @@
 //
 // Variant COOP_PV (with F32_TILES; adapters with 16×16×16 f16 cooperative matrices, a
 // subgroup size of 32 and 48,688 bytes of workgroup memory) multiplies P·V on the matrix
-// units: the values are staged once more as F16 in v_h ([key][dim]), each probability p' =
-// e · 2^14 as two F16 parts (hi = p' rounded to F16, lo = the F16 of the rest: ~22 bits,
-// products exact) in p_hi / p_lo ([query][key]), and subgroup s accumulates query rows
-// 16·(s % 2)..+16 × head dims (head_dim / 4)·(s / 2).. in head_dim / 64 accumulators of
-// 16 × 16 f32. The scores stay the scalar ones above, in the CPU's order. The exponent
+// units: the values are staged as F16 in v_h ([key][dim], read from the cache as F16: no
+// conversion), each probability p' = e · 2^14 as two F16 parts (hi = p' rounded to F16, lo
+// = the F16 of the rest: ~22 bits, products exact) in p_hi / p_lo ([query][key]), and
+// subgroup s accumulates query rows 16·(s % 2)..+16 × head dims (head_dim / 4)·(s / 2).. in
+// head_dim / 64 accumulators of 16 × 16 f32. The scores stay the scalar ones above, in the CPU's order. The exponent
 // reference of a row is its running maximum plus MARGIN, raised only when a page's scores
 // pass it; the accumulators are then rescaled through a 16 × 16 scratch per subgroup (a
 // branch the whole workgroup takes, rare once a row's largest scores are seen). P·V is then
@@ -72,8 +74,15 @@ const SP: u32 = 33u;
 @group(0) @binding(0) var<uniform> p: AttnParams;
 @group(0) @binding(1) var<storage, read> blocks: array<vec2<u32>>;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
+#if COOP_PV
+// Four values as F16, staged into v_h with no conversion.
+alias VQuad = vec4<f16>;
+#else
+// Four values: two words of F16 pairs.
+alias VQuad = vec2<u32>;
+#endif
+@group(0) @binding(4) var<storage, read> v_cache: array<VQuad>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(9) var<storage, read> toks: array<vec2<u32>>;
 @group(0) @binding(10) var<storage, read> pages: array<u32>;
@@ -90,15 +99,15 @@ var<workgroup> k_sh: array<u32, 2080>; // BK × HWP
 var<workgroup> v_sh: array<u32, 2048>; // BK × 64
 #endif
 #if COOP_PV
-// Padded row lengths (F16) of the value tile and of the probability parts: rows 16-byte
-// aligned, the fragment loads' rows in distinct banks.
-const VHP: u32 = 136u;
+// Padded row lengths of the value tile (vec4s of F16: 136 values) and of the probability
+// parts (F16): rows 16-byte aligned, the fragment loads' rows in distinct banks.
+const VHP4: u32 = 34u;
 const PP: u32 = 40u;
 // p' = e · P_SCALE keeps the lo parts of small probabilities out of F16's subnormals; the
 // exponent reference sits MARGIN above a row's maximum when it is raised.
 const P_SCALE: f32 = 16384.0;
 const MARGIN: f32 = 4.0;
-var<workgroup> v_h: array<f16, 4352>; // BK × VHP values as F16, [key][dim]
+var<workgroup> v_h: array<vec4<f16>, 1088>; // BK × VHP4 vec4s of F16 values, [key][dim]
 var<workgroup> p_hi: array<f16, 1280>; // BQ × PP
 var<workgroup> p_lo: array<f16, 1280>; // BQ × PP
 var<workgroup> o_sh: array<f32, 2048>; // 8 subgroups × 16 × 16 (column-major)
@@ -112,24 +121,30 @@ var<workgroup> s_sh: array<f32, 1056>; // BQ × SP probabilities e
 var<workgroup> pm_sh: array<f32, 256>; // each thread's maximum of its four scores
 var<workgroup> tok_sh: vec4<u32>;
 
-// A thread's share of one page of keys and values: items li + 256·n (n < 8) of the page's
-// BK × head_dim/2 words, key word n in component n % 4 of k0 (n < 4) or k1, values alike.
-struct Tile {
-    k0: vec4<u32>,
-    k1: vec4<u32>,
-    v0: vec4<u32>,
-    v1: vec4<u32>,
+// Four consecutive keys' elements of a row (two words) and the values' beside them.
+struct Quad {
+    k: vec2<u32>,
+    v: VQuad,
 }
 
-// (key, value) word of item i of the page from cache row row0 (first key k0): word i % hw
-// of key i / hw, zero past the page, the sequence's keys or the tile.
-fn tile_word(row0: u32, k0: u32, n_keys: u32, kvh: u32, i: u32) -> vec2<u32> {
-    let hw = p.head_dim / 2u;
-    let j = i >> hw_log();
-    var r = vec2<u32>(0u, 0u);
-    if (i < BK * hw && k0 + j < n_keys) {
-        let at = ((row0 + j) * p.n_head_kv + kvh) * hw + (i & (hw - 1u));
-        r = vec2<u32>(k_cache[at], v_cache[at]);
+// A thread's share of one page of keys and values: items li + 256·n (n < 4) of the page's
+// BK × head_dim/4 quads.
+struct Tile {
+    q0: Quad,
+    q1: Quad,
+    q2: Quad,
+    q3: Quad,
+}
+
+// Quad i of the page from cache row row0 (first key k0): quad i % hq of key i / hq (hq =
+// head_dim / 4 quads a head row), zero past the page, the sequence's keys or the tile.
+fn tile_quad(row0: u32, k0: u32, n_keys: u32, kvh: u32, i: u32) -> Quad {
+    let hq = p.head_dim / 4u;
+    let j = i >> (hw_log() - 1u);
+    var r: Quad;
+    if (i < BK * hq && k0 + j < n_keys) {
+        let at = ((row0 + j) * p.n_head_kv + kvh) * hq + (i & (hq - 1u));
+        r = Quad(k_cache[at], v_cache[at]);
     }
     return r;
 }
@@ -137,19 +152,11 @@ fn tile_word(row0: u32, k0: u32, n_keys: u32, kvh: u32, i: u32) -> vec2<u32> {
 // Issues the loads of this thread's share of the page of keys k0..k0 + 32.
 fn load_tile(slot: u32, k0: u32, n_keys: u32, kvh: u32, li: u32) -> Tile {
     let row0 = pages[slot * p.pps + k0 / PAGE] * PAGE;
-    let a0 = tile_word(row0, k0, n_keys, kvh, li);
-    let a1 = tile_word(row0, k0, n_keys, kvh, li + WG);
-    let a2 = tile_word(row0, k0, n_keys, kvh, li + 2u * WG);
-    let a3 = tile_word(row0, k0, n_keys, kvh, li + 3u * WG);
-    let a4 = tile_word(row0, k0, n_keys, kvh, li + 4u * WG);
-    let a5 = tile_word(row0, k0, n_keys, kvh, li + 5u * WG);
-    let a6 = tile_word(row0, k0, n_keys, kvh, li + 6u * WG);
-    let a7 = tile_word(row0, k0, n_keys, kvh, li + 7u * WG);
     return Tile(
-        vec4<u32>(a0.x, a1.x, a2.x, a3.x),
-        vec4<u32>(a4.x, a5.x, a6.x, a7.x),
-        vec4<u32>(a0.y, a1.y, a2.y, a3.y),
-        vec4<u32>(a4.y, a5.y, a6.y, a7.y),
+        tile_quad(row0, k0, n_keys, kvh, li),
+        tile_quad(row0, k0, n_keys, kvh, li + WG),
+        tile_quad(row0, k0, n_keys, kvh, li + 2u * WG),
+        tile_quad(row0, k0, n_keys, kvh, li + 3u * WG),
     );
 }
 
@@ -159,46 +166,34 @@ fn hw_log() -> u32 {
     return countTrailingZeros(p.head_dim) - 1u;
 }
 
-// Item i's key and value words into the tiles (items past the tile are not stored).
-fn put(kw: u32, vw: u32, i: u32) {
-    let hw = p.head_dim / 2u;
-    if (i < BK * hw) {
-        let j = i >> hw_log();
-        let w = i & (hw - 1u);
+// Quad i's keys and values into the tiles (quads past the tile are not stored).
+fn put(q: Quad, i: u32) {
+    let hq = p.head_dim / 4u;
+    if (i < BK * hq) {
+        let j = i >> (hw_log() - 1u);
+        let w2 = i & (hq - 1u);
 #if F32_TILES
-        // Converted once (exactly), pair w in half w % 2 of vec4 w / 2.
-        let kf = unpack2x16float(kw);
-        let at = j * KP4 + w / 2u;
-        if (w % 2u == 0u) {
-            k_sh[at].x = kf.x;
-            k_sh[at].y = kf.y;
-        } else {
-            k_sh[at].z = kf.x;
-            k_sh[at].w = kf.y;
-        }
+        // Converted once (exactly): pairs 2·w2 and 2·w2 + 1 in vec4 w2.
+        k_sh[j * KP4 + w2] = vec4<f32>(unpack2x16float(q.k.x), unpack2x16float(q.k.y));
 #else
-        k_sh[j * HWP + w] = kw;
+        k_sh[j * HWP + 2u * w2] = q.k.x;
+        k_sh[j * HWP + 2u * w2 + 1u] = q.k.y;
 #endif
 #if COOP_PV
-        let v = unpack2x16float(vw);
-        v_h[j * VHP + 2u * w] = f16(v.x);
-        v_h[j * VHP + 2u * w + 1u] = f16(v.y);
+        v_h[j * VHP4 + w2] = q.v;
 #else
-        v_sh[j * 64u + w] = kv_tile(vw);
+        v_sh[j * 64u + 2u * w2] = kv_tile(q.v.x);
+        v_sh[j * 64u + 2u * w2 + 1u] = kv_tile(q.v.y);
 #endif
     }
 }
 
-// This thread's share of a page into k_sh and v_sh.
+// This thread's share of a page into the tiles.
 fn store_tile(t: Tile, li: u32) {
-    put(t.k0.x, t.v0.x, li);
-    put(t.k0.y, t.v0.y, li + WG);
-    put(t.k0.z, t.v0.z, li + 2u * WG);
-    put(t.k0.w, t.v0.w, li + 3u * WG);
-    put(t.k1.x, t.v1.x, li + 4u * WG);
-    put(t.k1.y, t.v1.y, li + 5u * WG);
-    put(t.k1.z, t.v1.z, li + 6u * WG);
-    put(t.k1.w, t.v1.w, li + 7u * WG);
+    put(t.q0, li);
+    put(t.q1, li + WG);
+    put(t.q2, li + 2u * WG);
+    put(t.q3, li + 3u * WG);
 }
 
 #if F32_TILES
@@ -413,11 +408,11 @@ fn main(
         for (var ks = 0u; ks < BK; ks += 16u) {
             let ph = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[rb * PP + ks], PP);
             let pl = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[rb * PP + ks], PP);
-            let v0 = coopLoadT<coop_mat16x16<f16, B>>(&v_h[ks * VHP + d0], VHP);
+            let v0 = coopLoadT<coop_mat16x16<f16, B>>(&v_h[ks * VHP4 + d0 / 4u], VHP4);
             o0 = coopMultiplyAdd(ph, v0, o0);
             o0 = coopMultiplyAdd(pl, v0, o0);
             if (two) {
-                let v1 = coopLoadT<coop_mat16x16<f16, B>>(&v_h[ks * VHP + d0 + 16u], VHP);
+                let v1 = coopLoadT<coop_mat16x16<f16, B>>(&v_h[ks * VHP4 + d0 / 4u + 4u], VHP4);
                 o1 = coopMultiplyAdd(ph, v1, o1);
                 o1 = coopMultiplyAdd(pl, v1, o1);
             }
