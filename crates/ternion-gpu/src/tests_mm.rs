@@ -95,10 +95,7 @@ fn tiled_matmul_equals_batch_kernel_and_cpu() {
                     out.write(c, 0, bytemuck::cast_slice(&resid));
                     run(c, |p| mm.record(p, tokens as u32));
                     let got = out.read::<f32>(c).unwrap();
-                    let diff = got
-                        .iter()
-                        .zip(&want)
-                        .position(|(a, b)| a.to_bits() != b.to_bits());
+                    let diff = first_bit_difference(&got, &want);
                     if let Some(i) = diff {
                         panic!(
                             "{kind:?} {epi:?} {rows}x{k} t{tokens} elem {i} (token {}, row \
@@ -229,10 +226,7 @@ fn narrow_fused_equals_separate_launches() {
             };
             let same = |got: &GpuBuffer, want: &GpuBuffer, what: &str| {
                 let (got, want) = (got.read::<f32>(c).unwrap(), want.read::<f32>(c).unwrap());
-                let diff = got
-                    .iter()
-                    .zip(&want)
-                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                let diff = first_bit_difference(&got, &want);
                 assert!(diff.is_none(), "{what} t{tokens} elem {diff:?}");
             };
 
@@ -327,10 +321,7 @@ fn coop_qkv_equals_separate_launches() {
                 outs[i].read::<f32>(&c).unwrap(),
                 refs[i].read::<f32>(&c).unwrap(),
             );
-            let diff = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a.to_bits() != b.to_bits());
+            let diff = first_bit_difference(&got, &want);
             assert!(diff.is_none(), "matrix {i}, {tokens} tokens: elem {diff:?}");
         }
     }
@@ -378,10 +369,7 @@ fn coop_glu_equals_separate_launches() {
             let glu = Glu::new(&c, act, &gb, &ub, n).unwrap();
             run(&c, |p| glu.record(p, tokens as u32));
             let (got, want) = (out.read::<f32>(&c).unwrap(), gb.read::<f32>(&c).unwrap());
-            let diff = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a.to_bits() != b.to_bits());
+            let diff = first_bit_difference(&got, &want);
             assert!(diff.is_none(), "{act:?}, {tokens} tokens: elem {diff:?}");
         }
     }
@@ -428,10 +416,7 @@ fn coop_split_k_equals_whole_k() {
                     TernaryMatmul::new(&c, MatmulKind::Coop, &w, &qa, &want, epi, &step).unwrap();
                 run(&c, |p| whole.record(p, tokens as u32));
                 let (got, want) = (got.read::<f32>(&c).unwrap(), want.read::<f32>(&c).unwrap());
-                let diff = got
-                    .iter()
-                    .zip(&want)
-                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                let diff = first_bit_difference(&got, &want);
                 assert!(
                     diff.is_none(),
                     "K {k}, {tokens} tokens, {epi:?}: elem {diff:?}"
@@ -439,4 +424,11 @@ fn coop_split_k_equals_whole_k() {
             }
         }
     }
+}
+
+/// The first index where `got` and `want` differ in their bits (None: the same bits).
+fn first_bit_difference(got: &[f32], want: &[f32]) -> Option<usize> {
+    got.iter()
+        .zip(want)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
 }

@@ -69,14 +69,15 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> tok_scale: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
-#if FUSED3
+// The other matrices' rows and scales (FUSED3; GLU: the up matrix's scale2). Entries that
+// do not read it leave binding 10 out of their layout.
 struct Parts { m2: u32, m3: u32, scale2: f32, scale3: f32 }
-
+@group(0) @binding(10) var<uniform> parts: Parts;
+#if FUSED3
 @group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
 @group(0) @binding(7) var<storage, read> w3: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read_write> out2: array<f32>;
 @group(0) @binding(9) var<storage, read_write> out3: array<f32>;
-@group(0) @binding(10) var<uniform> parts: Parts;
 
 // FUSED3: the matrix of this workgroup's row tile (0: w, 1: w2, 2: w3), its rows and scale.
 var<private> mat: u32;
@@ -86,10 +87,7 @@ var<private> mat_scale: f32;
 #if GLU
 // GLU: the up matrix (w2) beside the gate (w) and its scale (parts.scale2), ACT as glu.wgsl.
 override ACT: u32 = 0u;
-struct Parts { m2: u32, m3: u32, scale2: f32, scale3: f32 }
-
 @group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
-@group(0) @binding(10) var<uniform> parts: Parts;
 #endif
 #if SPLIT
 @group(0) @binding(6) var<storage, read> partial: array<f32>;
