@@ -159,6 +159,8 @@ pub enum Kernel {
     AttentionPrompt {
         /// P·V on cooperative matrices (`#if COOP_PV`).
         coop: bool,
+        /// The head width (64 or 128), the kernel's constant `HD`.
+        head_dim: u32,
     },
     /// `attention_fast.wgsl`: decode rows, split over KV pages and merged in one launch.
     AttentionFast {
@@ -380,8 +382,8 @@ impl Kernel {
             Kernel::Attention { .. } => Source::Attention,
             Kernel::AttentionFast { rope: true, .. } => Source::AttentionFastRope,
             Kernel::AttentionFast { .. } => Source::AttentionFast,
-            Kernel::AttentionPrompt { coop: false } => Source::AttentionPrompt,
-            Kernel::AttentionPrompt { coop: true } => Source::AttentionPromptCoop,
+            Kernel::AttentionPrompt { coop: false, .. } => Source::AttentionPrompt,
+            Kernel::AttentionPrompt { coop: true, .. } => Source::AttentionPromptCoop,
             Kernel::Glu { .. } => Source::Glu,
             Kernel::Select { .. } => Source::Select,
             Kernel::ReadProbe => Source::ReadProbe,
@@ -528,11 +530,11 @@ impl Kernel {
                 ("ROUND_X", if round_x { 1.0 } else { 0.0 }),
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
+            Kernel::AttentionPrompt { head_dim, .. } => vec![("HD", f64::from(head_dim))],
             Kernel::QMatmulTiled { epilogue, .. } => vec![epilogue.constant()],
             Kernel::QuantAct { .. }
             | Kernel::RowOp { .. }
             | Kernel::AttentionFast { .. }
-            | Kernel::AttentionPrompt { .. }
             | Kernel::Elementwise { .. }
             | Kernel::WindowAttention => vec![],
         }

@@ -20,7 +20,7 @@
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
 // Dispatch: (≥ block count, n_head, 1); workgroups past the count return. head_dim is 64 or
-// 128 (the host checks). Workgroup memory: 30,224 bytes, 46,992 with F32_TILES, 48,688
+// 128 (the host checks), also given as the pipeline constant HD. Workgroup memory: 30,224 bytes, 46,992 with F32_TILES, 48,688
 // with COOP_PV (the host checks the limit, and picks the variant the device allows).
 //
 // Variant F32_TILES holds the key and value tiles as f32 pairs, converted once when a page
@@ -59,6 +59,9 @@ enable f16;
 enable wgpu_cooperative_matrix;
 #endif
 
+// The head width, 64 or 128 (the host's pipeline constant; the same as p.head_dim): the
+// loops over a head have constant trip counts and the index arithmetic folds.
+override HD: u32 = 128u;
 const WG: u32 = 256u;
 const BQ: u32 = 32u;
 const BK: u32 = 32u;
@@ -139,7 +142,7 @@ struct Tile {
 // Quad i of the page from cache row row0 (first key k0): quad i % hq of key i / hq (hq =
 // head_dim / 4 quads a head row), zero past the page, the sequence's keys or the tile.
 fn tile_quad(row0: u32, k0: u32, n_keys: u32, kvh: u32, i: u32) -> Quad {
-    let hq = p.head_dim / 4u;
+    let hq = HD / 4u;
     let j = i >> (hw_log() - 1u);
     var r: Quad;
     if (i < BK * hq && k0 + j < n_keys) {
@@ -163,12 +166,12 @@ fn load_tile(slot: u32, k0: u32, n_keys: u32, kvh: u32, li: u32) -> Tile {
 // log2 of the words of a head, head_dim / 2 (head_dim is 64 or 128): the divisions by it
 // are shifts, which the driver cannot know of a uniform (a division is ~20 instructions).
 fn hw_log() -> u32 {
-    return countTrailingZeros(p.head_dim) - 1u;
+    return countTrailingZeros(HD) - 1u;
 }
 
 // Quad i's keys and values into the tiles (quads past the tile are not stored).
 fn put(q: Quad, i: u32) {
-    let hq = p.head_dim / 4u;
+    let hq = HD / 4u;
     if (i < BK * hq) {
         let j = i >> (hw_log() - 1u);
         let w2 = i & (hq - 1u);
@@ -264,7 +267,7 @@ fn main(
     let pos0 = blk.z;
     let slot = blk.w & SLOT_MASK;
     let kvh = h / (p.n_head / p.n_head_kv);
-    let hw = p.head_dim / 2u;
+    let hw = HD / 2u;
     // The block's queries, rounded to F16, two words a store (rows past the block repeat
     // its last token).
     let hw2 = hw / 2u;
@@ -272,7 +275,7 @@ fn main(
         let r = i >> (hw_log() - 1u);
         let w2 = i & (hw2 - 1u);
         let t = qb + min(r, blk.y - 1u);
-        let b = (t * p.n_head + h) * p.head_dim + 4u * w2;
+        let b = (t * p.n_head + h) * HD + 4u * w2;
         q_sh[r * QP2 + w2] = vec2<u32>(
             f16_bits(q[b]) | (f16_bits(q[b + 1u]) << 16u),
             f16_bits(q[b + 2u]) | (f16_bits(q[b + 3u]) << 16u),
@@ -293,8 +296,8 @@ fn main(
 #if COOP_PV
     // Accumulators: rows rb.., head dims d0.. (and d0 + 16 for head_dim 128).
     let rb = 16u * (sg % 2u);
-    let d0 = (p.head_dim / 4u) * (sg / 2u);
-    let two = p.head_dim == 128u;
+    let d0 = (HD / 4u) * (sg / 2u);
+    let two = HD == 128u;
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
 #else
@@ -465,7 +468,7 @@ fn main(
         m = mt;
     }
     if (qi < blk.y) {
-        let o = ((qb + qi) * p.n_head + h) * p.head_dim + 2u * w0;
+        let o = ((qb + qi) * p.n_head + h) * HD + 2u * w0;
         store2(o, a0 / l);
         store2(o + 16u, a1 / l);
         store2(o + 32u, a2 / l);
@@ -513,7 +516,7 @@ fn drain(o: coop_mat16x16<f32, C>, sg: u32, lane: u32, rb: u32, d: u32, qb: u32,
     for (var i = lane; i < 256u; i += 32u) {
         let r = rb + i / 16u;
         if (r < n) {
-            let at = ((qb + r) * p.n_head + h) * p.head_dim + d + i % 16u;
+            let at = ((qb + r) * p.n_head + h) * HD + d + i % 16u;
             out[at] = o_sh[base + i] / row_sh[32u + r];
         }
     }

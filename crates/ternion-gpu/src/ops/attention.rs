@@ -409,6 +409,7 @@ impl Attention {
                 PipelineKey {
                     kernel: Kernel::AttentionPrompt {
                         coop: prompt_kernel_coop(ctx),
+                        head_dim: dims.head_dim as u32,
                     },
                     variant: kv.variant(),
                 },
