@@ -126,6 +126,8 @@ pub enum Kernel {
         epilogue: Epilogue,
         /// The gate activation (`glu_n`).
         act: GluAct,
+        /// The row width, the kernel's constant `K`.
+        k: u32,
     },
     /// `ternary.wgsl` `matvec3`: three I2_S matvecs sharing their input (q, k, v), one launch.
     Ternary3 {
@@ -488,15 +490,20 @@ impl Kernel {
                 tpr,
                 epilogue,
                 act,
-            } => match entry {
-                DecodeEntry::NormQuant => vec![],
-                DecodeEntry::Matvec => vec![("TPR", f64::from(tpr)), epilogue.constant()],
-                DecodeEntry::Glu => vec![
-                    ("TPR", f64::from(tpr)),
-                    ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
-                ],
-                DecodeEntry::Matvec3 => vec![("TPR", f64::from(tpr))],
-            },
+                k,
+            } => {
+                let k = ("K", f64::from(k));
+                match entry {
+                    DecodeEntry::NormQuant => vec![k],
+                    DecodeEntry::Matvec => vec![("TPR", f64::from(tpr)), epilogue.constant(), k],
+                    DecodeEntry::Glu => vec![
+                        ("TPR", f64::from(tpr)),
+                        ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
+                        k,
+                    ],
+                    DecodeEntry::Matvec3 => vec![("TPR", f64::from(tpr)), k],
+                }
+            }
             Kernel::TernaryMatmul { epilogue, .. } => vec![epilogue.constant()],
             Kernel::TernaryCoopSplit {
                 parts, epilogue, ..

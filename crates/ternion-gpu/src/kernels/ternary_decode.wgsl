@@ -57,6 +57,10 @@ const WG: u32 = 256u;
 const M2: u32 = 0x03030303u;
 // Activation words held in workgroup memory: rows of up to 8,192 elements.
 const MAX_WORDS: u32 = 2048u;
+// The row width k (= nrm.k = 16·p.words), the host's pipeline constant: the loops over a
+// row have constant trip counts and its index arithmetic folds. (The mean of the squares
+// still divides by the uniform, so the scale keeps its bits.)
+override K: u32 = 2560u;
 // Weight vec4s per lane loaded before the prologue.
 const PRE: u32 = 8u;
 
@@ -246,15 +250,15 @@ struct RowPart {
 // Issues the loads of thread li's part of row t (before the weight loads of a matvec, whose
 // latency the norm then hides).
 fn load_row(t: u32, li: u32) -> RowPart {
-    let n16 = nrm.k / 16u;
-    let base = t * (nrm.k / 4u);
+    let n16 = K / 16u;
+    let base = t * (K / 4u);
     return RowPart(load_group(base, li, n16), load_group(base, li + WG, n16));
 }
 
 // RMSNorm and int8 quantization of a row (thread li holding `part`, from load_row) into
 // act_sh (see the header); returns the token's scale s (the same in every thread).
 fn prologue(part: RowPart, li: u32) -> f32 {
-    let n16 = nrm.k / 16u;
+    let n16 = K / 16u;
     let a = part.a;
     let b = part.b;
     let sa = group_stats(a);
@@ -309,7 +313,7 @@ fn norm_quant(ids: Ids) {
     enter(ids);
     let t = wg.x;
     let s = prologue(load_row(t, li), li);
-    let n16 = nrm.k / 16u;
+    let n16 = K / 16u;
     for (var c = li; c < n16; c += WG) {
         qa[t * n16 + c] = act_sh[c];
     }
@@ -375,7 +379,7 @@ fn wl(which: u32, base: u32, v: u32, nv: u32) -> vec4<u32> {
 fn prefetch(which: u32, row: u32, lane: u32, live: bool) -> Pre {
     var r: Pre;
     if (live) {
-        let nv = p.words / 4u;
+        let nv = (K / 16u) / 4u;
         let b = row * nv;
         r = Pre(
             wl(which, b, lane, nv),
@@ -403,7 +407,7 @@ fn pre_dots(r: Pre, lane: u32) -> i32 {
 // and of w2 too when `glu` (.y), lanes striding four vec4s at a time with their loads
 // issued together.
 fn row_dots(row: u32, lane: u32, which: u32, glu: bool) -> vec2<i32> {
-    let nv = p.words / 4u;
+    let nv = (K / 16u) / 4u;
     let base = row * nv;
     let zero = vec4<u32>(0u);
     var acc = vec2<i32>(0, 0);

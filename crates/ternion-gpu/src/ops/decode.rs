@@ -65,7 +65,12 @@ fn exp_tpr(entry: DecodeEntry) -> u32 {
 
 /// The pipeline of `entry`. The norm-quant and the matvec entries take the same variant,
 /// so a token's activations are the same bits whichever of them quantized it.
-fn key(ctx: &GpuContext, entry: DecodeEntry, epilogue: Epilogue, act: GluAct) -> PipelineKey {
+fn key(
+    ctx: &GpuContext,
+    entry: DecodeEntry,
+    (epilogue, act): (Epilogue, GluAct),
+    k: usize,
+) -> PipelineKey {
     let tpr = exp_tpr(entry);
     PipelineKey {
         kernel: Kernel::TernaryDecode {
@@ -73,6 +78,7 @@ fn key(ctx: &GpuContext, entry: DecodeEntry, epilogue: Epilogue, act: GluAct) ->
             tpr,
             epilogue,
             act,
+            k: k as u32,
         },
         variant: Variant {
             f16: false,
@@ -102,8 +108,8 @@ impl NormQuant {
         let k = key(
             ctx,
             DecodeEntry::NormQuant,
-            Epilogue::Store,
-            GluAct::ReluSqr,
+            (Epilogue::Store, GluAct::ReluSqr),
+            norm.k,
         );
         let dispatch = Dispatch::new(
             ctx,
@@ -252,7 +258,7 @@ impl NormMatvec {
         }
         let dispatch = Dispatch::new(
             ctx,
-            key(ctx, entry, epilogue, act),
+            key(ctx, entry, (epilogue, act), norm.k),
             "ternary_decode",
             &bindings,
             (rows as u32).div_ceil(WG / exp_tpr(entry)),
