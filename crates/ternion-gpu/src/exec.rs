@@ -379,6 +379,9 @@ impl GpuModel {
                 }
             }
         };
+        if let Some(p) = &mut self.profiler {
+            p.last_tokens = nt;
+        }
         let mut enc = g.encoder();
         self.plan.copy_kv_pages(&mut enc, &copies);
         {

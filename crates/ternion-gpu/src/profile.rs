@@ -27,6 +27,9 @@ pub(super) struct Profiler {
     n: u32,
     period_ns: f64,
     totals: Vec<KernelTime>,
+    /// Tokens of the step last recorded: the launch groups that dispatch nothing for it
+    /// (a batch launch in a decode step) are not counted.
+    pub(super) last_tokens: u32,
 }
 
 impl Profiler {
@@ -78,6 +81,7 @@ impl Profiler {
             n,
             period_ns: f64::from(ctx.queue.get_timestamp_period()),
             totals,
+            last_tokens: 0,
         })
     }
 
@@ -126,6 +130,10 @@ impl GpuModel {
                 .await?;
             let ticks: &[u64] = bytemuck::cast_slice(&bytes);
             for (i, w) in ticks.windows(2).enumerate() {
+                // Two timestamps with nothing between them: not a launch.
+                if self.plan.dispatches_of(i, p.last_tokens) == 0 {
+                    continue;
+                }
                 let t = &mut p.totals[i];
                 t.count += 1;
                 t.total_ns += w[1].saturating_sub(w[0]) as f64 * p.period_ns;

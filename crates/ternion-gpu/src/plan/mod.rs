@@ -324,6 +324,11 @@ impl Plan {
         self.launches[i].label()
     }
 
+    /// Dispatches of launch group `i` in a step of `n` tokens.
+    pub(crate) fn dispatches_of(&self, i: usize, n: u32) -> usize {
+        self.launches[i].dispatches(n)
+    }
+
     /// Dispatches of one step of `n` tokens.
     pub(crate) fn dispatches(&self, n: u32) -> usize {
         self.launches.iter().map(|l| l.dispatches(n)).sum()
