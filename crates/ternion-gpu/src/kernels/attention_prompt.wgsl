@@ -20,8 +20,9 @@
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
 // Dispatch: (≥ block count, n_head, 1); workgroups past the count return. head_dim is 64 or
-// 128 (the host checks), also given as the pipeline constant HD. Workgroup memory: 30,224 bytes, 46,992 with F32_TILES, 48,688
-// with COOP_PV (the host checks the limit, and picks the variant the device allows).
+// 128 (the host checks), also given as the pipeline constant HD. Workgroup memory: 30,224
+// bytes, 46,992 with F32_TILES, 48,688 with COOP_PV (the host checks the limit, and picks
+// the variant the device allows).
 //
 // Variant F32_TILES holds the key and value tiles as f32 pairs, converted once when a page
 // is staged, where the other holds the F16 words and converts each pair at every use (in
@@ -36,13 +37,14 @@
 // conversion), each probability p' = e · 2^14 as two F16 parts (hi = p' rounded to F16, lo
 // = the F16 of the rest: ~22 bits, products exact) in p_hi / p_lo ([query][key]), and
 // subgroup s accumulates query rows 16·(s % 2)..+16 × head dims (head_dim / 4)·(s / 2).. in
-// head_dim / 64 accumulators of 16 × 16 f32. The scores stay the scalar ones above, in the CPU's order. The exponent
-// reference of a row is its running maximum plus MARGIN, raised only when a page's scores
-// pass it; the accumulators are then rescaled through a 16 × 16 scratch per subgroup (a
-// branch the whole workgroup takes, rare once a row's largest scores are seen). P·V is then
-// summed in the matrix units' order: the output differs from the scalar kernel's by ~1e-6
-// relative (the scores, which BitNet's int8 quantization of the output makes sensitive,
-// are the same bits). Prompt attention 19 % shorter on an H100 (BENCHMARKS.md, session 15).
+// head_dim / 64 accumulators of 16 × 16 f32. The scores stay the scalar ones above, in the
+// CPU's order. The exponent reference of a row is its running maximum plus MARGIN, raised
+// only when a page's scores pass it; the accumulators are then rescaled through a 16 × 16
+// scratch per subgroup (a branch the whole workgroup takes, rare once a row's largest
+// scores are seen). P·V is then summed in the matrix units' order: the output differs from
+// the scalar kernel's by ~1e-6 relative (the scores, which BitNet's int8 quantization of
+// the output makes sensitive, are the same bits). Prompt attention 19 % shorter on an H100
+// (BENCHMARKS.md, session 15).
 //
 // A workgroup takes a block of BQ = 32 queries of one head and walks the keys one KV page
 // (BK = 32 keys) at a time, the page's keys and values loaded once for the block: each
@@ -143,10 +145,10 @@ struct Tile {
 // head_dim / 4 quads a head row), zero past the page, the sequence's keys or the tile.
 fn tile_quad(row0: u32, k0: u32, n_keys: u32, kvh: u32, i: u32) -> Quad {
     let hq = HD / 4u;
-    let j = i >> (hw_log() - 1u);
+    let j = i / hq;
     var r: Quad;
     if (i < BK * hq && k0 + j < n_keys) {
-        let at = ((row0 + j) * p.n_head_kv + kvh) * hq + (i & (hq - 1u));
+        let at = ((row0 + j) * p.n_head_kv + kvh) * hq + i % hq;
         r = Quad(k_cache[at], v_cache[at]);
     }
     return r;
@@ -163,18 +165,12 @@ fn load_tile(slot: u32, k0: u32, n_keys: u32, kvh: u32, li: u32) -> Tile {
     );
 }
 
-// log2 of the words of a head, head_dim / 2 (head_dim is 64 or 128): the divisions by it
-// are shifts, which the driver cannot know of a uniform (a division is ~20 instructions).
-fn hw_log() -> u32 {
-    return countTrailingZeros(HD) - 1u;
-}
-
 // Quad i's keys and values into the tiles (quads past the tile are not stored).
 fn put(q: Quad, i: u32) {
     let hq = HD / 4u;
     if (i < BK * hq) {
-        let j = i >> (hw_log() - 1u);
-        let w2 = i & (hq - 1u);
+        let j = i / hq;
+        let w2 = i % hq;
 #if F32_TILES
         // Converted once (exactly): pairs 2·w2 and 2·w2 + 1 in vec4 w2.
         k_sh[j * KP4 + w2] = vec4<f32>(unpack2x16float(q.k.x), unpack2x16float(q.k.y));
@@ -272,8 +268,8 @@ fn main(
     // its last token).
     let hw2 = hw / 2u;
     for (var i = li; i < BQ * hw2; i += WG) {
-        let r = i >> (hw_log() - 1u);
-        let w2 = i & (hw2 - 1u);
+        let r = i / hw2;
+        let w2 = i % hw2;
         let t = qb + min(r, blk.y - 1u);
         let b = (t * p.n_head + h) * HD + 4u * w2;
         q_sh[r * QP2 + w2] = vec2<u32>(
@@ -367,10 +363,7 @@ fn main(
 #if COOP_PV
         // The page's maximum of the row (sq = qi); the reference m is raised MARGIN above it
         // when the page passes it.
-        let pmax = max(
-            max(max(pm_sh[pr], pm_sh[pr + 1u]), max(pm_sh[pr + 2u], pm_sh[pr + 3u])),
-            max(max(pm_sh[pr + 4u], pm_sh[pr + 5u]), max(pm_sh[pr + 6u], pm_sh[pr + 7u])),
-        );
+        let pmax = row_max(pr);
         var alpha = 1.0;
         if (pmax > m) {
             let mt = pmax + MARGIN;
@@ -430,10 +423,7 @@ fn main(
     }
 #else
         // The row's maximum so far (sq = qi: the row's eight threads hold its 32 scores).
-        let mt = max(
-            max(max(m, max(pm_sh[pr], pm_sh[pr + 1u])), max(pm_sh[pr + 2u], pm_sh[pr + 3u])),
-            max(max(pm_sh[pr + 4u], pm_sh[pr + 5u]), max(pm_sh[pr + 6u], pm_sh[pr + 7u])),
-        );
+        let mt = max(m, row_max(pr));
         let srow = sq * SP + sk;
         s_sh[srow] = exp(s0 - mt);
         s_sh[srow + 8u] = exp(s1 - mt);
@@ -481,6 +471,14 @@ fn main(
         }
     }
 #endif
+}
+
+// The page's largest score of a row: the maxima of its eight threads from pm_sh[pr..].
+fn row_max(pr: u32) -> f32 {
+    return max(
+        max(max(pm_sh[pr], pm_sh[pr + 1u]), max(pm_sh[pr + 2u], pm_sh[pr + 3u])),
+        max(max(pm_sh[pr + 4u], pm_sh[pr + 5u]), max(pm_sh[pr + 6u], pm_sh[pr + 7u])),
+    );
 }
 
 #if COOP_PV

@@ -32,14 +32,14 @@
 // B, read as a column-major fragment), each row 32 elements + 8 of padding (80 bytes, so
 // the fragment loads' eight 16-byte rows fall in distinct banks), four elements per
 // 8-byte store, each word's bytes in the order 0, 2, 1, 3 on both sides (codes4, act4: no
-// int → float conversions; a sum over k is the same in any order). Two buffers alternate: stage s + 1 is unpacked after stage s's products
-// into the other buffer, one barrier a stage. Global memory is read a block (four stages)
-// at a time, before the products of the stage that precedes it, and coalesced: two
-// adjacent threads read a weight row's 32 code bytes, eight a token's 128 activation
-// bytes, rotated so that each thread holds one activation vec4 of every stage (of two of
-// the four in 64-token tiles; act_vec); reading one activation vec4 of 32 different tokens
-// per load instruction, as this kernel did first, cost 2–5 % of pp512 on an H100
-// (BENCHMARKS.md, session 13). Subgroup s
+// int → float conversions; a sum over k is the same in any order). Two buffers alternate:
+// stage s + 1 is unpacked after stage s's products into the other buffer, one barrier a
+// stage. Global memory is read a block (four stages) at a time, before the products of the
+// stage that precedes it, and coalesced: two adjacent threads read a weight row's 32 code
+// bytes, eight a token's 128 activation bytes, rotated so that each thread holds one
+// activation vec4 of every stage (of two of the four in 64-token tiles; act_vec); reading
+// one activation vec4 of 32 different tokens per load instruction, as this kernel did
+// first, cost 2–5 % of pp512 on an H100 (BENCHMARKS.md, session 13). Subgroup s
 // multiplies rows 32·(s % 4)..+32 by tokens 32·(s / 4)..+32: 2×2 accumulators of 16×16, 4
 // multiply-adds per 16-wide k step. At the end each accumulator goes through a 16×16 f32
 // scratch of its subgroup, and the lanes scale and store it. 48 KiB of workgroup memory

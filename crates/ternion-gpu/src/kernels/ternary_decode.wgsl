@@ -379,7 +379,7 @@ fn wl(which: u32, base: u32, v: u32, nv: u32) -> vec4<u32> {
 fn prefetch(which: u32, row: u32, lane: u32, live: bool) -> Pre {
     var r: Pre;
     if (live) {
-        let nv = (K / 16u) / 4u;
+        let nv = K / 64u;
         let b = row * nv;
         r = Pre(
             wl(which, b, lane, nv),
@@ -407,7 +407,7 @@ fn pre_dots(r: Pre, lane: u32) -> i32 {
 // and of w2 too when `glu` (.y), lanes striding four vec4s at a time with their loads
 // issued together.
 fn row_dots(row: u32, lane: u32, which: u32, glu: bool) -> vec2<i32> {
-    let nv = (K / 16u) / 4u;
+    let nv = K / 64u;
     let base = row * nv;
     let zero = vec4<u32>(0u);
     var acc = vec2<i32>(0, 0);
