@@ -169,6 +169,10 @@ pub enum Kernel {
         /// `split` rotates q and k and stores the new key and value itself (a single-token
         /// step; `rope_kv.wgsl` does not run).
         rope: bool,
+        /// The head width, the kernel's constant `HD`.
+        head_dim: u32,
+        /// Query heads a kv head, the kernel's constant `GQ`.
+        group: u32,
     },
     /// `glu.wgsl`: `gate = act(gate) · up`.
     Glu {
@@ -538,10 +542,12 @@ impl Kernel {
             ],
             Kernel::QGather { fmt } => vec![("FMT", f64::from(fmt.kernel_id()))],
             Kernel::AttentionPrompt { head_dim, .. } => vec![("HD", f64::from(head_dim))],
+            Kernel::AttentionFast {
+                head_dim, group, ..
+            } => vec![("HD", f64::from(head_dim)), ("GQ", f64::from(group))],
             Kernel::QMatmulTiled { epilogue, .. } => vec![epilogue.constant()],
             Kernel::QuantAct { .. }
             | Kernel::RowOp { .. }
-            | Kernel::AttentionFast { .. }
             | Kernel::Elementwise { .. }
             | Kernel::WindowAttention => vec![],
         }

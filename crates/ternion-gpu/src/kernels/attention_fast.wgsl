@@ -43,6 +43,10 @@
 // guarantee that workgroups run concurrently. Rows that are not decode rows, or whose
 // context exceeds FAST_KEYS, are left to attention.wgsl.
 
+// The head width and the query heads a kv head, the host's pipeline constants (the same as
+// p.head_dim and p.n_head / p.n_head_kv): divisions by them fold to multiplications.
+override HD: u32 = 128u;
+override GQ: u32 = 4u;
 const WG: u32 = 256u;
 const FAST_KEYS: u32 = 2048u;
 // Query values of one kv group: G · head_dim ≤ MAX_GQ (and head_dim ≤ 256).
@@ -103,7 +107,7 @@ fn decode_keys(t: u32, n_tokens: u32, li: u32) -> vec2<u32> {
 
 // Offset in `part` of (slot, head h, page c).
 fn part_base(slot: u32, h: u32, c: u32) -> u32 {
-    return ((slot * p.n_head + h) * p.max_chunks + c) * (p.head_dim + 2u);
+    return ((slot * p.n_head + h) * p.max_chunks + c) * (HD + 2u);
 }
 
 // Σ over the 8 elements of key words `w` times q_sh[o ..= o + 7].
@@ -127,7 +131,7 @@ struct KeyWords {
 
 // Slice `sl` of key row `row` of kv head kvh.
 fn key_words(row: u32, kvh: u32, sl: u32) -> KeyWords {
-    let hv = p.head_dim / 8u;
+    let hv = HD / 8u;
     let base = (row * p.n_head_kv + kvh) * hv + sl;
     var r: KeyWords;
     if (sl < hv) {
@@ -147,8 +151,8 @@ fn key_words(row: u32, kvh: u32, sl: u32) -> KeyWords {
 
 // Slice `sl`'s part of f16(q)·k for query head g of the group (q_sh).
 fn slice_dot(k: KeyWords, g: u32, sl: u32) -> f32 {
-    let hv = p.head_dim / 8u;
-    let o = g * p.head_dim + 8u * sl;
+    let hv = HD / 8u;
+    let o = g * HD + 8u * sl;
     var d = 0.0;
     if (sl < hv) {
         d += dot8(k.k0, o);
@@ -200,7 +204,7 @@ fn rope_src(which: u32, i: u32) -> f32 {
 
 // ROPE: the group's G query heads (from element qbase of q) rotated into q_sh (kv_round).
 fn rope_q(qbase: u32, gq: u32, pos: u32, li: u32) {
-    let hd = p.head_dim;
+    let hd = HD;
     let hw = hd / 2u;
     for (var i = li; i < gq * hw; i += WG) {
         let g = i / hw;
@@ -225,7 +229,7 @@ fn put_k(w: u32, word: KvWord) {
 // ROPE: kv head kvh of token t, rotated key and value, stored at (slot, pos) as rope_kv.wgsl
 // stores them.
 fn store_kv(t: u32, kvh: u32, slot: u32, pos: u32, li: u32) {
-    let hd = p.head_dim;
+    let hd = HD;
     let hw = hd / 2u;
     let kv_dim = p.n_head_kv * hd;
     let crow = (pages[slot * p.pps + pos / PAGE] * PAGE + pos % PAGE) * kv_dim / 2u;
@@ -263,8 +267,8 @@ fn load4(a: u32, rs: u32) -> KvWord4 {
 
 // Word w of kv head kvh for the page's 32 keys from cache row `row0` (32 loads in flight).
 fn load_vals(row0: u32, kvh: u32, w: u32) -> Vals {
-    let rs = p.n_head_kv * (p.head_dim / 2u);
-    let a = (row0 * p.n_head_kv + kvh) * (p.head_dim / 2u) + w;
+    let rs = p.n_head_kv * (HD / 2u);
+    let a = (row0 * p.n_head_kv + kvh) * (HD / 2u) + w;
     return Vals(
         load4(a, rs),
         load4(a + 4u * rs, rs),
@@ -308,8 +312,8 @@ fn pv_page(vs: Vals, g: u32, cnt: u32) -> vec2<f32> {
 // their m and l per page staged in q_sh (MERGE_HEADS heads at a time), then a thread per
 // (head, word) sums the pages in order, four at a time.
 fn merge_group(slot: u32, kvh: u32, t: u32, n_pages: u32, li: u32) {
-    let gq = p.n_head / p.n_head_kv;
-    let hd = p.head_dim;
+    let gq = GQ;
+    let hd = HD;
     let hw = hd / 2u;
     let lofs = MERGE_HEADS * MAX_PAGES;
     for (var g0 = 0u; g0 < gq; g0 += MERGE_HEADS) {
@@ -392,8 +396,8 @@ fn split(
     if (c * PAGE >= n_keys) {
         return;
     }
-    let gq = p.n_head / p.n_head_kv;
-    let hd = p.head_dim;
+    let gq = GQ;
+    let hd = HD;
     let hw = hd / 2u;
     let qbase = (t * p.n_head + kvh * gq) * hd;
 #if ROPE

@@ -32,7 +32,11 @@ impl FastSplit {
         rope: Option<&FusedRope>,
     ) -> Result<FastSplit> {
         let pkey = |rope| PipelineKey {
-            kernel: Kernel::AttentionFast { rope },
+            kernel: Kernel::AttentionFast {
+                rope,
+                head_dim: dims.head_dim as u32,
+                group: (dims.n_head / dims.n_head_kv) as u32,
+            },
             variant: kv.variant(),
         };
         let scale = 1.0 / (dims.head_dim as f32).sqrt();
