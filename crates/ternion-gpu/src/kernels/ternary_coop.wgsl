@@ -290,12 +290,15 @@ fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
 // activation vec4s a0..a3 (the first nm of them).
 struct Words { w: vec4<u32>, a0: vec4<u32>, a1: vec4<u32>, a2: vec4<u32>, a3: vec4<u32> }
 
-// Activation vec4 of load m of block b: token lg + 32·m of the tile, vec4 (ls + 2m) % 8 of
+// Activation vec4 of load m of block b: token nm·lg + m of the tile, vec4 (ls + 2m) % 8 of
 // the token's 128 bytes of the block. Eight consecutive threads read one token's 128 bytes
 // (one cache line), and over its loads a thread holds one vec4 of each of the block's four
-// stages when nm = 4 (two of them when nm = 2): stage (ls / 2 + m) % 4, half ls % 2.
+// stages when nm = 4 (two of them when nm = 2): stage (ls / 2 + m) % 4, half ls % 2. A
+// subgroup's staging stores then go to 16 (nm = 4) consecutive tokens, whose rows fall in
+// twice as many banks as tokens 32 apart (each 80-byte row stride times 32 is a multiple of
+// the 128 bytes the banks span).
 fn act_vec(r: Roles, b: u32, m: u32) -> vec4<u32> {
-    let t = min(r.t0 + r.lg + 32u * m, step.n_tokens - 1u);
+    let t = min(r.t0 + r.nm * r.lg + m, step.n_tokens - 1u);
     return act[t * p.words + 8u * b + (r.ls + 2u * m) % 8u];
 }
 
@@ -341,7 +344,7 @@ fn stage(r: Roles, s: u32, wd: Words) {
     if (m < r.nm) {
         // Explicit selects: a dynamically indexed vector variable would live in local memory.
         let av = select(select(wd.a0, wd.a1, m == 1u), select(wd.a2, wd.a3, m == 3u), m >= 2u);
-        stage_act(av, o + (r.lg + 32u * m) * LD4 + 4u * (r.ls % 2u));
+        stage_act(av, o + (r.nm * r.lg + m) * LD4 + 4u * (r.ls % 2u));
     }
 }
 
