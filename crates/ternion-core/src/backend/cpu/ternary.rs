@@ -9,6 +9,7 @@
 
 use half::f16;
 
+use super::huge;
 use super::pool::{self, SharedMut};
 use super::simd::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
@@ -63,8 +64,8 @@ impl TernaryPack {
             Codes::TwoBit => 0x55,
             Codes::OneBit => 0,
         };
-        let mut chunks = vec![Chunk([fill; 64]); groups * n_chunks];
-        let mut scales = vec![f16::ZERO; groups * nb * GROUP_ROWS];
+        let mut chunks = huge::filled(groups * n_chunks, Chunk([fill; 64]));
+        let mut scales = huge::filled(groups * nb * GROUP_ROWS, f16::ZERO);
         let scales_ptr = SharedMut(scales.as_mut_ptr());
         pool::global().for_each_chunk_mut(&mut chunks, n_chunks, |g, group, _| {
             let scales_ptr = &scales_ptr;
