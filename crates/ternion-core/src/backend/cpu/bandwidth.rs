@@ -9,7 +9,8 @@
 
 use std::time::Instant;
 
-use super::{huge, pool};
+use super::huge::HugeBuf;
+use super::pool;
 
 /// Bytes of the probe buffer: 16 times a 32 MiB last-level cache.
 const PROBE_BYTES: usize = 512 << 20;
@@ -30,7 +31,7 @@ struct Line([u64; 8]);
 /// buffer larger than the caches: the best of [`PASSES`] passes over it (the buffer is
 /// written first, so its pages exist before the first pass).
 pub fn measure_read_bandwidth() -> f64 {
-    let buf: Vec<Line> = huge::filled(PROBE_BYTES / 64, Line([1; 8]));
+    let buf = HugeBuf::filled(PROBE_BYTES / 64, Line([1; 8]));
     let per_task = TASK_BYTES / 64;
     let tasks = buf.len().div_ceil(per_task);
     let mut best = 0f64;

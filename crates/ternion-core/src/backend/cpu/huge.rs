@@ -2,37 +2,134 @@
 //! once; on 4 KiB pages that is a TLB miss every 4 KiB and the hardware prefetchers stop
 //! at every page boundary, so the repacked ternary weights and a requantized LM head read
 //! measurably slower than the memory allows (BENCHMARKS.md, session 16). Where the kernel
-//! offers transparent huge pages only on request (`madvise`, the usual default), the
-//! buffers ask for them before their first touch. Elsewhere, or if the kernel declines,
-//! they are ordinary buffers: this changes speed only, never contents.
+//! offers transparent huge pages only on request (`madvise`, the usual default), a buffer
+//! of at least one huge page starts on a huge-page boundary and asks for huge pages before
+//! its first touch. Elsewhere, or if the kernel declines, it is an ordinary buffer: this
+//! changes speed only, never contents.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 
 /// Bytes of a huge page on x86-64 and aarch64 (4 KiB granule).
-#[cfg(target_os = "linux")]
 const HUGE_PAGE: usize = 2 << 20;
 
-/// `n` copies of `fill` in a buffer asked to sit on transparent huge pages.
-pub(super) fn filled<T: Copy>(n: usize, fill: T) -> Vec<T> {
-    let mut v = Vec::with_capacity(n);
-    advise_huge(v.spare_capacity_mut());
-    v.resize(n, fill);
-    v
+/// A fixed-size buffer of `Copy` values; one of a huge page or more starts on a huge-page
+/// boundary (the alignment costs address space only: the skipped bytes are never touched).
+pub(crate) struct HugeBuf<T> {
+    ptr: NonNull<T>,
+    len: usize,
 }
 
-/// Asks for huge pages under the whole huge pages inside `buf` (untouched memory, so the
-/// first touch maps huge pages where the kernel can).
+// SAFETY: a HugeBuf owns its values as a Vec does; sharing or sending it shares or sends
+// them.
+unsafe impl<T: Send> Send for HugeBuf<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for HugeBuf<T> {}
+
+impl<T: Copy> HugeBuf<T> {
+    /// `n` copies of `fill`.
+    ///
+    /// # Panics
+    /// If `n` values do not fit the address space (as `vec!` would).
+    pub(crate) fn filled(n: usize, fill: T) -> HugeBuf<T> {
+        let (layout, bytes) = (Self::layout(n), n * std::mem::size_of::<T>());
+        let ptr = match bytes {
+            0 => NonNull::dangling(),
+            // SAFETY: the layout has a non-zero size.
+            _ => match NonNull::new(unsafe { alloc::alloc(layout) }.cast::<T>()) {
+                Some(p) => p,
+                None => alloc::handle_alloc_error(layout),
+            },
+        };
+        advise_huge(ptr.as_ptr().cast(), bytes);
+        for i in 0..n {
+            // SAFETY: i < n, inside the allocation of n values.
+            unsafe { ptr.as_ptr().add(i).write(fill) };
+        }
+        HugeBuf { ptr, len: n }
+    }
+}
+
+impl<T> HugeBuf<T> {
+    /// The allocation of `n` values.
+    ///
+    /// # Panics
+    /// If `n` values do not fit the address space (as `vec!` would).
+    fn layout(n: usize) -> Layout {
+        let bytes = n
+            .checked_mul(std::mem::size_of::<T>())
+            .expect("HugeBuf: size overflows");
+        let align = match bytes >= HUGE_PAGE {
+            true => HUGE_PAGE.max(std::mem::align_of::<T>()),
+            false => std::mem::align_of::<T>(),
+        };
+        Layout::from_size_align(bytes, align).expect("HugeBuf: layout")
+    }
+}
+
+impl<T> Deref for HugeBuf<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialised values (written in `filled`), owned here.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> DerefMut for HugeBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `deref`, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for HugeBuf<T> {
+    fn drop(&mut self) {
+        let layout = Self::layout(self.len);
+        if layout.size() > 0 {
+            // SAFETY: allocated in `filled` with this layout (a function of the length);
+            // the values are `Copy` and need no drop.
+            unsafe { alloc::dealloc(self.ptr.as_ptr().cast(), layout) };
+        }
+    }
+}
+
+/// Asks for huge pages under the whole huge pages inside `[start, start + len)` (memory
+/// not yet touched, so the first touch maps huge pages where the kernel can).
 #[cfg(target_os = "linux")]
-fn advise_huge<T>(buf: &mut [T]) {
-    let (start, len) = (buf.as_mut_ptr() as usize, std::mem::size_of_val(buf));
-    let first = start.next_multiple_of(HUGE_PAGE);
-    let end = (start + len) / HUGE_PAGE * HUGE_PAGE;
+fn advise_huge(start: *mut u8, len: usize) {
+    let first = (start as usize).next_multiple_of(HUGE_PAGE);
+    let end = (start as usize + len) / HUGE_PAGE * HUGE_PAGE;
     if end > first {
-        // SAFETY: [first, end) lies inside `buf`, memory this process owns; MADV_HUGEPAGE
-        // changes how its pages are backed, never their contents. Advice only: a failure
-        // changes nothing but speed.
+        // SAFETY: [first, end) lies inside the buffer, memory this process owns;
+        // MADV_HUGEPAGE changes how its pages are backed, never their contents. Advice
+        // only: a failure changes nothing but speed.
         unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
     }
 }
 
 /// Without Linux's `madvise`, an ordinary buffer.
 #[cfg(not(target_os = "linux"))]
-fn advise_huge<T>(_buf: &mut [T]) {}
+fn advise_huge(_start: *mut u8, _len: usize) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_hold_their_values_and_large_ones_start_on_a_huge_page() {
+        for n in [0, 1, 1000, HUGE_PAGE / 8 + 3] {
+            let mut b = HugeBuf::filled(n, 7u64);
+            assert_eq!(b.len(), n);
+            assert!(b.iter().all(|&v| v == 7));
+            if let Some(last) = b.last_mut() {
+                *last = 9;
+            }
+            assert_eq!(b.iter().sum::<u64>(), 7 * n as u64 + 2 * u64::from(n > 0));
+            if n * 8 >= HUGE_PAGE {
+                assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0);
+            }
+        }
+    }
+}

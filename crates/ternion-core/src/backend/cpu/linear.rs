@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use super::huge;
+use super::huge::HugeBuf;
 use super::pool::{self, SharedMut};
 use super::simd;
 use super::ternary::{PackInput, Product, TernaryPack};
@@ -33,7 +33,7 @@ pub struct Linear {
     /// Storage format of the rows used (the file's, unless requantized).
     ty: GgmlType,
     /// Requantized rows, when not reading the file's.
-    owned: Option<Vec<u8>>,
+    owned: Option<HugeBuf<u8>>,
     in_features: usize,
     out_features: usize,
     row_bytes: usize,
@@ -123,7 +123,7 @@ impl Linear {
             )));
         }
         let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
-        let mut out = huge::filled(m * row_bytes, 0u8);
+        let mut out = HugeBuf::filled(m * row_bytes, 0u8);
         let data = self.data();
         let failed = std::sync::atomic::AtomicBool::new(false);
         // Chunks of 64 rows: whole quads.
