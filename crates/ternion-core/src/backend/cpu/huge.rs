@@ -14,8 +14,10 @@ use std::ptr::NonNull;
 /// Bytes of a huge page on x86-64 and aarch64 (4 KiB granule).
 const HUGE_PAGE: usize = 2 << 20;
 
-/// A fixed-size buffer of `Copy` values; one of a huge page or more starts on a huge-page
-/// boundary (the alignment costs address space only: the skipped bytes are never touched).
+/// A fixed-size buffer of `Copy` values. One of at least 3/4 of a huge page starts on a
+/// huge-page boundary (the alignment costs address space only: the skipped bytes are
+/// never touched) and, where rounding its size up to whole huge pages adds at most a
+/// third, takes whole huge pages.
 pub(crate) struct HugeBuf<T> {
     ptr: NonNull<T>,
     len: usize,
@@ -33,8 +35,8 @@ impl<T: Copy> HugeBuf<T> {
     /// # Panics
     /// If `n` values do not fit the address space (as `vec!` would).
     pub(crate) fn filled(n: usize, fill: T) -> HugeBuf<T> {
-        let (layout, bytes) = (Self::layout(n), n * std::mem::size_of::<T>());
-        let ptr = match bytes {
+        let layout = Self::layout(n);
+        let ptr = match layout.size() {
             0 => NonNull::dangling(),
             // SAFETY: the layout has a non-zero size.
             _ => match NonNull::new(unsafe { alloc::alloc(layout) }.cast::<T>()) {
@@ -42,7 +44,7 @@ impl<T: Copy> HugeBuf<T> {
                 None => alloc::handle_alloc_error(layout),
             },
         };
-        advise_huge(ptr.as_ptr().cast(), bytes);
+        advise_huge(ptr.as_ptr().cast(), layout.size());
         for i in 0..n {
             // SAFETY: i < n, inside the allocation of n values.
             unsafe { ptr.as_ptr().add(i).write(fill) };
@@ -60,11 +62,15 @@ impl<T> HugeBuf<T> {
         let bytes = n
             .checked_mul(std::mem::size_of::<T>())
             .expect("HugeBuf: size overflows");
-        let align = match bytes >= HUGE_PAGE {
-            true => HUGE_PAGE.max(std::mem::align_of::<T>()),
-            false => std::mem::align_of::<T>(),
-        };
-        Layout::from_size_align(bytes, align).expect("HugeBuf: layout")
+        // Whole huge pages when that adds at most a third (q and o of 2B-4T: 1.56 → 2 MiB).
+        let (whole, align) = (bytes.next_multiple_of(HUGE_PAGE), std::mem::align_of::<T>());
+        let huge = HUGE_PAGE.max(align);
+        match (whole - bytes <= bytes / 3, bytes >= HUGE_PAGE) {
+            (true, _) => Layout::from_size_align(whole, huge),
+            (false, true) => Layout::from_size_align(bytes, huge),
+            (false, false) => Layout::from_size_align(bytes, align),
+        }
+        .expect("HugeBuf: layout")
     }
 }
 
@@ -130,6 +136,15 @@ mod tests {
             if n * 8 >= HUGE_PAGE {
                 assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0);
             }
+        }
+        // 1.6 MiB rounds up to one huge page; 0.4 and 4.4 MiB keep their size.
+        for (bytes, size, align) in [
+            (1600 << 10, HUGE_PAGE, HUGE_PAGE),
+            (400 << 10, 400 << 10, 1),
+            (4400 << 10, 4400 << 10, HUGE_PAGE),
+        ] {
+            let layout = HugeBuf::<u8>::layout(bytes);
+            assert_eq!((layout.size(), layout.align()), (size, align), "{bytes}");
         }
     }
 }
