@@ -168,6 +168,37 @@ impl Linear {
         })
     }
 
+    /// The stored rows copied into memory on huge pages ([`HugeBuf`]), the file's pages
+    /// released: for a matrix streamed as stored (not repacked, not requantized) every
+    /// product, such as an exact LM head. None for the others. Same rows, same products.
+    pub fn resident(&self) -> Option<Linear> {
+        if self.owned.is_some() || self.pack().is_some() {
+            return None;
+        }
+        let data = self.data();
+        let mut copy = HugeBuf::filled(data.len(), 0u8);
+        // 16 MiB at a time, each part's mapped pages released once copied: the file's
+        // pages and the copy are never both resident whole.
+        const PART: usize = 16 << 20;
+        for (i, (dst, src)) in copy.chunks_mut(PART).zip(data.chunks(PART)).enumerate() {
+            dst.copy_from_slice(src);
+            self.file.release_part(&self.info, i * PART..(i + 1) * PART);
+        }
+        Some(Linear {
+            file: self.file.clone(),
+            info: self.info.clone(),
+            ty: self.ty,
+            owned: Some(copy),
+            in_features: self.in_features,
+            out_features: self.out_features,
+            row_bytes: self.row_bytes,
+            tensor_scale: self.tensor_scale,
+            post_scale: self.post_scale,
+            pack: OnceLock::from(None),
+            quads: false,
+        })
+    }
+
     /// Row `r` of the matrix as stored in the file, as f32 (embedding lookups).
     pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) -> Result<()> {
         let data = self.file.tensor_data(&self.info);

@@ -1,6 +1,7 @@
 //! A requantized Q6_K LM head (interleaved in quads where AVX-512 runs) against the scalar
 //! reference dot of its rows, bit for bit, at row counts that leave partial quads and
-//! partial tasks, for one and several tokens.
+//! partial tasks, for one and several tokens; a resident copy of a stored matrix against
+//! the stored one.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -65,4 +66,29 @@ fn q6_k_head_rows_equal_the_reference_dot() {
             }
         }
     }
+}
+
+#[test]
+fn a_resident_copy_gives_the_stored_products() {
+    let mut rng = StdRng::seed_from_u64(18);
+    let (k, m) = (512, 37);
+    let file = f16_file(&mut rng, k, m);
+    let stored = Linear::load(&file, "w").unwrap();
+    let copy = stored
+        .resident()
+        .expect("an F16 matrix is streamed as stored");
+    let x: Vec<f32> = (0..2 * k).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let (mut a, mut b) = (vec![0f32; 2 * m], vec![f32::NAN; 2 * m]);
+    stored.forward(&x, &mut QuantInput::default(), &mut a);
+    copy.forward(&x, &mut QuantInput::default(), &mut b);
+    assert_eq!(
+        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    // A requantized matrix is already in memory.
+    assert!(stored
+        .requantized(GgmlType::Q6_K)
+        .unwrap()
+        .resident()
+        .is_none());
 }
