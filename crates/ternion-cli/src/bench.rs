@@ -398,7 +398,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             measure_read_bandwidth(g.context())?,
             Some(measure_dispatch_latency(g.context())?),
         ),
-        None => (ternion::backend::cpu::measure_read_bandwidth(threads), None),
+        None => (ternion::backend::cpu::measure_read_bandwidth(), None),
     };
     match launch_us {
         Some(us) => println!(

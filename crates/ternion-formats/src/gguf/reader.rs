@@ -329,11 +329,22 @@ impl GgufFile {
     /// Tells the kernel that this process no longer reads a tensor's pages (mapped files
     /// only), e.g. once it has been repacked into memory: they leave the resident set and
     /// are read back from the file if touched again.
-    #[cfg_attr(not(all(unix, not(target_arch = "wasm32"))), allow(unused_variables))]
     pub fn release(&self, info: &TensorInfo) {
+        self.release_part(info, 0..info.size as usize);
+    }
+
+    /// [`GgufFile::release`] for the bytes `part` of a tensor's data (clamped to it), e.g.
+    /// each part of a tensor as soon as it has been copied.
+    #[cfg_attr(not(all(unix, not(target_arch = "wasm32"))), allow(unused_variables))]
+    pub fn release_part(&self, info: &TensorInfo, part: std::ops::Range<usize>) {
         #[cfg(all(unix, not(target_arch = "wasm32")))]
         if let Bytes::Mapped(m) = &self.bytes {
-            let (start, end) = (info.offset as usize, (info.offset + info.size) as usize);
+            let size = info.size as usize;
+            let (lo, hi) = (part.start.min(size), part.end.min(size));
+            if hi <= lo {
+                return;
+            }
+            let (start, end) = (info.offset as usize + lo, info.offset as usize + hi);
             // SAFETY: the mapping is read-only and file-backed, so dropping its pages loses
             // nothing: a later read faults the same bytes back in from the file. The range
             // lies inside the map (checked when the file was opened).

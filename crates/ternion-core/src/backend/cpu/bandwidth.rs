@@ -1,49 +1,89 @@
 //! The CPU's streaming read bandwidth, measured: the ceiling of single-sequence decode, which
 //! reads every weight once a token (`ternion bench` prints decode's share of it).
+//!
+//! The probe reads as decode does: on the global pool's threads (decode's threads, its
+//! scheduling and work sharing), in parallel tasks over one buffer far larger than the
+//! last-level cache, on transparent huge pages like the repacked weights
+//! ([`super::huge`]), with the widest vector loads the CPU has; the best of several passes
+//! counts (a shared machine's neighbours only ever slow a pass down).
 
 use std::time::Instant;
 
-/// Bytes of the probe buffer: several times any last-level cache.
-const PROBE_BYTES: usize = 256 << 20;
+use super::huge::HugeBuf;
+use super::pool;
 
-/// Read bandwidth in GB/s (10⁹ bytes a second) of `threads` threads each summing an equal
-/// share of a buffer larger than the caches: the best of three passes over it (the buffer
-/// is written first, so its pages exist before the first pass).
-pub fn measure_read_bandwidth(threads: usize) -> f64 {
-    let words = PROBE_BYTES / 8;
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let chunk = words.div_ceil(threads.max(1));
+/// Bytes of the probe buffer: 16 times a 32 MiB last-level cache.
+const PROBE_BYTES: usize = 512 << 20;
+
+/// Bytes one parallel task reads (a decode task reads 16 rows: 10–40 KiB of ternary rows,
+/// 33 KiB of a Q6_K head; larger tasks here only cut the scheduling cost).
+const TASK_BYTES: usize = 1 << 20;
+
+/// Passes over the buffer; the best counts.
+const PASSES: usize = 10;
+
+/// One cache line of the probe buffer.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u64; 8]);
+
+/// Read bandwidth in GB/s (10⁹ bytes a second) of the global pool's threads summing a
+/// buffer larger than the caches: the best of [`PASSES`] passes over it (the buffer is
+/// written first, so its pages exist before the first pass).
+pub fn measure_read_bandwidth() -> f64 {
+    let buf = HugeBuf::filled(PROBE_BYTES / 64, Line([1; 8]));
+    let per_task = TASK_BYTES / 64;
+    let tasks = buf.len().div_ceil(per_task);
     let mut best = 0f64;
-    for _ in 0..3 {
+    for _ in 0..PASSES {
         let t = Instant::now();
-        let total = std::thread::scope(|s| {
-            let parts: Vec<_> = buf.chunks(chunk).map(|c| s.spawn(|| sum(c))).collect();
-            parts
-                .into_iter()
-                .map(|h| h.join().unwrap_or(0))
-                .fold(0u64, u64::wrapping_add)
+        pool::global().run(tasks, &|c, _| {
+            let lines = &buf[c * per_task..((c + 1) * per_task).min(buf.len())];
+            std::hint::black_box(sum(lines));
         });
-        std::hint::black_box(total);
         best = best.max(PROBE_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
     best
 }
 
-/// Wrapping sum of `words` in eight independent lanes (the loop vectorizes and keeps many
-/// loads in flight).
-fn sum(words: &[u64]) -> u64 {
+/// Wrapping sum of the words of `lines`, with the widest loads this CPU has.
+fn sum(lines: &[Line]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512 F (checked just above).
+        return unsafe { sum_avx512(lines) };
+    }
+    sum_lanes(lines)
+}
+
+/// [`sum_lanes`] with one 64-byte load a line, four lines at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_avx512(lines: &[Line]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    let mut quads = lines.chunks_exact(4);
+    for q in &mut quads {
+        for (a, line) in acc.iter_mut().zip(q) {
+            *a = _mm512_add_epi64(*a, _mm512_load_si512(line.0.as_ptr().cast()));
+        }
+    }
+    let v = _mm512_add_epi64(
+        _mm512_add_epi64(acc[0], acc[1]),
+        _mm512_add_epi64(acc[2], acc[3]),
+    );
+    (_mm512_reduce_add_epi64(v) as u64).wrapping_add(sum_lanes(quads.remainder()))
+}
+
+/// Wrapping sum of the words of `lines` in eight independent lanes.
+fn sum_lanes(lines: &[Line]) -> u64 {
     let mut lanes = [0u64; 8];
-    let mut blocks = words.chunks_exact(8);
-    for b in &mut blocks {
-        for (l, w) in lanes.iter_mut().zip(b) {
+    for line in lines {
+        for (l, w) in lanes.iter_mut().zip(&line.0) {
             *l = l.wrapping_add(*w);
         }
     }
-    blocks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(0u64, |a, &w| a.wrapping_add(w))
+    lanes.iter().fold(0u64, |a, &w| a.wrapping_add(w))
 }
 
 #[cfg(test)]
@@ -52,9 +92,13 @@ mod tests {
 
     #[test]
     fn lanes_sum_every_word() {
-        let words: Vec<u64> = (1..=21).collect();
-        assert_eq!(sum(&words), 231);
-        assert_eq!(sum(&[u64::MAX, 2]), 1);
+        let lines: Vec<Line> = (0..3u64)
+            .map(|i| Line(std::array::from_fn(|j| 8 * i + j as u64 + 1)))
+            .collect();
+        assert_eq!(sum(&lines), 300);
+        let many: Vec<Line> = (0..11u64).map(|i| Line([i; 8])).collect();
+        assert_eq!(sum(&many), 8 * 55);
+        assert_eq!(sum(&[Line([u64::MAX, 2, 0, 0, 0, 0, 0, 0])]), 1);
         assert_eq!(sum(&[]), 0);
     }
 }

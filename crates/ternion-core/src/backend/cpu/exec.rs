@@ -9,7 +9,7 @@
 //! numerics do not depend on the other rows of the pass: a sequence gives bit-identical
 //! results alone or batched.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::acts::Acts;
 use super::pass::Pass;
@@ -35,6 +35,9 @@ pub struct CpuModel {
     weights: Vec<CpuWeight>,
     /// A requantized LM head, when asked for (the token table itself stays as stored).
     pub(super) lm_head: Option<Linear>,
+    /// Otherwise the stored LM head copied onto huge pages ([`Linear::resident`]) at its
+    /// first CPU product (GPU sessions never pay for it), where it is streamed as stored.
+    resident_head: OnceLock<Option<Linear>>,
     /// What the last private sequence given back left: its KV pool (with the pages it
     /// allocated, free again) and its workspace, for the next private sequence.
     spare: Mutex<Option<(Arc<KvPool>, Workspace)>>,
@@ -159,6 +162,7 @@ impl CpuModel {
         let mut model = CpuModel {
             weights,
             lm_head: None,
+            resident_head: OnceLock::new(),
             spare: Mutex::new(None),
         };
         let head_ty = match opts.lm_head {
@@ -183,6 +187,17 @@ impl CpuModel {
             CpuWeight::Matrix(l) => Ok(l),
             CpuWeight::Vector(_) => Err(Error::Model("graph uses a vector as a matrix".into())),
         }
+    }
+
+    /// The matrix of the LM head product (weight `i`): the requantized head, else the
+    /// resident copy of the stored one, else the stored one.
+    pub(super) fn head(&self, i: usize) -> Result<&Linear> {
+        if let Some(h) = &self.lm_head {
+            return Ok(h);
+        }
+        let stored = self.matrix(i)?;
+        let copy = self.resident_head.get_or_init(|| stored.resident());
+        Ok(copy.as_ref().unwrap_or(stored))
     }
 
     pub(super) fn vector(&self, i: usize) -> Result<&[f32]> {

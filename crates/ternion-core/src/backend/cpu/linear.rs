@@ -11,6 +11,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use super::huge::HugeBuf;
 use super::pool::{self, SharedMut};
 use super::simd;
 use super::ternary::{PackInput, Product, TernaryPack};
@@ -18,6 +19,8 @@ use super::QuantInput;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, act, GgmlType, RefDot};
 use crate::{Error, FormatError, Result};
+
+mod quads;
 
 /// Weight rows handled by one parallel task.
 const ROWS_PER_TASK: usize = 16;
@@ -30,7 +33,7 @@ pub struct Linear {
     /// Storage format of the rows used (the file's, unless requantized).
     ty: GgmlType,
     /// Requantized rows, when not reading the file's.
-    owned: Option<Vec<u8>>,
+    owned: Option<HugeBuf<u8>>,
     in_features: usize,
     out_features: usize,
     row_bytes: usize,
@@ -41,6 +44,9 @@ pub struct Linear {
     /// Ternary weights repacked for the AVX-512 kernels (used instead of the rows), built
     /// by the first CPU product (sessions on other backends never pay for it).
     pack: OnceLock<Option<TernaryPack>>,
+    /// The owned rows are Q6_K interleaved in quads ([`simd::q6_k_interleave`]; a head
+    /// requantized where AVX-512 runs).
+    quads: bool,
 }
 
 impl Linear {
@@ -89,6 +95,7 @@ impl Linear {
             tensor_scale,
             post_scale: 1.0,
             pack: OnceLock::new(),
+            quads: false,
         })
     }
 
@@ -109,16 +116,18 @@ impl Linear {
                 ))
             }
         };
-        if !k.is_multiple_of(block) || self.tensor_scale != 1.0 {
+        if !k.is_multiple_of(block) || self.tensor_scale != 1.0 || self.quads {
             return Err(Error::Model(format!(
                 "tensor '{}': cannot requantize {} rows of {k} to {ty}",
                 self.info.name, self.ty
             )));
         }
         let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
-        let mut out = vec![0u8; m * row_bytes];
+        let mut out = HugeBuf::filled(m * row_bytes, 0u8);
         let data = self.data();
         let failed = std::sync::atomic::AtomicBool::new(false);
+        // Chunks of 64 rows: whole quads.
+        let quads = ty == GgmlType::Q6_K && simd::Level::detect() == simd::Level::Avx512;
         pool::global().for_each_chunk_mut(&mut out, row_bytes * 64, |c, dst, _| {
             let mut row = vec![0f32; k];
             for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
@@ -128,6 +137,9 @@ impl Linear {
                     return;
                 }
                 quantize(&row, d);
+            }
+            if quads {
+                simd::q6_k_interleave(dst, row_bytes);
             }
         });
         if failed.into_inner() {
@@ -152,6 +164,38 @@ impl Linear {
             tensor_scale: 1.0,
             post_scale: self.post_scale,
             pack: OnceLock::from(None),
+            quads,
+        })
+    }
+
+    /// The stored rows copied into memory on huge pages ([`HugeBuf`]), the file's pages
+    /// released: for a matrix streamed as stored (not repacked, not requantized) every
+    /// product, such as an exact LM head. None for the others. Same rows, same products.
+    pub fn resident(&self) -> Option<Linear> {
+        if self.owned.is_some() || self.pack().is_some() {
+            return None;
+        }
+        let data = self.data();
+        let mut copy = HugeBuf::filled(data.len(), 0u8);
+        // 16 MiB at a time, each part's mapped pages released once copied: the file's
+        // pages and the copy are never both resident whole.
+        const PART: usize = 16 << 20;
+        for (i, (dst, src)) in copy.chunks_mut(PART).zip(data.chunks(PART)).enumerate() {
+            dst.copy_from_slice(src);
+            self.file.release_part(&self.info, i * PART..(i + 1) * PART);
+        }
+        Some(Linear {
+            file: self.file.clone(),
+            info: self.info.clone(),
+            ty: self.ty,
+            owned: Some(copy),
+            in_features: self.in_features,
+            out_features: self.out_features,
+            row_bytes: self.row_bytes,
+            tensor_scale: self.tensor_scale,
+            post_scale: self.post_scale,
+            pack: OnceLock::from(None),
+            quads: false,
         })
     }
 
@@ -275,6 +319,11 @@ impl Linear {
         let post = self.tensor_scale * self.post_scale;
         if let Some((p, form, post)) = self.packed() {
             p.forward(pack_input(form, x, k, qi), post, out);
+            return;
+        }
+        if self.quads {
+            qi.ensure_q8k(x, k);
+            quads::forward(data, (k, m), (&qi.q8k, &qi.q8k_d), self.post_scale, out);
             return;
         }
         let level = simd::Level::detect();
@@ -528,3 +577,6 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
         std::array::from_fn(|i| if i < n { f(j, t0 + i) } else { 0.0 })
     });
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,7 @@ mod acts;
 mod attention;
 mod bandwidth;
 mod exec;
+mod huge;
 mod linear;
 mod norm;
 mod pass;

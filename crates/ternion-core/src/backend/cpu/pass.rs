@@ -204,9 +204,9 @@ impl Pass<'_, '_> {
     }
 
     fn linear(&mut self, w: WeightId, x: ActId, out: ActId, add: bool) -> Result<()> {
-        let l: &Linear = match (&self.model.lm_head, out == self.graph.logits) {
-            (Some(h), true) => h,
-            _ => self.model.matrix(w.0)?,
+        let l: &Linear = match out == self.graph.logits {
+            true => self.model.head(w.0)?,
+            false => self.model.matrix(w.0)?,
         };
         let r = self.acts.rows[x.0];
         self.quantize_for(x, r);

@@ -9,6 +9,7 @@
 
 use half::f16;
 
+use super::huge::HugeBuf;
 use super::pool::{self, SharedMut};
 use super::simd::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
@@ -18,11 +19,11 @@ pub struct TernaryPack {
     vnni: Vnni,
     /// Groups of 16 rows one after the other, `k / 16` chunks each (the last group padded
     /// with code 1, i.e. zeros).
-    chunks: Vec<Chunk>,
+    chunks: HugeBuf<Chunk>,
     /// Per-block weight scales of the formats that have them: per group, per block of
     /// `scale_block` elements, the 16 rows' F16 scales (0 for padding rows; the files'
     /// values, so exact); empty for I2_S.
-    scales: Vec<f16>,
+    scales: HugeBuf<f16>,
     /// Elements per scaled block (256 for TQ2_0 / TQ1_0, 64 for Q2_0, 128 for Q1_0; 0 for
     /// I2_S, whose scale is per tensor).
     scale_block: u32,
@@ -63,8 +64,8 @@ impl TernaryPack {
             Codes::TwoBit => 0x55,
             Codes::OneBit => 0,
         };
-        let mut chunks = vec![Chunk([fill; 64]); groups * n_chunks];
-        let mut scales = vec![f16::ZERO; groups * nb * GROUP_ROWS];
+        let mut chunks = HugeBuf::filled(groups * n_chunks, Chunk([fill; 64]));
+        let mut scales = HugeBuf::filled(groups * nb * GROUP_ROWS, f16::ZERO);
         let scales_ptr = SharedMut(scales.as_mut_ptr());
         pool::global().for_each_chunk_mut(&mut chunks, n_chunks, |g, group, _| {
             let scales_ptr = &scales_ptr;
@@ -101,7 +102,7 @@ impl TernaryPack {
 
     /// Bytes read by one product (codes and scales).
     pub fn bytes(&self) -> u64 {
-        (std::mem::size_of_val(self.chunks.as_slice()) + 2 * self.scales.len()) as u64
+        (std::mem::size_of_val(&*self.chunks) + 2 * self.scales.len()) as u64
     }
 
     fn scale_block(&self) -> usize {

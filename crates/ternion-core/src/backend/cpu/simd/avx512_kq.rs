@@ -9,11 +9,89 @@ use std::arch::x86_64::*;
 /// scales (one per 16 weights) and the F16 block scale.
 const Q6_K_BYTES: usize = 210;
 
-/// Q6_K row against Q8_K activations: per block, the 6-bit codes u (0..=63) of 64
-/// consecutive weights at a time multiply the activations by `vpdpbusd` (four products per
-/// 32-bit lane, so lanes 4j..4j+3 hold scale group j's partial sums), `32 · Σx` comes off
-/// (the codes' offset), the lanes are multiplied by their group's scale and summed; then
-/// `sum += d_w · d_x · isum` block after block, as the reference.
+/// `Σ` of each 128-bit lane of each of four vectors: lane `4L + k` of the result is the
+/// sum of the four 32-bit lanes of 128-bit lane `L` of `v[k]` (an exact integer sum).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn lane_sums(v: [__m512i; 4]) -> __m512i {
+    let s01 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[0], v[1]),
+        _mm512_unpackhi_epi32(v[0], v[1]),
+    );
+    let s23 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(v[2], v[3]),
+        _mm512_unpackhi_epi32(v[2], v[3]),
+    );
+    _mm512_add_epi32(
+        _mm512_unpacklo_epi64(s01, s23),
+        _mm512_unpackhi_epi64(s01, s23),
+    )
+}
+
+/// The activations of one Q6_K block, ready for [`q6_k_groups`]: its 256 values as four
+/// 64-byte vectors, and `32 · Σ x` of each 16-value scale group in [`lane_sums`]' order
+/// (the codes' offset: a weight is `code − 32`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q8k_block(x: *const i8) -> ([__m512i; 4], __m512i) {
+    let c32 = _mm512_set1_epi8(32);
+    let mut xv = [_mm512_setzero_si512(); 4];
+    let mut off = [_mm512_setzero_si512(); 4];
+    for k in 0..4 {
+        xv[k] = _mm512_loadu_si512(x.add(64 * k).cast());
+        off[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c32, xv[k]);
+    }
+    (xv, lane_sums(off))
+}
+
+/// The 16 scale groups of the Q6_K block at `p` against its activations: lane `4L + k`
+/// holds `scale_g · Σ (code − 32) · x` of group `g = 4k + L`; the lanes add up to the
+/// block's integer sum.
+///
+/// Chunk `k` (weights 64k..64k+63) is unpacked into bytes: its low nibbles (half `k / 2`,
+/// low or high nibble by `k % 2`) and two high bits from the half's 32 `qh` bytes (bit
+/// pair 0, 1 for the low nibbles of bytes 0..31, 32..63; 2, 3 for the high ones), shifted
+/// into bits 4-5 per 256-bit half. `vpdpbusd` then adds four products a lane, so 128-bit
+/// lane `L` of chunk `k` is group `4k + L`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q6_k_groups(p: *const u8, xv: &[__m512i; 4], off: __m512i) -> __m512i {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let m30 = _mm512_set1_epi8(0x30);
+    // Low nibbles take bit pair 0 (bytes 0..31) or 1 (bytes 32..63): left by 4 or 2.
+    let shift_lo = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
+    // High nibbles take bit pair 2 (in place) or 3: right by 0 or 2.
+    let shift_hi = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+    // Scale g goes to lane 4 · (g % 4) + g / 4.
+    let order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let mut dots = [_mm512_setzero_si512(); 4];
+    for h in 0..2 {
+        let ql = _mm512_loadu_si512(p.add(64 * h).cast());
+        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h).cast()));
+        let hi_lo = _mm512_and_si512(_mm512_sllv_epi64(qh, shift_lo), m30);
+        let hi_hi = _mm512_and_si512(_mm512_srlv_epi64(qh, shift_hi), m30);
+        // (a & 0x0F) | b
+        let lo = _mm512_ternarylogic_epi32::<0xEA>(ql, m4, hi_lo);
+        let hi = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16::<4>(ql), m4, hi_hi);
+        dots[2 * h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xv[2 * h]);
+        dots[2 * h + 1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, xv[2 * h + 1]);
+    }
+    let scales = _mm_shuffle_epi8(_mm_loadu_si128(p.add(192).cast()), order);
+    _mm512_mullo_epi32(
+        _mm512_sub_epi32(lane_sums(dots), off),
+        _mm512_cvtepi8_epi32(scales),
+    )
+}
+
+/// The F16 block scale of the Q6_K block at `p`, as f32.
+#[inline]
+unsafe fn q6_k_scale(p: *const u8) -> f32 {
+    half::f16::from_bits(p.add(208).cast::<u16>().read_unaligned()).to_f32()
+}
+
+/// Q6_K row against Q8_K activations: per block, the scale groups of [`q6_k_groups`]
+/// summed into the block's integer sum, then `sum += d_w · d_x · isum` block after block,
+/// as the reference.
 ///
 /// # Panics
 /// If `row` does not hold `d.len()` blocks and `q` `256 · d.len()` values.
@@ -26,47 +104,62 @@ pub unsafe fn q6_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         row.len() == d.len() * Q6_K_BYTES && q.len() == d.len() * 256,
         "q6_k_dot_q8k: lengths"
     );
-    let m4 = _mm512_set1_epi8(0x0F);
-    let m2 = _mm512_set1_epi8(3);
-    let c32 = _mm512_set1_epi8(32);
-    // High bit pairs of weights 0..31 sit in bits 0-1 of the 32 qh bytes, of weights
-    // 32..63 in bits 2-3 (and 4-5, 6-7 for weights 64..127): per-half shift counts.
-    let shift_lo = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
-    let shift_hi = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
-    // Lane l of a 64-weight product belongs to scale group l / 4 of its four.
-    let groups = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     let mut sum = 0f32;
     for (b, &da) in d.iter().enumerate() {
         let p = row.as_ptr().add(b * Q6_K_BYTES);
-        let x = q.as_ptr().add(256 * b);
-        let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(192).cast()));
-        let mut acc = _mm512_setzero_si512();
-        for h in 0..2 {
-            let ql = _mm512_loadu_si512(p.add(64 * h).cast());
-            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h).cast()));
-            let hi = |shift: __m512i| {
-                let v = _mm512_and_si512(_mm512_srlv_epi64(qh, shift), m2);
-                _mm512_slli_epi16::<4>(v)
-            };
-            let codes = [
-                _mm512_or_si512(_mm512_and_si512(ql, m4), hi(shift_lo)),
-                _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
-                    hi(shift_hi),
-                ),
-            ];
-            for (k, u) in codes.into_iter().enumerate() {
-                let xv = _mm512_loadu_si512(x.add(128 * h + 64 * k).cast());
-                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);
-                let offset = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c32, xv);
-                let first = _mm512_set1_epi32((8 * h + 4 * k) as i32);
-                let sc = _mm512_permutexvar_epi32(_mm512_add_epi32(groups, first), scales);
-                let v = _mm512_mullo_epi32(_mm512_sub_epi32(dot, offset), sc);
-                acc = _mm512_add_epi32(acc, v);
-            }
-        }
-        let dw = half::f16::from_bits(u16::from_le_bytes([*p.add(208), *p.add(209)])).to_f32();
-        sum += dw * da * _mm512_reduce_add_epi32(acc) as f32;
+        let (xv, off) = q8k_block(q.as_ptr().add(256 * b));
+        let isum = _mm512_reduce_add_epi32(q6_k_groups(p, &xv, off));
+        sum += q6_k_scale(p) * da * isum as f32;
     }
     sum
+}
+
+/// [`q6_k_dot_q8k`] of the four rows of a quad ([`super::q6_k_interleave`]: block `b` of
+/// row `r` at block index `4b + r`) against the same activations (an LM head's matvec):
+/// the quad is read front to back, each activation block is loaded and its offsets
+/// summed once for the four rows, and the four rows' integer sums come out of one
+/// reduction, in the lanes of one vector whose float combination is the reference's
+/// operations lane by lane.
+///
+/// # Panics
+/// If `quad` does not hold `4 · d.len()` blocks or `q` `256 · d.len()` values.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q6_k_dot4_q8k(quad: &[u8], q: &[i8], d: &[f32]) -> [f32; 4] {
+    assert!(
+        quad.len() == 4 * d.len() * Q6_K_BYTES && q.len() == d.len() * 256,
+        "q6_k_dot4_q8k: lengths"
+    );
+    let mut sum = _mm_setzero_ps();
+    for (b, &da) in d.iter().enumerate() {
+        let (xv, off) = q8k_block(q.as_ptr().add(256 * b));
+        let p = quad.as_ptr().add(4 * b * Q6_K_BYTES);
+        let mut groups = [_mm512_setzero_si512(); 4];
+        for (r, g) in groups.iter_mut().enumerate() {
+            *g = q6_k_groups(p.add(r * Q6_K_BYTES), &xv, off);
+        }
+        // Lane 4L + r: row r's part of 128-bit lane L; then the four L added.
+        let parts = lane_sums(groups);
+        let half = _mm256_add_epi32(
+            _mm512_castsi512_si256(parts),
+            _mm512_extracti64x4_epi64::<1>(parts),
+        );
+        let isum = _mm_add_epi32(
+            _mm256_castsi256_si128(half),
+            _mm256_extracti128_si256::<1>(half),
+        );
+        let dw = _mm_setr_ps(
+            q6_k_scale(p),
+            q6_k_scale(p.add(Q6_K_BYTES)),
+            q6_k_scale(p.add(2 * Q6_K_BYTES)),
+            q6_k_scale(p.add(3 * Q6_K_BYTES)),
+        );
+        let scale = _mm_mul_ps(dw, _mm_set1_ps(da));
+        sum = _mm_add_ps(sum, _mm_mul_ps(scale, _mm_cvtepi32_ps(isum)));
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), sum);
+    out
 }

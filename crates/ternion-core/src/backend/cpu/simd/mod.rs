@@ -37,6 +37,7 @@ mod neon_kq2;
 mod neon_q80;
 #[cfg(target_arch = "aarch64")]
 mod neon_q81;
+mod q6_k;
 mod squares;
 mod vnni;
 #[cfg(target_arch = "x86_64")]
@@ -45,6 +46,7 @@ mod x86;
 mod x86_bits;
 
 pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
+pub use q6_k::{q6_k_dot4_q8k, q6_k_dot_q8k, q6_k_interleave, QUAD_ROWS};
 pub use squares::{squares_rows, SQUARE_ROWS};
 pub use vnni::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK};
 
@@ -230,25 +232,6 @@ pub fn q4_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_kq::q4_k_dot_q8k(row, q, d) },
         _ => quant::q4_k::dot_q8k(row, q, d),
-    }
-}
-
-/// Q6_K row · Q8_K activations; equal to [`quant::q6_k::dot_q8k`] up to float summation
-/// order.
-#[inline]
-pub fn q6_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
-    match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::q6_k_dot_q8k(row, q, d) },
-        // SAFETY: as in `i2s_dot` (the level proves AVX-512 F/BW/VNNI); the kernel asserts
-        // the lengths it reads.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { avx512_kq::q6_k_dot_q8k(row, q, d) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
-        #[cfg(target_arch = "aarch64")]
-        Level::Neon => unsafe { neon_kq::q6_k_dot_q8k(row, q, d) },
-        _ => quant::q6_k::dot_q8k(row, q, d),
     }
 }
 

@@ -438,6 +438,42 @@ fn k_quant_dots_are_bit_identical_to_reference() {
 }
 
 #[test]
+fn q6_k_quads_are_bit_identical_to_the_reference() {
+    let mut rng = StdRng::seed_from_u64(15);
+    for k in [256, 512, 2560] {
+        let (nb, rb) = (k / 256, k / 256 * 210);
+        // Six rows of random bytes (every code, every scale) with F16 block scales of both
+        // signs and several sizes: one quad and two rows that stay plain.
+        let mut rows: Vec<u8> = (0..6 * rb).map(|_| rng.random()).collect();
+        for (i, b) in rows.chunks_exact_mut(210).enumerate() {
+            let s = f16::from_f32([0.009, -0.013, 3.5e-5, -2.0, 0.5][i % 5]);
+            b[208..].copy_from_slice(&s.to_le_bytes());
+        }
+        let mut quads = rows.clone();
+        q6_k_interleave(&mut quads, rb);
+        assert_eq!(
+            quads[4 * rb..],
+            rows[4 * rb..],
+            "rows past the last quad stay"
+        );
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let mut q = vec![0i8; k];
+        let mut d = vec![0f32; nb];
+        quant::act::quantize_q8k(&x, &mut q, &mut d);
+        let extremes: Vec<i8> = (0..k).map(|i| [127, -128, -127, 5][i % 4]).collect();
+        for q in [&q, &extremes] {
+            for lv in levels() {
+                let got = q6_k_dot4_q8k(lv, &quads[..4 * rb], q, &d);
+                for (r, row) in rows.chunks_exact(rb).take(4).enumerate() {
+                    let want = quant::q6_k::dot_q8k(row, q, &d);
+                    assert_eq!(got[r].to_bits(), want.to_bits(), "{lv:?} k={k} row {r}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn q8_0_dot4_equals_four_dots() {
     let level = Level::detect();
     let mut rng = StdRng::seed_from_u64(12);
