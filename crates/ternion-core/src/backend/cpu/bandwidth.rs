@@ -11,6 +11,8 @@ use std::time::Instant;
 
 use super::huge::HugeBuf;
 use super::pool;
+#[cfg(target_arch = "x86_64")]
+use super::simd::Level;
 
 /// Bytes of the probe buffer: 16 times a 32 MiB last-level cache.
 const PROBE_BYTES: usize = 512 << 20;
@@ -46,11 +48,12 @@ pub fn measure_read_bandwidth() -> f64 {
     best
 }
 
-/// Wrapping sum of the words of `lines`, with the widest loads this CPU has.
+/// Wrapping sum of the words of `lines`, with the 64-byte loads of the AVX-512 kernels where
+/// decode runs them ([`Level::detect`], so `TERNION_SIMD` caps the probe as it caps decode).
 fn sum(lines: &[Line]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512 F (checked just above).
+    if Level::detect() == Level::Avx512 {
+        // SAFETY: Level::Avx512 is only detected where the CPU has AVX-512 F (and BW, VNNI).
         return unsafe { sum_avx512(lines) };
     }
     sum_lanes(lines)
