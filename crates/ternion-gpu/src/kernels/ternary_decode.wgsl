@@ -44,6 +44,9 @@
 // behind the norm (PRE vec4s cover a 2,560-wide row entirely, and 8/13.5 of a 6,912-wide
 // one at TPR 8); then lanes stride over the rest four vec4s at a time (four loads in
 // flight).
+// Activation group c sits in act_sh slot swz(c) (bits 1–2 of c flipped by bits 3–4): a
+// row's lanes read groups 8 apart, which would share the banks of workgroup memory (a 4-way
+// conflict on every 16-byte read); swizzled they fall in 8 distinct bank groups.
 // Reductions: variant SUBGROUPS sums the prologue's Σx² and max with subgroupAdd/subgroupMax
 // and then over the subgroups in order (2 barriers), leaves Σq's per-subgroup sums for the
 // epilogue to add (sum_q), and sums a row's TPR lanes with
@@ -230,13 +233,21 @@ fn group_stats(q: Group) -> vec2<f32> {
     return vec2<f32>(ss, m);
 }
 
-// Quantizes a group into act_sh[c]; returns its Σq (per lane of the packed words).
+// The act_sh slot of activation group c: bits 1–2 flipped by bits 3–4, a permutation
+// within each aligned run of 8 groups. A row's TPR lanes read groups 8 apart (vec_dot);
+// unswizzled those share banks (a 4-way conflict on every 16-byte read), swizzled they
+// fall in distinct ones.
+fn swz(c: u32) -> u32 {
+    return c ^ (((c >> 3u) & 3u) << 1u);
+}
+
+// Quantizes a group into act_sh (slot swz(c)); returns its Σq (per lane of the packed words).
 fn quant_group(q: Group, c: u32, inv: f32, s: f32) -> vec4<i32> {
     let q0 = quant4(q.x0, q.g0, inv, s);
     let q1 = quant4(q.x1, q.g1, inv, s);
     let q2 = quant4(q.x2, q.g2, inv, s);
     let q3 = quant4(q.x3, q.g3, inv, s);
-    act_sh[c] = vec4<u32>(pack4xI8(q0), pack4xI8(q1), pack4xI8(q2), pack4xI8(q3));
+    act_sh[swz(c)] = vec4<u32>(pack4xI8(q0), pack4xI8(q1), pack4xI8(q2), pack4xI8(q3));
     return q0 + q1 + q2 + q3;
 }
 
@@ -315,7 +326,7 @@ fn norm_quant(ids: Ids) {
     let s = prologue(load_row(t, li), li);
     let n16 = K / 16u;
     for (var c = li; c < n16; c += WG) {
-        qa[t * n16 + c] = act_sh[c];
+        qa[t * n16 + c] = act_sh[swz(c)];
     }
     if (li == 0u) {
         tok_meta[t] = vec2<u32>(bitcast<u32>(s), bitcast<u32>(sum_q()));
@@ -339,9 +350,11 @@ fn vec_dot(wv: vec4<u32>, v: u32) -> i32 {
     let p1 = wv & vec4<u32>(0x30303030u);
     let p2 = wv & vec4<u32>(0x0C0C0C0Cu);
     let p3 = wv & vec4<u32>(M2);
-    let d16 = dot4(p0, act_sh[a]) + dot4(p1, act_sh[a + 2u]);
-    let d4 = dot4(p2, act_sh[a + 4u]);
-    return dot4(p3, act_sh[a + 6u]) + (d4 >> 2u) + (d16 >> 4u);
+    // a, a + 2, a + 4, a + 6 lie in one aligned run of 8 groups: one flip serves all four.
+    let f = ((a >> 3u) & 3u) << 1u;
+    let d16 = dot4(p0, act_sh[a ^ f]) + dot4(p1, act_sh[(a + 2u) ^ f]);
+    let d4 = dot4(p2, act_sh[(a + 4u) ^ f]);
+    return dot4(p3, act_sh[(a + 6u) ^ f]) + (d4 >> 2u) + (d16 >> 4u);
 }
 
 // Vec4 i of matrix `which` (0: w, 1: w2, 2: w3).
