@@ -22,7 +22,7 @@
 //! - `ops/`: one struct per kernel, a file per kernel family ([`Embed`], [`RmsNorm`], [`TernaryMatvec`],
 //!   [`TernaryMatmul`] (tiled prompt batches: `dot4I8Packed`, or f16 cooperative matrices
 //!   where the adapter has them, [`PrefillKernel`]) and [`TernaryLinear`] (picks one per step),
-//!   [`F16Matvec`], [`RopeKv`] (NEOX or NORM RoPE, optional `rope_freqs`, + KV-cache store
+//!   [`F16Matvec`], [`RopeKv`] (NEOX or NORM RoPE from a [`RopeTable`] of angles, + KV-cache store
 //!   into a [`GpuKv`]), [`Attention`] (flash-decoding for one token, a workgroup per
 //!   (head, token) for a batch), [`Glu`], [`TopK`]; for the other families and formats
 //!   [`QMatvec`] over [`QWeights`] in their GGUF format (F32, F16, BF16, Q8_0, Q4_0, Q4_K,
@@ -125,9 +125,9 @@ pub use greedy::GreedyChain;
 pub use ops::{
     ActQuant, Attention, AttnDims, AttnOpts, CoopFused, Dispatch, Embed, F16Matvec, Glu, GpuKv,
     KvIndex, MatIn, MatmulKind, NarrowFused, NormOut, PosTable, QAct, QEmbed, QFormat, QMatvec,
-    QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RowOp, RowOpKind,
-    StepUniform, Ternary3, TernaryGlu, TernaryLinear, TernaryMatmul, TernaryMatvec, TernaryWeights,
-    TopK, ATTN_CHUNK, MAX_TOPK, MM_TILE_TOKENS, SELECT_CHUNK, WG,
+    QMatvecOpts, QWeights, QuantAct, QuantizeAct, RmsNorm, RopeKv, RopeOpts, RopeTable, RowOp,
+    RowOpKind, StepUniform, Ternary3, TernaryGlu, TernaryLinear, TernaryMatmul, TernaryMatvec,
+    TernaryWeights, TopK, ATTN_CHUNK, MAX_TOPK, MM_TILE_TOKENS, SELECT_CHUNK, WG,
 };
 pub use pipelines::{
     AttnStage, Epilogue, F16Rows, GluAct, Kernel, PipelineCache, PipelineKey, Variant,

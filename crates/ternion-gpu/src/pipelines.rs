@@ -145,6 +145,8 @@ pub enum Kernel {
     },
     /// `rope_kv.wgsl`: NEOX RoPE of q and k, then k and v stored in the F16 KV cache.
     RopeKv,
+    /// `rope_table.wgsl`: (cos θ, sin θ) of every rotation pair at every cache position.
+    RopeTable,
     /// `attention.wgsl`: causal GQA attention over the F16 KV cache.
     Attention {
         /// Which entry point.
@@ -296,6 +298,7 @@ enum Source {
     F16Matvec,
     F16Coop,
     RopeKv,
+    RopeTable,
     Attention,
     AttentionFast,
     /// attention_fast.wgsl with `#if ROPE` on.
@@ -336,6 +339,7 @@ impl Source {
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
             Source::F16Coop => ("f16_coop.wgsl", include_str!("kernels/f16_coop.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
+            Source::RopeTable => ("rope_table.wgsl", include_str!("kernels/rope_table.wgsl")),
             Source::Attention => ("attention.wgsl", include_str!("kernels/attention.wgsl")),
             Source::AttentionPrompt | Source::AttentionPromptCoop => (
                 "attention_prompt.wgsl",
@@ -385,6 +389,7 @@ impl Kernel {
             } => Source::F16Coop,
             Kernel::F16Matvec { .. } => Source::F16Matvec,
             Kernel::RopeKv => Source::RopeKv,
+            Kernel::RopeTable => Source::RopeTable,
             Kernel::Attention { .. } => Source::Attention,
             Kernel::AttentionFast { rope: true, .. } => Source::AttentionFastRope,
             Kernel::AttentionFast { .. } => Source::AttentionFast,
@@ -437,6 +442,7 @@ impl Kernel {
                 F16Rows::Coop32 => "rows32",
             },
             Kernel::RopeKv
+            | Kernel::RopeTable
             | Kernel::Glu { .. }
             | Kernel::ReadProbe
             | Kernel::AttentionPrompt { .. }
@@ -462,7 +468,11 @@ impl Kernel {
 
     fn constants(self) -> Vec<(&'static str, f64)> {
         match self {
-            Kernel::Embed | Kernel::RmsNorm { .. } | Kernel::RopeKv | Kernel::ReadProbe => vec![],
+            Kernel::Embed
+            | Kernel::RmsNorm { .. }
+            | Kernel::RopeKv
+            | Kernel::RopeTable
+            | Kernel::ReadProbe => vec![],
             Kernel::Attention {
                 stage,
                 round_p,

@@ -559,7 +559,9 @@ fn rope_norm_freqs_partial_and_plain_store() {
                 mode,
                 freqs: with_freqs.then_some(&fb),
             };
-            let op = RopeKv::with_rope(&ctx, d, opts, &step, &qb, &kb, &vb, seq.both()).unwrap();
+            let table = RopeTable::new(&ctx, d, opts, seq.both().1.n_ctx).unwrap();
+            let angles = (opts, &table);
+            let op = RopeKv::with_rope(&ctx, d, angles, &step, &qb, &kb, &vb, seq.both()).unwrap();
             run(&ctx, |p| op.record(p, n as u32));
 
             let (mut qc, mut kc) = (q.clone(), k.clone());
@@ -599,7 +601,21 @@ fn rope_norm_freqs_partial_and_plain_store() {
             mode: RopeMode::Norm,
             freqs: Some(&small),
         };
-        assert!(RopeKv::with_rope(&ctx, d, opts, &step, &b, &b, &b, seq.both()).is_err());
+        assert!(RopeTable::new(&ctx, d, opts, 4).is_err());
+        // A table of other angles, or of fewer positions than the cache holds.
+        let none = RopeOpts {
+            mode: RopeMode::Norm,
+            freqs: None,
+        };
+        let other = dims(2, 2, 8, 8, 5e5);
+        let wrong = RopeTable::new(&ctx, other, none, 4).unwrap();
+        let short = RopeTable::new(&ctx, d, none, 3).unwrap();
+        for t in [&wrong, &short] {
+            let r = RopeKv::with_rope(&ctx, d, (none, t), &step, &b, &b, &b, seq.both());
+            assert!(r.is_err());
+        }
+        let fits = RopeTable::new(&ctx, d, none, 4).unwrap();
+        assert!(RopeKv::with_rope(&ctx, d, (none, &fits), &step, &b, &b, &b, seq.both()).is_ok());
     }
 }
 

@@ -21,14 +21,15 @@
 //  13 storage rw    done:  array<atomic<u32>> slots × n_head_kv: pages finished for the
 //                                            (sequence, kv head); 0 between launches
 //   6 storage read  k_raw: array<f32>        ROPE: T × kv_dim, the new keys (unrotated)
-//   7 storage read  freqs: array<f32>        ROPE: rope_kv.wgsl's frequency divisors
+//   7 storage read  rope_tab: array<vec2<f32>>  ROPE: rope_table.wgsl's (cos θ, sin θ)
 //  11 storage read  v_raw: array<f32>        ROPE: T × kv_dim, the new values
 //  12 uniform RopeParams                     ROPE: rope_kv.wgsl's (rope.wgsl)
 // Variant ROPE (single-token steps; the file compiled with `#if ROPE` on): the workgroup
 // rotates its group's query heads itself (rope.wgsl, the same bits as rope_kv.wgsl) and
 // the one whose page holds the new position rotates and stores that kv head's key and
-// value into the cache (one writer per kv head) before reading the page, so a decode step
-// runs no rope_kv launch.
+// value into the cache (one writer per kv head), so a decode step runs no rope_kv launch.
+// The angles come from rope_table.wgsl's table. A thread's key words are loaded before the
+// rotation, and the new position's row read again once stored.
 // Dispatch (n_head_kv, ceil(n_keys / PAGE), T): one workgroup per (kv head, page of keys,
 // token) computes, for each of the G = n_head / n_head_kv query heads sharing the kv
 // head, the page's scores s = f16(q)·k · scale, m = max s, e = exp(s − m), l = Σ e and
@@ -58,7 +59,7 @@ const MAX_GQ: u32 = 1024u;
 @group(0) @binding(3) var<storage, read_write> k4: array<KvWord4>;
 @group(0) @binding(4) var<storage, read_write> v_cache: array<KvWord>;
 @group(0) @binding(6) var<storage, read> k_raw: array<f32>;
-@group(0) @binding(7) var<storage, read> freqs: array<f32>;
+@group(0) @binding(7) var<storage, read> rope_tab: array<vec2<f32>>;
 @group(0) @binding(11) var<storage, read> v_raw: array<f32>;
 @group(0) @binding(12) var<uniform> rp: RopeParams;
 #else
@@ -85,10 +86,6 @@ var<workgroup> s_sh: array<f32, 1024>;
 // Partial dot products of four heads (head, key, slice); then probabilities e like s_sh.
 var<workgroup> p_sh: array<f32, 1024>;
 var<workgroup> ticket_sh: u32;
-#if ROPE
-// ROPE: θ of each rotation pair at the step's position (n_rot / 2 ≤ 128).
-var<workgroup> theta_sh: array<f32, 128>;
-#endif
 
 // Token t of the step, made uniform; the number of its keys, or 0 when this file does not
 // handle it (not a decode row, or a context past FAST_KEYS).
@@ -167,31 +164,9 @@ fn slice_dot(k: KeyWords, g: u32, sl: u32) -> f32 {
 }
 
 #if ROPE
-// θ of every rotation pair at the step's position, as rope.wgsl's `rope_theta` computes it
-// bit for bit: one thread walks the f32 products in order (a loop per thread of up to
-// n_rot/2 products made the fused launch ~8 µs slower on an H200), then each pair is
-// divided by its frequency factor.
-fn fill_thetas(pos: u32, li: u32) {
-    let half = rp.n_rot / 2u;
-    if (li == 0u) {
-        var theta = f32(pos);
-        for (var i = 0u; i < half; i++) {
-            theta_sh[i] = theta;
-            theta *= rp.theta_scale;
-        }
-    }
-    workgroupBarrier();
-    if (rp.has_freqs == 1u) {
-        for (var i = li; i < half; i += WG) {
-            theta_sh[i] = div_rn(theta_sh[i], freqs[i]);
-        }
-        workgroupBarrier();
-    }
-}
-
-// θ of pair i (fill_thetas' table; `pos` is the step's position it was filled for).
-fn theta_of(pos: u32, i: u32) -> f32 {
-    return theta_sh[i];
+// (cos θ, sin θ) of pair i at `pos` for rope.wgsl's `rope_words` (rope_table.wgsl).
+fn rope_cs(pos: u32, i: u32) -> vec2<f32> {
+    return rope_tab[pos * (rp.n_rot / 2u) + i];
 }
 
 // Element i of q (which 0) or of the new keys (which 1), for rope.wgsl's `rope_words`.
@@ -400,21 +375,27 @@ fn split(
     let hd = HD;
     let hw = hd / 2u;
     let qbase = (t * p.n_head + kvh * gq) * hd;
+    let row0 = pages[slot * p.pps + c] * PAGE;
+    // Thread (key j, slice sl)'s words of key j, in flight during the queries' rotation.
+    let sl = li % SLICES;
+    let j = li / SLICES;
+    var kw = key_words(row0 + j, kvh, sl);
 #if ROPE
     let pos = n_keys - 1u;
-    fill_thetas(pos, li);
     rope_q(qbase, gq, pos, li);
     if (c == pos / PAGE) {
         store_kv(t, kvh, slot, pos, li);
-        // This workgroup reads the row it stored below.
+        // The new position's key row, read above before it was stored, is read again.
         storageBarrier();
+        if (j == pos % PAGE) {
+            kw = key_words(row0 + j, kvh, sl);
+        }
     }
 #else
     for (var i = li; i < gq * hd; i += WG) {
         q_sh[i] = kv_round(q[qbase + i]);
     }
 #endif
-    let row0 = pages[slot * p.pps + c] * PAGE;
     let cnt = min(PAGE, n_keys - c * PAGE);
     // This thread's first (head, word) item's values, in flight during the scores.
     var first: Vals;
@@ -425,9 +406,6 @@ fn split(
     // Scores: thread (key j, slice sl) holds its words of key j and sums its part of each
     // head's dot product into p_sh, four heads at a time; a thread per (head, key) adds the
     // slices in order.
-    let sl = li % SLICES;
-    let j = li / SLICES;
-    let kw = key_words(row0 + j, kvh, sl);
     for (var g0 = 0u; g0 < gq; g0 += 4u) {
         for (var gi = 0u; gi < 4u && g0 + gi < gq; gi++) {
             p_sh[gi * WG + li] = slice_dot(kw, g0 + gi, sl);

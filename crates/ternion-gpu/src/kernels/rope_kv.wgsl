@@ -4,11 +4,9 @@
 // cache is F32: kv_type.wgsl) into the row of the token's (sequence, position). n_rot = 0 is a plain KV store (GPT-2).
 //
 // Bindings (group 0):
-//   0 uniform Params { n_head, n_head_kv, head_dim, n_rot, theta_scale, mode, has_freqs, pps }:
-//                     theta_scale = base^(−2/n_rot) computed on the host in f32 exactly as
-//                     backend/cpu/rope.rs does; head_dim even, n_rot a multiple of 4;
-//                     mode 0 = NEOX, 1 = NORM; has_freqs: divide pair i's angle by freqs[i];
-//                     pps = page-table entries per sequence
+//   0 uniform Params { n_head, n_head_kv, head_dim, n_rot, mode, pps, _, _ }: head_dim
+//                     even, n_rot a multiple of 4; mode 0 = NEOX, 1 = NORM; pps =
+//                     page-table entries per sequence
 //   1 uniform Step { n_tokens, .. }
 //   2 storage rw    q:       array<f32>         T × n_head·head_dim, rotated in place
 //   3 storage read  k:       array<f32>         T × kv_dim (kv_dim = n_head_kv·head_dim)
@@ -18,8 +16,8 @@
 //                                              (seq s, position i) is
 //                                              pages[s·pps + i / PAGE]·PAGE + i % PAGE
 //   6 storage rw    v_cache: array<KvWord>      same layout
-//   7 storage read  freqs:   array<f32>         n_rot/2 frequency divisors (Llama-3
-//                                              rope_freqs; any buffer when has_freqs = 0)
+//   7 storage read  rope_tab: array<vec2<f32>>  (cos θ, sin θ) of pair i at position pos
+//                                              in element pos·n_rot/2 + i (rope_table.wgsl)
 //   8 storage read  toks:    array<vec2<u32>>   T × (position, sequence slot; top bit: a flag
 //                                              for attention.wgsl)
 //   9 storage read  pages:   array<u32>         slots × pps page ids (the page tables)
@@ -33,13 +31,7 @@
 // The rotation itself is rope.wgsl's (shared with attention_fast.wgsl's fused decode).
 //
 // Numerics:
-// - θ of pair i is f32(pos) multiplied i times by theta_scale, in f32 (correctly rounded
-//   products, as on the CPU), and the division by freqs[i] is correctly rounded (div_rn,
-//   common.wgsl), so the angles are bit-identical to the reference.
-// - cos/sin do not use the builtins (WGSL only promises 2^-11 absolute error on [−π, π] and
-//   nothing beyond): θ is reduced by π/2 with a three-part Cody–Waite constant (cephes
-//   sinf's, accurate for θ < 8192, i.e. positions below 8192; slowly worse beyond) and
-//   evaluated with cephes' polynomials on [−π/4, π/4]: a few ulp from libm's cosf/sinf.
+// - The angles and their cos/sin are rope_table.wgsl's (see its header).
 // - F16 rounding is done in integer arithmetic, round-to-nearest-even (like half::f16),
 //   because WGSL leaves the rounding of f32→f16 conversions to the implementation.
 
@@ -52,16 +44,16 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(4) var<storage, read> v: array<f32>;
 @group(0) @binding(5) var<storage, read_write> k_cache: array<KvWord>;
 @group(0) @binding(6) var<storage, read_write> v_cache: array<KvWord>;
-@group(0) @binding(7) var<storage, read> freqs: array<f32>;
+@group(0) @binding(7) var<storage, read> rope_tab: array<vec2<f32>>;
 @group(0) @binding(8) var<storage, read> toks: array<vec2<u32>>;
 @group(0) @binding(9) var<storage, read> pages: array<u32>;
 
 // Positions per KV page (kv.rs PAGE_POSITIONS).
 const PAGE: u32 = 32u;
 
-// θ of pair i at `pos` for rope.wgsl's `rope_words` (each thread computes its own).
-fn theta_of(pos: u32, i: u32) -> f32 {
-    return rope_theta(pos, i, p.theta_scale, p.has_freqs);
+// (cos θ, sin θ) of pair i at `pos` for rope.wgsl's `rope_words`.
+fn rope_cs(pos: u32, i: u32) -> vec2<f32> {
+    return rope_tab[pos * (p.n_rot / 2u) + i];
 }
 
 // Element i of head input `which` (0: q, 1: k), for rope.wgsl's `rope_words`.

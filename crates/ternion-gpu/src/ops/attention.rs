@@ -2,6 +2,7 @@
 
 use super::attention_fast::FastSplit;
 use super::paged::{prompt_kernel_coop, prompt_kernel_fits, GpuKv, KvIndex, ATTN_PROMPT_QUERIES};
+use super::rope_table::RopeTable;
 use super::{uniform, Dispatch, StepUniform, WG};
 use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
@@ -68,8 +69,8 @@ pub struct RopeKv {
 }
 
 impl RopeKv {
-    /// NEOX RoPE without frequency factors. `q`: f32, `n_head·head_dim` per token; `k`,
-    /// `v`: f32, `kv_dim` per token.
+    /// NEOX RoPE without frequency factors (its angle table filled for the cache's
+    /// positions). `q`: f32, `n_head·head_dim` per token; `k`, `v`: f32, `kv_dim` per token.
     pub fn new(
         ctx: &GpuContext,
         dims: AttnDims,
@@ -83,15 +84,17 @@ impl RopeKv {
             mode: RopeMode::Neox,
             freqs: None,
         };
-        Self::with_rope(ctx, dims, rope, step, q, k, v, kv)
+        let table = RopeTable::new(ctx, dims, rope, kv.1.n_ctx)?;
+        Self::with_rope(ctx, dims, (rope, &table), step, q, k, v, kv)
     }
 
-    /// Like [`RopeKv::new`], with the pairing and frequency factors of `rope`.
+    /// Like [`RopeKv::new`], with the pairing of `rope` and the angles of `table` (filled
+    /// for the same dims and frequency factors, for every position of the cache).
     #[allow(clippy::too_many_arguments)] // each is a distinct, named part of the op
     pub fn with_rope(
         ctx: &GpuContext,
         dims: AttnDims,
-        rope: RopeOpts<'_>,
+        (rope, table): (RopeOpts<'_>, &RopeTable),
         step: &StepUniform,
         q: &GpuBuffer,
         k: &GpuBuffer,
@@ -99,14 +102,12 @@ impl RopeKv {
         (kv, index): (&GpuKv, &KvIndex),
     ) -> Result<RopeKv> {
         dims.check()?;
-        if let Some(f) = rope.freqs {
-            if f.size < (dims.n_rot / 2 * 4) as u64 {
-                return Err(Error::KernelArgs(format!(
-                    "rope_kv: {} bytes of frequency factors for {} pairs",
-                    f.size,
-                    dims.n_rot / 2
-                )));
-            }
+        if !table.serves(dims, rope, index.n_ctx) {
+            return Err(Error::KernelArgs(format!(
+                "rope_kv: an angle table of {} positions for other dims or factors than {dims:?}                  over {} positions",
+                table.positions(),
+                index.n_ctx
+            )));
         }
         if kv.kv_dim != dims.kv_dim() {
             return Err(Error::KernelArgs(format!(
@@ -115,8 +116,6 @@ impl RopeKv {
                 dims.kv_dim()
             )));
         }
-        // The same f32 expression as backend/cpu/rope.rs.
-        let theta_scale = dims.rope_base.powf(-2.0 / dims.n_rot as f32);
         let params = uniform(
             ctx,
             "rope_kv.params",
@@ -125,10 +124,10 @@ impl RopeKv {
                 dims.n_head_kv as u32,
                 dims.head_dim as u32,
                 dims.n_rot as u32,
-                theta_scale.to_bits(),
                 u32::from(rope.mode == RopeMode::Norm),
-                u32::from(rope.freqs.is_some()),
                 index.pps as u32,
+                0,
+                0,
             ],
         )?;
         let items = ((dims.n_head + 2 * dims.n_head_kv) * dims.head_dim / 2) as u32;
@@ -148,8 +147,7 @@ impl RopeKv {
                 (4, v.binding()),
                 (5, kv.k.binding()),
                 (6, kv.v.binding()),
-                // Never read without factors: `v` stands in (read-only, already bound).
-                (7, rope.freqs.unwrap_or(v).binding()),
+                (7, table.buf.binding()),
                 (8, index.toks.binding()),
                 (9, index.pages.binding()),
             ],
@@ -161,7 +159,7 @@ impl RopeKv {
                 params,
                 k: k.clone(),
                 v: v.clone(),
-                freqs: rope.freqs.unwrap_or(v).clone(),
+                table: table.buf.clone(),
             },
             fused: false,
         })
@@ -206,7 +204,7 @@ impl RopeKv {
 }
 
 /// The inputs of a [`RopeKv`] that the fused decode split reads: its parameter uniform,
-/// the new keys and values (f32, unrotated) and the frequency divisors (or a stand-in).
+/// the new keys and values (f32, unrotated) and the angle table.
 #[derive(Clone, Debug)]
 pub struct FusedRope {
     /// `rope_kv.wgsl`'s Params.
@@ -215,8 +213,8 @@ pub struct FusedRope {
     pub k: GpuBuffer,
     /// T × kv_dim new values.
     pub v: GpuBuffer,
-    /// The `rope_freqs` divisors, or any buffer when there are none.
-    pub freqs: GpuBuffer,
+    /// (cos θ, sin θ) of every pair at every cache position ([`RopeTable`]).
+    pub table: GpuBuffer,
 }
 
 /// Keys per chunk of the decode split (`attention.wgsl` CHUNK).

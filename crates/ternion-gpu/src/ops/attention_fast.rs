@@ -92,7 +92,7 @@ impl FastSplit {
                 let mut b = bindings.to_vec();
                 b.extend([
                     (6, r.k.binding()),
-                    (7, r.freqs.binding()),
+                    (7, r.table.binding()),
                     (11, r.v.binding()),
                     (12, r.params.binding()),
                 ]);

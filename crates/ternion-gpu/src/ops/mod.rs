@@ -15,6 +15,7 @@ mod narrow;
 mod norm;
 mod paged;
 mod qmatvec;
+mod rope_table;
 mod rowops;
 mod select;
 mod split_k;
@@ -40,6 +41,7 @@ pub(crate) use paged::{ATTN_PROMPT_F32_BYTES, DECODE_ROW};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,
 };
+pub use rope_table::RopeTable;
 pub use rowops::{PosTable, RowOp, RowOpKind};
 pub use select::{TopK, MAX_TOPK, SELECT_CHUNK};
 pub use split_k::SplitK;

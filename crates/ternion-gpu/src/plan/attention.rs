@@ -1,12 +1,13 @@
 //! The builder of `Op::SelfAttention`: one `rope_kv` launch (the rotation of q and k and
 //! the F16 store of k and v; n_rot = 0 without RoPE), then the attention launches. The
+//! angles come from a table filled once per distinct RoPE base (`RopeTable`). The
 //! single-token split of full attention may take the rotation and the store over, and
 //! then the `rope_kv` launch skips single-token steps.
 
 use super::build::Compiler;
 use super::launch::Launch;
 use crate::model::graph::ActId;
-use crate::ops::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, WindowAttention};
+use crate::ops::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, RopeTable, WindowAttention};
 use crate::Result;
 
 impl Compiler<'_> {
@@ -41,9 +42,19 @@ impl Compiler<'_> {
             mode: geo.rope_mode,
             freqs: freqs.as_ref(),
         };
+        let n_pos = s.index.n_ctx;
+        let table = match self.rope_tables.iter().find(|t| t.serves(d, opts, n_pos)) {
+            Some(t) => t.clone(),
+            None => {
+                let t = RopeTable::new(g, d, opts, n_pos)?;
+                self.rope_tables.push(t.clone());
+                t
+            }
+        };
         let (qb, kb, vb) = (self.acts.f32(q)?, self.acts.f32(k)?, self.acts.f32(v)?);
         let cache = (&self.kv[layer], &s.index);
-        let mut rope_kv = RopeKv::with_rope(g, d, opts, &s.step, &qb, &kb, &vb, cache)?;
+        let rope = (opts, &table);
+        let mut rope_kv = RopeKv::with_rope(g, d, rope, &s.step, &qb, &kb, &vb, cache)?;
         let ob = self.acts.f32(out)?;
         let attention = match geo.window_of(layer) {
             Some(w) => {

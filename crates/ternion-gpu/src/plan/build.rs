@@ -8,7 +8,7 @@ use crate::context::GpuContext;
 use crate::model::graph::{ActId, Graph, Op, UnaryAct, WeightId};
 use crate::ops::{
     AttnDims, Elementwise, Embed, GpuKv, KvIndex, NormOut, PosTable, QEmbed, QWeights, RmsNorm,
-    RowOp, StepUniform,
+    RopeTable, RowOp, StepUniform,
 };
 use crate::pipelines::Variant;
 use crate::upload::GpuWeight;
@@ -47,6 +47,8 @@ pub(super) struct Compiler<'g> {
     pub(super) dims: AttnDims,
     /// Positions a learned position table covers, once an op binds one.
     pub(super) max_pos: Option<usize>,
+    /// The RoPE angle tables filled so far (one per distinct base; layers share them).
+    pub(super) rope_tables: Vec<RopeTable>,
 }
 
 /// Weight `w` uploaded as a GGUF-format matrix, with its output scale.

@@ -218,6 +218,7 @@ impl Plan {
             fast: numerics == Numerics::Fast,
             dims,
             max_pos: None,
+            rope_tables: Vec::new(),
         };
         let mut head = None;
         for op in &graph.ops {
