@@ -28,8 +28,7 @@
 // rotates its group's query heads itself (rope.wgsl, the same bits as rope_kv.wgsl) and
 // the one whose page holds the new position rotates and stores that kv head's key and
 // value into the cache (one writer per kv head), so a decode step runs no rope_kv launch.
-// The angles come from rope_table.wgsl's table. A thread's key words are loaded before the
-// rotation, and the new position's row read again once stored.
+// The angles come from rope_table.wgsl's table.
 // Dispatch (n_head_kv, ceil(n_keys / PAGE), T): one workgroup per (kv head, page of keys,
 // token) computes, for each of the G = n_head / n_head_kv query heads sharing the kv
 // head, the page's scores s = f16(q)·k · scale, m = max s, e = exp(s − m), l = Σ e and
@@ -375,27 +374,20 @@ fn split(
     let hd = HD;
     let hw = hd / 2u;
     let qbase = (t * p.n_head + kvh * gq) * hd;
-    let row0 = pages[slot * p.pps + c] * PAGE;
-    // Thread (key j, slice sl)'s words of key j, in flight during the queries' rotation.
-    let sl = li % SLICES;
-    let j = li / SLICES;
-    var kw = key_words(row0 + j, kvh, sl);
 #if ROPE
     let pos = n_keys - 1u;
     rope_q(qbase, gq, pos, li);
     if (c == pos / PAGE) {
         store_kv(t, kvh, slot, pos, li);
-        // The new position's key row, read above before it was stored, is read again.
+        // This workgroup reads the row it stored below.
         storageBarrier();
-        if (j == pos % PAGE) {
-            kw = key_words(row0 + j, kvh, sl);
-        }
     }
 #else
     for (var i = li; i < gq * hd; i += WG) {
         q_sh[i] = kv_round(q[qbase + i]);
     }
 #endif
+    let row0 = pages[slot * p.pps + c] * PAGE;
     let cnt = min(PAGE, n_keys - c * PAGE);
     // This thread's first (head, word) item's values, in flight during the scores.
     var first: Vals;
@@ -406,6 +398,9 @@ fn split(
     // Scores: thread (key j, slice sl) holds its words of key j and sums its part of each
     // head's dot product into p_sh, four heads at a time; a thread per (head, key) adds the
     // slices in order.
+    let sl = li % SLICES;
+    let j = li / SLICES;
+    let kw = key_words(row0 + j, kvh, sl);
     for (var g0 = 0u; g0 < gq; g0 += 4u) {
         for (var gi = 0u; gi < 4u && g0 + gi < gq; gi++) {
             p_sh[gi * WG + li] = slice_dot(kw, g0 + gi, sl);

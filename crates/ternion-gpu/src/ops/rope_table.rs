@@ -45,7 +45,7 @@ impl RopeTable {
             }
         }
         let bytes = (n_pos * half).max(1) as u64 * 8;
-        let limit = u64::from(ctx.device.limits().max_storage_buffer_binding_size);
+        let limit = ctx.device.limits().max_storage_buffer_binding_size;
         if bytes > limit {
             return Err(Error::KernelArgs(format!(
                 "rope table: {n_pos} positions × {half} pairs need {bytes} bytes, more than \
