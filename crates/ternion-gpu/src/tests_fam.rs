@@ -511,6 +511,68 @@ fn add_pos_embed_f32_and_f16_tables() {
     }
 }
 
+/// The angle table past one grid of rows (the fill walks 65,535 positions a row): every
+/// position's (cos θ, sin θ), θ the reference's f32 products, against f64 cos/sin (the
+/// cephes polynomials are a few ulp off; θ < 8192, where the reduction is accurate); and a
+/// table serves only the dims, factor buffer and positions it was filled for.
+#[test]
+fn rope_table_positions_past_one_grid() {
+    let Some(ctx) = contexts().into_iter().next() else {
+        return;
+    };
+    let n_pos = 70_000;
+    // base 1e4 over 8 rotated dims: θ_i = pos · 0.1^i (pairs 1..3 stay below 7,000).
+    let d = dims(2, 2, 8, 8, 1e4);
+    let none = RopeOpts {
+        mode: RopeMode::Neox,
+        freqs: None,
+    };
+    let table = RopeTable::new(&ctx, d, none, n_pos).unwrap();
+    let got = table.buf.read::<[f32; 2]>(&ctx).unwrap();
+    assert_eq!(got.len(), n_pos * 4);
+    let scale = d.rope_base.powf(-2.0 / d.n_rot as f32);
+    for pos in 0..n_pos {
+        let mut theta = pos as f32;
+        for i in 0..4 {
+            if theta < 8192.0 {
+                let [c, s] = got[pos * 4 + i];
+                let (ws, wc) = f64::from(theta).sin_cos();
+                assert!(
+                    (f64::from(c) - wc).abs() <= 4e-7 && (f64::from(s) - ws).abs() <= 4e-7,
+                    "pos {pos} pair {i}: gpu ({c}, {s}) want ({wc}, {ws})"
+                );
+            }
+            theta *= scale;
+        }
+    }
+    let factors = GpuBuffer::from_slice(&ctx, "freqs", &[1.0f32, 2.0, 4.0, 8.0]).unwrap();
+    let with = RopeOpts {
+        mode: RopeMode::Neox,
+        freqs: Some(&factors),
+    };
+    let other = GpuBuffer::from_slice(&ctx, "freqs2", &[1.0f32, 2.0, 4.0, 8.0]).unwrap();
+    let with_other = RopeOpts {
+        mode: RopeMode::Neox,
+        freqs: Some(&other),
+    };
+    let divided = RopeTable::new(&ctx, d, with, 16).unwrap();
+    assert!(table.serves(d, none, n_pos) && !table.serves(d, none, n_pos + 1));
+    assert!(!table.serves(d, with, 16) && !table.serves(dims(2, 2, 8, 8, 5e5), none, 16));
+    assert!(divided.serves(d, with, 16) && !divided.serves(d, with_other, 16));
+    // Pair i divided by factor 2^i: θ = pos · 0.1^i / 2^i, correctly rounded.
+    let rows = divided.buf.read::<[f32; 2]>(&ctx).unwrap();
+    for pos in [1usize, 7, 15] {
+        let mut theta = pos as f32;
+        for i in 0..4 {
+            let t = theta / (1u32 << i) as f32;
+            let (ws, wc) = f64::from(t).sin_cos();
+            let [c, s] = rows[pos * 4 + i];
+            assert!((f64::from(c) - wc).abs() <= 4e-7 && (f64::from(s) - ws).abs() <= 4e-7);
+            theta *= scale;
+        }
+    }
+}
+
 /// NORM pairing with and without frequency factors, partial rotation, NEOX with factors
 /// (Phi-3 style head_dim 96) and the plain KV store (n_rot = 0, GPT-2).
 #[test]

@@ -19,8 +19,10 @@ const MAX_ROWS: u32 = 65_535;
 pub struct RopeTable {
     /// The table (at least one element, so that a model without rotation binds it too).
     pub buf: GpuBuffer,
-    /// The `theta_scale` bits, frequency-factor presence and n_rot it was filled for.
-    key: (u32, bool, usize),
+    /// The `theta_scale` bits and n_rot it was filled for.
+    key: (u32, usize),
+    /// The frequency-factor buffer it divided by, if any.
+    freqs: Option<wgpu::Buffer>,
     /// Positions it covers.
     n_pos: usize,
 }
@@ -52,17 +54,18 @@ impl RopeTable {
                  the adapter's {limit}-byte storage binding"
             )));
         }
-        let key = (
-            theta_scale(dims).to_bits(),
-            rope.freqs.is_some(),
-            dims.n_rot,
-        );
+        let key = (theta_scale(dims).to_bits(), dims.n_rot);
         let buf = GpuBuffer::zeroed(ctx, "rope_table", bytes)?;
         if half > 0 && n_pos > 0 {
             let params = uniform(
                 ctx,
                 "rope_table.params",
-                &[half as u32, key.0, u32::from(key.1), n_pos as u32],
+                &[
+                    half as u32,
+                    key.0,
+                    u32::from(rope.freqs.is_some()),
+                    n_pos as u32,
+                ],
             )?;
             let pkey = PipelineKey {
                 kernel: Kernel::RopeTable,
@@ -90,18 +93,19 @@ impl RopeTable {
             }
             ctx.submit(enc);
         }
-        Ok(RopeTable { buf, key, n_pos })
+        Ok(RopeTable {
+            buf,
+            key,
+            freqs: rope.freqs.map(|f| f.buf.clone()),
+            n_pos,
+        })
     }
 
-    /// True when this table holds the angles of `dims` and `rope` for at least `n_pos`
-    /// positions.
+    /// True when this table holds the angles of `dims` and `rope` (the same frequency-factor
+    /// buffer, or none) for at least `n_pos` positions.
     pub fn serves(&self, dims: AttnDims, rope: RopeOpts<'_>, n_pos: usize) -> bool {
-        self.key
-            == (
-                theta_scale(dims).to_bits(),
-                rope.freqs.is_some(),
-                dims.n_rot,
-            )
+        self.key == (theta_scale(dims).to_bits(), dims.n_rot)
+            && self.freqs.as_ref() == rope.freqs.map(|f| &f.buf)
             && self.n_pos >= n_pos
     }
 
