@@ -30,7 +30,7 @@ use super::upload::{GpuUpload, GpuWeight};
 use crate::generate::{check_step, StepLimits};
 use crate::kv::{KvType, PAGE_POSITIONS};
 use crate::model::graph::Graph;
-use crate::model::{Config, Logits, Model};
+use crate::model::{Config, LmHead, Logits, Model};
 use crate::{Error, Result};
 
 /// Sizes fixed at load.
@@ -55,6 +55,9 @@ pub struct GpuModelOptions {
     pub numerics: Numerics,
     /// Element type of the KV caches ([`GpuModel::from_model`] takes the model's).
     pub kv_type: KvType,
+    /// The LM head as stored, or requantized to Q8_0 / Q6_K at upload (the CPU's bytes for
+    /// the same choice; [`GpuModel::from_model`] takes the model's).
+    pub lm_head: LmHead,
 }
 
 impl Default for GpuModelOptions {
@@ -68,6 +71,7 @@ impl Default for GpuModelOptions {
             profile: false,
             numerics: Numerics::Fast,
             kv_type: KvType::F16,
+            lm_head: LmHead::AsStored,
         }
     }
 }
@@ -137,6 +141,7 @@ impl GpuModel {
     ) -> Result<GpuModel> {
         let opts = GpuModelOptions {
             kv_type: model.kv_type(),
+            lm_head: model.lm_head(),
             ..opts
         };
         GpuUpload::from_file(ctx, model.file(), opts)

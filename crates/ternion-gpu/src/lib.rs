@@ -138,9 +138,9 @@ pub use profile::KernelTime;
 pub use seqs::{GpuSeq, GpuSeqStep};
 pub use upload::{GpuUpload, TensorRequest};
 
+use ternion_core::{backend, embed, generate, gguf, kv, model, quant, session, Error, Result};
 #[cfg(test)]
-use ternion_core::{backend, sample, tokenizer};
-use ternion_core::{embed, generate, gguf, kv, model, quant, session, Error, Result};
+use ternion_core::{sample, tokenizer};
 /// The shared test data beside the repository, for the unit tests.
 #[cfg(test)]
 use ternion_testkit::shared as test_shared;

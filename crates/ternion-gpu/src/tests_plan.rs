@@ -18,7 +18,7 @@ use super::tests::ctx_with;
 use super::*;
 use crate::gguf::GgufFile;
 use crate::kv::KvType;
-use crate::model::{self, Logits, Model};
+use crate::model::{self, LmHead, LoadOptions, Logits, Model};
 use crate::quant::GgmlType;
 use crate::synth::{self, Shape, Spec, Vocab};
 use crate::test_shared::shared_path;
@@ -40,6 +40,11 @@ impl Drop for FamilyFile {
 /// A synthetic micro model of `arch` with `ty` weights, in a file of its own (the tests of
 /// this module run in parallel, each with its own copy).
 fn synthetic(arch: &str, ty: GgmlType) -> FamilyFile {
+    synthetic_shaped(arch, ty, "micro")
+}
+
+/// [`synthetic`] of the named shape.
+fn synthetic_shaped(arch: &str, ty: GgmlType, shape: &str) -> FamilyFile {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let path = std::env::temp_dir().join(format!(
         "ternion-plan-{}-{}-{arch}-{}.gguf",
@@ -49,7 +54,7 @@ fn synthetic(arch: &str, ty: GgmlType) -> FamilyFile {
     ));
     let spec = Spec {
         arch,
-        shape: Shape::named("micro").unwrap(),
+        shape: Shape::named(shape).unwrap(),
         weight_type: ty,
         vocab: Vocab::Bytes { n_vocab: 320 },
         seed: 7,
@@ -173,6 +178,23 @@ fn dispatches_per_token_of_every_family() {
     }
 }
 
+/// The CPU's logits of every row of `prompt`, then of each decode step of `steps`.
+fn cpu_steps(cpu: &Model, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
+    let mut st = cpu.cpu_state(64);
+    let mut out = vec![cpu
+        .forward_cpu(prompt, Logits::All, &mut st)
+        .unwrap()
+        .to_vec()];
+    for &t in steps {
+        out.push(
+            cpu.forward_cpu(&[t], Logits::Last, &mut st)
+                .unwrap()
+                .to_vec(),
+        );
+    }
+    out
+}
+
 /// Largest |a − b| over two logits slices, and the largest |b|.
 fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
     assert_eq!(a.len(), b.len());
@@ -247,18 +269,7 @@ fn f32_kv_cache_matches_cpu() {
         let vocab = cpu.config().n_vocab as u32;
         let prompt: Vec<u32> = (0..7).map(|i| (i * 37 + 5) % vocab).collect();
         let steps = [11u32, 3, 29];
-        let mut st = cpu.cpu_state(64);
-        let mut want = vec![cpu
-            .forward_cpu(&prompt, Logits::All, &mut st)
-            .unwrap()
-            .to_vec()];
-        for &t in &steps {
-            want.push(
-                cpu.forward_cpu(&[t], Logits::Last, &mut st)
-                    .unwrap()
-                    .to_vec(),
-            );
-        }
+        let want = cpu_steps(&cpu, &prompt, &steps);
         for numerics in [Numerics::Fast, Numerics::Exact] {
             let run = |cpu: &Model| {
                 let mut gpu = GpuModel::from_model(ctx.clone(), cpu, options(numerics))
@@ -291,4 +302,66 @@ fn f32_kv_cache_matches_cpu() {
             );
         }
     }
+}
+
+/// The opt-in quantized LM heads (`--lm-head q8_0 | q6_k`) on the GPU: the stored head is
+/// requantized at upload to the bytes the CPU's option makes, and the logits' linear reads
+/// them (here the tied head of the synthetic BitNet: the token table stays F16 for the
+/// embedding). Against the CPU with the same head (exact numerics, prompt rows and three
+/// decode steps) within CLOSE (the same int8 products; 1e-6 on lavapipe), and away from the stored head's logits
+/// (the option took effect). A head whose rows are not whole Q6_K blocks is refused.
+#[test]
+fn quantized_lm_heads_match_the_cpus() {
+    let Some(ctx) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    let ctx = Arc::new(ctx);
+    let file = synthetic_shaped("bitnet-b1.58", GgmlType::I2_S, "tiny");
+    let load = |lm_head| {
+        model::load_with(&file.path, &LoadOptions { lm_head })
+            .unwrap_or_else(|e| panic!("{lm_head:?}: {e}"))
+            .1
+    };
+    let stored = load(LmHead::AsStored);
+    let vocab = stored.config().n_vocab as u32;
+    let prompt: Vec<u32> = (0..7).map(|i| (i * 37 + 5) % vocab).collect();
+    let steps = [11u32, 3, 29];
+    let run_gpu = |cpu: &Model| {
+        let mut gpu = GpuModel::from_model(ctx.clone(), cpu, options(Numerics::Exact))
+            .unwrap_or_else(|e| panic!("{:?}: {e}", cpu.lm_head()));
+        let mut got = vec![gpu.forward(&prompt, Logits::All).unwrap().to_vec()];
+        for &t in &steps {
+            got.push(gpu.forward(&[t], Logits::Last).unwrap().to_vec());
+        }
+        got
+    };
+    let exact = run_gpu(&stored);
+    for head in [LmHead::Q8_0, LmHead::Q6K] {
+        let cpu = load(head);
+        let want = cpu_steps(&cpu, &prompt, &steps);
+        let got = run_gpu(&cpu);
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (d, m) = diff(g, w);
+            let (moved, _) = diff(g, &exact[step]);
+            eprintln!("{head:?} step {step}: |gpu − cpu| {d}, |Δ stored head| {moved}");
+            assert!(
+                d <= CLOSE * (m + 1.0),
+                "{head:?} step {step}: {d} (max {m})"
+            );
+            assert!(
+                moved > 1e-4,
+                "{head:?} step {step}: the stored head's logits"
+            );
+        }
+    }
+    let micro = synthetic("bitnet-b1.58", GgmlType::I2_S);
+    let f = GgufFile::open(&micro.path).unwrap();
+    let opts = GpuModelOptions {
+        lm_head: LmHead::Q6K,
+        ..options(Numerics::Fast)
+    };
+    let err = GpuUpload::from_file(ctx.clone(), &f, opts)
+        .err()
+        .expect("128-wide rows");
+    assert!(err.to_string().contains("cannot requantize"), "{err}");
 }

@@ -15,9 +15,10 @@ use super::buffers::{GpuBuffer, Sharded};
 use super::context::{Caps, GpuContext};
 use super::exec::{GpuModel, GpuModelOptions};
 use super::ops::{QFormat, QWeights, TernaryWeights};
+use crate::backend::cpu::{requantize_rows, requantized_row_bytes};
 use crate::gguf::GgufFile;
-use crate::model::graph::{Graph, Op, WeightKind};
-use crate::model::{self, Config};
+use crate::model::graph::{Graph, Op, WeightId, WeightKind};
+use crate::model::{self, Config, LmHead};
 use crate::quant::{self, GgmlType};
 use crate::{Error, Result};
 
@@ -57,6 +58,49 @@ enum Target {
     Scale(usize),
 }
 
+/// The opt-in quantized LM head: the stored weight whose bytes it is requantized from when
+/// they arrive, the weight that holds it (the same one unless the stored one is also the
+/// token table), and its format.
+#[derive(Clone, Copy)]
+struct HeadQuant {
+    src: usize,
+    dst: usize,
+    to: GgmlType,
+}
+
+/// Where `lm_head` asks for a requantized LM head, the weight the logits' linear reads
+/// (at `graph.ops[.0]`), that weight, and whether the token table is the same weight.
+fn quantized_head(graph: &Graph, lm_head: LmHead) -> Result<Option<(usize, usize, bool)>> {
+    let to = match lm_head {
+        LmHead::AsStored => return Ok(None),
+        LmHead::Q8_0 => GgmlType::Q8_0,
+        LmHead::Q6K => GgmlType::Q6_K,
+    };
+    let linear = graph.ops.iter().enumerate().find_map(|(at, op)| match *op {
+        Op::Linear { w, out, .. } if out == graph.logits => Some((at, w.0)),
+        _ => None,
+    });
+    let Some((at, w)) = linear else {
+        return Ok(None);
+    };
+    let desc = &graph.weights[w];
+    match &desc.kind {
+        WeightKind::Matrix { k, scale: None, .. } => {
+            requantized_row_bytes(&desc.name, *k, to)?;
+        }
+        _ => {
+            return Err(Error::Model(format!(
+                "tensor '{}': an LM head with an output scale cannot be requantized",
+                desc.name
+            )))
+        }
+    }
+    let tied = graph.ops.iter().any(
+        |op| matches!(*op, Op::Embed { table, .. } | Op::AddPosEmbed { table, .. } if table.0 == w),
+    );
+    Ok(Some((at, w, tied)))
+}
+
 struct Pending {
     req: TensorRequest,
     ty: GgmlType,
@@ -74,6 +118,7 @@ pub struct GpuUpload {
     scales: Vec<f32>,
     pending: Vec<Pending>,
     next: usize,
+    head: Option<HeadQuant>,
 }
 
 /// F16 matrices the embedding / LM-head / position kernels read directly: those read by an
@@ -197,7 +242,8 @@ impl GpuUpload {
         opts: GpuModelOptions,
     ) -> Result<GpuUpload> {
         let cfg = Config::from_gguf(header)?;
-        let graph = model::graph_for(&cfg, header);
+        let mut graph = model::graph_for(&cfg, header);
+        let head = quantized_head(&graph, opts.lm_head)?;
         let info = |name: &str| {
             header
                 .tensor(name)
@@ -219,8 +265,18 @@ impl GpuUpload {
         let mut allocated = 0u64;
         for (i, w) in graph.weights.iter().enumerate() {
             let t = info(&w.name)?;
-            let (weight, n) = storage(&ctx, &w.name, t.ty, &w.kind, f16_rows[i])
-                .map_err(|e| while_uploading(e, &w.name, allocated, total))?;
+            let (weight, n) = match head {
+                // An untied head is held only requantized.
+                Some((_, h, false)) if h == i => (
+                    GpuWeight::Quant {
+                        w: None,
+                        scale: 1.0,
+                    },
+                    0,
+                ),
+                _ => storage(&ctx, &w.name, t.ty, &w.kind, f16_rows[i])
+                    .map_err(|e| while_uploading(e, &w.name, allocated, total))?,
+            };
             allocated += t.size;
             let shape_ok = match w.kind {
                 WeightKind::Vector { n } => t.n_elements() == n as u64,
@@ -256,6 +312,27 @@ impl GpuUpload {
             weights.push(weight);
         }
         pending.sort_by_key(|p| p.req.range.start);
+        // A tied head gets a weight of its own, which the logits' linear reads instead.
+        let head = head.map(|(at, src, tied)| {
+            let dst = if tied {
+                graph.weights.push(graph.weights[src].clone());
+                weights.push(GpuWeight::Quant {
+                    w: None,
+                    scale: 1.0,
+                });
+                if let Op::Linear { w, .. } = &mut graph.ops[at] {
+                    *w = WeightId(graph.weights.len() - 1);
+                }
+                graph.weights.len() - 1
+            } else {
+                src
+            };
+            let to = match opts.lm_head {
+                LmHead::Q6K => GgmlType::Q6_K,
+                _ => GgmlType::Q8_0,
+            };
+            HeadQuant { src, dst, to }
+        });
         let scales = vec![1.0; weights.len()];
         Ok(GpuUpload {
             ctx,
@@ -266,6 +343,7 @@ impl GpuUpload {
             scales,
             pending,
             next: 0,
+            head,
         })
     }
 
@@ -323,32 +401,56 @@ impl GpuUpload {
                 quant::dequantize_row(p.ty, name, bytes, 1, 0, &mut s)?;
                 self.scales[i] = s[0];
             }
-            Target::Weight(i) => match &mut self.weights[i] {
-                GpuWeight::Ternary(w) => w.fill(g, name, bytes)?,
-                GpuWeight::F16Rows(s) => s.write_rows(g, bytes)?,
-                GpuWeight::Quant { w, .. } => {
-                    let WeightKind::Matrix { k, m, .. } = self.graph.weights[i].kind else {
-                        return Err(Error::KernelArgs(format!("{name}: not a matrix")));
-                    };
-                    // TQ1_0 goes up as TQ2_0: the same trits, one kernel.
-                    *w = Some(if p.ty == GgmlType::TQ1_0 {
-                        if !bytes.len().is_multiple_of(quant::tq1_0::BLOCK_BYTES) {
-                            return Err(Error::KernelArgs(format!(
-                                "{name}: TQ1_0 bytes not whole blocks"
-                            )));
-                        }
-                        let tq2 = quant::tq1_0::repack_tq2_0(bytes);
-                        QWeights::upload(g, name, GgmlType::TQ2_0, &tq2, k, m, None)?
-                    } else {
-                        QWeights::upload(g, name, p.ty, bytes, k, m, None)?
-                    });
+            Target::Weight(i) if self.head.is_some_and(|h| h.src == i) => {
+                let h = self.head.expect("checked");
+                let WeightKind::Matrix { k, m, .. } = self.graph.weights[i].kind else {
+                    return Err(Error::KernelArgs(format!("{name}: not a matrix")));
+                };
+                let mut q = vec![0u8; m * requantized_row_bytes(name, k, h.to)?];
+                requantize_rows((p.ty, name), bytes, k, h.to, &mut q)?;
+                self.weights[h.dst] = GpuWeight::Quant {
+                    w: Some(QWeights::upload(g, name, h.to, &q, k, m, None)?),
+                    scale: 1.0,
+                };
+                if h.dst != i {
+                    self.store_weight(i, bytes)?;
                 }
-                GpuWeight::Vector(v) => {
-                    let mut f = vec![0f32; p.n];
-                    quant::dequantize_row(p.ty, name, bytes, p.n, 0, &mut f)?;
-                    *v = Some(GpuBuffer::from_slice(g, name, &f)?);
-                }
-            },
+            }
+            Target::Weight(i) => self.store_weight(i, bytes)?,
+        }
+        Ok(())
+    }
+
+    /// Stores the bytes of weight `i` (the next tensor) as its storage holds them.
+    fn store_weight(&mut self, i: usize, bytes: &[u8]) -> Result<()> {
+        let p = &self.pending[self.next];
+        let name = &p.req.name;
+        let g = &*self.ctx;
+        match &mut self.weights[i] {
+            GpuWeight::Ternary(w) => w.fill(g, name, bytes)?,
+            GpuWeight::F16Rows(s) => s.write_rows(g, bytes)?,
+            GpuWeight::Quant { w, .. } => {
+                let WeightKind::Matrix { k, m, .. } = self.graph.weights[i].kind else {
+                    return Err(Error::KernelArgs(format!("{name}: not a matrix")));
+                };
+                // TQ1_0 goes up as TQ2_0: the same trits, one kernel.
+                *w = Some(if p.ty == GgmlType::TQ1_0 {
+                    if !bytes.len().is_multiple_of(quant::tq1_0::BLOCK_BYTES) {
+                        return Err(Error::KernelArgs(format!(
+                            "{name}: TQ1_0 bytes not whole blocks"
+                        )));
+                    }
+                    let tq2 = quant::tq1_0::repack_tq2_0(bytes);
+                    QWeights::upload(g, name, GgmlType::TQ2_0, &tq2, k, m, None)?
+                } else {
+                    QWeights::upload(g, name, p.ty, bytes, k, m, None)?
+                });
+            }
+            GpuWeight::Vector(v) => {
+                let mut f = vec![0f32; p.n];
+                quant::dequantize_row(p.ty, name, bytes, p.n, 0, &mut f)?;
+                *v = Some(GpuBuffer::from_slice(g, name, &f)?);
+            }
         }
         Ok(())
     }

@@ -63,6 +63,7 @@ pub struct Model {
     file: Arc<GgufFile>,
     cpu: CpuModel,
     kv_type: KvType,
+    lm_head: LmHead,
 }
 
 impl Model {
@@ -93,6 +94,7 @@ impl Model {
             file,
             cpu,
             kv_type: KvType::default(),
+            lm_head: opts.lm_head,
         })
     }
 
@@ -100,6 +102,12 @@ impl Model {
     pub fn with_kv_type(mut self, ty: KvType) -> Model {
         self.kv_type = ty;
         self
+    }
+
+    /// How the LM head's weights are used (as loaded): the GPU built from this model takes
+    /// the same head.
+    pub fn lm_head(&self) -> LmHead {
+        self.lm_head
     }
 
     /// The element type of this model's CPU KV caches.

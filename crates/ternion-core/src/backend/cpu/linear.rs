@@ -99,54 +99,25 @@ impl Linear {
         })
     }
 
-    /// The same weights requantized to Q8_0 or Q6_K (rows dequantized to f32 and quantized
-    /// as ggml's reference quantizers do), held in memory; used for the opt-in quantized LM
-    /// heads.
+    /// The same weights requantized to Q8_0 or Q6_K ([`requantize_rows`]), held in memory;
+    /// used for the opt-in quantized LM heads.
     pub fn requantized(&self, ty: GgmlType) -> Result<Linear> {
         let (k, m) = (self.in_features, self.out_features);
-        let (quantize, block): (quant::format::Quantizer, usize) = match ty {
-            GgmlType::Q8_0 => (quant::q8_0::quantize_row, 32),
-            GgmlType::Q6_K => (quant::q6_k::quantize_row, 256),
-            other => {
-                return Err(Error::unsupported(
-                    format!("tensor '{}': requantizing to", self.info.name),
-                    other,
-                    [GgmlType::Q8_0, GgmlType::Q6_K],
-                    "",
-                ))
-            }
-        };
-        if !k.is_multiple_of(block) || self.tensor_scale != 1.0 || self.quads {
+        if self.tensor_scale != 1.0 || self.quads {
             return Err(Error::Model(format!(
                 "tensor '{}': cannot requantize {} rows of {k} to {ty}",
                 self.info.name, self.ty
             )));
         }
-        let row_bytes = ty.row_bytes(k as u64).expect("whole blocks") as usize;
+        let row_bytes = requantized_row_bytes(&self.info.name, k, ty)?;
         let mut out = HugeBuf::filled(m * row_bytes, 0u8);
-        let data = self.data();
-        let failed = std::sync::atomic::AtomicBool::new(false);
-        // Chunks of 64 rows: whole quads.
+        requantize_rows((self.ty, &self.info.name), self.data(), k, ty, &mut out)?;
         let quads = ty == GgmlType::Q6_K && simd::Level::detect() == simd::Level::Avx512;
-        pool::global().for_each_chunk_mut(&mut out, row_bytes * 64, |c, dst, _| {
-            let mut row = vec![0f32; k];
-            for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
-                let r = c * 64 + i;
-                if quant::dequantize_row(self.ty, &self.info.name, data, k, r, &mut row).is_err() {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return;
-                }
-                quantize(&row, d);
-            }
-            if quads {
+        if quads {
+            // Whole quads: chunks of 64 rows.
+            pool::global().for_each_chunk_mut(&mut out, row_bytes * 64, |_, dst, _| {
                 simd::q6_k_interleave(dst, row_bytes);
-            }
-        });
-        if failed.into_inner() {
-            return Err(Error::Model(format!(
-                "tensor '{}': rows could not be dequantized",
-                self.info.name
-            )));
+            });
         }
         if self.owned.is_none() {
             // The mapped rows were all read once; the few an embedding lookup reads again
@@ -576,6 +547,64 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
     par_rows(out, m, |j, t0, n| {
         std::array::from_fn(|i| if i < n { f(j, t0 + i) } else { 0.0 })
     });
+}
+
+/// Bytes of one row of `k` elements requantized to `to` (Q8_0 or Q6_K, whole blocks), or
+/// the error naming what [`requantize_rows`] takes.
+pub fn requantized_row_bytes(name: &str, k: usize, to: GgmlType) -> Result<usize> {
+    let block = match to {
+        GgmlType::Q8_0 => 32,
+        GgmlType::Q6_K => 256,
+        other => {
+            return Err(Error::unsupported(
+                format!("tensor '{name}': requantizing to"),
+                other,
+                [GgmlType::Q8_0, GgmlType::Q6_K],
+                "",
+            ))
+        }
+    };
+    match to.row_bytes(k as u64) {
+        Some(b) if k.is_multiple_of(block) => Ok(b as usize),
+        _ => Err(Error::Model(format!(
+            "tensor '{name}': cannot requantize rows of {k} to {to} (blocks of {block})"
+        ))),
+    }
+}
+
+/// The rows of `data` (`ty` rows of `k`, tensor `name`) requantized to `to` (Q8_0 or Q6_K)
+/// into `out` (whole rows of [`requantized_row_bytes`]): each row dequantized to f32 and
+/// quantized as ggml's reference quantizers do, rows in parallel. The CPU's and the GPU's
+/// quantized LM heads are these bytes.
+pub fn requantize_rows(
+    (ty, name): (GgmlType, &str),
+    data: &[u8],
+    k: usize,
+    to: GgmlType,
+    out: &mut [u8],
+) -> Result<()> {
+    let row_bytes = requantized_row_bytes(name, k, to)?;
+    let quantize: quant::format::Quantizer = match to {
+        GgmlType::Q8_0 => quant::q8_0::quantize_row,
+        _ => quant::q6_k::quantize_row,
+    };
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    pool::global().for_each_chunk_mut(out, row_bytes * 64, |c, dst, _| {
+        let mut row = vec![0f32; k];
+        for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
+            if quant::dequantize_row(ty, name, data, k, c * 64 + i, &mut row).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            quantize(&row, d);
+        }
+    });
+    if failed.into_inner() {
+        return Err(Error::Model(format!(
+            "tensor '{name}': rows could not be dequantized"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

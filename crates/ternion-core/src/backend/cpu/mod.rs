@@ -21,7 +21,7 @@ pub use attention::{
 };
 pub use bandwidth::measure_read_bandwidth;
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
-pub use linear::Linear;
+pub use linear::{requantize_rows, requantized_row_bytes, Linear};
 pub use norm::{layer_norm, rms_norm};
 pub use quant_input::QuantInput;
 pub use rope::{rope, rope_neox, MAX_ROT};
