@@ -38,8 +38,9 @@ pub(super) enum Launch {
     SoftCap(Elementwise),
     /// Attention of a sliding-window layer.
     WindowAttention(WindowAttention),
-    /// A GGUF-format matvec over selected rows: decode and last-row modes copy the step's
-    /// last row out first (`select`), then quantize it when the format asks.
+    /// A GGUF-format matvec over selected rows: the last-row mode copies the step's last
+    /// row out first (`select`), then quantizes it when the format asks; a single token's
+    /// row (the first) and all rows are quantized where they are.
     QHead(Box<QHead>),
     /// The fast norm + int8 quantization, written out (steps of several tokens).
     NormQuant(NormQuant),
@@ -249,18 +250,19 @@ impl Launch {
                         q.record(pass, m);
                     }
                     picked.record(pass, m, m > 1);
-                } else if rows == Rows::All {
-                    if let Some(q) = quant_all {
-                        q.record(pass, n);
-                    }
-                    all.record(pass, n, n > 1);
-                } else {
+                } else if rows == Rows::Last {
                     select.record(pass, n);
                     if let Some(q) = quant_one {
                         q.record(pass, 1);
                     }
-                    let mv = if rows == Rows::Decode { decode } else { last };
-                    mv.record(pass, 1, false);
+                    last.record(pass, 1, false);
+                } else {
+                    // All rows, or a single token's (its row is the first).
+                    if let Some(q) = quant_all {
+                        q.record(pass, n);
+                    }
+                    let mv = if rows == Rows::Decode { decode } else { all };
+                    mv.record(pass, n, n > 1);
                 }
             }
         }
@@ -283,7 +285,7 @@ impl Launch {
             }
             Launch::Head(h) => h.decode.dispatch_count(),
             Launch::QLinear(o) => o.dispatch_count(),
-            Launch::QHead(h) => 1 + usize::from(h.quant_one.is_some()) + h.decode.dispatch_count(),
+            Launch::QHead(h) => usize::from(h.quant_all.is_some()) + h.decode.dispatch_count(),
             _ => 1,
         }
     }

@@ -257,8 +257,9 @@ impl Compiler<'_> {
         Ok((Some(quantize), mv))
     }
 
-    /// A GGUF-format LM head over the selected rows of `x`: decode and last-row modes copy
-    /// the step's last row out first, then quantize it when the format asks.
+    /// A GGUF-format LM head over the selected rows of `x`: the last-row mode copies the
+    /// step's last row out first, then quantizes it when the format asks; a single-token
+    /// step's row is the first of `x`, read (and quantized) where it is.
     fn q_head(
         &mut self,
         qw: &QWeights,
@@ -283,12 +284,28 @@ impl Compiler<'_> {
             Some(q) => MatIn::Quant(q),
             None => MatIn::F32(&sel),
         };
-        let decode = self.qmatvec(qw, in_one(), &ob, opts(true), false)?;
         let last = self.qmatvec(qw, in_one(), &ob, opts(false), false)?;
         let xb = self.acts.f32(x)?;
-        // F32 rows of a batch round like the per-token matvec (round_x).
-        let (quant_all, all) =
-            self.q_rows(qw, (&xb, width), &ob, (opts(false), opts(true)), false)?;
+        let (quant_all, q_all) = match kind {
+            Some(k) => {
+                let q = self.new_qact(k, width, max_batch)?;
+                (Some(QuantizeAct::new(g, &xb, &q)?), Some(q))
+            }
+            None => (None, None),
+        };
+        let in_all = || match &q_all {
+            Some(q) => MatIn::Quant(q),
+            None => MatIn::F32(&xb),
+        };
+        let decode = self.qmatvec(qw, in_all(), &ob, opts(true), false)?;
+        // F32 rows of a batch round like the per-token matvec (round_x); Q8 rows are
+        // quantized unrounded.
+        let all_opts = if kind.is_some() {
+            opts(false)
+        } else {
+            opts(true)
+        };
+        let all = self.qmatvec(qw, in_all(), &ob, all_opts, false)?;
         let pb = picked_rows(g, width, max_batch)?;
         // F32-input formats round a decode row's input like `decode` (round_x); Q8 inputs
         // are quantized unrounded.
