@@ -27,6 +27,21 @@ pub(super) struct Int8In {
     pub(super) norm: Option<NormIn>,
 }
 
+/// A head matvec's input: its Q8 activations where the format reads them, else the f32
+/// rows themselves.
+trait HeadIn {
+    fn mat_in<'a>(&'a self, rows: &'a GpuBuffer) -> MatIn<'a>;
+}
+
+impl HeadIn for Option<QAct> {
+    fn mat_in<'a>(&'a self, rows: &'a GpuBuffer) -> MatIn<'a> {
+        match self {
+            Some(q) => MatIn::Quant(q),
+            None => MatIn::F32(rows),
+        }
+    }
+}
+
 /// The compact copy of the picked rows of an act of `width` (the head's input).
 fn picked_rows(ctx: &GpuContext, width: usize, rows: usize) -> Result<GpuBuffer> {
     GpuBuffer::zeroed(ctx, "picked", (rows * width * 4) as u64)
@@ -257,6 +272,24 @@ impl Compiler<'_> {
         Ok((Some(quantize), mv))
     }
 
+    /// The Q8 activations of `rows` rows of `src` (`width` each) for a head format that
+    /// reads them (`kind`), with the launch that quantizes them; none for f32 inputs.
+    fn head_input(
+        &mut self,
+        kind: Option<ActQuant>,
+        src: &GpuBuffer,
+        width: usize,
+        rows: usize,
+    ) -> Result<(Option<QuantizeAct>, Option<QAct>)> {
+        match kind {
+            Some(k) => {
+                let q = self.new_qact(k, width, rows)?;
+                Ok((Some(QuantizeAct::new(self.g, src, &q)?), Some(q)))
+            }
+            None => Ok((None, None)),
+        }
+    }
+
     /// A GGUF-format LM head over the selected rows of `x`: the last-row mode copies the
     /// step's last row out first, then quantizes it when the format asks; a single-token
     /// step's row is the first of `x`, read (and quantized) where it is.
@@ -273,31 +306,11 @@ impl Compiler<'_> {
         let kind = qw.fmt.act();
         let sel = GpuBuffer::zeroed(g, "selected", (width * 4) as u64)?;
         let select = RowOp::select_last(g, &s.step, &self.acts.f32(x)?, width, &sel)?;
-        let (quant_one, one) = match kind {
-            Some(k) => {
-                let q = self.new_qact(k, width, 1)?;
-                (Some(QuantizeAct::new(g, &sel, &q)?), Some(q))
-            }
-            None => (None, None),
-        };
-        let in_one = || match &one {
-            Some(q) => MatIn::Quant(q),
-            None => MatIn::F32(&sel),
-        };
-        let last = self.qmatvec(qw, in_one(), &ob, opts(false), false)?;
+        let (quant_one, one) = self.head_input(kind, &sel, width, 1)?;
+        let last = self.qmatvec(qw, one.mat_in(&sel), &ob, opts(false), false)?;
         let xb = self.acts.f32(x)?;
-        let (quant_all, q_all) = match kind {
-            Some(k) => {
-                let q = self.new_qact(k, width, max_batch)?;
-                (Some(QuantizeAct::new(g, &xb, &q)?), Some(q))
-            }
-            None => (None, None),
-        };
-        let in_all = || match &q_all {
-            Some(q) => MatIn::Quant(q),
-            None => MatIn::F32(&xb),
-        };
-        let decode = self.qmatvec(qw, in_all(), &ob, opts(true), false)?;
+        let (quant_all, all_q) = self.head_input(kind, &xb, width, max_batch)?;
+        let decode = self.qmatvec(qw, all_q.mat_in(&xb), &ob, opts(true), false)?;
         // F32 rows of a batch round like the per-token matvec (round_x); Q8 rows are
         // quantized unrounded.
         let all_opts = if kind.is_some() {
@@ -305,7 +318,7 @@ impl Compiler<'_> {
         } else {
             opts(true)
         };
-        let all = self.qmatvec(qw, in_all(), &ob, all_opts, false)?;
+        let all = self.qmatvec(qw, all_q.mat_in(&xb), &ob, all_opts, false)?;
         let pb = picked_rows(g, width, max_batch)?;
         // F32-input formats round a decode row's input like `decode` (round_x); Q8 inputs
         // are quantized unrounded.
