@@ -68,9 +68,13 @@ struct HeadQuant {
     to: GgmlType,
 }
 
-/// Where `lm_head` asks for a requantized LM head, the weight the logits' linear reads
-/// (at `graph.ops[.0]`), that weight, and whether the token table is the same weight.
-fn quantized_head(graph: &Graph, lm_head: LmHead) -> Result<Option<(usize, usize, bool)>> {
+/// The requantized LM head `lm_head` asks for: where the linear that writes the logits sits
+/// in `graph.ops`, the weight it reads, whether the token table is that same weight, and
+/// the format to requantize to.
+fn quantized_head(
+    graph: &Graph,
+    lm_head: LmHead,
+) -> Result<Option<(usize, usize, bool, GgmlType)>> {
     let to = match lm_head {
         LmHead::AsStored => return Ok(None),
         LmHead::Q8_0 => GgmlType::Q8_0,
@@ -98,7 +102,7 @@ fn quantized_head(graph: &Graph, lm_head: LmHead) -> Result<Option<(usize, usize
     let tied = graph.ops.iter().any(
         |op| matches!(*op, Op::Embed { table, .. } | Op::AddPosEmbed { table, .. } if table.0 == w),
     );
-    Ok(Some((at, w, tied)))
+    Ok(Some((at, w, tied, to)))
 }
 
 struct Pending {
@@ -267,7 +271,7 @@ impl GpuUpload {
             let t = info(&w.name)?;
             let (weight, n) = match head {
                 // An untied head is held only requantized.
-                Some((_, h, false)) if h == i => (
+                Some((_, h, false, _)) if h == i => (
                     GpuWeight::Quant {
                         w: None,
                         scale: 1.0,
@@ -313,7 +317,7 @@ impl GpuUpload {
         }
         pending.sort_by_key(|p| p.req.range.start);
         // A tied head gets a weight of its own, which the logits' linear reads instead.
-        let head = head.map(|(at, src, tied)| {
+        let head = head.map(|(at, src, tied, to)| {
             let dst = if tied {
                 graph.weights.push(graph.weights[src].clone());
                 weights.push(GpuWeight::Quant {
@@ -326,10 +330,6 @@ impl GpuUpload {
                 graph.weights.len() - 1
             } else {
                 src
-            };
-            let to = match opts.lm_head {
-                LmHead::Q6K => GgmlType::Q6_K,
-                _ => GgmlType::Q8_0,
             };
             HeadQuant { src, dst, to }
         });

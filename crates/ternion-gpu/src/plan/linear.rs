@@ -27,18 +27,12 @@ pub(super) struct Int8In {
     pub(super) norm: Option<NormIn>,
 }
 
-/// A head matvec's input: its Q8 activations where the format reads them, else the f32
-/// rows themselves.
-trait HeadIn {
-    fn mat_in<'a>(&'a self, rows: &'a GpuBuffer) -> MatIn<'a>;
-}
-
-impl HeadIn for Option<QAct> {
-    fn mat_in<'a>(&'a self, rows: &'a GpuBuffer) -> MatIn<'a> {
-        match self {
-            Some(q) => MatIn::Quant(q),
-            None => MatIn::F32(rows),
-        }
+/// A head matvec's input: the Q8 activations `q` where the format reads them, else the
+/// f32 `rows` themselves.
+fn head_in<'a>(q: &'a Option<QAct>, rows: &'a GpuBuffer) -> MatIn<'a> {
+    match q {
+        Some(q) => MatIn::Quant(q),
+        None => MatIn::F32(rows),
     }
 }
 
@@ -307,10 +301,10 @@ impl Compiler<'_> {
         let sel = GpuBuffer::zeroed(g, "selected", (width * 4) as u64)?;
         let select = RowOp::select_last(g, &s.step, &self.acts.f32(x)?, width, &sel)?;
         let (quant_one, one) = self.head_input(kind, &sel, width, 1)?;
-        let last = self.qmatvec(qw, one.mat_in(&sel), &ob, opts(false), false)?;
+        let last = self.qmatvec(qw, head_in(&one, &sel), &ob, opts(false), false)?;
         let xb = self.acts.f32(x)?;
         let (quant_all, all_q) = self.head_input(kind, &xb, width, max_batch)?;
-        let decode = self.qmatvec(qw, all_q.mat_in(&xb), &ob, opts(true), false)?;
+        let decode = self.qmatvec(qw, head_in(&all_q, &xb), &ob, opts(true), false)?;
         // F32 rows of a batch round like the per-token matvec (round_x); Q8 rows are
         // quantized unrounded.
         let all_opts = if kind.is_some() {
@@ -318,7 +312,7 @@ impl Compiler<'_> {
         } else {
             opts(true)
         };
-        let all = self.qmatvec(qw, all_q.mat_in(&xb), &ob, all_opts, false)?;
+        let all = self.qmatvec(qw, head_in(&all_q, &xb), &ob, all_opts, false)?;
         let pb = picked_rows(g, width, max_batch)?;
         // F32-input formats round a decode row's input like `decode` (round_x); Q8 inputs
         // are quantized unrounded.
