@@ -154,7 +154,6 @@ fn weight_bytes(r: &mut impl Rng, fmt: QFormat, rows: usize, k: usize) -> (GgmlT
     }
     let scales: &[usize] = match ty {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
         GgmlType::Q3_K => &[108],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::IQ4_NL | GgmlType::Q2_0 | GgmlType::IQ4_XS => &[0],

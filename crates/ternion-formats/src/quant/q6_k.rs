@@ -257,7 +257,7 @@ block_format!(
     Q6K,
     Q6_K,
     RefDot::Q8K(dot_q8k),
-    None,
+    Some(quantize_row),
     Some(include_str!("wgsl/q6_k.wgsl"))
 );
 

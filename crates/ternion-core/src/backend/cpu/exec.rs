@@ -33,8 +33,12 @@ enum CpuWeight {
 /// A model's weights bound for the CPU.
 pub struct CpuModel {
     weights: Vec<CpuWeight>,
-    /// A requantized LM head, when asked for (the token table itself stays as stored).
-    pub(super) lm_head: Option<Linear>,
+    /// The opt-in LM head format, the head's weight and its requantized bytes, when asked
+    /// for (checked at load).
+    head_quant: Option<(quant::GgmlType, usize, u64)>,
+    /// That head requantized at its first CPU product (GPU sessions never pay for it; the
+    /// token table itself stays as stored), or why it could not be.
+    lm_head: OnceLock<std::result::Result<Linear, String>>,
     /// Otherwise the stored LM head copied onto huge pages ([`Linear::resident`]) at its
     /// first CPU product (GPU sessions never pay for it), where it is streamed as stored.
     resident_head: OnceLock<Option<Linear>>,
@@ -161,7 +165,8 @@ impl CpuModel {
         }
         let mut model = CpuModel {
             weights,
-            lm_head: None,
+            head_quant: None,
+            lm_head: OnceLock::new(),
             resident_head: OnceLock::new(),
             spare: Mutex::new(None),
         };
@@ -176,7 +181,8 @@ impl CpuModel {
                 _ => None,
             });
             if let Some(w) = head {
-                model.lm_head = Some(model.matrix(w.0)?.requantized(ty)?);
+                let bytes = model.matrix(w.0)?.requantizable(ty)?;
+                model.head_quant = Some((ty, w.0, bytes));
             }
         }
         Ok(model)
@@ -192,8 +198,13 @@ impl CpuModel {
     /// The matrix of the LM head product (weight `i`): the requantized head, else the
     /// resident copy of the stored one, else the stored one.
     pub(super) fn head(&self, i: usize) -> Result<&Linear> {
-        if let Some(h) = &self.lm_head {
-            return Ok(h);
+        if let Some((ty, w, _)) = self.head_quant {
+            let head = self.lm_head.get_or_init(|| {
+                self.matrix(w)
+                    .and_then(|m| m.requantized(ty))
+                    .map_err(|e| e.to_string())
+            });
+            return head.as_ref().map_err(|e| Error::Model(e.clone()));
         }
         let stored = self.matrix(i)?;
         let copy = self.resident_head.get_or_init(|| stored.resident());
@@ -213,8 +224,8 @@ impl CpuModel {
             .ops
             .iter()
             .flat_map(Op::products)
-            .map(|(w, out)| match (&self.lm_head, out == graph.logits) {
-                (Some(h), true) => h.weight_bytes(),
+            .map(|(w, out)| match (self.head_quant, out == graph.logits) {
+                (Some((_, _, bytes)), true) => bytes,
                 _ => self.matrix(w.0).map_or(0, Linear::weight_bytes),
             })
             .sum()

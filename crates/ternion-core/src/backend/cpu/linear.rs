@@ -99,10 +99,10 @@ impl Linear {
         })
     }
 
-    /// The same weights requantized to Q8_0 or Q6_K ([`requantize_rows`]), held in memory;
-    /// used for the opt-in quantized LM heads.
-    pub fn requantized(&self, ty: GgmlType) -> Result<Linear> {
-        let (k, m) = (self.in_features, self.out_features);
+    /// The bytes of these weights requantized to `ty` ([`Linear::requantized`]), or why
+    /// they cannot be (an output scale folded in, repacked rows, rows not of whole blocks).
+    pub fn requantizable(&self, ty: GgmlType) -> Result<u64> {
+        let k = self.in_features;
         if self.tensor_scale != 1.0 || self.quads {
             return Err(Error::Model(format!(
                 "tensor '{}': cannot requantize {} rows of {k} to {ty}",
@@ -110,6 +110,14 @@ impl Linear {
             )));
         }
         let row_bytes = requantized_row_bytes(&self.info.name, k, ty)?;
+        Ok((row_bytes * self.out_features) as u64)
+    }
+
+    /// The same weights requantized to Q8_0 or Q6_K ([`requantize_rows`]), held in memory;
+    /// used for the opt-in quantized LM heads.
+    pub fn requantized(&self, ty: GgmlType) -> Result<Linear> {
+        let (k, m) = (self.in_features, self.out_features);
+        let row_bytes = (self.requantizable(ty)? / m as u64) as usize;
         let mut out = HugeBuf::filled(m * row_bytes, 0u8);
         requantize_rows((self.ty, &self.info.name), self.data(), k, ty, &mut out)?;
         let quads = ty == GgmlType::Q6_K && simd::Level::detect() == simd::Level::Avx512;
@@ -552,24 +560,30 @@ fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sy
 /// Bytes of one row of `k` elements requantized to `to` (Q8_0 or Q6_K, whole blocks), or
 /// the error naming what [`requantize_rows`] takes.
 pub fn requantized_row_bytes(name: &str, k: usize, to: GgmlType) -> Result<usize> {
-    let block = match to {
-        GgmlType::Q8_0 => 32,
-        GgmlType::Q6_K => 256,
-        other => {
-            return Err(Error::unsupported(
-                format!("tensor '{name}': requantizing to"),
-                other,
-                [GgmlType::Q8_0, GgmlType::Q6_K],
-                "",
-            ))
-        }
+    requantizer(name, k, to).map(|(_, bytes)| bytes)
+}
+
+/// The registry's quantizer of an opt-in head format and its bytes a row of `k`.
+fn requantizer(name: &str, k: usize, to: GgmlType) -> Result<(quant::format::Quantizer, usize)> {
+    let fmt = match to {
+        GgmlType::Q8_0 | GgmlType::Q6_K => quant::format(to),
+        _ => None,
     };
-    match to.row_bytes(k as u64) {
-        Some(b) if k.is_multiple_of(block) => Ok(b as usize),
-        _ => Err(Error::Model(format!(
-            "tensor '{name}': cannot requantize rows of {k} to {to} (blocks of {block})"
-        ))),
+    let Some((fmt, quantize)) = fmt.and_then(|f| f.quantize.map(|q| (f, q))) else {
+        return Err(Error::unsupported(
+            format!("tensor '{name}': requantizing to"),
+            to,
+            [GgmlType::Q8_0, GgmlType::Q6_K],
+            "",
+        ));
+    };
+    if !k.is_multiple_of(fmt.block_elems) {
+        return Err(Error::Model(format!(
+            "tensor '{name}': cannot requantize rows of {k} to {to} (blocks of {})",
+            fmt.block_elems
+        )));
     }
+    Ok((quantize, k / fmt.block_elems * fmt.block_bytes))
 }
 
 /// The rows of `data` (`ty` rows of `k`, tensor `name`) requantized to `to` (Q8_0 or Q6_K)
@@ -583,11 +597,7 @@ pub fn requantize_rows(
     to: GgmlType,
     out: &mut [u8],
 ) -> Result<()> {
-    let row_bytes = requantized_row_bytes(name, k, to)?;
-    let quantize: quant::format::Quantizer = match to {
-        GgmlType::Q8_0 => quant::q8_0::quantize_row,
-        _ => quant::q6_k::quantize_row,
-    };
+    let (quantize, row_bytes) = requantizer(name, k, to)?;
     let failed = std::sync::atomic::AtomicBool::new(false);
     pool::global().for_each_chunk_mut(out, row_bytes * 64, |c, dst, _| {
         let mut row = vec![0f32; k];
