@@ -37,7 +37,7 @@ pub enum PrefillKernel {
 }
 
 /// Workgroup memory `ternary_coop.wgsl` declares, in bytes.
-const COOP_WORKGROUP_BYTES: u32 = (2560 + 2560) * 8 + 2048 * 4;
+pub(crate) const COOP_WORKGROUP_BYTES: u32 = (2560 + 2560) * 8 + 2048 * 4;
 
 /// True when the adapter runs `ternary_coop.wgsl`: 16×16×16 f16·f16 + f32 subgroup
 /// matrices, f16, subgroups of exactly 32 lanes and enough workgroup memory.

@@ -112,6 +112,7 @@ mod topk;
 mod upload;
 #[cfg(target_arch = "wasm32")]
 mod web;
+mod workgroup_mem;
 
 pub use bandwidth::{measure_dispatch_latency, measure_read_bandwidth};
 pub use batch::GpuBatch;

@@ -2,7 +2,7 @@
 //! [`preprocess`](super::preprocess::preprocess) first.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::context::GpuContext;
 use super::ops::{ActQuant, ElemKind, MatmulKind, QFormat, RowOpKind};
@@ -564,10 +564,15 @@ impl Kernel {
     }
 }
 
+/// A compiled module and the workgroup memory in bytes of each of its entry points.
+type Module = (wgpu::ShaderModule, Arc<HashMap<String, u32>>);
+
 /// Compiled shader modules and pipelines, created once and reused.
 #[derive(Default)]
 pub struct PipelineCache {
-    modules: Mutex<HashMap<(Source, Variant), wgpu::ShaderModule>>,
+    /// Each module with its entry points' workgroup memory in bytes (native builds; empty
+    /// in a browser, whose WebGPU checks the limit itself).
+    modules: Mutex<HashMap<(Source, Variant), Module>>,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
 }
 
@@ -598,74 +603,19 @@ impl GpuContext {
         let text = dev.as_deref().unwrap_or(text);
         #[cfg(not(target_arch = "wasm32"))]
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = {
+        let (module, usage) = {
             let mut modules = self.pipelines.modules.lock().expect("lock");
             match modules.get(&(src, key.variant)) {
                 Some(m) => m.clone(),
                 None => {
-                    let mut defines = Vec::new();
-                    if key.variant.f16 {
-                        defines.push("F16");
-                    }
-                    if key.variant.subgroups {
-                        defines.push("SUBGROUPS");
-                    }
-                    if key.variant.kv_f32 {
-                        defines.push("KV_F32");
-                    }
-                    if src == Source::AttentionFastRope {
-                        defines.push("ROPE");
-                    }
-                    if src == Source::TernaryCoop3 {
-                        defines.push("FUSED3");
-                    }
-                    if src == Source::TernaryCoopSplit {
-                        defines.push("SPLIT");
-                    }
-                    if src == Source::TernaryCoopGlu {
-                        defines.push("GLU");
-                    }
-                    if src == Source::AttentionPromptCoop
-                        || (src == Source::AttentionPrompt
-                            && self.device.limits().max_compute_workgroup_storage_size
-                                >= crate::ops::ATTN_PROMPT_F32_BYTES)
-                    {
-                        defines.push("F32_TILES");
-                    }
-                    if src == Source::AttentionPromptCoop {
-                        defines.push("COOP_PV");
-                    }
-                    if matches!(src, Source::QMatvecTiled(_)) {
-                        defines.push("TILED");
-                    }
-                    let mut code = preprocess(file, text, &defines)?;
-                    if let Source::QMatvec(fmt) | Source::QMatvecTiled(fmt) = src {
-                        for part in fmt.includes() {
-                            code.push_str(part);
-                        }
-                    }
-                    if matches!(src, Source::RopeKv | Source::AttentionFastRope) {
-                        code.push_str(include_str!("kernels/rope.wgsl"));
-                    }
-                    let paged = matches!(
-                        src,
-                        Source::Attention
-                            | Source::AttentionFast
-                            | Source::AttentionFastRope
-                            | Source::AttentionPrompt
-                            | Source::AttentionPromptCoop
-                            | Source::WindowAttention
-                    );
-                    if paged {
-                        code.push_str(include_str!("kernels/paged_kv.wgsl"));
-                    }
-                    let prompt =
-                        matches!(src, Source::AttentionPrompt | Source::AttentionPromptCoop);
-                    if (paged && !prompt) || src == Source::RopeKv {
-                        let kv = include_str!("kernels/kv_type.wgsl");
-                        code.push_str(&preprocess("kv_type.wgsl", kv, &defines)?);
-                    }
-                    code.push_str(include_str!("kernels/common.wgsl"));
+                    let f32_tiles = self.device.limits().max_compute_workgroup_storage_size
+                        >= crate::ops::ATTN_PROMPT_F32_BYTES;
+                    #[allow(unused_mut)]
+                    let mut code = kernel_code(src, key.variant, (file, text), f32_tiles)?;
+                    #[cfg(not(target_arch = "wasm32"))]
+                    let usage = Arc::new(super::workgroup_mem::entry_bytes(&code));
+                    #[cfg(target_arch = "wasm32")]
+                    let usage = Arc::new(HashMap::new());
                     #[cfg(target_arch = "wasm32")]
                     super::web::directives(&mut code, key.variant);
                     let desc = wgpu::ShaderModuleDescriptor {
@@ -689,11 +639,22 @@ impl GpuContext {
                         checks.bounds_checks = !self.caps().robust_buffers;
                         self.device.create_shader_module_trusted(desc, checks)
                     };
-                    modules.insert((src, key.variant), m.clone());
-                    m
+                    modules.insert((src, key.variant), (m.clone(), usage.clone()));
+                    (m, usage)
                 }
             }
         };
+        let entry = key.kernel.entry_point();
+        let limit = self.device.limits().max_compute_workgroup_storage_size;
+        let name = &self.caps().name;
+        if let Some(message) = super::workgroup_mem::overflow(&usage, entry, limit, name) {
+            #[cfg(not(target_arch = "wasm32"))]
+            drop(pollster::block_on(scope.pop()));
+            return Err(crate::Error::Shader {
+                kernel: format!("{file} ({key:?})"),
+                message,
+            });
+        }
         let constants = key.kernel.constants();
         let pipeline = self
             .device
@@ -701,7 +662,7 @@ impl GpuContext {
                 label: Some(file),
                 layout: None,
                 module: &module,
-                entry_point: Some(key.kernel.entry_point()),
+                entry_point: Some(entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
                     zero_initialize_workgroup_memory: false,
@@ -731,6 +692,86 @@ impl GpuContext {
             .insert(key, pipeline.clone());
         Ok(pipeline)
     }
+}
+
+/// Workgroup memory in bytes of `kernel`'s entry point built for `variant` (the prompt
+/// attention with its f32 tiles where `f32_tiles`), as the pipeline cache measures it.
+#[cfg(test)]
+pub(crate) fn workgroup_bytes(kernel: Kernel, variant: Variant, f32_tiles: bool) -> u32 {
+    let src = kernel.source();
+    let code = kernel_code(src, variant, src.text(), f32_tiles).expect("kernel code");
+    super::workgroup_mem::entry_bytes(&code)[kernel.entry_point()]
+}
+
+/// The WGSL of kernel source `src` for `variant` from its text `file`, `text`: the
+/// preprocessed file with the defines the variant and source imply (`F32_TILES` for the
+/// prompt attention where `f32_tiles`: the device allows its workgroup memory), then the
+/// files it includes.
+fn kernel_code(
+    src: Source,
+    variant: Variant,
+    (file, text): (&str, &str),
+    f32_tiles: bool,
+) -> Result<String> {
+    let mut defines = Vec::new();
+    if variant.f16 {
+        defines.push("F16");
+    }
+    if variant.subgroups {
+        defines.push("SUBGROUPS");
+    }
+    if variant.kv_f32 {
+        defines.push("KV_F32");
+    }
+    if src == Source::AttentionFastRope {
+        defines.push("ROPE");
+    }
+    if src == Source::TernaryCoop3 {
+        defines.push("FUSED3");
+    }
+    if src == Source::TernaryCoopSplit {
+        defines.push("SPLIT");
+    }
+    if src == Source::TernaryCoopGlu {
+        defines.push("GLU");
+    }
+    if src == Source::AttentionPromptCoop || (src == Source::AttentionPrompt && f32_tiles) {
+        defines.push("F32_TILES");
+    }
+    if src == Source::AttentionPromptCoop {
+        defines.push("COOP_PV");
+    }
+    if matches!(src, Source::QMatvecTiled(_)) {
+        defines.push("TILED");
+    }
+    let mut code = preprocess(file, text, &defines)?;
+    if let Source::QMatvec(fmt) | Source::QMatvecTiled(fmt) = src {
+        for part in fmt.includes() {
+            code.push_str(part);
+        }
+    }
+    if matches!(src, Source::RopeKv | Source::AttentionFastRope) {
+        code.push_str(include_str!("kernels/rope.wgsl"));
+    }
+    let paged = matches!(
+        src,
+        Source::Attention
+            | Source::AttentionFast
+            | Source::AttentionFastRope
+            | Source::AttentionPrompt
+            | Source::AttentionPromptCoop
+            | Source::WindowAttention
+    );
+    if paged {
+        code.push_str(include_str!("kernels/paged_kv.wgsl"));
+    }
+    let prompt = matches!(src, Source::AttentionPrompt | Source::AttentionPromptCoop);
+    if (paged && !prompt) || src == Source::RopeKv {
+        let kv = include_str!("kernels/kv_type.wgsl");
+        code.push_str(&preprocess("kv_type.wgsl", kv, &defines)?);
+    }
+    code.push_str(include_str!("kernels/common.wgsl"));
+    Ok(code)
 }
 
 /// Feature `kernel-dev`: the text of kernel file `file` from the folder that

@@ -37,6 +37,8 @@ pub use norm::{NormOut, QuantAct, RmsNorm};
 #[cfg(test)]
 pub(crate) use paged::prompt_kernel_coop;
 pub use paged::{GpuKv, KvIndex};
+#[cfg(test)]
+pub(crate) use paged::{ATTN_PROMPT_BYTES, ATTN_PROMPT_COOP_BYTES};
 pub(crate) use paged::{ATTN_PROMPT_F32_BYTES, DECODE_ROW};
 pub use qmatvec::{
     ActQuant, MatIn, QAct, QEmbed, QFormat, QMatvec, QMatvecOpts, QWeights, QuantizeAct,

@@ -15,7 +15,7 @@ pub(crate) const DECODE_ROW: u32 = 1 << 31;
 /// Queries per workgroup of the prompt kernel (`attention_prompt.wgsl` BQ).
 pub const ATTN_PROMPT_QUERIES: u32 = 32;
 /// Workgroup memory `attention_prompt.wgsl` declares, in bytes.
-const ATTN_PROMPT_BYTES: u32 = 30_224;
+pub(crate) const ATTN_PROMPT_BYTES: u32 = 30_224;
 /// The same with its key and value tiles held as f32 (variant `F32_TILES`), which the
 /// pipeline cache picks on devices that allow it (NVIDIA's 48 KiB do; Apple's and
 /// lavapipe's 32 KiB do not).
@@ -23,7 +23,7 @@ pub(crate) const ATTN_PROMPT_F32_BYTES: u32 = 46_992;
 /// The same with P·V on cooperative matrices (variant `COOP_PV`: F16 value tile,
 /// probability parts, accumulator scratch), which [`Attention`](super::Attention) picks on
 /// adapters with cooperative matrices that allow it.
-const ATTN_PROMPT_COOP_BYTES: u32 = 48_688;
+pub(crate) const ATTN_PROMPT_COOP_BYTES: u32 = 48_688;
 
 /// True when `attention_prompt.wgsl` runs the prompts over a `ty` cache on `ctx`'s device:
 /// an F16 cache, and a device that allows its workgroup memory (most do; WebGPU's default
