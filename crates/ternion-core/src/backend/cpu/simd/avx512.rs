@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::vnni::Chunk;
+use super::x86::prefetch_ahead;
 
 /// The four code planes of one chunk: byte 4r + i of plane s is the code of row r at
 /// element 4s + i of the chunk.
@@ -108,6 +109,7 @@ pub unsafe fn per_token_dot1(
 ) {
     let mut acc = [_mm512_setzero_si512(); 4];
     for c in 0..n_chunks {
+        prefetch_ahead(w.add(c).cast());
         plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
     }
     store_per_token(sum4(&acc), sum, scale, post, out);
@@ -190,6 +192,7 @@ pub unsafe fn block_dot1(
     for b in 0..n_blocks {
         let mut acc = [_mm512_setzero_si512(); 4];
         for c in 16 * b..16 * (b + 1) {
+            prefetch_ahead(w.add(c).cast());
             plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
         }
         let dw = scales16(scales.add(16 * b));
