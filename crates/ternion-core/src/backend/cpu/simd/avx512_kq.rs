@@ -5,17 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::prefetch_ahead;
-
-/// [`prefetch_ahead`] of every cache line of the `bytes` at `p` (a block a kernel is
-/// about to read).
-#[inline]
-#[target_feature(enable = "sse")]
-fn prefetch_span(p: *const u8, bytes: usize) {
-    for line in (0..bytes).step_by(64) {
-        prefetch_ahead(p.wrapping_add(line));
-    }
-}
+use super::x86::prefetch_span;
 
 /// Bytes of a Q6_K block (256 weights): 128 of low nibbles, 64 of high bit pairs, 16 int8
 /// scales (one per 16 weights) and the F16 block scale.
