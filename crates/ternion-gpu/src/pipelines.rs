@@ -610,14 +610,11 @@ impl GpuContext {
                 None => {
                     let f32_tiles = self.device.limits().max_compute_workgroup_storage_size
                         >= crate::ops::ATTN_PROMPT_F32_BYTES;
-                    #[allow(unused_mut)]
-                    let mut code = kernel_code(src, key.variant, (file, text), f32_tiles)?;
+                    let code = kernel_code(src, key.variant, (file, text), f32_tiles)?;
                     #[cfg(not(target_arch = "wasm32"))]
                     let usage = Arc::new(super::workgroup_mem::entry_bytes(&code));
                     #[cfg(target_arch = "wasm32")]
                     let usage = Arc::new(HashMap::new());
-                    #[cfg(target_arch = "wasm32")]
-                    super::web::directives(&mut code, key.variant);
                     let desc = wgpu::ShaderModuleDescriptor {
                         label: Some(file),
                         source: wgpu::ShaderSource::Wgsl(code.into()),
@@ -706,7 +703,7 @@ pub(crate) fn workgroup_bytes(kernel: Kernel, variant: Variant, f32_tiles: bool)
 /// The WGSL of kernel source `src` for `variant` from its text `file`, `text`: the
 /// preprocessed file with the defines the variant and source imply (`F32_TILES` for the
 /// prompt attention where `f32_tiles`: the device allows its workgroup memory), then the
-/// files it includes.
+/// files it includes (and, in a browser, the subgroup directives `web.rs` adds).
 fn kernel_code(
     src: Source,
     variant: Variant,
@@ -771,6 +768,8 @@ fn kernel_code(
         code.push_str(&preprocess("kv_type.wgsl", kv, &defines)?);
     }
     code.push_str(include_str!("kernels/common.wgsl"));
+    #[cfg(target_arch = "wasm32")]
+    super::web::directives(&mut code, variant);
     Ok(code)
 }
 

@@ -73,7 +73,8 @@ mod tests {
 
     /// The workgroup memory the host assumes when it picks the prompt tiles and the prompt
     /// attention (`coop_usable`, `ops::paged`) is what those kernels use: a kernel that grew
-    /// past its figure would reach devices that cannot run it.
+    /// past its figure would reach devices that cannot run it, and a figure above the
+    /// kernel's would turn away devices that can.
     #[test]
     fn host_figures_match_the_kernels() {
         let coop = Variant {
@@ -113,10 +114,19 @@ mod tests {
                 head_dim,
             };
             let plain = Variant { f16: false, ..coop };
-            assert!(workgroup_bytes(attn(false), plain, false) <= ATTN_PROMPT_BYTES);
-            assert!(workgroup_bytes(attn(false), coop, false) <= ATTN_PROMPT_BYTES);
-            assert!(workgroup_bytes(attn(false), plain, true) <= ATTN_PROMPT_F32_BYTES);
-            assert!(workgroup_bytes(attn(true), coop, true) <= ATTN_PROMPT_COOP_BYTES);
+            assert_eq!(
+                workgroup_bytes(attn(false), plain, false),
+                ATTN_PROMPT_BYTES
+            );
+            assert_eq!(workgroup_bytes(attn(false), coop, false), ATTN_PROMPT_BYTES);
+            assert_eq!(
+                workgroup_bytes(attn(false), plain, true),
+                ATTN_PROMPT_F32_BYTES
+            );
+            assert_eq!(
+                workgroup_bytes(attn(true), coop, true),
+                ATTN_PROMPT_COOP_BYTES
+            );
         }
     }
 

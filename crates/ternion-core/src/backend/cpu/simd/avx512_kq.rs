@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::prefetch_span;
+use super::x86::prefetch_block;
 
 /// Bytes of a Q6_K block (256 weights): 128 of low nibbles, 64 of high bit pairs, 16 int8
 /// scales (one per 16 weights) and the F16 block scale.
@@ -109,7 +109,7 @@ pub unsafe fn q6_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     let mut sum = 0f32;
     for (b, &da) in d.iter().enumerate() {
         let p = row.as_ptr().add(b * Q6_K_BYTES);
-        prefetch_span(p, Q6_K_BYTES);
+        prefetch_block(p, b, Q6_K_BYTES);
         let (xv, off) = q8k_block(q.as_ptr().add(256 * b));
         let isum = _mm512_reduce_add_epi32(q6_k_groups(p, &xv, off));
         sum += q6_k_scale(p) * da * isum as f32;
@@ -139,7 +139,7 @@ pub unsafe fn q6_k_dot4_q8k(quad: &[u8], q: &[i8], d: &[f32]) -> [f32; 4] {
     for (b, &da) in d.iter().enumerate() {
         let (xv, off) = q8k_block(q.as_ptr().add(256 * b));
         let p = quad.as_ptr().add(4 * b * Q6_K_BYTES);
-        prefetch_span(p, 4 * Q6_K_BYTES);
+        prefetch_block(p, b, 4 * Q6_K_BYTES);
         let mut groups = [_mm512_setzero_si512(); 4];
         for (r, g) in groups.iter_mut().enumerate() {
             *g = q6_k_groups(p.add(r * Q6_K_BYTES), &xv, off);

@@ -16,13 +16,19 @@ pub(super) fn prefetch_ahead(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
 }
 
-/// [`prefetch_ahead`] of every cache line of the `bytes` at `p` (a block a kernel is
-/// about to read).
+/// [`prefetch_ahead`] for block `b` (`bytes` long, at `blk`) of a row a kernel reads block
+/// by block: about one prefetch a cache line, i.e. every ⌈64 / bytes⌉-th block of blocks
+/// under 64 bytes (one per block cost GPT-2's Q4_0 decode 5 %, BENCHMARKS.md, session
+/// 19), every line of a larger one.
 #[inline]
 #[target_feature(enable = "sse")]
-pub(super) fn prefetch_span(p: *const u8, bytes: usize) {
-    for line in (0..bytes).step_by(64) {
-        prefetch_ahead(p.wrapping_add(line));
+pub(super) fn prefetch_block(blk: *const u8, b: usize, bytes: usize) {
+    if bytes >= 64 {
+        for off in (0..bytes).step_by(64) {
+            prefetch_ahead(blk.wrapping_add(off));
+        }
+    } else if b.is_multiple_of(64usize.div_ceil(bytes)) {
+        prefetch_ahead(blk);
     }
 }
 
@@ -79,7 +85,7 @@ pub unsafe fn i2s_dot(row: &[u8], q: &[i8], q_sum: i32) -> i32 {
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_si256();
     for b in 0..row.len() / 32 {
-        prefetch_ahead(row.as_ptr().add(32 * b));
+        prefetch_block(row.as_ptr().add(32 * b), b, 32);
         let c = unpack(row.as_ptr().add(32 * b));
         let s = block_products(&c, q.as_ptr().add(128 * b));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
@@ -237,8 +243,7 @@ pub unsafe fn tq2_dot_q8k(row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32
     let mut sum = 0f32;
     for b in 0..nb {
         let blk = row.as_ptr().add(BLOCK_BYTES * b);
-        prefetch_ahead(blk);
-        prefetch_ahead(blk.add(64));
+        prefetch_block(blk, b, BLOCK_BYTES);
         let qb = q.as_ptr().add(256 * b);
         let mut acc = _mm256_setzero_si256();
         for h in 0..2 {
@@ -267,10 +272,7 @@ pub unsafe fn q8_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (b, &da) in d.iter().enumerate() {
         let blk = row.as_ptr().add(BLOCK_BYTES * b);
-        if b % 2 == 0 {
-            // About one a cache line.
-            prefetch_ahead(blk);
-        }
+        prefetch_block(blk, b, BLOCK_BYTES);
         let w = _mm256_loadu_si256(blk.add(2).cast());
         let x = _mm256_loadu_si256(q.as_ptr().add(32 * b).cast());
         let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
@@ -298,10 +300,7 @@ pub unsafe fn q4_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (b, &da) in d.iter().enumerate() {
         let blk = row.as_ptr().add(BLOCK_BYTES * b);
-        if b % 4 == 0 {
-            // About one a cache line.
-            prefetch_ahead(blk);
-        }
+        prefetch_block(blk, b, BLOCK_BYTES);
         let qs = _mm_loadu_si128(blk.add(2).cast());
         let both = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
         let w = _mm256_sub_epi8(_mm256_and_si256(both, mask), eight);
@@ -341,10 +340,7 @@ pub unsafe fn q5_0_dot(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (b, &da) in d.iter().enumerate() {
         let blk = row.as_ptr().add(BLOCK_BYTES * b);
-        if b % 3 == 0 {
-            // About one a cache line.
-            prefetch_ahead(blk);
-        }
+        prefetch_block(blk, b, BLOCK_BYTES);
         let qh = u32::from_le_bytes([*blk.add(2), *blk.add(3), *blk.add(4), *blk.add(5)]);
         let bits = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), pick);
         let high = _mm256_and_si256(
@@ -379,7 +375,7 @@ pub unsafe fn q4_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     let mut sum = 0f32;
     for (b, &da) in d.iter().enumerate() {
         let blk = &row[b * BLOCK_BYTES..][..BLOCK_BYTES];
-        prefetch_span(blk.as_ptr(), BLOCK_BYTES);
+        prefetch_block(blk.as_ptr(), b, BLOCK_BYTES);
         let scales = &blk[4..16];
         let qa = q.as_ptr().add(256 * b);
         let mut acc = _mm256_setzero_si256();
@@ -431,7 +427,7 @@ pub unsafe fn q6_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     for (b, &da) in d.iter().enumerate() {
         let blk = &row[b * BLOCK_BYTES..][..BLOCK_BYTES];
         let p = blk.as_ptr();
-        prefetch_span(p, BLOCK_BYTES);
+        prefetch_block(p, b, BLOCK_BYTES);
         let qa = q.as_ptr().add(256 * b);
         let mut acc = _mm256_setzero_si256();
         for h in 0..2 {
@@ -486,10 +482,7 @@ pub unsafe fn q8_0_dot4(row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f32; 4] {
     let mut acc = [_mm256_setzero_ps(); 4];
     for b in 0..nb {
         let blk = row.as_ptr().add(BLOCK_BYTES * b);
-        if b % 2 == 0 {
-            // About one a cache line.
-            prefetch_ahead(blk);
-        }
+        prefetch_block(blk, b, BLOCK_BYTES);
         let w = _mm256_loadu_si256(blk.add(2).cast());
         let aw = _mm256_sign_epi8(w, w);
         let dw = half::f16::from_bits(u16::from_le_bytes([*blk, *blk.add(1)])).to_f32();
