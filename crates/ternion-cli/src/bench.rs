@@ -436,6 +436,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     "subgroups": c.subgroups,
                     "subgroup_min_size": c.subgroup_min_size,
                     "prefill": format!("{:?}", c.prefill).to_lowercase(),
+                    "sms": c.sms,
                 })
             }),
             "dispatches_per_token": dispatches,

@@ -141,8 +141,13 @@ impl BackendArgs {
         };
         let caps = ctx.caps();
         eprintln!(
-            "GPU: {} ({}), f16 {}, subgroups {}, prefill {:?}",
-            caps.name, caps.backend, caps.f16, caps.subgroups, caps.prefill
+            "GPU: {} ({}), f16 {}, subgroups {}, prefill {:?}, SMs {}",
+            caps.name,
+            caps.backend,
+            caps.f16,
+            caps.subgroups,
+            caps.prefill,
+            caps.sms.map_or("unknown".to_string(), |n| n.to_string())
         );
         Ok(Some(GpuModel::from_model(ctx, model, gopts)?))
     }

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::buffers::GpuBuffer;
 use super::pipelines::PipelineCache;
 use crate::{Error, Result};
 
@@ -39,17 +40,55 @@ pub enum PrefillKernel {
 /// Workgroup memory `ternary_coop.wgsl` declares, in bytes.
 pub(crate) const COOP_WORKGROUP_BYTES: u32 = (2560 + 2560) * 8 + 2048 * 4;
 
+/// Threads of `ternary_coop.wgsl`'s largest workgroups (`matmul_split`, `matmul_wide3`).
+pub(crate) const COOP_MAX_THREADS: u32 = 512;
+
+/// The adapter's streaming multiprocessors, where Vulkan reports them
+/// (VK_NV_shader_sm_builtins); None for other adapters and backends.
+#[cfg(all(not(target_arch = "wasm32"), not(target_vendor = "apple")))]
+fn sm_count(adapter: &wgpu::Adapter) -> Option<u32> {
+    use ash::vk;
+    // SAFETY: the adapter's raw Vulkan handles are only read (two queries), while `adapter`
+    // and so its instance live.
+    unsafe {
+        let hal = adapter.as_hal::<wgpu::hal::api::Vulkan>()?;
+        let instance = hal.shared_instance().raw_instance();
+        let physical = hal.raw_physical_device();
+        let listed = instance
+            .enumerate_device_extension_properties(physical)
+            .ok()?
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(vk::NV_SHADER_SM_BUILTINS_NAME));
+        if !listed {
+            return None;
+        }
+        let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut sm);
+        instance.get_physical_device_properties2(physical, &mut props);
+        (sm.shader_sm_count > 0).then_some(sm.shader_sm_count)
+    }
+}
+
+#[cfg(any(target_arch = "wasm32", target_vendor = "apple"))]
+fn sm_count(_adapter: &wgpu::Adapter) -> Option<u32> {
+    None
+}
+
 /// True when the adapter runs `ternary_coop.wgsl`: 16×16×16 f16·f16 + f32 subgroup
-/// matrices, f16, subgroups of exactly 32 lanes and enough workgroup memory.
+/// matrices, f16, subgroups of exactly 32 lanes, 512-thread workgroups and enough
+/// workgroup memory.
 fn coop_usable(adapter: &wgpu::Adapter, features: wgpu::Features) -> bool {
     let info = adapter.get_info();
+    let limits = adapter.limits();
     let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
         | wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP;
     features.contains(need)
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
-        && adapter.limits().max_compute_workgroup_storage_size >= COOP_WORKGROUP_BYTES
+        && limits.max_compute_workgroup_storage_size >= COOP_WORKGROUP_BYTES
+        && limits.max_compute_invocations_per_workgroup >= COOP_MAX_THREADS
+        && limits.max_compute_workgroup_size_x >= COOP_MAX_THREADS
         && adapter.cooperative_matrix_properties().iter().any(|c| {
             use wgpu::CooperativeScalarType as S;
             (c.m_size, c.n_size, c.k_size, c.ab_type, c.cr_type) == (16, 16, 16, S::F16, S::F32)
@@ -93,6 +132,10 @@ pub struct Caps {
     /// a feature every Vulkan device has and wgpu enables), so shader modules are created
     /// without naga's own bounds checks (pipelines.rs).
     pub robust_buffers: bool,
+    /// Streaming multiprocessors, where the driver reports them (NVIDIA under Vulkan:
+    /// VK_NV_shader_sm_builtins): the prompt tiles plan their last wave with it
+    /// (`ternary_coop.wgsl` `tail_plan`). None elsewhere.
+    pub sms: Option<u32>,
 }
 
 /// One adapter as listed for `--device N`.
@@ -138,6 +181,9 @@ pub struct GpuContext {
     counters: AtomicCounters,
     /// First uncaptured error or device loss, reported by [`GpuContext::check`].
     fault: Arc<Mutex<Option<Fault>>>,
+    /// The scratch every prompt GLU launch's split last wave shares (`ops::coop_fused`),
+    /// made at first use.
+    pub(crate) glu_tail: Mutex<Option<[GpuBuffer; 2]>>,
 }
 
 /// A failure the device reported on its own (not in an error scope): kept until
@@ -345,6 +391,7 @@ impl GpuContext {
             name: info.name.clone(),
             backend: info.backend.to_string(),
             robust_buffers: info.backend == wgpu::Backend::Vulkan,
+            sms: sm_count(&adapter),
         };
         Ok(GpuContext {
             device,
@@ -353,6 +400,7 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             counters: AtomicCounters::default(),
             fault,
+            glu_tail: Mutex::new(None),
         })
     }
 

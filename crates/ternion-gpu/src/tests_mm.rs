@@ -10,7 +10,7 @@ use rand::Rng;
 
 use super::tests::{cpu_act, cpu_ternary, ctx_with, rng, run, ternary_tensor};
 use super::*;
-use crate::ops::{uniform, SplitK};
+use crate::ops::{tail_plan, uniform, SplitK};
 
 /// The tiled kinds the adapter of `ctx` runs (printed: the cooperative-matrix kernel only
 /// runs where the adapter lists 16×16×16 f16 matrices, not on lavapipe).
@@ -350,7 +350,8 @@ fn coop_glu_equals_separate_launches() {
         let zeroed = || GpuBuffer::zeroed(&c, "y", (tokens * n * 4) as u64).unwrap();
         for act in [GluAct::ReluSqr, GluAct::Silu] {
             let (out, gb, ub) = (zeroed(), zeroed(), zeroed());
-            let fused = CoopFused::glu(&c, (&gate, &up), &qa, &out, act, &step).unwrap();
+            let fused =
+                CoopFused::glu(&c, (&gate, &up), &qa, &out, act, &step, c.caps().sms).unwrap();
             let Some(fused) = fused else {
                 assert_ne!(c.caps().prefill, PrefillKernel::Coop);
                 eprintln!(
@@ -371,6 +372,98 @@ fn coop_glu_equals_separate_launches() {
             let (got, want) = (out.read::<f32>(&c).unwrap(), gb.read::<f32>(&c).unwrap());
             let diff = first_bit_difference(&got, &want);
             assert!(diff.is_none(), "{act:?}, {tokens} tokens: elem {diff:?}");
+        }
+    }
+}
+
+/// The last-wave plan of the gate/up tiles: a 512-token 2B-4T step (432 tiles of 20 blocks)
+/// on an H100's 132 SMs splits its 36 last-wave tiles in 3; whole waves, unknown SM counts,
+/// a tail of more than half the SMs and K under 1,024 split nothing; every split tile's
+/// parts fit the SMs.
+#[test]
+fn glu_tail_plan() {
+    assert_eq!(tail_plan(432, 20, 132), (396, 36, 3));
+    assert_eq!(tail_plan(150, 20, 132), (132, 18, 3));
+    assert_eq!(tail_plan(180, 20, 132), (132, 48, 2));
+    for (tiles, blocks, sms) in [
+        (432, 20, 0),
+        (264, 20, 132),
+        (120, 20, 132),
+        (200, 20, 132),
+        (150, 7, 132),
+    ] {
+        assert_eq!(
+            tail_plan(tiles, blocks, sms),
+            (tiles, 0, 1),
+            "{tiles} {blocks} {sms}"
+        );
+    }
+    for tiles in 1..600 {
+        for sms in [1, 7, 114, 132] {
+            let (full, r, p) = tail_plan(tiles, 8, sms);
+            assert_eq!(full + r, tiles);
+            assert!(r * p <= sms && (p == 1) == (r == 0) && p <= 3);
+        }
+    }
+}
+
+/// The gate/up launch with its last wave split along K (`tail_plan`, planned here for SM
+/// counts that make it split 1, 2 or every tile, in 2 or 3 parts of unequal length) gives
+/// the bits of the unsplit launch, on K of 8 and 11 I2_S blocks and steps whose last token
+/// tile is partial; a second run of the same launch checks that the per-tile counts went
+/// back to zero. Adapters without cooperative matrices (lavapipe) have no such launch: the
+/// test says so.
+#[test]
+fn coop_glu_split_tail_equals_whole_tiles() {
+    let Some(c) = ctx_with(&GpuOptions::default()) else {
+        return;
+    };
+    if c.caps().prefill != PrefillKernel::Coop {
+        eprintln!(
+            "{}: no cooperative matrices, no split gate/up tiles to test",
+            c.caps().name
+        );
+        return;
+    }
+    let mut r = rng(508);
+    let n = 200;
+    let step = StepUniform::new(&c).unwrap();
+    for k in [1024usize, 1408] {
+        let upload = |r: &mut rand::rngs::StdRng| {
+            TernaryWeights::upload(&c, "w", &ternary_tensor(r, n, k), k, n).unwrap()
+        };
+        let (gate, up) = (upload(&mut r), upload(&mut r));
+        let blocks = (k / 128) as u32;
+        for tokens in [130usize, 300] {
+            let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
+            let (qa, _, _) = cpu_act(&c, &x, k);
+            step.write(&c, tokens as u32, 0);
+            let tiles = n.div_ceil(64) as u32 * tokens.div_ceil(128) as u32;
+            let zeroed = || GpuBuffer::zeroed(&c, "y", (tokens * n * 4) as u64).unwrap();
+            let want = zeroed();
+            let whole = CoopFused::glu(&c, (&gate, &up), &qa, &want, GluAct::Silu, &step, None);
+            let whole = whole.unwrap().unwrap();
+            run(&c, |p| whole.record(p, tokens as u32));
+            let want = want.read::<f32>(&c).unwrap();
+            let mut seen = std::collections::BTreeSet::new();
+            for sms in [tiles - 1, tiles - 2, tiles + 1, 2 * tiles, tiles] {
+                let plan = tail_plan(tiles, blocks, sms);
+                seen.insert((plan.1.min(2), plan.2));
+                let out = zeroed();
+                let fused =
+                    CoopFused::glu(&c, (&gate, &up), &qa, &out, GluAct::Silu, &step, Some(sms));
+                let fused = fused.unwrap().unwrap();
+                for round in 0..2 {
+                    run(&c, |p| fused.record(p, tokens as u32));
+                    let diff = first_bit_difference(&out.read::<f32>(&c).unwrap(), &want);
+                    assert!(
+                        diff.is_none(),
+                        "K {k}, {tokens} tokens, {sms} SMs {plan:?}, run {round}: elem {diff:?}"
+                    );
+                }
+            }
+            assert!(seen.contains(&(1, 3)) && seen.contains(&(2, 3)), "{seen:?}");
+            assert!(seen.iter().any(|&(r, p)| r == 2 && p == 2) && seen.contains(&(0, 1)));
         }
     }
 }

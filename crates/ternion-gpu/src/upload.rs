@@ -510,6 +510,7 @@ mod tests {
             name: "test adapter".into(),
             backend: "none".into(),
             robust_buffers: false,
+            sms: None,
         }
     }
 

@@ -6,7 +6,8 @@
 // `Σ code·q − Σq`; the scaling is the same f32 expression.
 //
 // Needs EXPERIMENTAL_COOPERATIVE_MATRIX with 16×16×16 f16·f16 + f32 subgroup matrices,
-// SHADER_F16 and SUBGROUP, and a subgroup size of 32 (8 subgroups per workgroup).
+// SHADER_F16 and SUBGROUP, a subgroup size of 32 (8 subgroups per workgroup, 16 in the
+// 512-thread matmul_split and matmul_wide3) and 512-thread workgroups.
 //
 // Bindings (group 0):
 //   0 uniform Params { rows, words, w_scale, zero }: output features M, u32 words per weight
@@ -18,12 +19,16 @@
 //   5 uniform Step { n_tokens, .. }
 //   6 storage read  partial: array<f32>    SPLIT, split_sum: the parts' raw sums (PARTS × T × M)
 //   6 storage read  w2:  array<vec4<u32>>  GLU: the up matrix's codes (FUSED3: the 2nd matrix)
-//  10 uniform Parts { m2, m3, scale2, scale3 }  FUSED3; GLU: scale2 = the up matrix's scale
+//   7 storage rw    tail_sums: array<f32>   GLU: the split tiles' parts' raw sums (≤ SMs × 16,384)
+//   8 storage rw    tail_done: array<atomic<u32>>  GLU: parts finished per split tile (≤ SMs / 2)
+//  10 uniform Parts { m2, m3, scale2, scale3 }  FUSED3; GLU: scale2 = the up matrix's scale,
+//                                         m3 = the adapter's SM count (0: unknown; tail_plan)
 // Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 64), 1); matmul_wide (the host's choice
 // for steps of more than 64 tokens and M ≥ 1024) (ceil(M / 128), ceil(T / 128), 1);
 // matmul_split (`#if SPLIT`, K in PARTS parts) (ceil(M / 128), ceil(T / 128), PARTS), then
 // split_sum (ceil(M / 256), T, 1); matmul_wide_glu (`#if GLU`) (ceil(M / 64), ceil(T / 128),
-// 1); 256 threads per workgroup.
+// 1), or one workgroup per whole tile and split part (see tail_plan); 256 threads per
+// workgroup, 512 in matmul_split and matmul_wide3 (wide512).
 //
 // A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 32 elements (one
 // bit plane of an I2_S block: the codes at shift 6 − 2·(s % 4) of block s / 4's 8 words per
@@ -88,6 +93,18 @@ var<private> mat_scale: f32;
 // GLU: the up matrix (w2) beside the gate (w) and its scale (parts.scale2), ACT as glu.wgsl.
 override ACT: u32 = 0u;
 @group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
+// The last wave's split tiles (see matmul_wide_glu): each part's raw sums, 16,384 floats a
+// part (tile token t, tile row r at 128·t + r: gate rows 0..63, up rows 64..127), and per
+// split tile the parts finished (0 between launches: the last part sets it back).
+@group(0) @binding(7) var<storage, read_write> tail_sums: array<f32>;
+@group(0) @binding(8) var<storage, read_write> tail_done: array<atomic<u32>>;
+
+// The part of a split tile this workgroup computes (NO_PART: a whole tile).
+const NO_PART: u32 = 0xffffffffu;
+var<private> piece: u32 = NO_PART;
+// The split tile's first row and token (drain, merge_parts).
+var<private> part_row0: u32;
+var<private> part_t0: u32;
 #endif
 #if SPLIT
 @group(0) @binding(6) var<storage, read> partial: array<f32>;
@@ -101,6 +118,8 @@ override PARTS: u32 = 3u;
 // PARTS-th of K; every other entry all of it).
 var<private> blk0: u32;
 var<private> blk_n: u32;
+// Rounds of the accumulators' drain through the 8 scratch slots (2 for 16 subgroups).
+var<private> drain_rounds: u32 = 1u;
 
 var<workgroup> wa: array<vec4<f16>, 2560>; // 2 buffers × TM rows × LD4 vec4s, [row][k]
 var<workgroup> xb: array<vec4<f16>, 2560>; // 2 buffers × TNW tokens × LD4 vec4s, [token][k]
@@ -161,16 +180,32 @@ fn frag_b(at: u32) -> coop_mat16x16<f16, B> {
 // r0..r0+16 × tokens tk0..tk0+16 (GLU: the gate subgroups combine theirs with the up
 // subgroups'). Every subgroup calls it together (barriers inside).
 fn drain(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, r0: u32, tk0: u32) {
-    coopStore(c, &cs[sg * 256u], 16u);
-    workgroupBarrier();
 #if GLU
-    if (sg % 4u < 2u) {
-        finish_glu(sg, lane, r0, tk0);
+    if (piece != NO_PART) {
+        // A split tile's part: the raw sums straight to tail_sums, token-major (element
+        // (tile row m, tile token n) at 128·n + m of the part's 16,384 floats).
+        let b = piece * 16384u + (tk0 - part_t0) * 128u + (r0 - part_row0);
+        coopStore(c, &tail_sums[b], 128u);
+        return;
     }
-#else
-    finish(sg, lane, r0, tk0);
 #endif
-    workgroupBarrier();
+    // Eight scratch slots: 16 subgroups (wide512) drain in two rounds.
+    for (var h = 0u; h < drain_rounds; h++) {
+        if (sg / 8u == h) {
+            coopStore(c, &cs[(sg % 8u) * 256u], 16u);
+        }
+        workgroupBarrier();
+#if GLU
+        if (sg % 4u < 2u) {
+            finish_glu(sg, lane, r0, tk0);
+        }
+#else
+        if (sg / 8u == h) {
+            finish(sg % 8u, lane, r0, tk0);
+        }
+#endif
+        workgroupBarrier();
+    }
 }
 
 #if GLU
@@ -267,7 +302,7 @@ fn code_vec(r: Roles, i: u32) -> vec4<u32> {
 // with block bytes 16·(li % 2)..+16, its matrix wm (GLU: rows 64.. of the tile are up
 // rows) and the row's first vec4 wrow; for the activations, lane group li / 8 and slot
 // li % 8 (see act_vec).
-struct Roles { lr: u32, lh: u32, lg: u32, ls: u32, nm: u32, t0: u32, wm: u32, wrow: u32 }
+struct Roles { lr: u32, lh: u32, lg: u32, ls: u32, nm: u32, t0: u32, wm: u32, wrow: u32, sw: bool, sa: bool }
 
 fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
     var r: Roles;
@@ -277,6 +312,8 @@ fn roles(li: u32, row0: u32, t0: u32, tn: u32) -> Roles {
     r.ls = li % 8u;
     r.nm = tn / 32u;
     r.t0 = t0;
+    r.sw = true;
+    r.sa = true;
 #if GLU
     r.wm = r.lr / 64u;
     r.wrow = min(row0 + r.lr % 64u, p.rows - 1u) * (p.words / 4u);
@@ -307,12 +344,16 @@ fn act_vec(r: Roles, b: u32, m: u32) -> vec4<u32> {
 fn load_words(r: Roles, rel: u32) -> Words {
     let b = blk0 + rel;
     var n: Words;
-    n.w = code_vec(r, r.wrow + 2u * b + r.lh);
-    n.a0 = act_vec(r, b, 0u);
-    n.a1 = act_vec(r, b, 1u);
-    if (r.nm == 4u) {
-        n.a2 = act_vec(r, b, 2u);
-        n.a3 = act_vec(r, b, 3u);
+    if (r.sw) {
+        n.w = code_vec(r, r.wrow + 2u * b + r.lh);
+    }
+    if (r.sa) {
+        n.a0 = act_vec(r, b, 0u);
+        n.a1 = act_vec(r, b, 1u);
+        if (r.nm == 4u) {
+            n.a2 = act_vec(r, b, 2u);
+            n.a3 = act_vec(r, b, 3u);
+        }
     }
     return n;
 }
@@ -339,9 +380,11 @@ fn next_words(r: Roles, s: u32, stages: u32, wd: Words) -> Words {
 // and the thread holding a vec4 of the stage (load m, see act_vec) its 16 activations.
 fn stage(r: Roles, s: u32, wd: Words) {
     let o = (s % 2u) * BUF;
-    stage_codes(wd.w, 6u - 2u * (s % 4u), o + r.lr * LD4 + 4u * r.lh);
+    if (r.sw) {
+        stage_codes(wd.w, 6u - 2u * (s % 4u), o + r.lr * LD4 + 4u * r.lh);
+    }
     let m = (s + 4u - r.ls / 2u) % 4u;
-    if (m < r.nm) {
+    if (r.sa && m < r.nm) {
         // Explicit selects: a dynamically indexed vector variable would live in local memory.
         let av = select(select(wd.a0, wd.a1, m == 1u), select(wd.a2, wd.a3, m == 3u), m >= 2u);
         stage_act(av, o + (r.nm * r.lg + m) * LD4 + 4u * (r.ls % 2u));
@@ -358,7 +401,238 @@ fn matmul_tiled(
     blk_n = p.words / 8u;
     let row0 = wg.x * TM;
     let t0 = wg.y * TN;
-    let r = roles(li, row0, t0, TN);
+    tile22(roles(li, row0, t0, TN), row0, t0, sg, lane);
+}
+
+// matmul_tiled for steps of more than 64 tokens: 128 rows × 128 tokens per workgroup,
+// subgroup s on rows 32·(s % 4)..+32 × tokens 64·(s / 4)..+64 (2 × 4 accumulators, 8
+// multiply-adds per 6 fragment loads), half the workgroup-memory traffic per product of
+// the 64-token tile. Dispatch: (ceil(M / 128), ceil(T / 128), 1).
+@compute @workgroup_size(256)
+fn matmul_wide(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    blk_n = p.words / 8u;
+    wide(li, wg.x * TM, wg.y * TNW, sg, lane);
+}
+
+#if GLU
+// How matmul_wide_glu lays `tiles` tiles of K/128 `blocks` over parts.m3 SMs (0: unknown):
+// with one workgroup an SM, the r = tiles % SMs tiles of a last, partial wave would take as
+// long as a full wave, so they are split along K into p = min(SMs / r, 3) parts that run
+// side by side: the first `full` workgroups take whole tiles, the next r·p one part each.
+// p = 1 (nothing split) when the SMs are unknown, the tiles fill whole waves, r > SMs / 2 or
+// K < 1,024. The host plans its dispatch with the same function (`ops::coop_fused`).
+struct Tail { full: u32, r: u32, p: u32 }
+
+fn tail_plan(tiles: u32, blocks: u32) -> Tail {
+    let sms = parts.m3;
+    if (sms == 0u || blocks < 8u || tiles % sms == 0u) {
+        return Tail(tiles, 0u, 1u);
+    }
+    let r = tiles % sms;
+    let p = min(sms / r, 3u);
+    if (p < 2u) {
+        return Tail(tiles, 0u, 1u);
+    }
+    return Tail(tiles - r, r, p);
+}
+
+// matmul_wide over gate and up rows together: tile rows 0..63 are gate rows 64·x.. (w),
+// rows 64..127 the same up rows (w2); subgroups 0, 1, 4, 5 hold gate products, 2, 3, 6, 7
+// the matching up products, and out = act(gate) · up (ACT 0: ReLU², 1: SiLU), the bits of
+// two matmul_wide launches and glu.wgsl. Tile i (row tile i % X, token tile i / X, X =
+// ceil(M / 64)) is workgroup i of the grid in row-major order; a split tile's parts (see
+// tail_plan) store raw sums in tail_sums, and the last part to finish adds them (exact
+// integers, so the same bits) and stores the tile. Dispatch: (ceil(M / 64), ceil(T / 128),
+// 1), or, when tail_plan splits, full + r·p workgroups (x · y of them, the rest return).
+@compute @workgroup_size(256)
+fn matmul_wide_glu(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let blocks = p.words / 8u;
+    let tx = (p.rows + TM / 2u - 1u) / (TM / 2u);
+    let plan = tail_plan(tx * ((step.n_tokens + TNW - 1u) / TNW), blocks);
+    var tile = wg.y * nwg.x + wg.x;
+    if (tile >= plan.full + plan.r * plan.p) {
+        return;
+    }
+    blk0 = 0u;
+    blk_n = blocks;
+    if (tile >= plan.full) {
+        piece = tile - plan.full;
+        let per = (blocks + plan.p - 1u) / plan.p;
+        blk0 = (piece % plan.p) * per;
+        blk_n = min(per, blocks - blk0);
+        tile = plan.full + piece / plan.p;
+    }
+    part_row0 = (tile % tx) * (TM / 2u);
+    part_t0 = (tile / tx) * TNW;
+    wide(li, part_row0, part_t0, sg, lane);
+    if (piece == NO_PART) {
+        return;
+    }
+    // This part's sums are stored (wide): count it; the last of the tile's parts merges.
+    storageBarrier();
+    let slot = piece / plan.p;
+    // The ticket travels through the accumulator scratch (free by now): one more
+    // workgroup variable would pass the 48 KiB an NVIDIA driver allows.
+    if (li == 0u) {
+        cs[0] = f32(atomicAdd(&tail_done[slot], 1u));
+    }
+    if (u32(workgroupUniformLoad(&cs[0])) + 1u < plan.p) {
+        return;
+    }
+    storageBarrier();
+    if (li == 0u) {
+        atomicStore(&tail_done[slot], 0u);
+    }
+    merge_parts(li, slot * plan.p, plan.p);
+}
+
+// out = act(gate) · up for the split tile at part_row0, part_t0: each value the sum of
+// the `np` (2 or 3) parts' raw sums from part `first` on, scaled as finish_glu scales them.
+// Thread li takes tile values li + 256·j (gate row li % 64 of token li / 64 + 4j): reads and
+// stores coalesced, eight values' reads issued before their stores (one at a time, this
+// merge alone took about as long as a third of the tile's products).
+fn merge_parts(li: u32, first: u32, np: u32) {
+    for (var j = 0u; j < 32u; j += 8u) {
+        let o = li + 256u * j;
+        let v0 = part_sums(first, np, o);
+        let v1 = part_sums(first, np, o + 256u);
+        let v2 = part_sums(first, np, o + 512u);
+        let v3 = part_sums(first, np, o + 768u);
+        let v4 = part_sums(first, np, o + 1024u);
+        let v5 = part_sums(first, np, o + 1280u);
+        let v6 = part_sums(first, np, o + 1536u);
+        let v7 = part_sums(first, np, o + 1792u);
+        store_glu(v0, o);
+        store_glu(v1, o + 256u);
+        store_glu(v2, o + 512u);
+        store_glu(v3, o + 768u);
+        store_glu(v4, o + 1024u);
+        store_glu(v5, o + 1280u);
+        store_glu(v6, o + 1536u);
+        store_glu(v7, o + 1792u);
+    }
+}
+
+// Tile value o's gate and up sums over the parts (no branch: a third part's load is made
+// either way and selected away when np = 2; the integers add exactly in any order).
+fn part_sums(first: u32, np: u32, o: u32) -> vec2<f32> {
+    let b = first * 16384u + (o / 64u) * 128u + o % 64u;
+    let b3 = select(b, b + 32768u, np == 3u);
+    let g = tail_sums[b] + tail_sums[b + 16384u] + select(0.0, tail_sums[b3], np == 3u);
+    let u = tail_sums[b + 64u] + tail_sums[b + 16448u] + select(0.0, tail_sums[b3 + 64u], np == 3u);
+    return vec2<f32>(g, u);
+}
+
+// out = act(gate) · up of tile value o from its summed gate and up sums `v`.
+fn store_glu(v: vec2<f32>, o: u32) {
+    let row = part_row0 + o % 64u;
+    let t = part_t0 + o / 64u;
+    if (row < p.rows && t < step.n_tokens) {
+        let s = bitcast<f32>(tok_scale[t].x);
+        out[t * p.rows + row] = gated((v.x / s) * p.w_scale, (v.y / s) * parts.scale2, ACT);
+    }
+}
+#endif
+
+#if SPLIT
+// matmul_wide over a PARTS-th of K: part wg.z walks I2_S blocks z·⌈B/PARTS⌉.. (B = K/128
+// blocks; the host splits only where every part gets at least one) and stores its raw
+// integer sums, token-major, at part z of `out` (PARTS × T × M floats); split_sum adds the
+// parts and scales them. For matrices whose row tiles alone leave most of the GPU idle (a
+// 2,560-row o or down projection: 20 row tiles, 80 workgroups for 512 tokens).
+// Dispatch: (ceil(M / 128), ceil(T / 128), PARTS).
+@compute @workgroup_size(512)
+fn matmul_split(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let blocks = p.words / 8u;
+    let per = (blocks + PARTS - 1u) / PARTS;
+    blk0 = wg.z * per;
+    blk_n = min(per, blocks - blk0);
+    part_base = wg.z * step.n_tokens * p.rows;
+    wide512(li, wg.x * TM, wg.y * TNW, sg, lane);
+}
+
+// out[t][r] (= or +=) (Σ_z part z's sum) / s[t] · w_scale: the parts' integer sums add up
+// exactly to the whole-K sum, so the result is matmul_wide's bit for bit.
+// Dispatch: (ceil(M / 256), T, 1).
+@compute @workgroup_size(256)
+fn split_sum(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let row = wg.x * 256u + li;
+    let t = wg.y;
+    if (row >= p.rows) {
+        return;
+    }
+    let n = step.n_tokens * p.rows;
+    let o = t * p.rows + row;
+    var c = 0.0;
+    for (var z = 0u; z < PARTS; z++) {
+        c += partial[z * n + o];
+    }
+    let y = (c / bitcast<f32>(tok_scale[t].x)) * p.w_scale;
+    if (EPILOGUE == 1u) {
+        out[o] = out[o] + pinned(y, p.zero);
+    } else {
+        out[o] = y;
+    }
+}
+#endif
+
+#if FUSED3
+// matmul_wide over three matrices that read the same activations (q, k, v), their row tiles
+// one after another along x: M1 = p.rows rows of w into out (scale p.w_scale), then
+// parts.m2 of w2 into out2 and parts.m3 of w3 into out3, each token-major with its own row
+// count; stores only (EPILOGUE 0). Dispatch: (Σ ceil(Mi / 128), ceil(T / 128), 1).
+@compute @workgroup_size(512)
+fn matmul_wide3(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let t1 = (p.rows + TM - 1u) / TM;
+    let t2 = (parts.m2 + TM - 1u) / TM;
+    var tile = wg.x;
+    blk_n = p.words / 8u;
+    mat = 0u;
+    mat_rows = p.rows;
+    mat_scale = p.w_scale;
+    if (tile >= t1 + t2) {
+        mat = 2u;
+        mat_rows = parts.m3;
+        mat_scale = parts.scale3;
+        tile -= t1 + t2;
+    } else if (tile >= t1) {
+        mat = 1u;
+        mat_rows = parts.m2;
+        mat_scale = parts.scale2;
+        tile -= t1;
+    }
+    wide512(li, tile * TM, wg.y * TNW, sg, lane);
+}
+#endif
+
+// Subgroup sg's 32 rows × 32 tokens (rows 32·(sg % 4).., tokens 32·(sg / 4)..) of the tile
+// at row0, t0, staged by the roles r: 2×2 accumulators, 4 multiply-adds per 16-wide k step
+// (matmul_tiled: 8 subgroups, 64 tokens; wide512: 16 subgroups, 128 tokens).
+fn tile22(r: Roles, row0: u32, t0: u32, sg: u32, lane: u32) {
     let rb = 32u * (sg % 4u);
     let tb = 32u * (sg / 4u);
     var c00 = coop_mat16x16<f32, C>();
@@ -404,123 +678,21 @@ fn matmul_tiled(
     drain(c11, sg, lane, r0 + 16u, tk0 + 16u);
 }
 
-// matmul_tiled for steps of more than 64 tokens: 128 rows × 128 tokens per workgroup,
-// subgroup s on rows 32·(s % 4)..+32 × tokens 64·(s / 4)..+64 (2 × 4 accumulators, 8
-// multiply-adds per 6 fragment loads), half the workgroup-memory traffic per product of
-// the 64-token tile. Dispatch: (ceil(M / 128), ceil(T / 128), 1).
-@compute @workgroup_size(256)
-fn matmul_wide(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-) {
-    blk_n = p.words / 8u;
-    wide(li, wg.x * TM, wg.y * TNW, sg, lane);
+// The 128 × 128 tile at rows row0.., tokens t0.. on 512 threads (matmul_split and
+// matmul_wide3): threads 0..255 stage the weights, 256..511 the activations (one
+// activation vec4 of every stage each), and 16 subgroups of 2×2 accumulators (tile22)
+// multiply. Against `wide` on an H100 (512 tokens, 2B-4T): q/k/v 7 % shorter, o/down the
+// same (BENCHMARKS.md, session 20); the gate/up tiles stay on `wide` (2.6 % longer here).
+fn wide512(li: u32, row0: u32, t0: u32, sg: u32, lane: u32) {
+    var r = roles(li % 256u, row0, t0, TNW);
+    r.sw = li < 256u;
+    r.sa = li >= 256u;
+    drain_rounds = 2u;
+    tile22(r, row0, t0, sg, lane);
 }
 
-#if GLU
-// matmul_wide over gate and up rows together: tile rows 0..63 are gate rows 64·x.. (w),
-// rows 64..127 the same up rows (w2); subgroups 0, 1, 4, 5 hold gate products, 2, 3, 6, 7
-// the matching up products, and out = act(gate) · up (ACT 0: ReLU², 1: SiLU), the bits of
-// two matmul_wide launches and glu.wgsl. Dispatch: (ceil(M / 64), ceil(T / 128), 1).
-@compute @workgroup_size(256)
-fn matmul_wide_glu(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-) {
-    blk_n = p.words / 8u;
-    wide(li, wg.x * (TM / 2u), wg.y * TNW, sg, lane);
-}
-#endif
-
-#if SPLIT
-// matmul_wide over a PARTS-th of K: part wg.z walks I2_S blocks z·⌈B/PARTS⌉.. (B = K/128
-// blocks; the host splits only where every part gets at least one) and stores its raw
-// integer sums, token-major, at part z of `out` (PARTS × T × M floats); split_sum adds the
-// parts and scales them. For matrices whose row tiles alone leave most of the GPU idle (a
-// 2,560-row o or down projection: 20 row tiles, 80 workgroups for 512 tokens).
-// Dispatch: (ceil(M / 128), ceil(T / 128), PARTS).
-@compute @workgroup_size(256)
-fn matmul_split(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-) {
-    let blocks = p.words / 8u;
-    let per = (blocks + PARTS - 1u) / PARTS;
-    blk0 = wg.z * per;
-    blk_n = min(per, blocks - blk0);
-    part_base = wg.z * step.n_tokens * p.rows;
-    wide(li, wg.x * TM, wg.y * TNW, sg, lane);
-}
-
-// out[t][r] (= or +=) (Σ_z part z's sum) / s[t] · w_scale: the parts' integer sums add up
-// exactly to the whole-K sum, so the result is matmul_wide's bit for bit.
-// Dispatch: (ceil(M / 256), T, 1).
-@compute @workgroup_size(256)
-fn split_sum(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-) {
-    let row = wg.x * 256u + li;
-    let t = wg.y;
-    if (row >= p.rows) {
-        return;
-    }
-    let n = step.n_tokens * p.rows;
-    let o = t * p.rows + row;
-    var c = 0.0;
-    for (var z = 0u; z < PARTS; z++) {
-        c += partial[z * n + o];
-    }
-    let y = (c / bitcast<f32>(tok_scale[t].x)) * p.w_scale;
-    if (EPILOGUE == 1u) {
-        out[o] = out[o] + pinned(y, p.zero);
-    } else {
-        out[o] = y;
-    }
-}
-#endif
-
-#if FUSED3
-// matmul_wide over three matrices that read the same activations (q, k, v), their row tiles
-// one after another along x: M1 = p.rows rows of w into out (scale p.w_scale), then
-// parts.m2 of w2 into out2 and parts.m3 of w3 into out3, each token-major with its own row
-// count; stores only (EPILOGUE 0). Dispatch: (Σ ceil(Mi / 128), ceil(T / 128), 1).
-@compute @workgroup_size(256)
-fn matmul_wide3(
-    @builtin(local_invocation_index) li: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-) {
-    let t1 = (p.rows + TM - 1u) / TM;
-    let t2 = (parts.m2 + TM - 1u) / TM;
-    var tile = wg.x;
-    blk_n = p.words / 8u;
-    mat = 0u;
-    mat_rows = p.rows;
-    mat_scale = p.w_scale;
-    if (tile >= t1 + t2) {
-        mat = 2u;
-        mat_rows = parts.m3;
-        mat_scale = parts.scale3;
-        tile -= t1 + t2;
-    } else if (tile >= t1) {
-        mat = 1u;
-        mat_rows = parts.m2;
-        mat_scale = parts.scale2;
-        tile -= t1;
-    }
-    wide(li, tile * TM, wg.y * TNW, sg, lane);
-}
-#endif
-
-// The 128 × 128 tile at rows row0.., tokens t0.. (matmul_wide and matmul_wide3).
+// The 128 × 128 tile at rows row0.., tokens t0.. on 256 threads (matmul_wide and
+// matmul_wide_glu).
 fn wide(li: u32, row0: u32, t0: u32, sg: u32, lane: u32) {
     let r = roles(li, row0, t0, TNW);
     let rb = 32u * (sg % 4u);

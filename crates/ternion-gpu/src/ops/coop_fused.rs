@@ -4,6 +4,12 @@
 //! 80 + 40 + 40 in three launches, the 640-row k and v on 64-token tiles), and gate and up
 //! with the GLU in the epilogue (`matmul_wide_glu`: no up product or GLU pass through
 //! memory). The same values as the separate launches (and `glu.wgsl`).
+//!
+//! The gate/up tiles run one workgroup an SM on an H100, so the tiles of a last, partial
+//! wave took as long as a full wave (432 tiles of a 512-token 2B-4T step on 132 SMs: 36 in
+//! the fourth). Where the SM count is known, those tiles are split along K into parts that
+//! run side by side, the last part of each adding them up (`ternary_coop.wgsl`
+//! `tail_plan`; BENCHMARKS.md, session 19).
 
 use super::narrow::{check_widths, glu_parts, three_bindings, three_parts, tile_bindings};
 use super::{uniform, Dispatch, QuantAct, StepUniform, TernaryWeights, MM_TILE_TOKENS};
@@ -15,11 +21,48 @@ use crate::Result;
 /// Weight rows of a coop tile.
 const TILE_ROWS: u32 = 128;
 
+/// Floats of one split part's raw sums: a 128 × 128 tile.
+const PART_FLOATS: u64 = 128 * 128;
+
 /// One launch of several matrices' coop tiles for steps of more than [`MM_TILE_TOKENS`]
 /// tokens.
 pub struct CoopFused {
     dispatch: Dispatch,
     _params: [GpuBuffer; 2],
+    /// Gate/up: the last wave's split (row tiles, K/128 blocks, SMs); None for q/k/v.
+    tail: Option<[u32; 3]>,
+}
+
+/// `ternary_coop.wgsl` `tail_plan`: (whole tiles, split tiles r, parts p) for `tiles` tiles
+/// of `blocks` I2_S blocks on `sms` SMs (0: unknown; p = 1: nothing split).
+pub(crate) fn tail_plan(tiles: u32, blocks: u32, sms: u32) -> (u32, u32, u32) {
+    if sms == 0 || blocks < 8 || tiles.is_multiple_of(sms) {
+        return (tiles, 0, 1);
+    }
+    let r = tiles % sms;
+    let p = (sms / r).min(3);
+    if p < 2 {
+        (tiles, 0, 1)
+    } else {
+        (tiles - r, r, p)
+    }
+}
+
+/// The split parts' sums (`sms` × a tile of f32) and their per-tile counts (zero between
+/// launches), shared by every gate/up launch of the context: launches that bind them are
+/// ordered one after another.
+fn tail_scratch(ctx: &GpuContext, sms: u32) -> Result<[GpuBuffer; 2]> {
+    let mut slot = ctx.glu_tail.lock().expect("lock");
+    if let Some(b) = slot.as_ref() {
+        if b[0].size >= u64::from(sms) * PART_FLOATS * 4 {
+            return Ok(b.clone());
+        }
+    }
+    let sums = GpuBuffer::zeroed(ctx, "coop_glu.tail_sums", u64::from(sms) * PART_FLOATS * 4)?;
+    let done = GpuBuffer::zeroed(ctx, "coop_glu.tail_done", u64::from(sms / 2 + 1) * 4)?;
+    let b = [sums, done];
+    *slot = Some(b.clone());
+    Ok(b)
 }
 
 impl CoopFused {
@@ -47,7 +90,9 @@ impl CoopFused {
     }
 
     /// Gate and up: `act(gate · x) · (up · x)` into `out` (f32, `gate.rows` per token), 64
-    /// rows of each a tile; `None` where the adapter's prompt kernel is not the coop one.
+    /// rows of each a tile, the last wave planned for `sms` SMs (the context's
+    /// [`Caps::sms`](crate::Caps); None: nothing split); `None` where the adapter's prompt
+    /// kernel is not the coop one.
     pub fn glu(
         ctx: &GpuContext,
         (gate, up): (&TernaryWeights, &TernaryWeights),
@@ -55,13 +100,29 @@ impl CoopFused {
         out: &GpuBuffer,
         glu: GluAct,
         step: &StepUniform,
+        sms: Option<u32>,
     ) -> Result<Option<CoopFused>> {
-        let parts = glu_parts("coop gate/up", (gate, up), glu)?;
+        let mut parts = glu_parts("coop gate/up", (gate, up), glu)?;
         check_widths("coop gate/up", &[gate, up], act)?;
+        if ctx.caps().prefill != PrefillKernel::Coop {
+            return Ok(None);
+        }
+        let sms = sms.unwrap_or(0);
+        parts[1] = sms;
         let tiles = (gate.rows as u32).div_ceil(TILE_ROWS / 2);
         let kernel = Kernel::TernaryCoopGlu { act: glu };
-        let bind = [(6, up.codes.binding())];
-        Self::new(ctx, (gate, act, out, step), kernel, (parts, &bind), tiles)
+        let [sums, done] = tail_scratch(ctx, sms)?;
+        let bind = [
+            (6, up.codes.binding()),
+            (7, sums.binding()),
+            (8, done.binding()),
+        ];
+        let fused = Self::new(ctx, (gate, act, out, step), kernel, (parts, &bind), tiles)?;
+        let blocks = (act.k / 128) as u32;
+        Ok(fused.map(|f| CoopFused {
+            tail: Some([tiles, blocks, sms]),
+            ..f
+        }))
     }
 
     fn new(
@@ -95,12 +156,23 @@ impl CoopFused {
         Ok(Some(CoopFused {
             dispatch,
             _params: [params, parts],
+            tail: None,
         }))
     }
 
     /// Records the products for `n_tokens` tokens (the value in the step uniform).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
-        self.dispatch
-            .record(pass, n_tokens.div_ceil(2 * MM_TILE_TOKENS));
+        let token_tiles = n_tokens.div_ceil(2 * MM_TILE_TOKENS);
+        if let Some([row_tiles, blocks, sms]) = self.tail {
+            let (full, r, p) = tail_plan(row_tiles * token_tiles, blocks, sms);
+            if p > 1 {
+                // One workgroup per whole tile and per part, in rows of at most 65,535.
+                let n = full + r * p;
+                let x = n.min(u32::from(u16::MAX));
+                self.dispatch.record_grid(pass, [x, n.div_ceil(x), 1]);
+                return;
+            }
+        }
+        self.dispatch.record(pass, token_tiles);
     }
 }

@@ -22,6 +22,8 @@ mod split_k;
 mod window_attention;
 
 pub use attention::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, ATTN_CHUNK};
+#[cfg(test)]
+pub(crate) use coop_fused::tail_plan;
 pub use coop_fused::CoopFused;
 pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub(crate) use elementwise::kernel_glu;
