@@ -1,6 +1,7 @@
 //! The device's measured floors, the yardsticks `ternion bench` compares a decode step
 //! against: read bandwidth (`kernels/read_bw.wgsl` over a large buffer) and the cost of one
-//! dependent launch (the same kernel over a tiny buffer, launched many times in a row).
+//! dependent launch (the same kernel over a tiny buffer, launched many times in a row, with
+//! 132 workgroups or as many as asked).
 
 use std::time::Instant;
 
@@ -38,9 +39,15 @@ const LAUNCHES: u32 = 1000;
 /// read-write, so the driver orders them as it orders a decode step's launches), minus one
 /// launch alone, divided by the launches added. Allocates its buffers on every call.
 pub fn measure_dispatch_latency(ctx: &GpuContext) -> Result<f64> {
+    dispatch_latency_with(ctx, 132)
+}
+
+/// [`measure_dispatch_latency`] with `groups` workgroups a launch (a prompt step's
+/// per-token launches run one workgroup a token).
+pub(crate) fn dispatch_latency_with(ctx: &GpuContext, groups: u32) -> Result<f64> {
     let bytes = 64 << 10;
-    let many = time_probe(ctx, bytes, 132, LAUNCHES)?;
-    let one = time_probe(ctx, bytes, 132, 1)?;
+    let many = time_probe(ctx, bytes, groups, LAUNCHES)?;
+    let one = time_probe(ctx, bytes, groups, 1)?;
     Ok((many - one).max(0.0) / f64::from(LAUNCHES - 1) * 1e6)
 }
 

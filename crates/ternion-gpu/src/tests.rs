@@ -874,6 +874,19 @@ pub(super) fn time_launches(
     eprintln!("{label}: {us:.2} µs/launch, {:.0} GB/s", bytes / us / 1e3);
 }
 
+/// One dependent launch of the probe kernel by workgroup count: what a launch costs before
+/// its work, for one workgroup a token of a prompt step against the 132 `bench` reports.
+/// Run with `--ignored --nocapture` on a real GPU.
+#[test]
+#[ignore]
+fn bench_dispatch_latency_by_workgroups() {
+    let Some(ctx) = ctx() else { return };
+    for groups in [1, 132, 264, 512, 1024, 2048] {
+        let us = crate::bandwidth::dispatch_latency_with(&ctx, groups).unwrap();
+        eprintln!("{groups:>5} workgroups: {us:.2} µs a dependent launch");
+    }
+}
+
 /// Wall-clock per dispatch of the decode kernels at BitNet 2B-4T shapes, each recorded 200
 /// times into one pass (consecutive dispatches write the same buffer, so each waits for the
 /// previous one, as in a forward pass). Run with `--ignored --nocapture` on a real GPU.
