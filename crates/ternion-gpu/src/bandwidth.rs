@@ -39,40 +39,67 @@ const LAUNCHES: u32 = 1000;
 /// read-write, so the driver orders them as it orders a decode step's launches), minus one
 /// launch alone, divided by the launches added. Allocates its buffers on every call.
 pub fn measure_dispatch_latency(ctx: &GpuContext) -> Result<f64> {
-    dispatch_latency_with(ctx, 132)
+    dispatch_latency_with(ctx, 132, &[Variant::default()])
 }
 
 /// [`measure_dispatch_latency`] with `groups` workgroups a launch (a prompt step's
-/// per-token launches run one workgroup a token).
-pub(crate) fn dispatch_latency_with(ctx: &GpuContext, groups: u32) -> Result<f64> {
-    let bytes = 64 << 10;
-    let many = time_probe(ctx, bytes, groups, LAUNCHES)?;
-    let one = time_probe(ctx, bytes, groups, 1)?;
+/// per-token launches run one workgroup a token), the probe's pipelines for `variants`
+/// taking turns (two: a pipeline switch at every launch, as in a prompt step).
+pub(crate) fn dispatch_latency_with(
+    ctx: &GpuContext,
+    groups: u32,
+    variants: &[Variant],
+) -> Result<f64> {
+    let (src, sink) = probe_buffers(ctx, 64 << 10, groups)?;
+    let probes = variants
+        .iter()
+        .map(|&v| probe(ctx, (&src, &sink), groups, v))
+        .collect::<Result<Vec<_>>>()?;
+    let many = time_launches(ctx, &probes, LAUNCHES)?;
+    let one = time_launches(ctx, &probes, 1)?;
     Ok((many - one).max(0.0) / f64::from(LAUNCHES - 1) * 1e6)
 }
 
 /// Seconds for `repeats` launches of the read probe over a buffer of `bytes` with `groups`
 /// workgroups, in one submit, after one untimed warm-up submit.
 fn time_probe(ctx: &GpuContext, bytes: u64, groups: u32, repeats: u32) -> Result<f64> {
+    let (src, sink) = probe_buffers(ctx, bytes, groups)?;
+    let d = probe(ctx, (&src, &sink), groups, Variant::default())?;
+    time_launches(ctx, &[d], repeats)
+}
+
+/// The probe's source of `bytes` and its sink for `groups` workgroups.
+fn probe_buffers(ctx: &GpuContext, bytes: u64, groups: u32) -> Result<(GpuBuffer, GpuBuffer)> {
     let src = GpuBuffer::zeroed(ctx, "read_bw.src", bytes)?;
     let sink = GpuBuffer::zeroed(ctx, "read_bw.sink", u64::from(groups) * 256 * 4)?;
+    Ok((src, sink))
+}
+
+/// The read probe's launch over `src` into `sink` with `groups` workgroups, from the
+/// pipeline of `variant`.
+fn probe(
+    ctx: &GpuContext,
+    (src, sink): (&GpuBuffer, &GpuBuffer),
+    groups: u32,
+    variant: Variant,
+) -> Result<Dispatch> {
     let key = PipelineKey {
         kernel: Kernel::ReadProbe,
-        variant: Variant::default(),
+        variant,
     };
-    let d = Dispatch::new(
-        ctx,
-        key,
-        "read_bw",
-        &[(0, src.binding()), (1, sink.binding())],
-        groups,
-    )?;
-    let run = |repeats: u32| -> Result<f64> {
+    let bindings = [(0, src.binding()), (1, sink.binding())];
+    Dispatch::new(ctx, key, "read_bw", &bindings, groups)
+}
+
+/// Seconds for `repeats` launches, `launches` taking turns, in one submit, after one
+/// untimed warm-up submit.
+fn time_launches(ctx: &GpuContext, launches: &[Dispatch], repeats: u32) -> Result<f64> {
+    let run = || -> Result<f64> {
         let mut enc = ctx.encoder();
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for _ in 0..repeats {
-                d.record(&mut pass, 1);
+            for i in 0..repeats as usize {
+                launches[i % launches.len()].record(&mut pass, 1);
             }
         }
         let t = Instant::now();
@@ -80,6 +107,6 @@ fn time_probe(ctx: &GpuContext, bytes: u64, groups: u32, repeats: u32) -> Result
         ctx.wait()?;
         Ok(t.elapsed().as_secs_f64())
     };
-    run(repeats)?;
-    run(repeats)
+    run()?;
+    run()
 }

@@ -4,7 +4,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::buffers::GpuBuffer;
 use super::pipelines::PipelineCache;
 use crate::{Error, Result};
 
@@ -181,9 +180,6 @@ pub struct GpuContext {
     counters: AtomicCounters,
     /// First uncaptured error or device loss, reported by [`GpuContext::check`].
     fault: Arc<Mutex<Option<Fault>>>,
-    /// The scratch every prompt GLU launch's split last wave shares (`ops::coop_fused`),
-    /// made at first use.
-    pub(crate) glu_tail: Mutex<Option<[GpuBuffer; 2]>>,
 }
 
 /// A failure the device reported on its own (not in an error scope): kept until
@@ -400,7 +396,6 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             counters: AtomicCounters::default(),
             fault,
-            glu_tail: Mutex::new(None),
         })
     }
 

@@ -881,44 +881,19 @@ pub(super) fn time_launches(
 #[ignore]
 fn bench_dispatch_latency_by_workgroups() {
     let Some(ctx) = ctx() else { return };
+    let latency = |groups, variants: &[Variant]| {
+        crate::bandwidth::dispatch_latency_with(&ctx, groups, variants).unwrap()
+    };
     for groups in [1, 132, 264, 512, 1024, 2048] {
-        let us = crate::bandwidth::dispatch_latency_with(&ctx, groups).unwrap();
+        let us = latency(groups, &[Variant::default()]);
         eprintln!("{groups:>5} workgroups: {us:.2} µs a dependent launch");
     }
-    // The same probe from two pipelines (two variants of its kernel) taking turns, as a
-    // prompt step's launches switch pipeline at every launch.
-    let src = GpuBuffer::zeroed(&ctx, "probe.src", 64 << 10).unwrap();
-    let sink = GpuBuffer::zeroed(&ctx, "probe.sink", 512 * 256 * 4).unwrap();
-    let probe = |variant| {
-        let key = PipelineKey {
-            kernel: Kernel::ReadProbe,
-            variant,
-        };
-        let b = [(0, src.binding()), (1, sink.binding())];
-        Dispatch::new(&ctx, key, "probe", &b, 512).unwrap()
-    };
-    let pair = [probe(Variant::default()), probe(ctx.variant(32))];
-    let per_launch = |turns: bool| {
-        let timed = |n: usize| {
-            let mut enc = ctx.encoder();
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                for i in 0..n {
-                    pair[usize::from(turns) * (i % 2)].record(&mut pass, 1);
-                }
-            }
-            let t = std::time::Instant::now();
-            ctx.submit(enc);
-            ctx.wait().unwrap();
-            t.elapsed().as_secs_f64()
-        };
-        timed(1000);
-        (timed(1000) - timed(1)) / 999.0 * 1e6
-    };
+    // Two variants of the probe's kernel (two pipelines) taking turns, as a prompt step's
+    // launches switch pipeline at every launch.
     eprintln!(
         "  512 workgroups, one pipeline: {:.2} µs; two taking turns: {:.2} µs a launch",
-        per_launch(false),
-        per_launch(true)
+        latency(512, &[Variant::default()]),
+        latency(512, &[Variant::default(), ctx.variant(32)])
     );
 }
 

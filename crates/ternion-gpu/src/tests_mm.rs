@@ -10,7 +10,7 @@ use rand::Rng;
 
 use super::tests::{cpu_act, cpu_ternary, ctx_with, rng, run, ternary_tensor};
 use super::*;
-use crate::ops::{tail_plan, uniform, SplitK};
+use crate::ops::{tail_plan, uniform, GluTail, SplitK};
 
 /// The tiled kinds the adapter of `ctx` runs (printed: the cooperative-matrix kernel only
 /// runs where the adapter lists 16×16×16 f16 matrices, not on lavapipe).
@@ -339,6 +339,7 @@ fn coop_glu_equals_separate_launches() {
     let mut r = rng(507);
     let (k, n) = (384, 200);
     let step = StepUniform::new(&c).unwrap();
+    let tail = GluTail::new(&c, c.caps().sms).unwrap();
     let upload = |r: &mut rand::rngs::StdRng| {
         TernaryWeights::upload(&c, "w", &ternary_tensor(r, n, k), k, n).unwrap()
     };
@@ -350,8 +351,7 @@ fn coop_glu_equals_separate_launches() {
         let zeroed = || GpuBuffer::zeroed(&c, "y", (tokens * n * 4) as u64).unwrap();
         for act in [GluAct::ReluSqr, GluAct::Silu] {
             let (out, gb, ub) = (zeroed(), zeroed(), zeroed());
-            let fused =
-                CoopFused::glu(&c, (&gate, &up), &qa, &out, act, &step, c.caps().sms).unwrap();
+            let fused = CoopFused::glu(&c, (&gate, &up), &qa, &out, act, &step, &tail).unwrap();
             let Some(fused) = fused else {
                 assert_ne!(c.caps().prefill, PrefillKernel::Coop);
                 eprintln!(
@@ -415,16 +415,9 @@ fn glu_tail_plan() {
 /// test says so.
 #[test]
 fn coop_glu_split_tail_equals_whole_tiles() {
-    let Some(c) = ctx_with(&GpuOptions::default()) else {
+    let Some(c) = coop_context("no split gate/up tiles to test") else {
         return;
     };
-    if c.caps().prefill != PrefillKernel::Coop {
-        eprintln!(
-            "{}: no cooperative matrices, no split gate/up tiles to test",
-            c.caps().name
-        );
-        return;
-    }
     let mut r = rng(508);
     let n = 200;
     let step = StepUniform::new(&c).unwrap();
@@ -441,7 +434,8 @@ fn coop_glu_split_tail_equals_whole_tiles() {
             let tiles = n.div_ceil(64) as u32 * tokens.div_ceil(128) as u32;
             let zeroed = || GpuBuffer::zeroed(&c, "y", (tokens * n * 4) as u64).unwrap();
             let want = zeroed();
-            let whole = CoopFused::glu(&c, (&gate, &up), &qa, &want, GluAct::Silu, &step, None);
+            let none = GluTail::new(&c, None).unwrap();
+            let whole = CoopFused::glu(&c, (&gate, &up), &qa, &want, GluAct::Silu, &step, &none);
             let whole = whole.unwrap().unwrap();
             run(&c, |p| whole.record(p, tokens as u32));
             let want = want.read::<f32>(&c).unwrap();
@@ -450,8 +444,8 @@ fn coop_glu_split_tail_equals_whole_tiles() {
                 let plan = tail_plan(tiles, blocks, sms);
                 seen.insert((plan.1.min(2), plan.2));
                 let out = zeroed();
-                let fused =
-                    CoopFused::glu(&c, (&gate, &up), &qa, &out, GluAct::Silu, &step, Some(sms));
+                let tail = GluTail::new(&c, Some(sms)).unwrap();
+                let fused = CoopFused::glu(&c, (&gate, &up), &qa, &out, GluAct::Silu, &step, &tail);
                 let fused = fused.unwrap().unwrap();
                 for round in 0..2 {
                     run(&c, |p| fused.record(p, tokens as u32));
@@ -474,16 +468,9 @@ fn coop_glu_split_tail_equals_whole_tiles() {
 /// cooperative matrices (lavapipe) have no split: the test says so.
 #[test]
 fn coop_split_k_equals_whole_k() {
-    let Some(c) = ctx_with(&GpuOptions::default()) else {
+    let Some(c) = coop_context("no split coop tiles to test") else {
         return;
     };
-    if c.caps().prefill != PrefillKernel::Coop {
-        eprintln!(
-            "{}: no cooperative matrices, no split coop tiles to test",
-            c.caps().name
-        );
-        return;
-    }
     let mut r = rng(506);
     let step = StepUniform::new(&c).unwrap();
     let n = 300;
@@ -517,6 +504,18 @@ fn coop_split_k_equals_whole_k() {
             }
         }
     }
+}
+
+/// The adapter's default context where its prompt kernel is the cooperative-matrix one;
+/// None without an adapter, or (said, with `what` the test has nothing of) without
+/// cooperative matrices, as on lavapipe.
+fn coop_context(what: &str) -> Option<GpuContext> {
+    let c = ctx_with(&GpuOptions::default())?;
+    if c.caps().prefill != PrefillKernel::Coop {
+        eprintln!("{}: no cooperative matrices, {what}", c.caps().name);
+        return None;
+    }
+    Some(c)
 }
 
 /// The first index where `got` and `want` differ in their bits (None: the same bits).

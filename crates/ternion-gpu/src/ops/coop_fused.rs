@@ -48,21 +48,28 @@ pub(crate) fn tail_plan(tiles: u32, blocks: u32, sms: u32) -> (u32, u32, u32) {
     }
 }
 
-/// The split parts' sums (`sms` × a tile of f32) and their per-tile counts (zero between
-/// launches), shared by every gate/up launch of the context: launches that bind them are
-/// ordered one after another.
-fn tail_scratch(ctx: &GpuContext, sms: u32) -> Result<[GpuBuffer; 2]> {
-    let mut slot = ctx.glu_tail.lock().expect("lock");
-    if let Some(b) = slot.as_ref() {
-        if b[0].size >= u64::from(sms) * PART_FLOATS * 4 {
-            return Ok(b.clone());
-        }
+/// The scratch of the gate/up launches' split last wave (`tail_plan`) for `sms` SMs: each
+/// part's raw sums (`sms` tiles of f32 at most) and per split tile the parts finished (zero
+/// between launches). The gate/up launches of a plan share one (they run one after
+/// another), as the split-K linears share theirs.
+#[derive(Clone)]
+pub struct GluTail {
+    sms: u32,
+    sums: GpuBuffer,
+    done: GpuBuffer,
+}
+
+impl GluTail {
+    /// The scratch for `sms` SMs; None: nothing is split, and the two bindings the kernel
+    /// declares get placeholders of a word each.
+    pub fn new(ctx: &GpuContext, sms: Option<u32>) -> Result<GluTail> {
+        let sms = sms.unwrap_or(0);
+        Ok(GluTail {
+            sms,
+            sums: GpuBuffer::zeroed(ctx, "coop_glu.tail_sums", u64::from(sms) * PART_FLOATS * 4)?,
+            done: GpuBuffer::zeroed(ctx, "coop_glu.tail_done", u64::from(sms / 2 + 1) * 4)?,
+        })
     }
-    let sums = GpuBuffer::zeroed(ctx, "coop_glu.tail_sums", u64::from(sms) * PART_FLOATS * 4)?;
-    let done = GpuBuffer::zeroed(ctx, "coop_glu.tail_done", u64::from(sms / 2 + 1) * 4)?;
-    let b = [sums, done];
-    *slot = Some(b.clone());
-    Ok(b)
 }
 
 impl CoopFused {
@@ -90,9 +97,9 @@ impl CoopFused {
     }
 
     /// Gate and up: `act(gate · x) · (up · x)` into `out` (f32, `gate.rows` per token), 64
-    /// rows of each a tile, the last wave planned for `sms` SMs (the context's
-    /// [`Caps::sms`](crate::Caps); None: nothing split); `None` where the adapter's prompt
-    /// kernel is not the coop one.
+    /// rows of each a tile, the last wave split for the SMs of `tail` (made for the
+    /// context's [`Caps::sms`](crate::Caps)); `None` where the adapter's prompt kernel is
+    /// not the coop one.
     pub fn glu(
         ctx: &GpuContext,
         (gate, up): (&TernaryWeights, &TernaryWeights),
@@ -100,27 +107,25 @@ impl CoopFused {
         out: &GpuBuffer,
         glu: GluAct,
         step: &StepUniform,
-        sms: Option<u32>,
+        tail: &GluTail,
     ) -> Result<Option<CoopFused>> {
         let mut parts = glu_parts("coop gate/up", (gate, up), glu)?;
         check_widths("coop gate/up", &[gate, up], act)?;
         if ctx.caps().prefill != PrefillKernel::Coop {
             return Ok(None);
         }
-        let sms = sms.unwrap_or(0);
-        parts[1] = sms;
+        parts[1] = tail.sms;
         let tiles = (gate.rows as u32).div_ceil(TILE_ROWS / 2);
         let kernel = Kernel::TernaryCoopGlu { act: glu };
-        let [sums, done] = tail_scratch(ctx, sms)?;
         let bind = [
             (6, up.codes.binding()),
-            (7, sums.binding()),
-            (8, done.binding()),
+            (7, tail.sums.binding()),
+            (8, tail.done.binding()),
         ];
         let fused = Self::new(ctx, (gate, act, out, step), kernel, (parts, &bind), tiles)?;
         let blocks = (act.k / 128) as u32;
         Ok(fused.map(|f| CoopFused {
-            tail: Some([tiles, blocks, sms]),
+            tail: Some([tiles, blocks, tail.sms]),
             ..f
         }))
     }

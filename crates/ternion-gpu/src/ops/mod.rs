@@ -24,7 +24,7 @@ mod window_attention;
 pub use attention::{Attention, AttnDims, AttnOpts, RopeKv, RopeOpts, ATTN_CHUNK};
 #[cfg(test)]
 pub(crate) use coop_fused::tail_plan;
-pub use coop_fused::CoopFused;
+pub use coop_fused::{CoopFused, GluTail};
 pub use decode::{NormIn, NormMatvec, NormMatvecKind, NormQuant};
 pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};

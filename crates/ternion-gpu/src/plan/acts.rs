@@ -7,7 +7,7 @@ use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
 use crate::context::PrefillKernel;
 use crate::model::graph::{ActId, Graph, Op};
-use crate::ops::{ActQuant, QAct, QuantAct, QuantizeAct, SplitK};
+use crate::ops::{ActQuant, GluTail, QAct, QuantAct, QuantizeAct, SplitK};
 use crate::Result;
 
 /// Where the activations live while compiling.
@@ -32,6 +32,9 @@ pub(super) struct Acts<'g> {
     /// The scratch of the split coop tiles ([`SplitK`]) by output rows, shared by every
     /// linear of that many rows (they run one after another).
     split: HashMap<usize, GpuBuffer>,
+    /// The scratch of the coop gate/up launches' split last wave ([`GluTail`]), shared by
+    /// all of them.
+    glu_tail: Option<GluTail>,
 }
 
 impl<'g> Acts<'g> {
@@ -55,6 +58,7 @@ impl<'g> Acts<'g> {
             alias: HashMap::new(),
             selected: Vec::new(),
             split: HashMap::new(),
+            glu_tail: None,
         }
     }
 
@@ -79,6 +83,19 @@ impl<'g> Acts<'g> {
         let b = GpuBuffer::zeroed(self.ctx, "split_k", bytes)?;
         self.split.insert(rows, b.clone());
         Ok(Some(b))
+    }
+
+    /// The scratch of the coop gate/up launches' split last wave: for the adapter's SMs
+    /// where it runs coop tiles, placeholders elsewhere.
+    pub(super) fn glu_tail(&mut self) -> Result<GluTail> {
+        if let Some(t) = &self.glu_tail {
+            return Ok(t.clone());
+        }
+        let caps = self.ctx.caps();
+        let sms = caps.sms.filter(|_| caps.prefill == PrefillKernel::Coop);
+        let t = GluTail::new(self.ctx, sms)?;
+        self.glu_tail = Some(t.clone());
+        Ok(t)
     }
 
     /// The f32 buffer of `a` (`max_batch` rows; the logits: `logits_rows`).

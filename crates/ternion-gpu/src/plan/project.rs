@@ -107,7 +107,8 @@ impl Compiler<'_> {
                 };
                 let single = self.single(&input, kind)?;
                 let narrow = NarrowFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step)?;
-                let coop = CoopFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step, g.caps().sms)?;
+                let tail = self.acts.glu_tail()?;
+                let coop = CoopFused::glu(g, (gw, uw), &input.q, &gb, act, &s.step, &tail)?;
                 let own = OwnTiles {
                     narrow: narrow.is_none(),
                     wide: coop.is_none(),
