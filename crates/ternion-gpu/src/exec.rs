@@ -389,14 +389,27 @@ impl GpuModel {
         }
         let mut enc = g.encoder();
         self.plan.copy_kv_pages(&mut enc, &copies);
+        // A hidden step records part of the launches: it is not profiled.
+        let queries = match out {
+            Out::Hidden => None,
+            _ => self.profiler.as_ref().map(|p| &p.queries),
+        };
+        let total = self.plan.launches_of(rows);
+        let ends = submit_ends(nt, total);
+        let mut start = 0;
+        for &end in &ends[..ends.len() - 1] {
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                self.plan
+                    .record(&mut pass, start..end, (nt, n_kv, rows), queries);
+            }
+            g.submit(std::mem::replace(&mut enc, g.encoder()));
+            start = end;
+        }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            // A hidden step records part of the launches: it is not profiled.
-            let queries = match out {
-                Out::Hidden => None,
-                _ => self.profiler.as_ref().map(|p| &p.queries),
-            };
-            self.plan.record(&mut pass, nt, n_kv, rows, queries);
+            self.plan
+                .record(&mut pass, start..total, (nt, n_kv, rows), queries);
             match out {
                 Out::Argmax | Out::Chained { .. } => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
@@ -574,4 +587,30 @@ impl GpuModel {
     pub fn topk_step(&mut self, token: u32) -> Result<Vec<(u32, f32)>> {
         pollster::block_on(self.topk_step_async(token))
     }
+}
+
+/// Launches in the first submission of a step of several tokens; each later one holds
+/// [`SUBMIT_GROWTH`] times as many (8, 32, 128, the rest).
+const FIRST_SUBMIT: usize = 8;
+/// How much larger each submission of a multi-token step is than the one before.
+const SUBMIT_GROWTH: usize = 4;
+
+/// Where the submissions of a step of `n_tokens` end (launch indices; the last is `total`).
+/// Recording a launch costs the CPU a few µs (wgpu's tracking and barriers), so a prompt
+/// step recorded whole kept the GPU idle for about a millisecond before it started: its
+/// launches go in growing parts instead, the GPU running each while the next is recorded
+/// (H100: pp512 23.3k → 25.0k, 32 sequences decoded together 4.7–5.1k → 6.2k tok/s;
+/// BENCHMARKS.md, session 21). A single token's step is one submission, as decode steps
+/// already overlap their recording with the step before.
+pub(crate) fn submit_ends(n_tokens: u32, total: usize) -> Vec<usize> {
+    let mut ends = Vec::new();
+    if n_tokens > 1 {
+        let mut end = FIRST_SUBMIT;
+        while end < total {
+            ends.push(end);
+            end *= SUBMIT_GROWTH;
+        }
+    }
+    ends.push(total);
+    ends
 }

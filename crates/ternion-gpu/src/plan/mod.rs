@@ -282,26 +282,30 @@ impl Plan {
         })
     }
 
-    /// Records every launch of a step of `n` tokens whose longest context is `n_kv` keys.
-    /// With `profile`, a timestamp is written after each launch into query `i + 1`
-    /// (query 0 before the first).
+    /// The launches a step of `rows` records: all of them, or those up to the hidden
+    /// state's for a hidden step.
+    pub(crate) fn launches_of(&self, rows: Rows) -> usize {
+        match (rows, &self.hidden) {
+            (Rows::Hidden, Some(h)) => h.launches,
+            _ => self.launches.len(),
+        }
+    }
+
+    /// Records launches `range` (of [`Plan::launches_of`]) of a step of `n` tokens whose
+    /// longest context is `n_kv` keys. With `profile`, a timestamp is written after each
+    /// launch into query `i + 1` (query 0 before the first).
     pub(crate) fn record(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
-        n: u32,
-        n_kv: u32,
-        rows: Rows,
+        range: std::ops::Range<usize>,
+        (n, n_kv, rows): (u32, u32, Rows),
         profile: Option<&wgpu::QuerySet>,
     ) {
-        if let Some(qs) = profile {
+        if let Some(qs) = profile.filter(|_| range.start == 0) {
             pass.write_timestamp(qs, 0);
         }
-        let launches = match (rows, &self.hidden) {
-            (Rows::Hidden, Some(h)) => &self.launches[..h.launches],
-            _ => &self.launches[..],
-        };
-        for (i, l) in launches.iter().enumerate() {
-            l.record(pass, n, n_kv, rows);
+        for i in range {
+            self.launches[i].record(pass, n, n_kv, rows);
             if let Some(qs) = profile {
                 pass.write_timestamp(qs, i as u32 + 1);
             }
