@@ -550,12 +550,36 @@ impl GpuContext {
         size: u64,
         read: impl FnOnce(&[u8]) -> R,
     ) -> Result<R> {
+        self.map_read_after(buf, size, None, read).await
+    }
+
+    /// [`GpuContext::map_read_with`] where `filled` is the submission that last wrote `buf`:
+    /// natively only that submission is waited for, not the work queued after it (None:
+    /// everything submitted).
+    pub async fn map_read_after<R>(
+        &self,
+        buf: &wgpu::Buffer,
+        size: u64,
+        filled: Option<wgpu::SubmissionIndex>,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R> {
         let (tx, rx) = futures_channel::oneshot::channel();
         buf.map_async(wgpu::MapMode::Read, 0..size, move |r| {
             let _ = tx.send(r);
         });
         #[cfg(not(target_arch = "wasm32"))]
-        self.wait()?;
+        {
+            let wait = wgpu::PollType::Wait {
+                submission_index: filled,
+                timeout: None,
+            };
+            self.device
+                .poll(wait)
+                .map_err(|e| self.fault_or("waiting for the GPU", e))?;
+            self.check()?;
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = filled;
         rx.await
             .map_err(|_| self.fault_or("reading back", "the map callback was dropped"))?
             .map_err(|e| self.fault_or("reading back", e))?;

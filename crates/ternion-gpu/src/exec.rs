@@ -128,6 +128,8 @@ pub struct GpuModel {
     pub(super) chain: [GpuBuffer; 2],
     /// Scratch for the query blocks of a step (`KvIndex::write_blocks`).
     blocks: Vec<[u32; 2]>,
+    /// The submission of the last step recorded (greedy.rs waits for a batch's own).
+    pub(super) last_submit: Option<wgpu::SubmissionIndex>,
 }
 
 impl GpuModel {
@@ -220,6 +222,7 @@ impl GpuModel {
             table,
             main,
             chain,
+            last_submit: None,
             blocks: Vec::with_capacity(
                 (KvIndex::max_blocks(opts.max_batch, slots) + 1).max(opts.max_batch),
             ),
@@ -452,7 +455,7 @@ impl GpuModel {
         if let Some(p) = self.profiler.as_ref().filter(|_| out != Out::Hidden) {
             p.record_resolve(&mut enc);
         }
-        g.submit(enc);
+        self.last_submit = Some(g.submit(enc));
         let mut table = lock(&self.table);
         for &(slot, tokens) in parts {
             table.advance(slot, tokens.len());

@@ -28,8 +28,9 @@ pub struct GreedyChain<'a> {
     submitted: usize,
     /// Ids handed to the caller.
     returned: usize,
-    /// Batches submitted and not read yet, oldest first: (staging buffer, steps).
-    queued: VecDeque<(usize, usize)>,
+    /// Batches submitted and not read yet, oldest first: (staging buffer, steps, the
+    /// submission of its last step).
+    queued: VecDeque<(usize, usize, Option<wgpu::SubmissionIndex>)>,
     /// The staging buffer read last: the next read refills it first.
     refill: Option<usize>,
 }
@@ -125,7 +126,8 @@ impl GreedyChain<'_> {
             )?;
             self.submitted += 1;
         }
-        self.queued.push_back((buf, n));
+        let last = self.model.last_submit.clone();
+        self.queued.push_back((buf, n, last));
         Ok(())
     }
 
@@ -136,13 +138,15 @@ impl GreedyChain<'_> {
         if let Some(buf) = self.refill.take() {
             self.submit(buf)?;
         }
-        let Some((buf, n)) = self.queued.pop_front() else {
+        let Some((buf, n, filled)) = self.queued.pop_front() else {
             return Ok(Vec::new());
         };
+        // Only this batch is waited for: the batch queued after it keeps the GPU busy while
+        // its ids are read and the next batch is recorded.
         let ids: Vec<u32> = self
             .model
             .context()
-            .map_read_with(&self.model.chain[buf].buf, n as u64 * 4, |b| {
+            .map_read_after(&self.model.chain[buf].buf, n as u64 * 4, filled, |b| {
                 bytemuck::cast_slice(b).to_vec()
             })
             .await?;
