@@ -398,7 +398,7 @@ impl GpuModel {
             _ => self.profiler.as_ref().map(|p| &p.queries),
         };
         let total = self.plan.launches_of(rows);
-        let ends = submit_ends(nt, total);
+        let ends = submit_ends(nt, matches!(out, Out::Chained { .. }), total);
         let mut start = 0;
         for &end in &ends[..ends.len() - 1] {
             {
@@ -592,22 +592,23 @@ impl GpuModel {
     }
 }
 
-/// Launches in the first submission of a step of several tokens; each later one holds
+/// Launches in the first submission of a step recorded in parts; each later one holds
 /// [`SUBMIT_GROWTH`] times as many (8, 32, 128, the rest).
 const FIRST_SUBMIT: usize = 8;
-/// How much larger each submission of a multi-token step is than the one before.
+/// How much larger each submission of a step recorded in parts is than the one before.
 const SUBMIT_GROWTH: usize = 4;
 
 /// Where the submissions of a step of `n_tokens` end (launch indices; the last is `total`).
-/// Recording a launch costs the CPU a few µs (wgpu's tracking and barriers), so a prompt
-/// step recorded whole kept the GPU idle for about a millisecond before it started: its
-/// launches go in growing parts instead, the GPU running each while the next is recorded
-/// (H100: pp512 23.3k → 25.0k, 32 sequences decoded together 4.7–5.1k → 6.2k tok/s;
-/// BENCHMARKS.md, session 21). A single token's step is one submission, as decode steps
-/// already overlap their recording with the step before.
-pub(crate) fn submit_ends(n_tokens: u32, total: usize) -> Vec<usize> {
+/// Recording a launch costs the CPU a few µs (wgpu's tracking and barriers), so a step
+/// recorded whole kept the GPU idle until it was all recorded (about a millisecond for a
+/// 512-token prompt, 0.7 ms for a decode token): its launches go in growing parts instead,
+/// the GPU running each while the next is recorded (H100: pp512 23.3k → 25.0k, 32
+/// sequences decoded together 4.7–5.1k → 6.2k tok/s; BENCHMARKS.md, session 21). A
+/// single-token step of a greedy chain (`chained`) is one submission: the chain records it
+/// while the steps before it run.
+pub(crate) fn submit_ends(n_tokens: u32, chained: bool, total: usize) -> Vec<usize> {
     let mut ends = Vec::new();
-    if n_tokens > 1 {
+    if n_tokens > 1 || !chained {
         let mut end = FIRST_SUBMIT;
         while end < total {
             ends.push(end);

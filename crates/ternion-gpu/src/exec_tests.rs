@@ -750,15 +750,17 @@ fn constrained_generation_from_the_masked_gpu_top_k_equals_whole_rows() {
     }
 }
 
-/// A step of several tokens goes to the GPU in growing submissions that cover its launches
-/// in order (8, 32, 128, the rest); a single token's step is one submission.
+/// A step goes to the GPU in growing submissions that cover its launches in order (8, 32,
+/// 128, the rest), but a single-token step of a greedy chain, which is one submission.
 #[test]
-fn steps_of_several_tokens_submit_in_growing_parts() {
+fn steps_submit_in_growing_parts() {
     use crate::exec::submit_ends;
-    assert_eq!(submit_ends(1, 420), vec![420]);
-    assert_eq!(submit_ends(512, 420), vec![8, 32, 128, 420]);
-    assert_eq!(submit_ends(32, 128), vec![8, 32, 128]);
-    assert_eq!(submit_ends(2, 129), vec![8, 32, 128, 129]);
-    assert_eq!(submit_ends(2, 8), vec![8]);
-    assert_eq!(submit_ends(2, 0), vec![0]);
+    assert_eq!(submit_ends(1, true, 420), vec![420]);
+    assert_eq!(submit_ends(1, false, 150), vec![8, 32, 128, 150]);
+    assert_eq!(submit_ends(512, false, 420), vec![8, 32, 128, 420]);
+    assert_eq!(submit_ends(512, true, 420), vec![8, 32, 128, 420]);
+    assert_eq!(submit_ends(32, false, 128), vec![8, 32, 128]);
+    assert_eq!(submit_ends(2, false, 129), vec![8, 32, 128, 129]);
+    assert_eq!(submit_ends(2, false, 8), vec![8]);
+    assert_eq!(submit_ends(2, false, 0), vec![0]);
 }
