@@ -19,10 +19,10 @@
 //   5 storage rw    out:     array<f32>   T × n_head·head_dim
 //   9 storage read  toks:    array<vec2<u32>>  T × (position, sequence slot)
 //  10 storage read  pages:   array<u32>   the page tables
-// Dispatch: (≥ block count, n_head, 1); workgroups past the count return. head_dim is 64 or
-// 128 (the host checks), also given as the pipeline constant HD. Workgroup memory: 30,224
-// bytes, 46,992 with F32_TILES, 48,688 with COOP_PV (the host checks the limit, and picks
-// the variant the device allows).
+// Dispatch: (≥ block count, n_head, 1), read as one list of workgroups (see below); those
+// past block count × n_head return. head_dim is 64 or 128 (the host checks), also given as
+// the pipeline constant HD. Workgroup memory: 30,224 bytes, 46,992 with F32_TILES, 48,688
+// with COOP_PV (the host checks the limit, and picks the variant the device allows).
 //
 // Variant F32_TILES holds the key and value tiles as f32 pairs, converted once when a page
 // is staged, where the other holds the F16 words and converts each pair at every use (in
@@ -46,6 +46,11 @@
 // the output makes sensitive, are the same bits). Prompt attention 19 % shorter on an H100
 // (BENCHMARKS.md, session 15).
 //
+// Workgroups take the (block, head) pairs longest first: the grid's workgroup i (x fastest)
+// takes head i % n_head of the (i / n_head)-th block from the end of the step. Launched in
+// that order, the long blocks of every head start together and the short ones fill in
+// behind them; taking each head's blocks in turn instead (the grid's y as the head) left
+// SMs idle at the end of the launch: 23 % longer on an H100 (BENCHMARKS.md, session 21).
 // A workgroup takes a block of BQ = 32 queries of one head and walks the keys one KV page
 // (BK = 32 keys) at a time, the page's keys and values loaded once for the block: each
 // thread's share of the next page is loaded into registers while the current one is
@@ -237,19 +242,23 @@ fn pv(a: vec2<f32>, e: f32, at: u32) -> vec2<f32> {
 fn main(
     @builtin(local_invocation_index) li: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
 #if COOP_PV
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
 #endif
 ) {
-    let h = wg.y;
+    // Workgroup i of the grid (in launch order) takes head i % n_head of the (i / n_head)-th
+    // block from the end: every head's last blocks, which walk the most keys, start first,
+    // then the shorter ones fill the SMs as the long ones finish.
+    let i = wg.y * nwg.x + wg.x;
+    let h = i % p.n_head;
+    let from_end = i / p.n_head;
     if (li == 0u) {
         var b = vec2<u32>(0u, 0u);
-        // The blocks in reverse order: a sequence's last blocks, which walk the most keys,
-        // start first.
         let count = blocks[0].x;
-        if (wg.x < count) {
-            b = blocks[count - wg.x];
+        if (from_end < count) {
+            b = blocks[count - from_end];
         }
         let tk = toks[b.x];
         tok_sh = vec4<u32>(b.x, b.y, tk.x, tk.y);
