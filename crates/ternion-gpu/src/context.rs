@@ -534,8 +534,18 @@ impl GpuContext {
 
     /// Blocks until all submitted work is done; errors on device loss or an earlier fault.
     pub fn wait(&self) -> Result<()> {
+        self.wait_for(None)
+    }
+
+    /// Blocks until submission `index` is done (None: all submitted work), as
+    /// [`GpuContext::wait`].
+    pub fn wait_for(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
+        let wait = wgpu::PollType::Wait {
+            submission_index: index,
+            timeout: None,
+        };
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wait)
             .map_err(|e| self.fault_or("waiting for the GPU", e))?;
         self.check()
     }
@@ -568,16 +578,7 @@ impl GpuContext {
             let _ = tx.send(r);
         });
         #[cfg(not(target_arch = "wasm32"))]
-        {
-            let wait = wgpu::PollType::Wait {
-                submission_index: filled,
-                timeout: None,
-            };
-            self.device
-                .poll(wait)
-                .map_err(|e| self.fault_or("waiting for the GPU", e))?;
-            self.check()?;
-        }
+        self.wait_for(filled)?;
         #[cfg(target_arch = "wasm32")]
         let _ = filled;
         rx.await

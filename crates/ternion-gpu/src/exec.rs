@@ -128,8 +128,6 @@ pub struct GpuModel {
     pub(super) chain: [GpuBuffer; 2],
     /// Scratch for the query blocks of a step (`KvIndex::write_blocks`).
     blocks: Vec<[u32; 2]>,
-    /// The submission of the last step recorded (greedy.rs waits for a batch's own).
-    pub(super) last_submit: Option<wgpu::SubmissionIndex>,
 }
 
 impl GpuModel {
@@ -222,7 +220,6 @@ impl GpuModel {
             table,
             main,
             chain,
-            last_submit: None,
             blocks: Vec::with_capacity(
                 (KvIndex::max_blocks(opts.max_batch, slots) + 1).max(opts.max_batch),
             ),
@@ -291,8 +288,13 @@ impl GpuModel {
 
     /// Records and submits one step: the tokens of each `(slot, tokens)` part at the
     /// positions after those its sequence caches (≤ max_batch tokens in all), with the
-    /// result selected by `out` copied to staging; advances the sequences.
-    pub(super) fn step(&mut self, parts: &[(u32, &[u32])], out: Out) -> Result<()> {
+    /// result selected by `out` copied to staging; advances the sequences. Returns the
+    /// submission that copies the result.
+    pub(super) fn step(
+        &mut self,
+        parts: &[(u32, &[u32])],
+        out: Out,
+    ) -> Result<wgpu::SubmissionIndex> {
         let n: usize = parts.iter().map(|p| p.1.len()).sum();
         if n == 0 || n > self.opts.max_batch || parts.iter().any(|p| p.1.is_empty()) {
             return Err(Error::Request(format!(
@@ -398,21 +400,18 @@ impl GpuModel {
             _ => self.profiler.as_ref().map(|p| &p.queries),
         };
         let total = self.plan.launches_of(rows);
-        let ends = submit_ends(nt, matches!(out, Out::Chained { .. }), total);
         let mut start = 0;
-        for &end in &ends[..ends.len() - 1] {
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                self.plan
-                    .record(&mut pass, start..end, (nt, n_kv, rows), queries);
+        for end in submit_ends(nt, matches!(out, Out::Chained { .. }), total) {
+            if start > 0 {
+                g.submit(std::mem::replace(&mut enc, g.encoder()));
             }
-            g.submit(std::mem::replace(&mut enc, g.encoder()));
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            self.plan
+                .record(&mut pass, start..end, (nt, n_kv, rows), queries);
             start = end;
         }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            self.plan
-                .record(&mut pass, start..total, (nt, n_kv, rows), queries);
             match out {
                 Out::Argmax | Out::Chained { .. } => self.argmax.record(&mut pass),
                 Out::TopK => self.topk.record(&mut pass),
@@ -455,12 +454,12 @@ impl GpuModel {
         if let Some(p) = self.profiler.as_ref().filter(|_| out != Out::Hidden) {
             p.record_resolve(&mut enc);
         }
-        self.last_submit = Some(g.submit(enc));
+        let submitted = g.submit(enc);
         let mut table = lock(&self.table);
         for &(slot, tokens) in parts {
             table.advance(slot, tokens.len());
         }
-        Ok(())
+        Ok(submitted)
     }
 
     /// Maps `rows` logits rows of the staging buffer onto the end of `out`.
@@ -606,15 +605,13 @@ const SUBMIT_GROWTH: usize = 4;
 /// sequences decoded together 4.7–5.1k → 6.2k tok/s; BENCHMARKS.md, session 21). A
 /// single-token step of a greedy chain (`chained`) is one submission: the chain records it
 /// while the steps before it run.
-pub(crate) fn submit_ends(n_tokens: u32, chained: bool, total: usize) -> Vec<usize> {
-    let mut ends = Vec::new();
-    if n_tokens > 1 || !chained {
-        let mut end = FIRST_SUBMIT;
-        while end < total {
-            ends.push(end);
-            end *= SUBMIT_GROWTH;
-        }
-    }
-    ends.push(total);
-    ends
+pub(crate) fn submit_ends(
+    n_tokens: u32,
+    chained: bool,
+    total: usize,
+) -> impl Iterator<Item = usize> {
+    let parted = n_tokens > 1 || !chained;
+    std::iter::successors(Some(FIRST_SUBMIT), |e| Some(e * SUBMIT_GROWTH))
+        .take_while(move |&e| parted && e < total)
+        .chain(std::iter::once(total))
 }

@@ -754,7 +754,8 @@ fn constrained_generation_from_the_masked_gpu_top_k_equals_whole_rows() {
 /// 128, the rest), but a single-token step of a greedy chain, which is one submission.
 #[test]
 fn steps_submit_in_growing_parts() {
-    use crate::exec::submit_ends;
+    let submit_ends =
+        |n, chained, total| crate::exec::submit_ends(n, chained, total).collect::<Vec<_>>();
     assert_eq!(submit_ends(1, true, 420), vec![420]);
     assert_eq!(submit_ends(1, false, 150), vec![8, 32, 128, 150]);
     assert_eq!(submit_ends(512, false, 420), vec![8, 32, 128, 420]);

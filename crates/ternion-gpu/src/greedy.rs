@@ -112,21 +112,21 @@ impl GreedyChain<'_> {
         if n == 0 {
             return Ok(());
         }
+        let mut last = None;
         for at in 0..n {
             let from_gpu = self.submitted > 0;
             let tok = if from_gpu { 0 } else { self.first };
             let slot = self.model.main_slot();
-            self.model.step(
+            last = Some(self.model.step(
                 &[(slot, std::slice::from_ref(&tok))],
                 Out::Chained {
                     buf,
                     at: at as u64,
                     from_gpu,
                 },
-            )?;
+            )?);
             self.submitted += 1;
         }
-        let last = self.model.last_submit.clone();
         self.queued.push_back((buf, n, last));
         Ok(())
     }
