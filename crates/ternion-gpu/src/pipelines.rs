@@ -92,11 +92,12 @@ pub enum Kernel {
         /// The gate activation (ReLU² or SiLU).
         act: GluAct,
     },
-    /// `ternary_coop.wgsl` `#if SPLIT`: the 128-token coop tiles with K walked in `parts`
-    /// parts (`matmul_split`), or the sum and scaling of those parts (`split_sum`).
+    /// `ternary_coop.wgsl` `#if SPLIT`: the 128-token coop tiles' K blocks shared out among
+    /// `sms` workgroups (`matmul_split`), or the sum and scaling of each tile's segments
+    /// (`split_sum`).
     TernaryCoopSplit {
-        /// Parts of K.
-        parts: u32,
+        /// The workgroups the blocks are shared among (0: three a tile).
+        sms: u32,
         /// Store or add (`split_sum`).
         epilogue: Epilogue,
         /// `split_sum` rather than `matmul_split`.
@@ -519,9 +520,9 @@ impl Kernel {
                 }
             }
             Kernel::TernaryMatmul { epilogue, .. } => vec![epilogue.constant()],
-            Kernel::TernaryCoopSplit {
-                parts, epilogue, ..
-            } => vec![("PARTS", f64::from(parts)), epilogue.constant()],
+            Kernel::TernaryCoopSplit { sms, epilogue, .. } => {
+                vec![("SMS", f64::from(sms)), epilogue.constant()]
+            }
             Kernel::TernaryGlu { tpr, act } => vec![
                 ("TPR", f64::from(tpr)),
                 ("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 }),
@@ -611,6 +612,8 @@ impl GpuContext {
                     let f32_tiles = self.device.limits().max_compute_workgroup_storage_size
                         >= crate::ops::ATTN_PROMPT_F32_BYTES;
                     let code = kernel_code(src, key.variant, (file, text), f32_tiles)?;
+                    #[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
+                    dump_module(src, key.variant, &code);
                     #[cfg(not(target_arch = "wasm32"))]
                     let usage = Arc::new(super::workgroup_mem::entry_bytes(&code));
                     #[cfg(target_arch = "wasm32")]
@@ -653,6 +656,8 @@ impl GpuContext {
             });
         }
         let constants = key.kernel.constants();
+        #[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
+        dump_pipeline(src, key.variant, entry, &constants);
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -771,6 +776,57 @@ fn kernel_code(
     #[cfg(target_arch = "wasm32")]
     super::web::directives(&mut code, variant);
     Ok(code)
+}
+
+/// Feature `kernel-dev`: where `TERNION_DUMP_KERNELS` names a folder, the file name there of
+/// the WGSL of source `src` built for `variant`.
+#[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
+fn dump_path(src: Source, variant: Variant) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("TERNION_DUMP_KERNELS")?;
+    let name: String = format!("{src:?}-{variant:?}")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    Some(std::path::Path::new(&dir).join(format!("{name}.wgsl")))
+}
+
+/// Feature `kernel-dev`: writes a module's WGSL into the `TERNION_DUMP_KERNELS` folder (when
+/// set), so a tool outside the engine can compile exactly what the engine compiles (for
+/// instance to read a driver's register counts).
+#[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
+fn dump_module(src: Source, variant: Variant, code: &str) {
+    if let Some(path) = dump_path(src, variant) {
+        if let Err(e) = std::fs::write(&path, code) {
+            eprintln!("TERNION_DUMP_KERNELS: {}: {e}", path.display());
+        }
+    }
+}
+
+/// Feature `kernel-dev`: appends a pipeline (module file, entry point, override constants)
+/// as a line `file<TAB>entry<TAB>NAME=value,...` to `pipelines.txt` in the
+/// `TERNION_DUMP_KERNELS` folder.
+#[cfg(all(feature = "kernel-dev", not(target_arch = "wasm32")))]
+fn dump_pipeline(src: Source, variant: Variant, entry: &str, constants: &[(&str, f64)]) {
+    use std::io::Write;
+    let Some(path) = dump_path(src, variant) else {
+        return;
+    };
+    let consts: Vec<String> = constants.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+    let line = format!(
+        "{}\t{entry}\t{}\n",
+        file.unwrap_or_default(),
+        consts.join(",")
+    );
+    let list = path.with_file_name("pipelines.txt");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&list)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("TERNION_DUMP_KERNELS: {}: {e}", list.display());
+    }
 }
 
 /// Feature `kernel-dev`: the text of kernel file `file` from the folder that

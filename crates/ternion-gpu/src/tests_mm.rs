@@ -474,6 +474,9 @@ fn coop_split_k_equals_whole_k() {
     let mut r = rng(506);
     let step = StepUniform::new(&c).unwrap();
     let n = 300;
+    // The adapter's SMs, none known (three workgroups a tile), a few workgroups (pieces
+    // of several tiles each) and more than there are blocks.
+    let counts = [c.caps().sms, None, Some(5), Some(1000)];
     for k in [896usize, 2560] {
         let w = TernaryWeights::upload(&c, "w", &ternary_tensor(&mut r, n, k), k, n).unwrap();
         let words = [n as u32, (k / 16) as u32, w.scale.to_bits(), 0];
@@ -482,14 +485,19 @@ fn coop_split_k_equals_whole_k() {
             let x: Vec<f32> = (0..tokens * k).map(|_| r.random_range(-2.0..2.0)).collect();
             let (qa, _, _) = cpu_act(&c, &x, k);
             step.write(&c, tokens as u32, 0);
-            let bytes = SplitK::scratch_bytes(n, k, tokens).expect("a split for these sizes");
-            let scratch = GpuBuffer::zeroed(&c, "scratch", bytes).unwrap();
-            for epi in [Epilogue::Store, Epilogue::Add] {
+            for (sms, epi) in counts
+                .iter()
+                .flat_map(|&s| [(s, Epilogue::Store), (s, Epilogue::Add)])
+            {
+                let bytes =
+                    SplitK::scratch_bytes(n, k, tokens, sms).expect("a split for these sizes");
+                let scratch = GpuBuffer::zeroed(&c, "scratch", bytes).unwrap();
                 let init: Vec<f32> = (0..tokens * n).map(|_| r.random_range(-1.0..1.0)).collect();
                 let got = GpuBuffer::from_slice(&c, "got", &init).unwrap();
                 let want = GpuBuffer::from_slice(&c, "want", &init).unwrap();
                 let split =
-                    SplitK::new(&c, (&w, &qa, &got), (&scratch, &params), epi, &step).unwrap();
+                    SplitK::new(&c, (&w, &qa, &got), (&scratch, &params), (epi, sms), &step)
+                        .unwrap();
                 assert!(split.takes(tokens as u32), "{tokens} tokens of {n} rows");
                 run(&c, |p| split.record(p, tokens as u32));
                 let whole =
@@ -499,7 +507,7 @@ fn coop_split_k_equals_whole_k() {
                 let diff = first_bit_difference(&got, &want);
                 assert!(
                     diff.is_none(),
-                    "K {k}, {tokens} tokens, {epi:?}: elem {diff:?}"
+                    "K {k}, {tokens} tokens, {sms:?} SMs, {epi:?}: elem {diff:?}"
                 );
             }
         }

@@ -96,7 +96,7 @@ mod tests {
             Kernel::TernaryCoop3,
             Kernel::TernaryCoopGlu { act: GluAct::Silu },
             Kernel::TernaryCoopSplit {
-                parts: 3,
+                sms: 132,
                 epilogue: Epilogue::Add,
                 sum: false,
             },

@@ -7,7 +7,7 @@
 //
 // Needs EXPERIMENTAL_COOPERATIVE_MATRIX with 16×16×16 f16·f16 + f32 subgroup matrices,
 // SHADER_F16 and SUBGROUP, a subgroup size of 32 (8 subgroups per workgroup, 16 in the
-// 512-thread matmul_split and matmul_wide3) and 512-thread workgroups.
+// 512-thread matmul_wide3) and 512-thread workgroups.
 //
 // Bindings (group 0):
 //   0 uniform Params { rows, words, w_scale, zero }: output features M, u32 words per weight
@@ -17,7 +17,8 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
 //   5 uniform Step { n_tokens, .. }
-//   6 storage read  partial: array<f32>    SPLIT, split_sum: the parts' raw sums (PARTS × T × M)
+//   6 storage read  partial: array<f32>    SPLIT, split_sum: the segments' raw sums (≤ (tiles +
+//                                         workgroups) × 16,384; see matmul_split)
 //   6 storage read  w2:  array<vec4<u32>>  GLU: the up matrix's codes (FUSED3: the 2nd matrix)
 //   7 storage rw    tail_sums: array<f32>   GLU: the split tiles' parts' raw sums (≤ SMs × 16,384)
 //   8 storage rw    tail_done: array<atomic<u32>>  GLU: parts finished per split tile (≤ SMs / 2)
@@ -25,10 +26,10 @@
 //                                         m3 = the adapter's SM count (0: unknown; tail_plan)
 // Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 64), 1); matmul_wide (the host's choice
 // for steps of more than 64 tokens and M ≥ 1024) (ceil(M / 128), ceil(T / 128), 1);
-// matmul_split (`#if SPLIT`, K in PARTS parts) (ceil(M / 128), ceil(T / 128), PARTS), then
-// split_sum (ceil(M / 256), T, 1); matmul_wide_glu (`#if GLU`) (ceil(M / 64), ceil(T / 128),
-// 1), or one workgroup per whole tile and split part (see tail_plan); 256 threads per
-// workgroup, 512 in matmul_split and matmul_wide3 (wide512).
+// matmul_split (`#if SPLIT`, the tiles' K blocks shared out, see stream_chunk)
+// (⌈W / chunk⌉, 1, 1), then split_sum (ceil(M / 256), T, 1); matmul_wide_glu (`#if GLU`)
+// (ceil(M / 64), ceil(T / 128), 1), or one workgroup per whole tile and split part (see
+// tail_plan); 256 threads per workgroup, 512 in matmul_wide3 (wide512).
 //
 // A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 32 elements (one
 // bit plane of an I2_S block: the codes at shift 6 − 2·(s % 4) of block s / 4's 8 words per
@@ -109,13 +110,19 @@ var<private> part_t0: u32;
 #if SPLIT
 @group(0) @binding(6) var<storage, read> partial: array<f32>;
 
-// SPLIT: this workgroup's part of the parts' outputs (matmul_split), PARTS · T · M floats.
-var<private> part_base: u32;
-override PARTS: u32 = 3u;
+// SPLIT: the workgroups matmul_split shares the tiles' blocks among: the adapter's SMs (one
+// tile workgroup each: the register file holds one), or 0 where that is unknown (then
+// three per tile).
+override SMS: u32 = 0u;
+// SPLIT: the segment matmul_split's workgroup is on: its sums' first float in `out` (16,384
+// a segment, token-major), and the tile's first row and token.
+var<private> seg_base: u32;
+var<private> seg_row0: u32;
+var<private> seg_t0: u32;
 #endif
 
 // The I2_S blocks this workgroup walks: from blk0, blk_n of them (matmul_split walks a
-// PARTS-th of K; every other entry all of it).
+// segment of a tile's; every other entry all of them).
 var<private> blk0: u32;
 var<private> blk_n: u32;
 // Rounds of the accumulators' drain through the 8 scratch slots (2 for 16 subgroups).
@@ -238,8 +245,8 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
         let t = tk0 + e / 16u;
         if (row < rows_of() && t <= last) {
 #if SPLIT
-            // A part's raw integer sums (exact in f32); split_sum scales their total.
-            out[part_base + t * rows_of() + row] = cs[sg * 256u + e];
+            // A segment's raw integer sums (exact in f32); split_sum scales their total.
+            out[seg_base + (t - seg_t0) * 128u + row - seg_row0] = cs[sg * 256u + e];
             continue;
 #endif
             let m = tok_scale[t];
@@ -546,13 +553,31 @@ fn store_glu(v: vec2<f32>, o: u32) {
 #endif
 
 #if SPLIT
-// matmul_wide over a PARTS-th of K: part wg.z walks I2_S blocks z·⌈B/PARTS⌉.. (B = K/128
-// blocks; the host splits only where every part gets at least one) and stores its raw
-// integer sums, token-major, at part z of `out` (PARTS × T × M floats); split_sum adds the
-// parts and scales them. For matrices whose row tiles alone leave most of the GPU idle (a
-// 2,560-row o or down projection: 20 row tiles, 80 workgroups for 512 tokens).
-// Dispatch: (ceil(M / 128), ceil(T / 128), PARTS).
-@compute @workgroup_size(512)
+// How matmul_split shares out W = tiles · B blocks (B = K/128 a tile; a tile is 128 rows ×
+// 128 tokens, tile i at row tile i % ceil(M / 128), token tile i / ceil(M / 128)): workgroup
+// g walks blocks g·chunk.. of the tiles laid end to end, chunk = ⌈W / G⌉, for G = SMS
+// workgroups (3 per tile where SMS is 0), so every SM gets the same share whatever the
+// tile count (no last wave of a few tiles: "stream-K"). The host dispatches ⌈W / chunk⌉
+// (`ops::split_k::stream_plan`, the same arithmetic).
+fn stream_chunk(tiles: u32, blocks: u32) -> u32 {
+    let g = select(SMS, 3u * tiles, SMS == 0u);
+    return (tiles * blocks + g - 1u) / g;
+}
+
+// The tiles of this step: row tiles, all tiles.
+fn split_tiles() -> vec2<u32> {
+    let tx = (p.rows + TM - 1u) / TM;
+    return vec2<u32>(tx, tx * ((step.n_tokens + TNW - 1u) / TNW));
+}
+
+// matmul_wide over workgroup g's blocks (stream_chunk): each piece of a tile it walks is a
+// segment, and segment (g, tile i) stores its raw integer sums at segment g + i of `out`
+// (16,384 floats, token-major: a tile's segments are consecutive, since each workgroup
+// after the first that walks a tile starts it); split_sum adds a tile's segments and
+// scales them. For matrices whose row tiles alone leave most of the GPU idle (a 2,560-row
+// o or down projection: 20 row tiles, 80 tiles for 512 tokens on 132 SMs).
+// Dispatch: (⌈W / chunk⌉, 1, 1).
+@compute @workgroup_size(256)
 fn matmul_split(
     @builtin(local_invocation_index) li: u32,
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -560,16 +585,26 @@ fn matmul_split(
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let blocks = p.words / 8u;
-    let per = (blocks + PARTS - 1u) / PARTS;
-    blk0 = wg.z * per;
-    blk_n = min(per, blocks - blk0);
-    part_base = wg.z * step.n_tokens * p.rows;
-    wide512(li, wg.x * TM, wg.y * TNW, sg, lane);
+    let tiles = split_tiles();
+    let chunk = stream_chunk(tiles.y, blocks);
+    var x = wg.x * chunk;
+    let end = min(x + chunk, tiles.y * blocks);
+    while (x < end) {
+        let i = x / blocks;
+        let stop = min((i + 1u) * blocks, end);
+        blk0 = x - i * blocks;
+        blk_n = stop - x;
+        seg_base = (wg.x + i) * 16384u;
+        seg_row0 = (i % tiles.x) * TM;
+        seg_t0 = (i / tiles.x) * TNW;
+        wide(li, seg_row0, seg_t0, sg, lane);
+        x = stop;
+    }
 }
 
-// out[t][r] (= or +=) (Σ_z part z's sum) / s[t] · w_scale: the parts' integer sums add up
-// exactly to the whole-K sum, so the result is matmul_wide's bit for bit.
-// Dispatch: (ceil(M / 256), T, 1).
+// out[t][r] (= or +=) (Σ of the tile's segments' sums) / s[t] · w_scale: the segments'
+// integer sums add up exactly to the whole-K sum, so the result is matmul_wide's bit for
+// bit. Dispatch: (ceil(M / 256), T, 1).
 @compute @workgroup_size(256)
 fn split_sum(
     @builtin(local_invocation_index) li: u32,
@@ -580,12 +615,18 @@ fn split_sum(
     if (row >= p.rows) {
         return;
     }
-    let n = step.n_tokens * p.rows;
-    let o = t * p.rows + row;
+    let blocks = p.words / 8u;
+    let tiles = split_tiles();
+    let chunk = stream_chunk(tiles.y, blocks);
+    let i = (t / TNW) * tiles.x + row / TM;
+    let first = (i * blocks) / chunk;
+    let last = ((i + 1u) * blocks - 1u) / chunk;
+    let at = (t % TNW) * 128u + row % TM;
     var c = 0.0;
-    for (var z = 0u; z < PARTS; z++) {
-        c += partial[z * n + o];
+    for (var g = first; g <= last; g++) {
+        c += partial[(g + i) * 16384u + at];
     }
+    let o = t * p.rows + row;
     let y = (c / bitcast<f32>(tok_scale[t].x)) * p.w_scale;
     if (EPILOGUE == 1u) {
         out[o] = out[o] + pinned(y, p.zero);
@@ -678,11 +719,12 @@ fn tile22(r: Roles, row0: u32, t0: u32, sg: u32, lane: u32) {
     drain(c11, sg, lane, r0 + 16u, tk0 + 16u);
 }
 
-// The 128 × 128 tile at rows row0.., tokens t0.. on 512 threads (matmul_split and
-// matmul_wide3): threads 0..255 stage the weights, 256..511 the activations (one
-// activation vec4 of every stage each), and 16 subgroups of 2×2 accumulators (tile22)
-// multiply. Against `wide` on an H100 (512 tokens, 2B-4T): q/k/v 7 % shorter, o/down the
-// same (BENCHMARKS.md, session 20); the gate/up tiles stay on `wide` (2.6 % longer here).
+// The 128 × 128 tile at rows row0.., tokens t0.. on 512 threads (matmul_wide3): threads
+// 0..255 stage the weights, 256..511 the activations (one activation vec4 of every stage
+// each), and 16 subgroups of 2×2 accumulators (tile22) multiply. Against `wide` on an H100
+// (512 tokens, 2B-4T): q/k/v 7 % shorter (BENCHMARKS.md, session 20; 7 % again on an H200,
+// session 22); the gate/up tiles and, since their K is shared out evenly (matmul_split),
+// the o/down pieces run on `wide` (2 % shorter there).
 fn wide512(li: u32, row0: u32, t0: u32, sg: u32, lane: u32) {
     var r = roles(li % 256u, row0, t0, TNW);
     r.sw = li < 256u;
@@ -691,8 +733,8 @@ fn wide512(li: u32, row0: u32, t0: u32, sg: u32, lane: u32) {
     tile22(r, row0, t0, sg, lane);
 }
 
-// The 128 × 128 tile at rows row0.., tokens t0.. on 256 threads (matmul_wide and
-// matmul_wide_glu).
+// The 128 × 128 tile at rows row0.., tokens t0.. on 256 threads (matmul_wide,
+// matmul_wide_glu and matmul_split).
 fn wide(li: u32, row0: u32, t0: u32, sg: u32, lane: u32) {
     let r = roles(li, row0, t0, TNW);
     let rb = 32u * (sg % 4u);

@@ -138,7 +138,7 @@ impl TernaryMatmul {
                 ctx,
                 (w, act, out),
                 (scratch, &params),
-                epilogue,
+                (epilogue, ctx.caps().sms),
                 step,
             )?)),
             _ => None,

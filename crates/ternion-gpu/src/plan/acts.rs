@@ -73,7 +73,8 @@ impl<'g> Acts<'g> {
         if self.ctx.caps().prefill != PrefillKernel::Coop {
             return Ok(None);
         }
-        let Some(bytes) = SplitK::scratch_bytes(rows, k, self.max_batch) else {
+        let sms = self.ctx.caps().sms;
+        let Some(bytes) = SplitK::scratch_bytes(rows, k, self.max_batch, sms) else {
             return Ok(None);
         };
         // The size depends on the rows and the step size only (SplitK::scratch_bytes).
