@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// decode step is one batched pass over all of them; tok/s are totals over the batch.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Timed runs of the prompt and the decode (as llama-bench's `-r`): the figures are
+    /// their mean ± standard deviation. One with `--profile`.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: usize,
 }
 
 /// Peak resident memory of this process in bytes (Linux), if known.
@@ -134,12 +138,21 @@ fn cpu_seconds() -> f64 {
     s(u.ru_utime) + s(u.ru_stime)
 }
 
-/// Prefill and decode seconds on the CPU, after a warm-up as llama-bench's: the same
+/// Prefill and decode seconds on the CPU, after a warm-up (`warm`: the first repetition)
+/// as llama-bench's: the same
 /// prompt once in a session of the same size, which touches every weight page, starts the
 /// worker pool and leaves the buffers that the timed session then reuses (so that the
 /// timed prompt, like llama-bench's repetitions, pays no first touch of fresh pages).
-fn time_cpu(model: &Model, prompt: &[u32], n_gen: usize, n_ctx: usize) -> Result<Timings> {
-    Session::new(model, n_ctx).prefill(prompt)?;
+fn time_cpu(
+    model: &Model,
+    prompt: &[u32],
+    n_gen: usize,
+    n_ctx: usize,
+    warm: bool,
+) -> Result<Timings> {
+    if warm {
+        Session::new(model, n_ctx).prefill(prompt)?;
+    }
     let mut s = Session::new(model, n_ctx);
     let t = Instant::now();
     let mut next = argmax(s.prefill(prompt)?);
@@ -169,8 +182,11 @@ fn time_cpu_batched(
     prompts: &[Vec<u32>],
     n_gen: usize,
     n_ctx: usize,
+    warm: bool,
 ) -> Result<Timings> {
-    Session::new(model, 8).prefill(&prompts[0][..prompts[0].len().min(4)])?;
+    if warm {
+        Session::new(model, 8).prefill(&prompts[0][..prompts[0].len().min(4)])?;
+    }
     let mut backend = CpuBatch::new(model, model.kv_pool(n_ctx, prompts.len()));
     let mut kvs: Vec<KvSeq> = prompts
         .iter()
@@ -211,10 +227,11 @@ fn time_cpu_batched(
 }
 
 /// Prefill and decode seconds on the GPU: decode steps end in the GPU argmax, so only the
-/// token id comes back. At least a second of warm-up first (GPUs idle at low clocks).
-fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
-    let warm = Instant::now();
-    while warm.elapsed().as_secs_f64() < 1.5 {
+/// token id comes back. At least a second of warm-up first where `warm` (GPUs idle at low
+/// clocks).
+fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize, warm: bool) -> Result<Timings> {
+    let start = Instant::now();
+    while warm && start.elapsed().as_secs_f64() < 1.5 {
         g.truncate(0);
         g.forward(prompt, Logits::Last)?;
         g.greedy(0, n_gen.min(16), |_| true)?;
@@ -250,8 +267,13 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize) -> Result<Timings> {
 
 /// Prefill and decode seconds of `prompts.len()` sequences on the GPU: each prompt is
 /// prefilled alone, then each decode step is one multi-sequence pass ending in a per-row
-/// GPU argmax. Warm-up first, as [`time_gpu`].
-fn time_gpu_batched(g: &mut GpuModel, prompts: &[Vec<u32>], n_gen: usize) -> Result<Timings> {
+/// GPU argmax. Warm-up first where `warm`, as [`time_gpu`].
+fn time_gpu_batched(
+    g: &mut GpuModel,
+    prompts: &[Vec<u32>],
+    n_gen: usize,
+    warm: bool,
+) -> Result<Timings> {
     let seqs: Vec<GpuSeq> = prompts
         .iter()
         .map(|_| g.new_seq())
@@ -285,8 +307,8 @@ fn time_gpu_batched(g: &mut GpuModel, prompts: &[Vec<u32>], n_gen: usize) -> Res
         }
         Ok((prefill_s, t.elapsed().as_secs_f64()))
     };
-    let warm = Instant::now();
-    while warm.elapsed().as_secs_f64() < 1.5 {
+    let start = Instant::now();
+    while warm && start.elapsed().as_secs_f64() < 1.5 {
         run(g, n_gen.min(16), false)?;
     }
     let (prefill_s, decode_s) = run(g, n_gen, true)?;
@@ -295,6 +317,23 @@ fn time_gpu_batched(g: &mut GpuModel, prompts: &[Vec<u32>], n_gen: usize) -> Res
         decode_s,
         decode_cpu_s: None,
     })
+}
+
+/// Mean and (sample) standard deviation of `xs` (0 for one value).
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len().max(1) as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var.sqrt())
+}
+
+/// " ± sd" with `digits` decimals after a mean of several repetitions, else nothing.
+fn spread(reps: usize, sd: f64, digits: usize) -> String {
+    if reps > 1 {
+        format!(" ± {sd:.digits$}")
+    } else {
+        String::new()
+    }
 }
 
 /// Prints a per-kernel breakdown over `n_gen` steps, largest first.
@@ -329,6 +368,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
+    if a.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
     let t0 = Instant::now();
     let (_file, model) = model::load_with(&path, &a.lm_head.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
@@ -359,20 +401,35 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bail!("--profile times GPU kernels: use it with --backend gpu");
     }
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
-    let Timings {
-        prefill_s,
-        decode_s,
-        decode_cpu_s,
-    } = match &mut gpu {
-        Some(g) if a.batch > 1 => time_gpu_batched(g, &prompts, a.n_gen)?,
-        Some(g) => time_gpu(g, prompt, a.n_gen)?,
-        None if a.batch > 1 => time_cpu_batched(&model, &prompts, a.n_gen, n_ctx)?,
-        None => time_cpu(&model, prompt, a.n_gen, n_ctx)?,
-    };
-    let prefill_tok_s = (a.batch * a.n_prompt) as f64 / prefill_s;
-    let decode_tok_s = (a.batch * a.n_gen) as f64 / decode_s.max(1e-9);
+    // The profile times one run's steps.
+    let reps = if a.profile { 1 } else { a.repetitions };
+    let mut runs = Vec::with_capacity(reps);
+    for r in 0..reps {
+        let warm = r == 0;
+        runs.push(match &mut gpu {
+            Some(g) if a.batch > 1 => time_gpu_batched(g, &prompts, a.n_gen, warm)?,
+            Some(g) => time_gpu(g, prompt, a.n_gen, warm)?,
+            None if a.batch > 1 => time_cpu_batched(&model, &prompts, a.n_gen, n_ctx, warm)?,
+            None => time_cpu(&model, prompt, a.n_gen, n_ctx, warm)?,
+        });
+    }
+    let prefill_reps: Vec<f64> = runs
+        .iter()
+        .map(|t| (a.batch * a.n_prompt) as f64 / t.prefill_s)
+        .collect();
+    let decode_reps: Vec<f64> = runs
+        .iter()
+        .map(|t| (a.batch * a.n_gen) as f64 / t.decode_s.max(1e-9))
+        .collect();
+    let (prefill_tok_s, prefill_sd) = mean_sd(&prefill_reps);
+    let (decode_tok_s, decode_sd) = mean_sd(&decode_reps);
+    let decode_cpu_s = runs
+        .iter()
+        .map(|t| t.decode_cpu_s)
+        .sum::<Option<f64>>()
+        .map(|c| c / reps as f64);
     // For a batch: the step time shared out over its sequences (1000 / decode tok/s).
-    let ms_per_token = decode_s * 1e3 / (a.batch * a.n_gen).max(1) as f64;
+    let ms_per_token = 1e3 / decode_tok_s.max(1e-9);
     let bytes = model.weight_bytes_per_token();
     // Weights are read once per step, whatever the batch.
     let gb_s = bytes as f64 * (decode_tok_s / a.batch as f64) / 1e9;
@@ -386,10 +443,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let dispatches = gpu.as_ref().map(|g| g.dispatches_per_token());
     println!(
-        "{backend}, {threads} threads, batch {} | load {load_s:.2} s | pp{}: {prefill_tok_s:.1} tok/s | tg{}: {decode_tok_s:.2} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        "{backend}, {threads} threads, batch {} | load {load_s:.2} s | pp{}: {prefill_tok_s:.1}{} tok/s | tg{}: {decode_tok_s:.2}{} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
         a.batch,
         a.n_prompt,
+        spread(reps, prefill_sd, 1),
         a.n_gen,
+        spread(reps, decode_sd, 2),
         bytes as f64 / 1e6,
         rss.map_or("?".into(), |r| format!("{:.0} MB", r as f64 / 1e6)),
     );
@@ -446,8 +505,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,
             "batch": a.batch,
+            "repetitions": reps,
             "prefill_tok_s": prefill_tok_s,
+            "prefill_tok_s_sd": prefill_sd,
+            "prefill_tok_s_reps": prefill_reps,
             "decode_tok_s": decode_tok_s,
+            "decode_tok_s_sd": decode_sd,
+            "decode_tok_s_reps": decode_reps,
             "ms_per_token": ms_per_token,
             "decode_cpu_s": decode_cpu_s,
             "decode_tok_per_cpu_s": decode_cpu_s.map(|c| (a.batch * a.n_gen) as f64 / c),

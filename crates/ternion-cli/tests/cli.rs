@@ -411,22 +411,39 @@ fn hub_download_is_checked_against_the_reported_sha256() {
 
 #[test]
 fn bench_json_reports_speeds() {
-    let out = ok(&[
-        "bench",
-        "--model",
-        tiny_model().to_str().unwrap(),
-        "-P",
-        "16",
-        "-n",
-        "4",
-        "--json",
-    ]);
-    let v = last_json(&out);
+    let model = tiny_model();
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "--model", model.to_str().unwrap(), "-P", "16"];
+        args.extend_from_slice(&["-n", "4", "--json"]);
+        args.extend_from_slice(extra);
+        last_json(&ok(&args))
+    };
+    let v = bench(&[]);
     for k in ["prefill_tok_s", "decode_tok_s", "ms_per_token", "threads"] {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
     }
     assert_eq!(v["backend"], "cpu");
     assert!(v["kernels"].is_null(), "{v}");
+    // As llama-bench: five timed runs by default, the figures their mean.
+    assert_eq!(v["repetitions"], 5, "{v}");
+    for k in ["prefill_tok_s", "decode_tok_s"] {
+        let reps: Vec<f64> = v[format!("{k}_reps")]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(reps.len(), 5, "{v}");
+        let mean = reps.iter().sum::<f64>() / 5.0;
+        assert!(
+            (mean - v[k].as_f64().unwrap()).abs() <= 1e-9 * mean,
+            "{k}: {v}"
+        );
+        assert!(v[format!("{k}_sd")].as_f64().unwrap() >= 0.0, "{v}");
+    }
+    let one = bench(&["-r", "1"]);
+    assert_eq!(one["repetitions"], 1, "{one}");
+    assert_eq!(one["prefill_tok_s_sd"], 0.0, "{one}");
 }
 
 #[test]
