@@ -1,9 +1,13 @@
 // ternary_coop.wgsl — tiled BitLinear for prompt batches on cooperative matrices (tensor
 // cores): out[t][r] (= or +=) (Σ_k (code[r][k] − 1)·q[t][k]) / s[t] · w_scale, bit-identical
-// to ternary.wgsl's matmul4. The ternary weights (−1, 0, 1) and the int8 activations are
-// exact in f16, every product and partial sum is an integer of magnitude ≤ K·127 < 2^24
-// (K ≤ 132k), so the f32 accumulation is exact in any order and equals the int8 kernel's
-// `Σ code·q − Σq`; the scaling is the same f32 expression.
+// to ternary.wgsl's matmul4. The matrix units multiply each code c (0, 1, 2) as the f16 of
+// bits c, i.e. c · 2^-24 (a subnormal: the staging masks the code bits, with no
+// subtraction), by the int8 activation q as an f16 (exact): every product and partial sum
+// is an integer of magnitude ≤ 2·127·K < 2^24 (K ≤ 66k) times 2^-24, so the f32
+// accumulation is exact in any order, and the epilogue's `sum · 2^24 − Σq` (exact: `exact`)
+// equals the int8 kernel's `Σ code·q − Σq`; the scaling is the same f32 expression.
+// (Staging the codes as c − 1 instead, one subtraction a pair more: pp512 4–5 % slower on
+// an H200, BENCHMARKS.md, session 22.)
 //
 // Needs EXPERIMENTAL_COOPERATIVE_MATRIX with 16×16×16 f16·f16 + f32 subgroup matrices,
 // SHADER_F16 and SUBGROUP, a subgroup size of 32 (8 subgroups per workgroup, 16 in the
@@ -34,7 +38,7 @@
 // A workgroup owns 128 weight rows × 64 tokens and walks K in stages of 32 elements (one
 // bit plane of an I2_S block: the codes at shift 6 − 2·(s % 4) of block s / 4's 8 words per
 // row; activation vec4s 2s, 2s + 1). Each stage is unpacked to f16 in workgroup memory:
-// the weights −1/0/1 row-major ([row][k], A) and the activations token-major ([token][k],
+// the weights' c · 2^-24 row-major ([row][k], A) and the activations token-major ([token][k],
 // B, read as a column-major fragment), each row 32 elements + 8 of padding (80 bytes, so
 // the fragment loads' eight 16-byte rows fall in distinct banks), four elements per
 // 8-byte store, each word's bytes in the order 0, 2, 1, 3 on both sides (codes4, act4: no
@@ -137,13 +141,14 @@ fn halves(bits: u32, off: f32) -> vec2<f16> {
     return vec2<f16>(unpack2x16float(bits) - vec2<f32>(off));
 }
 
-// The 4 codes at bits `sh`..`sh`+1 of the bytes of `word` as f16 −1 / 0 / 1, in the byte
-// order 0, 2, 1, 3. Each code c is set in the mantissa of the f16 1024 and 1025 taken away:
-// exact, with no int → float conversion (a quarter of the ALU rate on NVIDIA).
+// The 4 codes c (0, 1, 2) at bits `sh`..`sh`+1 of the bytes of `word` as the f16 of bits
+// c, i.e. c · 2^-24 (a subnormal, exact through f32 and back), in the byte order 0, 2, 1,
+// 3: a mask, no int → float conversion (a quarter of the ALU rate on NVIDIA) and no
+// subtraction (the epilogue takes Σq away instead: `exact`).
 fn codes4(word: u32, sh: u32) -> vec4<f16> {
     let y = word >> sh;
-    let lo = halves((y & 0x00030003u) | F16_1024, 1025.0);
-    let hi = halves(((y >> 8u) & 0x00030003u) | F16_1024, 1025.0);
+    let lo = vec2<f16>(unpack2x16float(y & 0x00030003u));
+    let hi = vec2<f16>(unpack2x16float((y >> 8u) & 0x00030003u));
     return vec4<f16>(lo, hi);
 }
 
@@ -181,6 +186,12 @@ fn frag_a(at: u32) -> coop_mat16x16<f16, A> {
 // The activation fragment of 16 tokens from xb vec4 `at` (column-major, LD4 a token).
 fn frag_b(at: u32) -> coop_mat16x16<f16, B> {
     return coopLoad<coop_mat16x16<f16, B>>(&xb[at], LD4);
+}
+
+// The integer Σ_k (code − 1)·q of token t from an accumulated (or summed) Σ c·q·2^-24: the
+// sum scaled by 2^24 (exact) less the token's Σq (exact: both integers below 2^24).
+fn exact(acc: f32, t: u32) -> f32 {
+    return acc * 16777216.0 - f32(bitcast<i32>(tok_scale[t].y));
 }
 
 // One accumulator through the subgroup's scratch: store, then scale and write rows
@@ -227,8 +238,8 @@ fn finish_glu(sg: u32, lane: u32, r0: u32, tk0: u32) {
         let t = tk0 + e / 16u;
         if (row < p.rows && t <= last) {
             let s = bitcast<f32>(tok_scale[t].x);
-            let g = (cs[sg * 256u + e] / s) * p.w_scale;
-            let u = (cs[(sg + 2u) * 256u + e] / s) * parts.scale2;
+            let g = (exact(cs[sg * 256u + e], t) / s) * p.w_scale;
+            let u = (exact(cs[(sg + 2u) * 256u + e], t) / s) * parts.scale2;
             out[t * p.rows + row] = gated(g, u, ACT);
         }
     }
@@ -245,12 +256,12 @@ fn finish(sg: u32, lane: u32, r0: u32, tk0: u32) {
         let t = tk0 + e / 16u;
         if (row < rows_of() && t <= last) {
 #if SPLIT
-            // A segment's raw integer sums (exact in f32); split_sum scales their total.
+            // A segment's raw sums (exact in f32); split_sum scales their total.
             out[seg_base + (t - seg_t0) * 128u + row - seg_row0] = cs[sg * 256u + e];
             continue;
 #endif
             let m = tok_scale[t];
-            let y = (cs[sg * 256u + e] / bitcast<f32>(m.x)) * scale_of();
+            let y = (exact(cs[sg * 256u + e], t) / bitcast<f32>(m.x)) * scale_of();
             let o = t * rows_of() + row;
 #if FUSED3
             if (mat == 1u) {
@@ -547,7 +558,8 @@ fn store_glu(v: vec2<f32>, o: u32) {
     let t = part_t0 + o / 64u;
     if (row < p.rows && t < step.n_tokens) {
         let s = bitcast<f32>(tok_scale[t].x);
-        out[t * p.rows + row] = gated((v.x / s) * p.w_scale, (v.y / s) * parts.scale2, ACT);
+        let g = (exact(v.x, t) / s) * p.w_scale;
+        out[t * p.rows + row] = gated(g, (exact(v.y, t) / s) * parts.scale2, ACT);
     }
 }
 #endif
@@ -571,7 +583,7 @@ fn split_tiles() -> vec2<u32> {
 }
 
 // matmul_wide over workgroup g's blocks (stream_chunk): each piece of a tile it walks is a
-// segment, and segment (g, tile i) stores its raw integer sums at segment g + i of `out`
+// segment, and segment (g, tile i) stores its raw sums at segment g + i of `out`
 // (16,384 floats, token-major: a tile's segments are consecutive, since each workgroup
 // after the first that walks a tile starts it); split_sum adds a tile's segments and
 // scales them. For matrices whose row tiles alone leave most of the GPU idle (a 2,560-row
@@ -602,9 +614,9 @@ fn matmul_split(
     }
 }
 
-// out[t][r] (= or +=) (Σ of the tile's segments' sums) / s[t] · w_scale: the segments'
-// integer sums add up exactly to the whole-K sum, so the result is matmul_wide's bit for
-// bit. Dispatch: (ceil(M / 256), T, 1).
+// out[t][r] (= or +=) exact(Σ of the tile's segments' sums) / s[t] · w_scale: the
+// segments' sums (integers times 2^-24) add up exactly to the whole-K sum, so the result
+// is matmul_wide's bit for bit. Dispatch: (ceil(M / 256), T, 1).
 @compute @workgroup_size(256)
 fn split_sum(
     @builtin(local_invocation_index) li: u32,
@@ -627,7 +639,7 @@ fn split_sum(
         c += partial[(g + i) * 16384u + at];
     }
     let o = t * p.rows + row;
-    let y = (c / bitcast<f32>(tok_scale[t].x)) * p.w_scale;
+    let y = (exact(c, t) / bitcast<f32>(tok_scale[t].x)) * p.w_scale;
     if (EPILOGUE == 1u) {
         out[o] = out[o] + pinned(y, p.zero);
     } else {
