@@ -136,9 +136,12 @@ var<workgroup> wa: array<vec4<f16>, 2560>; // 2 buffers × TM rows × LD4 vec4s,
 var<workgroup> xb: array<vec4<f16>, 2560>; // 2 buffers × TNW tokens × LD4 vec4s, [token][k]
 var<workgroup> cs: array<f32, 2048>; // 8 subgroups × 16 × 16
 
-// Two f16 halves of `bits` less `off`, through f32: exact for the small integers below.
-fn halves(bits: u32, off: f32) -> vec2<f16> {
-    return vec2<f16>(unpack2x16float(bits) - vec2<f32>(off));
+// Two f16 halves of `bits` (read through f32: naga has no 32 → 2 × 16-bit bitcast) less
+// `off`, subtracted as f16 pairs: exact for the small integers below. (Subtracting in f32
+// before the conversion back, two operations more a pair: pp512 3.7 % slower on an H200,
+// BENCHMARKS.md, session 22.)
+fn halves(bits: u32, off: f16) -> vec2<f16> {
+    return vec2<f16>(unpack2x16float(bits)) - vec2<f16>(off);
 }
 
 // The 4 codes c (0, 1, 2) at bits `sh`..`sh`+1 of the bytes of `word` as the f16 of bits
@@ -155,8 +158,8 @@ fn codes4(word: u32, sh: u32) -> vec4<f16> {
 // The 4 int8 of `word` as f16, in the byte order of codes4: each byte b set as b + 128 in the
 // mantissa of the f16 1024, then 1152 taken away (exact).
 fn act4(word: u32) -> vec4<f16> {
-    let lo = halves(((word & 0x00ff00ffu) ^ 0x00800080u) | F16_1024, 1152.0);
-    let hi = halves((((word >> 8u) & 0x00ff00ffu) ^ 0x00800080u) | F16_1024, 1152.0);
+    let lo = halves(((word & 0x00ff00ffu) ^ 0x00800080u) | F16_1024, 1152.0h);
+    let hi = halves((((word >> 8u) & 0x00ff00ffu) ^ 0x00800080u) | F16_1024, 1152.0h);
     return vec4<f16>(lo, hi);
 }
 
