@@ -10,7 +10,7 @@ use rand::Rng;
 
 use super::tests::{cpu_act, cpu_ternary, ctx_with, rng, run, ternary_tensor};
 use super::*;
-use crate::ops::{tail_plan, uniform, GluTail, SplitK};
+use crate::ops::{prompt_kind, tail_plan, uniform, GluTail, SplitK, COOP_MAX_K};
 
 /// The tiled kinds the adapter of `ctx` runs (printed: the cooperative-matrix kernel only
 /// runs where the adapter lists 16×16×16 f16 matrices, not on lavapipe).
@@ -512,6 +512,25 @@ fn coop_split_k_equals_whole_k() {
             }
         }
     }
+}
+
+/// Rows wider than the coop tiles' exact range (their sums, integers times 2^-24 of up to
+/// 2·127·K, must stay below 2^24: a compile-time assertion beside `COOP_MAX_K`) take the
+/// portable tiles on a coop adapter; the others keep the adapter's kernel.
+#[test]
+fn coop_tiles_only_for_rows_they_sum_exactly() {
+    let coop = PrefillKernel::Coop;
+    assert_eq!(prompt_kind(coop, 6912), Some(MatmulKind::Coop));
+    assert_eq!(prompt_kind(coop, COOP_MAX_K), Some(MatmulKind::Coop));
+    assert_eq!(
+        prompt_kind(coop, COOP_MAX_K + 128),
+        Some(MatmulKind::Portable)
+    );
+    assert_eq!(
+        prompt_kind(PrefillKernel::Tiled, 6912),
+        Some(MatmulKind::Portable)
+    );
+    assert_eq!(prompt_kind(PrefillKernel::Batch4, 6912), None);
 }
 
 /// The adapter's default context where its prompt kernel is the cooperative-matrix one;

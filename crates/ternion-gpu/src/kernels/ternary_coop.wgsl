@@ -3,9 +3,10 @@
 // to ternary.wgsl's matmul4. The matrix units multiply each code c (0, 1, 2) as the f16 of
 // bits c, i.e. c · 2^-24 (a subnormal: the staging masks the code bits, with no
 // subtraction), by the int8 activation q as an f16 (exact): every product and partial sum
-// is an integer of magnitude ≤ 2·127·K < 2^24 (K ≤ 66k) times 2^-24, so the f32
-// accumulation is exact in any order, and the epilogue's `sum · 2^24 − Σq` (exact: `exact`)
-// equals the int8 kernel's `Σ code·q − Σq`; the scaling is the same f32 expression.
+// is an integer of magnitude ≤ 2·127·K < 2^24 (K ≤ 65,536: the host's COOP_MAX_K; wider
+// rows take the portable tiles) times 2^-24, so the f32 accumulation is exact in any order,
+// and the epilogue's `sum · 2^24 − Σq` (exact: `exact`) equals the int8 kernel's
+// `Σ code·q − Σq`; the scaling is the same f32 expression.
 // (Staging the codes as c − 1 instead, one subtraction a pair more: pp512 4–5 % slower on
 // an H200, BENCHMARKS.md, session 22.)
 //

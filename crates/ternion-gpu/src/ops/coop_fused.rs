@@ -12,9 +12,12 @@
 //! `tail_plan`; BENCHMARKS.md, session 19).
 
 use super::narrow::{check_widths, glu_parts, three_bindings, three_parts, tile_bindings};
-use super::{uniform, Dispatch, QuantAct, StepUniform, TernaryWeights, MM_TILE_TOKENS};
+use super::{
+    prompt_kind, uniform, Dispatch, MatmulKind, QuantAct, StepUniform, TernaryWeights,
+    MM_TILE_TOKENS,
+};
 use crate::buffers::GpuBuffer;
-use crate::context::{GpuContext, PrefillKernel};
+use crate::context::GpuContext;
 use crate::pipelines::{GluAct, Kernel, PipelineKey, Variant};
 use crate::Result;
 
@@ -111,9 +114,6 @@ impl CoopFused {
     ) -> Result<Option<CoopFused>> {
         let mut parts = glu_parts("coop gate/up", (gate, up), glu)?;
         check_widths("coop gate/up", &[gate, up], act)?;
-        if ctx.caps().prefill != PrefillKernel::Coop {
-            return Ok(None);
-        }
         parts[1] = tail.sms;
         let tiles = (gate.rows as u32).div_ceil(TILE_ROWS / 2);
         let kernel = Kernel::TernaryCoopGlu { act: glu };
@@ -137,7 +137,7 @@ impl CoopFused {
         (parts, extra): ([u32; 4], &[(u32, wgpu::BufferBinding<'_>)]),
         tiles: u32,
     ) -> Result<Option<CoopFused>> {
-        if ctx.caps().prefill != PrefillKernel::Coop {
+        if prompt_kind(ctx.caps().prefill, act.k) != Some(MatmulKind::Coop) {
             return Ok(None);
         }
         let params = uniform(

@@ -14,6 +14,22 @@ use crate::{Error, Result};
 /// as many).
 pub const MM_TILE_TOKENS: u32 = 64;
 
+/// The widest rows (K) the coop tiles take: their f32 sums stay exact integers (times
+/// 2^-24) while 2·127·K < 2^24 (`ternary_coop.wgsl`'s header); wider rows take the portable
+/// tiles, which sum in i32.
+pub(crate) const COOP_MAX_K: usize = 65_536;
+const _: () = assert!(2 * 127 * COOP_MAX_K < 1 << 24);
+
+/// The tiled kernel of prompt steps over rows of `k` on an adapter whose prompt kernel is
+/// `prefill` (None: the 4-token batch kernel).
+pub(crate) fn prompt_kind(prefill: PrefillKernel, k: usize) -> Option<MatmulKind> {
+    match prefill {
+        PrefillKernel::Batch4 => None,
+        PrefillKernel::Coop if k <= COOP_MAX_K => Some(MatmulKind::Coop),
+        PrefillKernel::Tiled | PrefillKernel::Coop => Some(MatmulKind::Portable),
+    }
+}
+
 /// Fewest rows for which the coop kernel uses its 128-token tiles: below, 128-token tiles
 /// leave too few workgroups (on the H200, the 640-row k and v projections of a 512-token
 /// step ran slower with them, the 2,560-row ones faster).
@@ -235,11 +251,7 @@ impl TernaryLinear {
         (epilogue, own): (Epilogue, OwnTiles<'_>),
         step: &StepUniform,
     ) -> Result<TernaryLinear> {
-        let kind = match ctx.caps().prefill {
-            PrefillKernel::Batch4 => None,
-            PrefillKernel::Tiled => Some(MatmulKind::Portable),
-            PrefillKernel::Coop => Some(MatmulKind::Coop),
-        };
+        let kind = prompt_kind(ctx.caps().prefill, w.k);
         let single = TernaryMatvec::new(ctx, variant, tpr, w, act, out, epilogue, Some(step))?;
         let tiled_of = |k| TernaryMatmul::build(ctx, k, (w, act, out), epilogue, step, own);
         let narrow = kind

@@ -30,6 +30,9 @@ pub(crate) use elementwise::kernel_glu;
 pub use elementwise::{ElemKind, Elementwise};
 pub use embed::Embed;
 pub use glu::Glu;
+pub(crate) use matmul::prompt_kind;
+#[cfg(test)]
+pub(crate) use matmul::COOP_MAX_K;
 pub use matmul::{
     narrow_step, wide_step, MatmulKind, OwnTiles, TernaryLinear, TernaryMatmul, MM_TILE_TOKENS,
 };

@@ -7,7 +7,7 @@ use crate::buffers::GpuBuffer;
 use crate::context::GpuContext;
 use crate::context::PrefillKernel;
 use crate::model::graph::{ActId, Graph, Op};
-use crate::ops::{ActQuant, GluTail, QAct, QuantAct, QuantizeAct, SplitK};
+use crate::ops::{prompt_kind, ActQuant, GluTail, MatmulKind, QAct, QuantAct, QuantizeAct, SplitK};
 use crate::Result;
 
 /// Where the activations live while compiling.
@@ -70,7 +70,7 @@ impl<'g> Acts<'g> {
     /// The scratch an I2_S linear of `rows × k` splits its coop tiles' K in, where the
     /// adapter runs coop tiles and the split can run for it (see [`SplitK`]).
     pub(super) fn split_scratch(&mut self, rows: usize, k: usize) -> Result<Option<GpuBuffer>> {
-        if self.ctx.caps().prefill != PrefillKernel::Coop {
+        if prompt_kind(self.ctx.caps().prefill, k) != Some(MatmulKind::Coop) {
             return Ok(None);
         }
         let sms = self.ctx.caps().sms;
