@@ -463,21 +463,10 @@ enum PackForm {
 fn pack_input<'q>(form: PackForm, x: &[f32], k: usize, qi: &'q mut QuantInput) -> PackInput<'q> {
     match form {
         PackForm::PerToken => {
-            qi.ensure_per_token(x, k);
-            PackInput::PerToken {
-                q: &qi.q,
-                scale: &qi.token_scale,
-                sum: &qi.token_sum,
-            }
+            let (q, scale, sum) = qi.per_token_tiles(x, k);
+            PackInput::PerToken { q, scale, sum }
         }
-        PackForm::Q8K => {
-            qi.ensure_q8k(x, k);
-            PackInput::Q8K(simd::Q8kRows {
-                q: &qi.q8k,
-                d: &qi.q8k_d,
-                bsum: &qi.q8k_bsum,
-            })
-        }
+        PackForm::Q8K => PackInput::Q8K(qi.q8k_tiles(x, k)),
         PackForm::Q8_0 => PackInput::Q8_0(qi.ensure_q8_0_rows(x, k)),
     }
 }

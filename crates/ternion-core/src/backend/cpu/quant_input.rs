@@ -11,13 +11,17 @@ use crate::quant::act;
 /// allocate once warm.
 #[derive(Default)]
 pub struct QuantInput {
-    fresh: [bool; 7],
+    fresh: [bool; 9],
     pub(super) q: Vec<i8>,
     pub(super) token_scale: Vec<f32>,
     pub(super) token_sum: Vec<i32>,
     pub(super) q8k: Vec<i8>,
     pub(super) q8k_d: Vec<f32>,
     pub(super) q8k_bsum: Vec<i32>,
+    /// `q` and `q8k` laid out in token tiles for the AVX-512 prompt kernels
+    /// ([`simd::interleave_tokens`]; filled only for inputs of several rows).
+    q_tiles: Vec<i8>,
+    q8k_tiles: Vec<i8>,
     pub(super) x16: Vec<f32>,
     pub(super) xbf: Vec<f32>,
     pub(super) q80: Vec<i8>,
@@ -37,7 +41,7 @@ pub struct QuantInput {
 impl QuantInput {
     /// Forgets the cached forms: call whenever the input changes.
     pub fn reset(&mut self) {
-        self.fresh = [false; 7];
+        self.fresh = [false; 9];
     }
 
     /// Sets, row by row, which input rows are rounded to F16 before F16 products (rows
@@ -73,6 +77,25 @@ impl QuantInput {
                 *sum.0.add(t) = p.sum;
             }
         });
+    }
+
+    /// The per-token values in the token tiles of the AVX-512 prompt kernels (the row
+    /// itself for a single row), with the tokens' scales and sums.
+    pub(super) fn per_token_tiles(&mut self, x: &[f32], k: usize) -> (&[i8], &[f32], &[i32]) {
+        self.ensure_per_token(x, k);
+        let q = tiles(&self.q, k, &mut self.q_tiles, &mut self.fresh[7]);
+        (q, &self.token_scale, &self.token_sum)
+    }
+
+    /// The Q8_K rows with their values in the token tiles of the AVX-512 prompt kernels
+    /// (the row itself for a single row).
+    pub(super) fn q8k_tiles(&mut self, x: &[f32], k: usize) -> simd::Q8kRows<'_> {
+        self.ensure_q8k(x, k);
+        simd::Q8kRows {
+            q: tiles(&self.q8k, k, &mut self.q8k_tiles, &mut self.fresh[8]),
+            d: &self.q8k_d,
+            bsum: &self.q8k_bsum,
+        }
     }
 
     pub(super) fn ensure_q8k(&mut self, x: &[f32], k: usize) {
@@ -169,4 +192,16 @@ impl QuantInput {
             }
         }
     }
+}
+
+/// `q` (rows of `k`) in token tiles, laid out into `buf` unless `fresh` says it holds them.
+fn tiles<'a>(q: &'a [i8], k: usize, buf: &'a mut Vec<i8>, fresh: &mut bool) -> &'a [i8] {
+    if q.len() <= k {
+        return q;
+    }
+    if !std::mem::replace(fresh, true) {
+        buf.resize(q.len(), 0);
+        simd::interleave_tokens(q, k, buf);
+    }
+    buf
 }

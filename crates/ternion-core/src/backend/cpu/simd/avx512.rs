@@ -64,20 +64,38 @@ unsafe fn store_per_token(acc: __m512i, sum: i32, scale: f32, post: f32, out: *m
     _mm512_storeu_ps(out.cast(), v);
 }
 
-/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with T tokens (token t's
-/// activations at `q + t·stride`, its Σq at `sum[t]`, its scale at `scale[t]`):
+/// `acc[t] += Σ_s planes[s] · q_t[4s..4s+4]` for chunk `c` of a tile of T tokens laid out
+/// by [`super::vnni::interleave_tokens`] at `q` (token t's 16 activations of the chunk at
+/// `q + (c·T + t)·16`): every broadcast a fixed offset from one pointer, so each
+/// `vpdpbusd` keeps its load fused (an indexed address costs a second micro-op).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_dots<const T: usize>(
+    u: &[__m512i; 4],
+    q: *const i8,
+    c: usize,
+    acc: &mut [__m512i; T],
+) {
+    let mut addr = q.add(16 * T * c).addr();
+    // An empty asm hides where the address came from, so that the compiler addresses the
+    // broadcasts from it directly instead of from `q` plus its loop counter.
+    std::arch::asm!("/* {a} */", a = inout(reg) addr, options(pure, nomem, nostack, preserves_flags));
+    chunk_dots(u, q.with_addr(addr), 16, acc);
+}
+
+/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with a tile of T tokens (their
+/// activations laid out by [`super::vnni::interleave_tokens`] at `q`, token t's Σq at
+/// `sum[t]`, its scale at `scale[t]`):
 /// `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) · post`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; `w` points at `n_chunks` chunks, every token row at
-/// `16 · n_chunks` readable bytes, `sum`, `scale` and `out` at T values.
+/// AVX-512 F/BW/VNNI; `w` points at `n_chunks` chunks, `q` at `16 · T · n_chunks`
+/// readable bytes, `sum`, `scale` and `out` at T values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn per_token_dots<const T: usize>(
     w: *const Chunk,
     n_chunks: usize,
     q: *const i8,
-    stride: usize,
     sum: *const i32,
     scale: *const f32,
     post: f32,
@@ -85,7 +103,7 @@ pub unsafe fn per_token_dots<const T: usize>(
 ) {
     let mut acc = [_mm512_setzero_si512(); T];
     for c in 0..n_chunks {
-        chunk_dots(&planes(w.add(c)), q.add(16 * c), stride, &mut acc);
+        tile_dots(&planes(w.add(c)), q, c, &mut acc);
     }
     for (t, a) in acc.iter().enumerate() {
         store_per_token(*a, *sum.add(t), *scale.add(t), post, out.add(t));
@@ -140,8 +158,9 @@ pub(super) unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; `w` points at `16 · n_blocks` chunks, `scales` at `16 · n_blocks`
-/// floats, every token row at `256 · n_blocks` bytes, `d` / `bsum` at `T · n_blocks`
-/// values and `out` at T values.
+/// floats, `q` at the tile's `256 · T · n_blocks` bytes (laid out by
+/// [`super::vnni::interleave_tokens`]), `d` / `bsum` at `T · n_blocks` values and `out`
+/// at T values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_dots<const T: usize>(
@@ -149,7 +168,6 @@ pub unsafe fn block_dots<const T: usize>(
     scales: *const f16,
     n_blocks: usize,
     q: *const i8,
-    stride: usize,
     d: *const f32,
     bsum: *const i32,
     post: f32,
@@ -157,14 +175,15 @@ pub unsafe fn block_dots<const T: usize>(
 ) {
     let mut sum = [_mm512_setzero_ps(); T];
     for b in 0..n_blocks {
-        let mut acc = [_mm512_setzero_si512(); T];
+        // Each sum starts at −Σq: the block's exact Σ (code − 1)·q without a subtraction.
+        let mut acc: [__m512i; T] =
+            std::array::from_fn(|t| _mm512_set1_epi32(-*bsum.add(t * n_blocks + b)));
         for c in 16 * b..16 * (b + 1) {
-            chunk_dots(&planes(w.add(c)), q.add(16 * c), stride, &mut acc);
+            tile_dots(&planes(w.add(c)), q, c, &mut acc);
         }
         let dw = scales16(scales.add(16 * b));
         for (t, (s, a)) in sum.iter_mut().zip(&acc).enumerate() {
-            let i = t * n_blocks + b;
-            *s = scaled_add(*s, *a, *bsum.add(i), *d.add(i), dw);
+            *s = scaled(*s, *a, *d.add(t * n_blocks + b), dw);
         }
     }
     for (t, s) in sum.iter().enumerate() {
@@ -196,7 +215,8 @@ pub unsafe fn block_dot1(
             plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
         }
         let dw = scales16(scales.add(16 * b));
-        sum = scaled_add(sum, sum4(&acc), *bsum.add(b), *d.add(b), dw);
+        let sumi = _mm512_sub_epi32(sum4(&acc), _mm512_set1_epi32(*bsum.add(b)));
+        sum = scaled(sum, sumi, *d.add(b), dw);
     }
     _mm512_storeu_ps(out.cast(), _mm512_mul_ps(sum, _mm512_set1_ps(post)));
 }
@@ -208,11 +228,10 @@ pub(super) unsafe fn scales16(p: *const f16) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
 }
 
-/// `sum + ((acc − bsum) as f32) · (d · dw)`, lane by lane, rounding as the scalar code.
+/// `sum + (sumi as f32) · (d · dw)`, lane by lane, rounding as the scalar code.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn scaled_add(sum: __m512, acc: __m512i, bsum: i32, d: f32, dw: __m512) -> __m512 {
-    let sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(bsum)));
+unsafe fn scaled(sum: __m512, sumi: __m512i, d: f32, dw: __m512) -> __m512 {
     let scale = _mm512_mul_ps(_mm512_set1_ps(d), dw);
-    _mm512_add_ps(sum, _mm512_mul_ps(sumi, scale))
+    _mm512_add_ps(sum, _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), scale))
 }

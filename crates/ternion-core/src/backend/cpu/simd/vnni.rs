@@ -85,13 +85,10 @@ struct Features;
 #[derive(Clone, Copy, Debug)]
 enum Features {}
 
-#[cfg(target_arch = "x86_64")]
-/// Largest token tile of [`Vnni::per_token_dots`] (accumulators held in registers).
-const SUM_TILE: usize = 16;
-#[cfg(target_arch = "x86_64")]
-/// Largest token tile of [`Vnni::block_dots`] (its float sums are touched once per
-/// 256-element block; 16 measured ~5 % faster than 8).
-const DOT_TILE: usize = 16;
+/// Largest token tile of [`Vnni::per_token_dots`] and [`Vnni::block_dots`] (accumulators
+/// held in registers; for the block dots' float sums, touched once per 256-element block,
+/// 16 measured ~5 % faster than 8).
+pub const TOKEN_TILE: usize = 16;
 
 #[cfg(target_arch = "x86_64")]
 /// Largest token tile of [`Vnni::sub_block_dots`] (three accumulators per token: integer,
@@ -99,13 +96,55 @@ const DOT_TILE: usize = 16;
 const SUB_TILE: usize = 8;
 
 /// The largest power of two ≤ `n`, capped at `cap`.
-#[cfg(target_arch = "x86_64")]
 fn tile(n: usize, cap: usize) -> usize {
     let mut t = cap;
     while t > n {
         t /= 2;
     }
     t
+}
+
+/// The token tiles `(first, len)` that [`Vnni::per_token_dots`] and [`Vnni::block_dots`]
+/// take `n` tokens in, as [`interleave_tokens`] lays them out: runs of [`TOKEN_TILE`]
+/// from token 0, each split into tiles of the largest power of two left.
+fn token_tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut t0 = 0;
+    std::iter::from_fn(move || {
+        let step_end = (t0 / TOKEN_TILE + 1) * TOKEN_TILE;
+        let tn = tile(n.min(step_end) - t0, TOKEN_TILE);
+        (t0 < n).then(|| {
+            let first = t0;
+            t0 += tn;
+            (first, tn)
+        })
+    })
+}
+
+/// Token rows of int8 activations (`n` rows of `k`, row-major) laid out as the prompt
+/// kernels read them: each tile of `tn` tokens from [`token_tiles`] keeps its place
+/// (`first · k` bytes in) and holds, for every 16 elements u of the row in order, the 16
+/// bytes of each of its tokens in turn (byte `(u·tn + t)·16 + j` = token first + t,
+/// element 16u + j). A tile of one token is its row unchanged. Every broadcast of the
+/// kernels then addresses a fixed offset from one pointer.
+///
+/// # Panics
+/// If `k` is not a multiple of 16 or the lengths disagree.
+pub fn interleave_tokens(q: &[i8], k: usize, out: &mut [i8]) {
+    assert!(k.is_multiple_of(CHUNK_ELEMS), "interleave_tokens: width");
+    assert_eq!(q.len(), out.len(), "interleave_tokens: lengths");
+    let n = q.len().checked_div(k).unwrap_or(0);
+    for (first, tn) in token_tiles(n) {
+        let (src, dst) = (
+            &q[first * k..(first + tn) * k],
+            &mut out[first * k..(first + tn) * k],
+        );
+        for (u, units) in dst.chunks_exact_mut(CHUNK_ELEMS * tn).enumerate() {
+            for (t, unit) in units.chunks_exact_mut(CHUNK_ELEMS).enumerate() {
+                let at = t * k + u * CHUNK_ELEMS;
+                unit.copy_from_slice(&src[at..at + CHUNK_ELEMS]);
+            }
+        }
+    }
 }
 
 impl Vnni {
@@ -119,8 +158,8 @@ impl Vnni {
     }
 
     /// I2_S products of the 16 rows of `group` with the token rows q_t of `q` (one per
-    /// entry of `out`, each `16 · group.len()` values; `sum[t]` = Σq_t, `scale[t]` their
-    /// per-token scale): `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) ·
+    /// entry of `out`, each `16 · group.len()` values, laid out by [`interleave_tokens`];
+    /// `sum[t]` = Σq_t, `scale[t]` their per-token scale): `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) ·
     /// post`, with the exact integer sum.
     ///
     /// # Panics
@@ -146,9 +185,7 @@ impl Vnni {
         #[cfg(target_arch = "x86_64")]
         {
             let (w, nc) = (group.as_ptr(), group.len());
-            let mut t0 = 0;
-            while t0 < n {
-                let tn = tile(n - t0, SUM_TILE);
+            for (t0, tn) in token_tiles(n) {
                 let qt = q[t0 * k..].as_ptr();
                 let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
                 let o = out[t0..].as_mut_ptr();
@@ -156,21 +193,21 @@ impl Vnni {
                 // `n` tokens (asserted) and tokens t0..t0+tn are among them.
                 unsafe {
                     match tn {
-                        16 => avx512::per_token_dots::<16>(w, nc, qt, k, st, ct, post, o),
-                        8 => avx512::per_token_dots::<8>(w, nc, qt, k, st, ct, post, o),
-                        4 => avx512::per_token_dots::<4>(w, nc, qt, k, st, ct, post, o),
-                        2 => avx512::per_token_dots::<2>(w, nc, qt, k, st, ct, post, o),
+                        16 => avx512::per_token_dots::<16>(w, nc, qt, st, ct, post, o),
+                        8 => avx512::per_token_dots::<8>(w, nc, qt, st, ct, post, o),
+                        4 => avx512::per_token_dots::<4>(w, nc, qt, st, ct, post, o),
+                        2 => avx512::per_token_dots::<2>(w, nc, qt, st, ct, post, o),
                         _ => avx512::per_token_dot1(w, nc, qt, *st, *ct, post, o),
                     }
                 }
-                t0 += tn;
             }
         }
     }
 
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
     /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against the Q8_K
-    /// activations `x` (one token per entry of `out`; `scales`: the group's weight scales,
+    /// activations `x` (one token per entry of `out`, `x.q` laid out by
+    /// [`interleave_tokens`]; `scales`: the group's weight scales,
     /// block-major, 16 per block), times `post`.
     ///
     /// # Panics
@@ -198,9 +235,7 @@ impl Vnni {
         #[cfg(target_arch = "x86_64")]
         {
             let (w, s) = (group.as_ptr(), scales.as_ptr());
-            let mut t0 = 0;
-            while t0 < n {
-                let tn = tile(n - t0, DOT_TILE);
+            for (t0, tn) in token_tiles(n) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, bt) = (d[t0 * nb..].as_ptr(), bsum[t0 * nb..].as_ptr());
                 let o = out[t0..].as_mut_ptr();
@@ -208,14 +243,13 @@ impl Vnni {
                 // and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
                     match tn {
-                        16 => avx512::block_dots::<16>(w, s, nb, qt, k, dt, bt, post, o),
-                        8 => avx512::block_dots::<8>(w, s, nb, qt, k, dt, bt, post, o),
-                        4 => avx512::block_dots::<4>(w, s, nb, qt, k, dt, bt, post, o),
-                        2 => avx512::block_dots::<2>(w, s, nb, qt, k, dt, bt, post, o),
+                        16 => avx512::block_dots::<16>(w, s, nb, qt, dt, bt, post, o),
+                        8 => avx512::block_dots::<8>(w, s, nb, qt, dt, bt, post, o),
+                        4 => avx512::block_dots::<4>(w, s, nb, qt, dt, bt, post, o),
+                        2 => avx512::block_dots::<2>(w, s, nb, qt, dt, bt, post, o),
                         _ => avx512::block_dot1(w, s, nb, qt, dt, bt, post, o),
                     }
                 }
-                t0 += tn;
             }
         }
     }

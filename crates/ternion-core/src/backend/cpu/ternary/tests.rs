@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::backend::cpu::simd::Level;
+use crate::backend::cpu::simd::{self, Level};
 use crate::quant::act;
 
 /// The token, or None after checking that this CPU indeed lacks (or was told not to use)
@@ -61,6 +61,13 @@ fn assert_bits(out: &[f32], m: usize, want: impl Fn(usize, usize) -> f32, what: 
     }
 }
 
+/// `q` (rows of `k`) in the kernels' token tiles.
+fn tiled(q: &[i8], k: usize) -> Vec<i8> {
+    let mut out = vec![0i8; q.len()];
+    simd::interleave_tokens(q, k, &mut out);
+    out
+}
+
 /// Rows of `k` quantized per token: the int8 values, the scales and the sums.
 fn per_token(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
     let mut q = vec![0i8; x.len()];
@@ -85,7 +92,7 @@ fn i2s_products_equal_the_reference() {
             let post = 0.73f32;
             let mut out = vec![f32::NAN; rows * m];
             let x = PackInput::PerToken {
-                q: &q,
+                q: &tiled(&q, k),
                 scale: &scale,
                 sum: &sum,
             };
@@ -113,6 +120,7 @@ fn fused_products_equal_the_single_ones() {
     }
     for rows in [1, 5, 17] {
         let (q, scale, sum) = per_token(&random_x(&mut rng, rows * k), k);
+        let q = tiled(&q, k);
         let x = PackInput::PerToken {
             q: &q,
             scale: &scale,
@@ -180,7 +188,7 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
             let x = Q8kRows {
-                q: &q,
+                q: &tiled(&q, k),
                 d: &d,
                 bsum: &bsum,
             };
@@ -326,5 +334,37 @@ fn q1_0_bits_sit_where_the_layout_says() {
                 "row {j} element {e}"
             );
         }
+    }
+}
+
+#[test]
+fn token_tiles_sit_where_the_layout_says() {
+    // Tiles: runs of 16 from token 0, each split into powers of two (21 = 16 + 4 + 1);
+    // within a tile of tn tokens starting at `first`, element e of token first + t sits at
+    // first·k + ((e / 16)·tn + t)·16 + e % 16.
+    let k = 64;
+    for n in [1usize, 2, 3, 16, 21, 40] {
+        let q: Vec<i8> = (0..n * k).map(|i| (i % 251) as i8).collect();
+        let out = tiled(&q, k);
+        let mut first = 0;
+        let mut seen = 0;
+        while first < n {
+            let left = (n - first).min(16 - first % 16);
+            let tn = 1 << left.ilog2();
+            for t in 0..tn {
+                for e in 0..k {
+                    let at = first * k + ((e / 16) * tn + t) * 16 + e % 16;
+                    assert_eq!(
+                        out[at],
+                        q[(first + t) * k + e],
+                        "n={n} token {} element {e}",
+                        first + t
+                    );
+                    seen += 1;
+                }
+            }
+            first += tn;
+        }
+        assert_eq!(seen, n * k, "n={n}: every value placed");
     }
 }
