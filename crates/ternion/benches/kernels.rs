@@ -197,7 +197,16 @@ fn vnni_per_token_dots_16x16(bencher: Bencher, k: usize) {
     let mut out = [[0f32; 16]; 16];
     bencher
         .counter(divan::counter::ItemsCount::new(16 * 16 * k))
-        .bench_local(|| v.per_token_dots(black_box(&group), &q, &sum, &scale, 1.0, &mut out));
+        .bench_local(|| {
+            v.per_token_dots(
+                black_box(&group),
+                &q,
+                &sum,
+                &scale,
+                1.0,
+                simd::OutCols::tile(&mut out),
+            )
+        });
 }
 
 /// One 16-row group against 16 tokens of Q8_K activations with per-block weight scales
@@ -220,7 +229,15 @@ fn vnni_block_dots_16x16(bencher: Bencher, k: usize) {
     let mut out = [[0f32; 16]; 16];
     bencher
         .counter(divan::counter::ItemsCount::new(16 * 16 * k))
-        .bench_local(|| v.block_dots(black_box(&group), &scales, x, 1.0, &mut out));
+        .bench_local(|| {
+            v.block_dots(
+                black_box(&group),
+                &scales,
+                x,
+                1.0,
+                simd::OutCols::tile(&mut out),
+            )
+        });
 }
 
 /// The same work (16 rows × 16 tokens) with the AVX2 / scalar `i2s_dot4`.
@@ -260,7 +277,14 @@ fn vnni_per_token_dot1_stream(bencher: Bencher, k: usize) {
         .counter(divan::counter::BytesCount::new(bytes))
         .bench_local(|| {
             for group in weights.chunks_exact(k / simd::CHUNK_ELEMS) {
-                v.per_token_dots(black_box(group), q, &[0], &[1.0], 1.0, &mut out);
+                v.per_token_dots(
+                    black_box(group),
+                    q,
+                    &[0],
+                    &[1.0],
+                    1.0,
+                    simd::OutCols::tile(&mut out),
+                );
             }
         });
 }

@@ -5,13 +5,14 @@
 //!
 //! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
 //! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for the
-//! single token of a decode step.
+//! single token of a decode step, and the kernels store each token's 16 columns straight
+//! into the output.
 
 use half::f16;
 
 use super::huge::HugeBuf;
 use super::pool::{self, SharedMut};
-use super::simd::{Chunk, Codes, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
+use super::simd::{Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
@@ -153,91 +154,29 @@ impl TernaryPack {
         });
     }
 
-    /// Group `g`'s columns of the product, for every run of at most 16 token rows, written
-    /// into `out` (`rows × m`, row-major; padding rows dropped).
+    /// Group `g`'s columns of the product for all `rows` token rows, stored straight into
+    /// `out` (`rows × m`, row-major; padding rows dropped).
     fn group(&self, x: PackInput<'_>, post: f32, g: usize, rows: usize, out: &SharedMut<f32>) {
-        // A one-row tile for a single token: zeroing the 1 KiB tile for every group of a
-        // decode step cost more than the group's bookkeeping.
-        if rows == 1 {
-            self.group_in(x, post, (g, rows), out, &mut [[0f32; 16]; 1]);
-        } else {
-            self.group_in(x, post, (g, rows), out, &mut [[0f32; 16]; 16]);
-        }
-    }
-
-    /// [`TernaryPack::group`] through `tile`, T token rows at a time.
-    fn group_in<const T: usize>(
-        &self,
-        x: PackInput<'_>,
-        post: f32,
-        (g, rows): (usize, usize),
-        out: &SharedMut<f32>,
-        tile: &mut [[f32; 16]; T],
-    ) {
-        let m = self.m;
-        let j0 = g * GROUP_ROWS;
-        let n = GROUP_ROWS.min(m - j0);
-        for t0 in (0..rows).step_by(T) {
-            let t1 = (t0 + T).min(rows);
-            let tile = &mut tile[..t1 - t0];
-            self.tile(x, post, g, t0..t1, tile);
-            for (t, v) in (t0..t1).zip(tile.iter()) {
-                // SAFETY: row t < rows and columns j0..j0 + n < m lie inside the rows × m
-                // output; those columns belong to group g alone. A whole group's 16
-                // columns go as one store.
-                unsafe {
-                    let o = out.0.add(t * m + j0);
-                    if n == GROUP_ROWS {
-                        o.cast::<[f32; GROUP_ROWS]>().write_unaligned(*v);
-                    } else {
-                        std::ptr::copy_nonoverlapping(v.as_ptr(), o, n);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Group `g` against the token rows `t` into `o` (one row of 16 per token).
-    fn tile(
-        &self,
-        x: PackInput<'_>,
-        post: f32,
-        g: usize,
-        t: std::ops::Range<usize>,
-        o: &mut [[f32; 16]],
-    ) {
         let k = self.k;
         let codes = self.codes(g);
+        let j0 = g * GROUP_ROWS;
+        // SAFETY: columns j0..j0 + n < m of the rows × m output belong to group g alone,
+        // and every row t < rows lies inside it.
+        let o = unsafe { OutCols::new(out.0.add(j0), self.m, rows, GROUP_ROWS.min(self.m - j0)) };
         match x {
             PackInput::PerToken { q, scale, sum } => {
-                let q = &q[t.start * k..t.end * k];
-                let (sum, scale) = (&sum[t.clone()], &scale[t]);
                 self.vnni.per_token_dots(codes, q, sum, scale, post, o);
             }
             PackInput::Q8K(x) => {
-                let nb = k / self.scale_block();
-                let per_group = nb * GROUP_ROWS;
-                let scales = &self.scales[g * per_group..(g + 1) * per_group];
-                let rows = Q8kRows {
-                    q: &x.q[t.start * k..t.end * k],
-                    d: &x.d[t.start * nb..t.end * nb],
-                    bsum: &x.bsum[t.start * nb..t.end * nb],
-                };
-                self.vnni.block_dots(codes, scales, rows, post, o);
-            }
-            PackInput::Q8_0(x) => {
-                let ns = k / 32;
                 let per_group = k / self.scale_block() * GROUP_ROWS;
                 let scales = &self.scales[g * per_group..(g + 1) * per_group];
-                let rows = Q80Rows {
-                    q: &x.q[t.start * k..t.end * k],
-                    planes: &[],
-                    d: &x.d[t.start * ns..t.end * ns],
-                    sum: &x.sum[t.start * ns..t.end * ns],
-                };
+                self.vnni.block_dots(codes, scales, x, post, o);
+            }
+            PackInput::Q8_0(x) => {
+                let per_group = k / self.scale_block() * GROUP_ROWS;
+                let scales = &self.scales[g * per_group..(g + 1) * per_group];
                 let shape = (self.layout, self.scale_block());
-                self.vnni
-                    .sub_block_dots(codes, shape, scales, rows, post, o);
+                self.vnni.sub_block_dots(codes, shape, scales, x, post, o);
             }
         }
     }

@@ -12,6 +12,26 @@ use half::f16;
 use super::vnni::Chunk;
 use super::x86::prefetch_ahead;
 
+/// Where a kernel stores token t's 16 lanes: the masked lanes of the 16 floats at
+/// `ptr + t·stride` ([`super::vnni::OutCols`]).
+pub(super) struct Dst {
+    pub ptr: *mut f32,
+    pub stride: usize,
+    pub mask: u16,
+}
+
+impl Dst {
+    /// Stores token t's lanes.
+    ///
+    /// # Safety
+    /// AVX-512 F; token t's masked floats are valid for writes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn store(&self, t: usize, v: __m512) {
+        _mm512_mask_storeu_ps(self.ptr.add(t * self.stride), self.mask, v);
+    }
+}
+
 /// The four code planes of one chunk: byte 4r + i of plane s is the code of row r at
 /// element 4s + i of the chunk.
 #[inline]
@@ -51,17 +71,16 @@ pub(super) unsafe fn chunk_dots<const T: usize>(
     }
 }
 
-/// The I2_S epilogue of token t: `((acc − sum) as f32 / scale) · post` per lane, stored
-/// to `out` (the scalar path's operations, so the same roundings).
+/// The I2_S epilogue of a token: `((acc − sum) as f32 / scale) · post` per lane (the
+/// scalar path's operations, so the same roundings).
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn store_per_token(acc: __m512i, sum: i32, scale: f32, post: f32, out: *mut [f32; 16]) {
+unsafe fn per_token(acc: __m512i, sum: i32, scale: f32, post: f32) -> __m512 {
     let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(sum)));
-    let v = _mm512_mul_ps(
+    _mm512_mul_ps(
         _mm512_div_ps(v, _mm512_set1_ps(scale)),
         _mm512_set1_ps(post),
-    );
-    _mm512_storeu_ps(out.cast(), v);
+    )
 }
 
 /// `acc[t] += Σ_s planes[s] · q_t[4s..4s+4]` for chunk `c` of a tile of T tokens laid out
@@ -90,7 +109,7 @@ unsafe fn tile_dots<const T: usize>(
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; `w` points at `n_chunks` chunks, `q` at `16 · T · n_chunks`
-/// readable bytes, `sum`, `scale` and `out` at T values.
+/// readable bytes, `sum` and `scale` at T values, `out` T token rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn per_token_dots<const T: usize>(
     w: *const Chunk,
@@ -99,14 +118,14 @@ pub unsafe fn per_token_dots<const T: usize>(
     sum: *const i32,
     scale: *const f32,
     post: f32,
-    out: *mut [f32; 16],
+    out: Dst,
 ) {
     let mut acc = [_mm512_setzero_si512(); T];
     for c in 0..n_chunks {
         tile_dots(&planes(w.add(c)), q, c, &mut acc);
     }
     for (t, a) in acc.iter().enumerate() {
-        store_per_token(*a, *sum.add(t), *scale.add(t), post, out.add(t));
+        out.store(t, per_token(*a, *sum.add(t), *scale.add(t), post));
     }
 }
 
@@ -123,14 +142,14 @@ pub unsafe fn per_token_dot1(
     sum: i32,
     scale: f32,
     post: f32,
-    out: *mut [f32; 16],
+    out: Dst,
 ) {
     let mut acc = [_mm512_setzero_si512(); 4];
     for c in 0..n_chunks {
         prefetch_ahead(w.add(c).cast());
         plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
     }
-    store_per_token(sum4(&acc), sum, scale, post, out);
+    out.store(0, per_token(sum4(&acc), sum, scale, post));
 }
 
 /// `acc[s] += planes[s] · q[4s..4s+4]`: one token, one accumulator per plane.
@@ -159,8 +178,8 @@ pub(super) unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
 /// # Safety
 /// AVX-512 F/BW/VNNI; `w` points at `16 · n_blocks` chunks, `scales` at `16 · n_blocks`
 /// floats, `q` at the tile's `256 · T · n_blocks` bytes (laid out by
-/// [`super::vnni::interleave_tokens`]), `d` / `bsum` at `T · n_blocks` values and `out`
-/// at T values.
+/// [`super::vnni::interleave_tokens`]), `d` / `bsum` at `T · n_blocks` values, `out` T
+/// token rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_dots<const T: usize>(
@@ -171,7 +190,7 @@ pub unsafe fn block_dots<const T: usize>(
     d: *const f32,
     bsum: *const i32,
     post: f32,
-    out: *mut [f32; 16],
+    out: Dst,
 ) {
     let mut sum = [_mm512_setzero_ps(); T];
     for b in 0..n_blocks {
@@ -187,7 +206,7 @@ pub unsafe fn block_dots<const T: usize>(
         }
     }
     for (t, s) in sum.iter().enumerate() {
-        _mm512_storeu_ps(out.add(t).cast(), _mm512_mul_ps(*s, _mm512_set1_ps(post)));
+        out.store(t, _mm512_mul_ps(*s, _mm512_set1_ps(post)));
     }
 }
 
@@ -205,7 +224,7 @@ pub unsafe fn block_dot1(
     d: *const f32,
     bsum: *const i32,
     post: f32,
-    out: *mut [f32; 16],
+    out: Dst,
 ) {
     let mut sum = _mm512_setzero_ps();
     for b in 0..n_blocks {
@@ -218,7 +237,7 @@ pub unsafe fn block_dot1(
         let sumi = _mm512_sub_epi32(sum4(&acc), _mm512_set1_epi32(*bsum.add(b)));
         sum = scaled(sum, sumi, *d.add(b), dw);
     }
-    _mm512_storeu_ps(out.cast(), _mm512_mul_ps(sum, _mm512_set1_ps(post)));
+    out.store(0, _mm512_mul_ps(sum, _mm512_set1_ps(post)));
 }
 
 /// The 16 F16 scales at `p` as f32 (exact).

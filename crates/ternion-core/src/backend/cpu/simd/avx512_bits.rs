@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::avx512::{chunk_dots, plane_dots, planes, scales16, sum4};
+use super::avx512::{chunk_dots, plane_dots, planes, scales16, sum4, Dst};
 use super::vnni::Chunk;
 
 /// The weights of one group of 16 rows: `n_blocks` blocks of `subs` sub-blocks (2·subs
@@ -92,7 +92,7 @@ pub unsafe fn sub_block_dots<const T: usize, const BITS: usize>(
     d: *const f32,
     sum: *const i32,
     post: f32,
-    out: *mut [f32; 16],
+    out: Dst,
 ) {
     let ns = shape.n_blocks * shape.subs;
     let mut total = [_mm512_setzero_ps(); T];
@@ -112,6 +112,6 @@ pub unsafe fn sub_block_dots<const T: usize, const BITS: usize>(
         }
     }
     for (t, tot) in total.iter().enumerate() {
-        _mm512_storeu_ps(out.add(t).cast(), _mm512_mul_ps(*tot, _mm512_set1_ps(post)));
+        out.store(t, _mm512_mul_ps(*tot, _mm512_set1_ps(post)));
     }
 }

@@ -72,6 +72,68 @@ pub struct Q80Rows<'a> {
     pub sum: &'a [i32],
 }
 
+/// Where the products of one group go: for each of `rows` token rows, `cols` (≤ 16)
+/// consecutive floats, `stride` floats after the previous row's (the group's columns of a
+/// row-major output, or a tile of 16 columns). The kernels store into it directly.
+// Off x86-64 no kernel exists to read the fields.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub struct OutCols<'a> {
+    ptr: *mut f32,
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> OutCols<'a> {
+    /// A tile: token row t is `tile[t]`, all 16 columns.
+    pub fn tile(tile: &'a mut [[f32; 16]]) -> OutCols<'a> {
+        OutCols {
+            ptr: tile.as_mut_ptr().cast(),
+            stride: 16,
+            rows: tile.len(),
+            cols: 16,
+            _out: std::marker::PhantomData,
+        }
+    }
+
+    /// Columns `ptr[t·stride .. t·stride + cols]` of rows t < `rows`.
+    ///
+    /// # Safety
+    /// Those floats must be valid for writes for `'a`, and nothing else may read or write
+    /// them meanwhile.
+    ///
+    /// # Panics
+    /// If `cols` is over 16.
+    pub unsafe fn new(ptr: *mut f32, stride: usize, rows: usize, cols: usize) -> OutCols<'a> {
+        assert!(cols <= 16, "OutCols: at most 16 columns");
+        OutCols {
+            ptr,
+            stride,
+            rows,
+            cols,
+            _out: std::marker::PhantomData,
+        }
+    }
+
+    /// Token rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The kernels' view of rows `t0..`: their first column, the stride and the mask of
+    /// the columns written.
+    #[cfg(target_arch = "x86_64")]
+    fn dst(&self, t0: usize) -> avx512::Dst {
+        avx512::Dst {
+            // In bounds: t0 < rows (callers), so the row exists.
+            ptr: self.ptr.wrapping_add(t0 * self.stride),
+            stride: self.stride,
+            mask: ((1u32 << self.cols) - 1) as u16,
+        }
+    }
+}
+
 /// Proof that the CPU has AVX-512 F, BW and VNNI and that they were chosen.
 #[derive(Clone, Copy, Debug)]
 pub struct Vnni(Features);
@@ -158,12 +220,12 @@ impl Vnni {
     }
 
     /// I2_S products of the 16 rows of `group` with the token rows q_t of `q` (one per
-    /// entry of `out`, each `16 · group.len()` values, laid out by [`interleave_tokens`];
+    /// row of `out`, each `16 · group.len()` values, laid out by [`interleave_tokens`];
     /// `sum[t]` = Σq_t, `scale[t]` their per-token scale): `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) ·
     /// post`, with the exact integer sum.
     ///
     /// # Panics
-    /// If `q`, `sum` or `scale` do not hold `out.len()` tokens of the group's width.
+    /// If `q`, `sum` or `scale` do not hold `out.rows()` tokens of the group's width.
     // Off x86-64 the token cannot exist: the body ends at `match self.0 {}`.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub fn per_token_dots(
@@ -173,10 +235,10 @@ impl Vnni {
         sum: &[i32],
         scale: &[f32],
         post: f32,
-        out: &mut [[f32; 16]],
+        out: OutCols<'_>,
     ) {
         let k = group.len() * CHUNK_ELEMS;
-        let n = out.len();
+        let n = out.rows();
         assert_eq!(q.len(), n * k, "per_token_dots: activations length");
         assert_eq!(sum.len(), n, "per_token_dots: token sums");
         assert_eq!(scale.len(), n, "per_token_dots: token scales");
@@ -188,9 +250,10 @@ impl Vnni {
             for (t0, tn) in token_tiles(n) {
                 let qt = q[t0 * k..].as_ptr();
                 let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
-                let o = out[t0..].as_mut_ptr();
+                let o = out.dst(t0);
                 // SAFETY: the token proves the features; `q`, `sum`, `scale` and `out` hold
-                // `n` tokens (asserted) and tokens t0..t0+tn are among them.
+                // `n` tokens (asserted; `out` by its construction) and tokens t0..t0+tn are
+                // among them.
                 unsafe {
                     match tn {
                         16 => avx512::per_token_dots::<16>(w, nc, qt, st, ct, post, o),
@@ -206,12 +269,12 @@ impl Vnni {
 
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
     /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against the Q8_K
-    /// activations `x` (one token per entry of `out`, `x.q` laid out by
+    /// activations `x` (one token per row of `out`, `x.q` laid out by
     /// [`interleave_tokens`]; `scales`: the group's weight scales,
     /// block-major, 16 per block), times `post`.
     ///
     /// # Panics
-    /// If the lengths do not agree with the group's width and `out.len()` tokens.
+    /// If the lengths do not agree with the group's width and `out.rows()` tokens.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub fn block_dots(
         self,
@@ -219,12 +282,12 @@ impl Vnni {
         scales: &[f16],
         x: Q8kRows<'_>,
         post: f32,
-        out: &mut [[f32; 16]],
+        out: OutCols<'_>,
     ) {
         let Q8kRows { q, d, bsum } = x;
         let k = group.len() * CHUNK_ELEMS;
         let nb = k / SCALE_BLOCK;
-        let n = out.len();
+        let n = out.rows();
         assert_eq!(k, nb * SCALE_BLOCK, "block_dots: width of whole blocks");
         assert_eq!(scales.len(), nb * GROUP_ROWS, "block_dots: weight scales");
         assert_eq!(q.len(), n * k, "block_dots: activations length");
@@ -238,9 +301,9 @@ impl Vnni {
             for (t0, tn) in token_tiles(n) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, bt) = (d[t0 * nb..].as_ptr(), bsum[t0 * nb..].as_ptr());
-                let o = out[t0..].as_mut_ptr();
+                let o = out.dst(t0);
                 // SAFETY: the token proves the features; every length was asserted above
-                // and tokens t0..t0+tn are among the `n` rows.
+                // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
                     match tn {
                         16 => avx512::block_dots::<16>(w, s, nb, qt, dt, bt, post, o),
@@ -257,13 +320,13 @@ impl Vnni {
     /// `out[t][r] = (Σ_b scales[b][r] · (Σ_{k∈b} d[t][k] · f32(Σ_{e∈k} code(r, e)·q_t[e] −
     /// sum[t][k]))) · post` over the weight blocks b of `block_elems` elements in order and
     /// their 32-element sub-blocks k in order (each inner sum from 0): the Q1_0 / Q2_0 dot
-    /// against the Q8_0 activations `x` (one token per entry of `out`; `shape`: how the
+    /// against the Q8_0 activations `x` (one token per row of `out`; `shape`: how the
     /// chunks hold the codes and `block_elems`; `scales`: the group's weight scales,
     /// block-major, 16 per block).
     ///
     /// # Panics
     /// If `block_elems` is not a multiple of 32 or the lengths do not agree with the
-    /// group's width and `out.len()` tokens.
+    /// group's width and `out.rows()` tokens.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub fn sub_block_dots(
         self,
@@ -272,7 +335,7 @@ impl Vnni {
         scales: &[f16],
         x: Q80Rows<'_>,
         post: f32,
-        out: &mut [[f32; 16]],
+        out: OutCols<'_>,
     ) {
         let Q80Rows { q, d, sum, .. } = x;
         let (codes, block_elems) = shape;
@@ -281,7 +344,7 @@ impl Vnni {
             block_elems > 0 && block_elems.is_multiple_of(32) && k.is_multiple_of(block_elems),
             "sub_block_dots: width of whole blocks"
         );
-        let (nb, ns, n) = (k / block_elems, k / 32, out.len());
+        let (nb, ns, n) = (k / block_elems, k / 32, out.rows());
         assert_eq!(
             scales.len(),
             nb * GROUP_ROWS,
@@ -305,9 +368,9 @@ impl Vnni {
                 let tn = tile(n - t0, SUB_TILE);
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, st) = (d[t0 * ns..].as_ptr(), sum[t0 * ns..].as_ptr());
-                let o = out[t0..].as_mut_ptr();
+                let o = out.dst(t0);
                 // SAFETY: the token proves the features; every length was asserted above
-                // and tokens t0..t0+tn are among the `n` rows.
+                // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
                     use avx512_bits::sub_block_dots as f;
                     match (tn, codes) {
