@@ -467,7 +467,7 @@ fn pack_input<'q>(form: PackForm, x: &[f32], k: usize, qi: &'q mut QuantInput) -
             PackInput::PerToken { q, scale, sum }
         }
         PackForm::Q8K => PackInput::Q8K(qi.q8k_tiles(x, k)),
-        PackForm::Q8_0 => PackInput::Q8_0(qi.ensure_q8_0_rows(x, k)),
+        PackForm::Q8_0 => PackInput::Q8_0(qi.q8_0_tiles(x, k)),
     }
 }
 

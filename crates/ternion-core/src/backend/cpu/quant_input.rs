@@ -11,17 +11,18 @@ use crate::quant::act;
 /// allocate once warm.
 #[derive(Default)]
 pub struct QuantInput {
-    fresh: [bool; 9],
+    fresh: [bool; 10],
     pub(super) q: Vec<i8>,
     pub(super) token_scale: Vec<f32>,
     pub(super) token_sum: Vec<i32>,
     pub(super) q8k: Vec<i8>,
     pub(super) q8k_d: Vec<f32>,
     pub(super) q8k_bsum: Vec<i32>,
-    /// `q` and `q8k` laid out in token tiles for the AVX-512 prompt kernels
+    /// `q`, `q8k` and `q80` laid out in token tiles for the AVX-512 prompt kernels
     /// ([`simd::interleave_tokens`]; filled only for inputs of several rows).
     q_tiles: Vec<i8>,
     q8k_tiles: Vec<i8>,
+    q80_tiles: Vec<i8>,
     pub(super) x16: Vec<f32>,
     pub(super) xbf: Vec<f32>,
     pub(super) q80: Vec<i8>,
@@ -41,7 +42,7 @@ pub struct QuantInput {
 impl QuantInput {
     /// Forgets the cached forms: call whenever the input changes.
     pub fn reset(&mut self) {
-        self.fresh = [false; 9];
+        self.fresh = [false; 10];
     }
 
     /// Sets, row by row, which input rows are rounded to F16 before F16 products (rows
@@ -83,7 +84,12 @@ impl QuantInput {
     /// itself for a single row), with the tokens' scales and sums.
     pub(super) fn per_token_tiles(&mut self, x: &[f32], k: usize) -> (&[i8], &[f32], &[i32]) {
         self.ensure_per_token(x, k);
-        let q = tiles(&self.q, k, &mut self.q_tiles, &mut self.fresh[7]);
+        let q = tiles(
+            &self.q,
+            (k, simd::TOKEN_TILE),
+            &mut self.q_tiles,
+            &mut self.fresh[7],
+        );
         (q, &self.token_scale, &self.token_sum)
     }
 
@@ -92,7 +98,12 @@ impl QuantInput {
     pub(super) fn q8k_tiles(&mut self, x: &[f32], k: usize) -> simd::Q8kRows<'_> {
         self.ensure_q8k(x, k);
         simd::Q8kRows {
-            q: tiles(&self.q8k, k, &mut self.q8k_tiles, &mut self.fresh[8]),
+            q: tiles(
+                &self.q8k,
+                (k, simd::TOKEN_TILE),
+                &mut self.q8k_tiles,
+                &mut self.fresh[8],
+            ),
             d: &self.q8k_d,
             bsum: &self.q8k_bsum,
         }
@@ -158,6 +169,23 @@ impl QuantInput {
         }
     }
 
+    /// The Q8_0 rows with their values in the token tiles of the AVX-512 prompt kernels
+    /// (the row itself for a single row; no plane order).
+    pub(super) fn q8_0_tiles(&mut self, x: &[f32], k: usize) -> simd::Q80Rows<'_> {
+        self.ensure_q8_0_rows(x, k);
+        simd::Q80Rows {
+            q: tiles(
+                &self.q80,
+                (k, simd::SUB_TILE),
+                &mut self.q80_tiles,
+                &mut self.fresh[9],
+            ),
+            planes: &[],
+            d: &self.q80_d,
+            sum: &self.q80_sum,
+        }
+    }
+
     pub(super) fn ensure_q8_1(&mut self, x: &[f32], k: usize) {
         if std::mem::replace(&mut self.fresh[5], true) {
             return;
@@ -194,14 +222,20 @@ impl QuantInput {
     }
 }
 
-/// `q` (rows of `k`) in token tiles, laid out into `buf` unless `fresh` says it holds them.
-fn tiles<'a>(q: &'a [i8], k: usize, buf: &'a mut Vec<i8>, fresh: &mut bool) -> &'a [i8] {
+/// `q` (rows of `k`) in token tiles of at most `cap`, laid out into `buf` unless `fresh`
+/// says it holds them.
+fn tiles<'a>(
+    q: &'a [i8],
+    (k, cap): (usize, usize),
+    buf: &'a mut Vec<i8>,
+    fresh: &mut bool,
+) -> &'a [i8] {
     if q.len() <= k {
         return q;
     }
     if !std::mem::replace(fresh, true) {
         buf.resize(q.len(), 0);
-        simd::interleave_tokens(q, k, buf);
+        simd::interleave_tokens(q, k, cap, buf);
     }
     buf
 }

@@ -185,7 +185,8 @@ impl TernaryPack {
 /// The quantized activation rows a product reads, in the form its format pairs with.
 #[derive(Clone, Copy)]
 pub enum PackInput<'a> {
-    /// I2_S: per-token int8 values (rows of `k`), the tokens' scales and Σq.
+    /// I2_S: per-token int8 values (rows of `k`, in token tiles of
+    /// [`super::simd::TOKEN_TILE`]), the tokens' scales and Σq.
     PerToken {
         /// Int8 values.
         q: &'a [i8],
@@ -194,9 +195,10 @@ pub enum PackInput<'a> {
         /// Per-token sums of `q`.
         sum: &'a [i32],
     },
-    /// TQ2_0 / TQ1_0: Q8_K rows.
+    /// TQ2_0 / TQ1_0: Q8_K rows, values in token tiles of [`super::simd::TOKEN_TILE`].
     Q8K(Q8kRows<'a>),
-    /// Q2_0 / Q1_0: Q8_0 rows (`planes` unused).
+    /// Q2_0 / Q1_0: Q8_0 rows, values in token tiles of [`super::simd::SUB_TILE`]
+    /// (`planes` unused).
     Q8_0(Q80Rows<'a>),
 }
 

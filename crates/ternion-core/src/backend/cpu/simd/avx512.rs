@@ -89,7 +89,7 @@ unsafe fn per_token(acc: __m512i, sum: i32, scale: f32, post: f32) -> __m512 {
 /// `vpdpbusd` keeps its load fused (an indexed address costs a second micro-op).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile_dots<const T: usize>(
+pub(super) unsafe fn tile_dots<const T: usize>(
     u: &[__m512i; 4],
     q: *const i8,
     c: usize,

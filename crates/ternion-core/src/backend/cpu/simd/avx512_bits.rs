@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::avx512::{chunk_dots, plane_dots, planes, scales16, sum4, Dst};
+use super::avx512::{plane_dots, planes, scales16, sum4, tile_dots, Dst};
 use super::vnni::Chunk;
 
 /// The weights of one group of 16 rows: `n_blocks` blocks of `subs` sub-blocks (2·subs
@@ -44,15 +44,15 @@ unsafe fn half_planes<const BITS: usize>(w: *const Chunk, k: usize, h: usize) ->
     }
 }
 
-/// Σ code·q over sub-block `k` (elements 32k..32k + 32) for T tokens at `q + t·stride`,
-/// one lane per row (one token: four accumulators, one per plane).
+/// Σ code·q over sub-block `k` (elements 32k..32k + 32) for a tile of T tokens laid out
+/// by [`super::vnni::interleave_tokens`] at `q`, one lane per row (one token: four
+/// accumulators, one per plane).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn sub_block<const T: usize, const BITS: usize>(
     w: *const Chunk,
     k: usize,
     q: *const i8,
-    stride: usize,
 ) -> [__m512i; T] {
     let mut acc = [_mm512_setzero_si512(); T];
     if T == 1 {
@@ -67,28 +67,26 @@ unsafe fn sub_block<const T: usize, const BITS: usize>(
         acc[0] = sum4(&a4);
     } else {
         for h in 0..2 {
-            let u = half_planes::<BITS>(w, k, h);
-            chunk_dots(&u, q.add(32 * k + 16 * h), stride, &mut acc);
+            tile_dots(&half_planes::<BITS>(w, k, h), q, 2 * k + h, &mut acc);
         }
     }
     acc
 }
 
-/// Q1_0 / Q2_0 products of the 16 rows of a group with T tokens (token t's activations at
-/// `q + t·stride`, its per-sub-block scales and Σq at `d`, `sum` + t·(sub-blocks per
-/// row)): per block, s = Σ over its sub-blocks in order, from 0, of d·f32(Σ code·q − Σq);
+/// Q1_0 / Q2_0 products of the 16 rows of a group with a tile of T tokens (their
+/// activations laid out by [`super::vnni::interleave_tokens`] at `q`, token t's
+/// per-sub-block scales and Σq at `d`, `sum` + t·(sub-blocks per row)): per block, s = Σ over its sub-blocks in order, from 0, of d·f32(Σ code·q − Σq);
 /// the row sum adds scale·s block after block; `out[t] = row sum · post`. The operations
 /// and their order are the reference dot's, lane by lane.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; `shape` describes readable weights and scales, every token row at
-/// `q` holds `32 · subs · n_blocks` bytes, `d` and `sum` hold T rows of
+/// AVX-512 F/BW/VNNI; `shape` describes readable weights and scales, `q` holds the tile's
+/// `32 · subs · n_blocks · T` bytes, `d` and `sum` hold T rows of
 /// `subs · n_blocks` values and `out` T rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn sub_block_dots<const T: usize, const BITS: usize>(
     shape: Shape,
     q: *const i8,
-    stride: usize,
     d: *const f32,
     sum: *const i32,
     post: f32,
@@ -99,7 +97,7 @@ pub unsafe fn sub_block_dots<const T: usize, const BITS: usize>(
     for b in 0..shape.n_blocks {
         let mut s = [_mm512_setzero_ps(); T];
         for k in b * shape.subs..(b + 1) * shape.subs {
-            let acc = sub_block::<T, BITS>(shape.w, k, q, stride);
+            let acc = sub_block::<T, BITS>(shape.w, k, q);
             for (t, (st, a)) in s.iter_mut().zip(&acc).enumerate() {
                 let i = t * ns + k;
                 let sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(*a, _mm512_set1_epi32(*sum.add(i))));

@@ -152,10 +152,9 @@ enum Features {}
 /// 16 measured ~5 % faster than 8).
 pub const TOKEN_TILE: usize = 16;
 
-#[cfg(target_arch = "x86_64")]
 /// Largest token tile of [`Vnni::sub_block_dots`] (three accumulators per token: integer,
 /// block and row sums, all in registers).
-const SUB_TILE: usize = 8;
+pub const SUB_TILE: usize = 8;
 
 /// The largest power of two ≤ `n`, capped at `cap`.
 fn tile(n: usize, cap: usize) -> usize {
@@ -166,14 +165,16 @@ fn tile(n: usize, cap: usize) -> usize {
     t
 }
 
-/// The token tiles `(first, len)` that [`Vnni::per_token_dots`] and [`Vnni::block_dots`]
-/// take `n` tokens in, as [`interleave_tokens`] lays them out: runs of [`TOKEN_TILE`]
-/// from token 0, each split into tiles of the largest power of two left.
-fn token_tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
+/// The token tiles `(first, len)` that the prompt kernels take `n` tokens in, as
+/// [`interleave_tokens`] lays them out: runs of `cap` ([`TOKEN_TILE`] for
+/// [`Vnni::per_token_dots`] and [`Vnni::block_dots`], [`SUB_TILE`] for
+/// [`Vnni::sub_block_dots`]) from token 0, each split into tiles of the largest power of
+/// two left.
+fn token_tiles(n: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut t0 = 0;
     std::iter::from_fn(move || {
-        let step_end = (t0 / TOKEN_TILE + 1) * TOKEN_TILE;
-        let tn = tile(n.min(step_end) - t0, TOKEN_TILE);
+        let step_end = (t0 / cap + 1) * cap;
+        let tn = tile(n.min(step_end) - t0, cap);
         (t0 < n).then(|| {
             let first = t0;
             t0 += tn;
@@ -183,7 +184,8 @@ fn token_tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Token rows of int8 activations (`n` rows of `k`, row-major) laid out as the prompt
-/// kernels read them: each tile of `tn` tokens from [`token_tiles`] keeps its place
+/// kernels read them: each tile of `tn` tokens from [`token_tiles`] (runs of `cap`) keeps
+/// its place
 /// (`first · k` bytes in) and holds, for every 16 elements u of the row in order, the 16
 /// bytes of each of its tokens in turn (byte `(u·tn + t)·16 + j` = token first + t,
 /// element 16u + j). A tile of one token is its row unchanged. Every broadcast of the
@@ -191,11 +193,11 @@ fn token_tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
 ///
 /// # Panics
 /// If `k` is not a multiple of 16 or the lengths disagree.
-pub fn interleave_tokens(q: &[i8], k: usize, out: &mut [i8]) {
+pub fn interleave_tokens(q: &[i8], k: usize, cap: usize, out: &mut [i8]) {
     assert!(k.is_multiple_of(CHUNK_ELEMS), "interleave_tokens: width");
     assert_eq!(q.len(), out.len(), "interleave_tokens: lengths");
     let n = q.len().checked_div(k).unwrap_or(0);
-    for (first, tn) in token_tiles(n) {
+    for (first, tn) in token_tiles(n, cap) {
         let (src, dst) = (
             &q[first * k..(first + tn) * k],
             &mut out[first * k..(first + tn) * k],
@@ -247,7 +249,7 @@ impl Vnni {
         #[cfg(target_arch = "x86_64")]
         {
             let (w, nc) = (group.as_ptr(), group.len());
-            for (t0, tn) in token_tiles(n) {
+            for (t0, tn) in token_tiles(n, TOKEN_TILE) {
                 let qt = q[t0 * k..].as_ptr();
                 let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
                 let o = out.dst(t0);
@@ -298,7 +300,7 @@ impl Vnni {
         #[cfg(target_arch = "x86_64")]
         {
             let (w, s) = (group.as_ptr(), scales.as_ptr());
-            for (t0, tn) in token_tiles(n) {
+            for (t0, tn) in token_tiles(n, TOKEN_TILE) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, bt) = (d[t0 * nb..].as_ptr(), bsum[t0 * nb..].as_ptr());
                 let o = out.dst(t0);
@@ -320,7 +322,8 @@ impl Vnni {
     /// `out[t][r] = (Σ_b scales[b][r] · (Σ_{k∈b} d[t][k] · f32(Σ_{e∈k} code(r, e)·q_t[e] −
     /// sum[t][k]))) · post` over the weight blocks b of `block_elems` elements in order and
     /// their 32-element sub-blocks k in order (each inner sum from 0): the Q1_0 / Q2_0 dot
-    /// against the Q8_0 activations `x` (one token per row of `out`; `shape`: how the
+    /// against the Q8_0 activations `x` (one token per row of `out`, `x.q` laid out by
+    /// [`interleave_tokens`] in runs of [`SUB_TILE`]; `shape`: how the
     /// chunks hold the codes and `block_elems`; `scales`: the group's weight scales,
     /// block-major, 16 per block).
     ///
@@ -363,9 +366,7 @@ impl Vnni {
                 n_blocks: nb,
                 subs: block_elems / 32,
             };
-            let mut t0 = 0;
-            while t0 < n {
-                let tn = tile(n - t0, SUB_TILE);
+            for (t0, tn) in token_tiles(n, SUB_TILE) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, st) = (d[t0 * ns..].as_ptr(), sum[t0 * ns..].as_ptr());
                 let o = out.dst(t0);
@@ -374,17 +375,16 @@ impl Vnni {
                 unsafe {
                     use avx512_bits::sub_block_dots as f;
                     match (tn, codes) {
-                        (8, Codes::TwoBit) => f::<8, 2>(w, qt, k, dt, st, post, o),
-                        (4, Codes::TwoBit) => f::<4, 2>(w, qt, k, dt, st, post, o),
-                        (2, Codes::TwoBit) => f::<2, 2>(w, qt, k, dt, st, post, o),
-                        (_, Codes::TwoBit) => f::<1, 2>(w, qt, k, dt, st, post, o),
-                        (8, Codes::OneBit) => f::<8, 1>(w, qt, k, dt, st, post, o),
-                        (4, Codes::OneBit) => f::<4, 1>(w, qt, k, dt, st, post, o),
-                        (2, Codes::OneBit) => f::<2, 1>(w, qt, k, dt, st, post, o),
-                        (_, Codes::OneBit) => f::<1, 1>(w, qt, k, dt, st, post, o),
+                        (8, Codes::TwoBit) => f::<8, 2>(w, qt, dt, st, post, o),
+                        (4, Codes::TwoBit) => f::<4, 2>(w, qt, dt, st, post, o),
+                        (2, Codes::TwoBit) => f::<2, 2>(w, qt, dt, st, post, o),
+                        (_, Codes::TwoBit) => f::<1, 2>(w, qt, dt, st, post, o),
+                        (8, Codes::OneBit) => f::<8, 1>(w, qt, dt, st, post, o),
+                        (4, Codes::OneBit) => f::<4, 1>(w, qt, dt, st, post, o),
+                        (2, Codes::OneBit) => f::<2, 1>(w, qt, dt, st, post, o),
+                        (_, Codes::OneBit) => f::<1, 1>(w, qt, dt, st, post, o),
                     }
                 }
-                t0 += tn;
             }
         }
     }

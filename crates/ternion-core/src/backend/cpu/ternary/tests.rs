@@ -61,10 +61,10 @@ fn assert_bits(out: &[f32], m: usize, want: impl Fn(usize, usize) -> f32, what: 
     }
 }
 
-/// `q` (rows of `k`) in the kernels' token tiles.
-fn tiled(q: &[i8], k: usize) -> Vec<i8> {
+/// `q` (rows of `k`) in the kernels' token tiles of at most `cap`.
+fn tiled(q: &[i8], k: usize, cap: usize) -> Vec<i8> {
     let mut out = vec![0i8; q.len()];
-    simd::interleave_tokens(q, k, &mut out);
+    simd::interleave_tokens(q, k, cap, &mut out);
     out
 }
 
@@ -92,7 +92,7 @@ fn i2s_products_equal_the_reference() {
             let post = 0.73f32;
             let mut out = vec![f32::NAN; rows * m];
             let x = PackInput::PerToken {
-                q: &tiled(&q, k),
+                q: &tiled(&q, k, simd::TOKEN_TILE),
                 scale: &scale,
                 sum: &sum,
             };
@@ -120,7 +120,7 @@ fn fused_products_equal_the_single_ones() {
     }
     for rows in [1, 5, 17] {
         let (q, scale, sum) = per_token(&random_x(&mut rng, rows * k), k);
-        let q = tiled(&q, k);
+        let q = tiled(&q, k, simd::TOKEN_TILE);
         let x = PackInput::PerToken {
             q: &q,
             scale: &scale,
@@ -188,7 +188,7 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
             let x = Q8kRows {
-                q: &tiled(&q, k),
+                q: &tiled(&q, k, simd::TOKEN_TILE),
                 d: &d,
                 bsum: &bsum,
             };
@@ -238,7 +238,7 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
         };
         let pack = TernaryPack::new(v, ty, &data, k, m).expect("1- and 2-bit formats pack");
         let ns = k / 32;
-        for rows in [1, 2, 3, 7, 8, 9, 19] {
+        for rows in [1, 2, 3, 7, 8, 9, 19, 30] {
             let x = random_x(&mut rng, rows * k);
             let (mut q, mut d) = (vec![0i8; rows * k], vec![0f32; rows * ns]);
             act::quantize_q8_0(&x, &mut q, &mut d);
@@ -248,7 +248,7 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
             let x = Q80Rows {
-                q: &q,
+                q: &tiled(&q, k, simd::SUB_TILE),
                 planes: &[],
                 d: &d,
                 sum: &sum,
@@ -339,32 +339,35 @@ fn q1_0_bits_sit_where_the_layout_says() {
 
 #[test]
 fn token_tiles_sit_where_the_layout_says() {
-    // Tiles: runs of 16 from token 0, each split into powers of two (21 = 16 + 4 + 1);
-    // within a tile of tn tokens starting at `first`, element e of token first + t sits at
-    // first·k + ((e / 16)·tn + t)·16 + e % 16.
+    // Tiles: runs of `cap` from token 0, each split into powers of two (21 = 16 + 4 + 1 in
+    // runs of 16, 8 + 8 + 4 + 1 in runs of 8); within a tile of tn tokens starting at
+    // `first`, element e of token first + t sits at first·k + ((e / 16)·tn + t)·16 + e % 16.
     let k = 64;
-    for n in [1usize, 2, 3, 16, 21, 40] {
-        let q: Vec<i8> = (0..n * k).map(|i| (i % 251) as i8).collect();
-        let out = tiled(&q, k);
-        let mut first = 0;
-        let mut seen = 0;
-        while first < n {
-            let left = (n - first).min(16 - first % 16);
-            let tn = 1 << left.ilog2();
-            for t in 0..tn {
-                for e in 0..k {
-                    let at = first * k + ((e / 16) * tn + t) * 16 + e % 16;
-                    assert_eq!(
-                        out[at],
-                        q[(first + t) * k + e],
-                        "n={n} token {} element {e}",
-                        first + t
-                    );
-                    seen += 1;
+    for cap in [simd::TOKEN_TILE, simd::SUB_TILE] {
+        for n in [1usize, 2, 3, 16, 21, 40] {
+            let q: Vec<i8> = (0..n * k).map(|i| (i % 251) as i8).collect();
+            let out = tiled(&q, k, cap);
+            let mut first = 0;
+            let mut seen = 0;
+            while first < n {
+                let left = (n - first).min(cap - first % cap);
+                let tn = 1 << left.ilog2();
+                for t in 0..tn {
+                    for e in 0..k {
+                        let at = first * k + ((e / 16) * tn + t) * 16 + e % 16;
+                        let want = q[(first + t) * k + e];
+                        assert_eq!(
+                            out[at],
+                            want,
+                            "cap={cap} n={n} token {} element {e}",
+                            first + t
+                        );
+                        seen += 1;
+                    }
                 }
+                first += tn;
             }
-            first += tn;
+            assert_eq!(seen, n * k, "cap={cap} n={n}: every value placed");
         }
-        assert_eq!(seen, n * k, "n={n}: every value placed");
     }
 }
