@@ -53,6 +53,31 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// The codes (qs + 128, 0..=255: unsigned bytes for `vpdpbusd`) of a row of whole blocks
+/// in element order, and the block scales: element = (code − 128)·scale of its block.
+///
+/// # Panics
+/// If `codes.len()` is not a multiple of 32, `src` is not `codes.len()/32` blocks or
+/// `scales` does not hold one value per block.
+pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
+    check(src.len(), codes.len());
+    assert_eq!(
+        scales.len(),
+        codes.len() / BLOCK_ELEMS,
+        "Q8_0: block scale count"
+    );
+    for ((block, out), s) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(codes.chunks_exact_mut(BLOCK_ELEMS))
+        .zip(scales.iter_mut())
+    {
+        *s = f16_at(block, 0);
+        for (c, &b) in out.iter_mut().zip(&block[2..]) {
+            *c = b ^ 0x80;
+        }
+    }
+}
+
 /// Dot product against Q8_0 activations (`q` int8, `d` one F16-rounded scale per 32, as
 /// from [`super::act::quantize_q8_0`]): Σ over blocks, in order, of
 /// (Σ qs·q as i32) as f32 · (d_w·d_act), as ggml's generic `vec_dot_q8_0_q8_0`.
@@ -98,19 +123,36 @@ mod tests {
     use crate::quant::act::quantize_q8_0;
     use rand::{Rng, SeedableRng};
 
-    #[test]
-    fn known_block() {
+    /// A block of scale 0.5 and values 1, −1, −128, 0…, 127.
+    fn known() -> [u8; BLOCK_BYTES] {
         let mut block = [0u8; BLOCK_BYTES];
         block[..2].copy_from_slice(&[0x00, 0x38]); // F16 0.5
         block[2] = 1;
         block[3] = 0xFF; // -1
         block[4] = 0x80; // -128
         block[33] = 127;
+        block
+    }
+
+    #[test]
+    fn known_block() {
+        let block = known();
         let mut out = [9f32; 32];
         dequantize_row(&block, &mut out);
         assert_eq!(&out[..3], &[0.5, -0.5, -64.0]);
         assert_eq!(out[31], 63.5);
         assert!(out[3..31].iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn codes_are_the_values_plus_128() {
+        let block = known();
+        let (mut codes, mut scales) = ([0u8; 32], [0f32; 1]);
+        codes_row(&block, &mut codes, &mut scales);
+        assert_eq!(scales, [0.5]);
+        assert_eq!(&codes[..3], &[129, 127, 0]);
+        assert_eq!(codes[31], 255);
+        assert!(codes[3..31].iter().all(|&c| c == 128));
     }
 
     #[test]

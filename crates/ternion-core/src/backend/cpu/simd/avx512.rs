@@ -250,7 +250,7 @@ pub(super) unsafe fn scales16(p: *const f16) -> __m512 {
 /// `sum + (sumi as f32) · (d · dw)`, lane by lane, rounding as the scalar code.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn scaled(sum: __m512, sumi: __m512i, d: f32, dw: __m512) -> __m512 {
+pub(super) unsafe fn scaled(sum: __m512, sumi: __m512i, d: f32, dw: __m512) -> __m512 {
     let scale = _mm512_mul_ps(_mm512_set1_ps(d), dw);
     _mm512_add_ps(sum, _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), scale))
 }

@@ -20,6 +20,8 @@ mod avx512_attn;
 mod avx512_bits;
 #[cfg(target_arch = "x86_64")]
 mod avx512_kq;
+#[cfg(target_arch = "x86_64")]
+mod avx512_q8;
 mod heads;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -9,7 +9,7 @@
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
-use super::{avx512, avx512_bits, Level};
+use super::{avx512, avx512_bits, avx512_q8, Level};
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 16;
@@ -44,6 +44,9 @@ pub enum Codes {
     /// row per chunk: bit 4r + i of 64-bit word 4h + s of chunk c is row r's element
     /// 32c + 16h + 4s + i (Q1_0).
     OneBit,
+    /// One byte per weight (Q8_0: its value + 128), 4 elements of each row per chunk:
+    /// byte 4r + i of chunk c is row r's element 4c + i.
+    Bytes,
 }
 
 impl Codes {
@@ -52,6 +55,7 @@ impl Codes {
         match self {
             Codes::TwoBit => CHUNK_ELEMS,
             Codes::OneBit => 32,
+            Codes::Bytes => 4,
         }
     }
 }
@@ -328,8 +332,9 @@ impl Vnni {
     /// block-major, 16 per block).
     ///
     /// # Panics
-    /// If `block_elems` is not a multiple of 32 or the lengths do not agree with the
-    /// group's width and `out.rows()` tokens.
+    /// If the codes are [`Codes::Bytes`] ([`Vnni::q8_0_dots`] takes those), `block_elems` is
+    /// not a multiple of 32 or the lengths do not agree with the group's width and
+    /// `out.rows()` tokens.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub fn sub_block_dots(
         self,
@@ -342,6 +347,7 @@ impl Vnni {
     ) {
         let Q80Rows { q, d, sum, .. } = x;
         let (codes, block_elems) = shape;
+        assert_ne!(codes, Codes::Bytes, "sub_block_dots: 1- or 2-bit codes");
         let k = group.len() * codes.chunk_elems();
         assert!(
             block_elems > 0 && block_elems.is_multiple_of(32) && k.is_multiple_of(block_elems),
@@ -383,6 +389,57 @@ impl Vnni {
                         (4, Codes::OneBit) => f::<4, 1>(w, qt, dt, st, post, o),
                         (2, Codes::OneBit) => f::<2, 1>(w, qt, dt, st, post, o),
                         (_, Codes::OneBit) => f::<1, 1>(w, qt, dt, st, post, o),
+                        (_, Codes::Bytes) => unreachable!("asserted above"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out[t][r] = (Σ_b f32(Σ_{e∈b} w(r, e)·q_t[e]) · (scales[b][r] · d[t][b])) · post`
+    /// over the 32-element blocks b in order (each sum exact, w = code − 128): the Q8_0
+    /// dot against the Q8_0 activations `x` (one token per row of `out`, `x.q` laid out by
+    /// [`interleave_tokens`] in runs of [`SUB_TILE`]; `group`: [`Codes::Bytes`] chunks;
+    /// `scales`: the group's weight scales, block-major, 16 per block), the order of
+    /// ggml's generic `vec_dot_q8_0_q8_0`.
+    ///
+    /// # Panics
+    /// If the lengths do not agree with the group's width and `out.rows()` tokens.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    pub fn q8_0_dots(
+        self,
+        group: &[Chunk],
+        scales: &[f16],
+        x: Q80Rows<'_>,
+        post: f32,
+        out: OutCols<'_>,
+    ) {
+        let Q80Rows { q, d, sum, .. } = x;
+        let k = group.len() * Codes::Bytes.chunk_elems();
+        let (nb, n) = (k / 32, out.rows());
+        assert_eq!(k, nb * 32, "q8_0_dots: width of whole blocks");
+        assert_eq!(scales.len(), nb * GROUP_ROWS, "q8_0_dots: weight scales");
+        assert_eq!(q.len(), n * k, "q8_0_dots: activations length");
+        assert_eq!(d.len(), n * nb, "q8_0_dots: activation scales");
+        assert_eq!(sum.len(), n * nb, "q8_0_dots: block sums");
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (w, s) = (group.as_ptr(), scales.as_ptr());
+            for (t0, tn) in token_tiles(n, SUB_TILE) {
+                let qt = q[t0 * k..].as_ptr();
+                let (dt, st) = (d[t0 * nb..].as_ptr(), sum[t0 * nb..].as_ptr());
+                let o = out.dst(t0);
+                // SAFETY: the token proves the features; every length was asserted above
+                // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
+                unsafe {
+                    use avx512_q8::q8_0_dots as f;
+                    match tn {
+                        8 => f::<8>(w, s, nb, qt, dt, st, post, o),
+                        4 => f::<4>(w, s, nb, qt, dt, st, post, o),
+                        2 => f::<2>(w, s, nb, qt, dt, st, post, o),
+                        _ => f::<1>(w, s, nb, qt, dt, st, post, o),
                     }
                 }
             }
