@@ -73,6 +73,32 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// The codes (nibbles, 0..=15) of a row of whole blocks in element order, and the block
+/// scales: element = (code − 8)·scale of its block.
+///
+/// # Panics
+/// If `codes.len()` is not a multiple of 32, `src` is not `codes.len()/32` blocks or
+/// `scales` does not hold one value per block.
+pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
+    check(src.len(), codes.len());
+    assert_eq!(
+        scales.len(),
+        codes.len() / BLOCK_ELEMS,
+        "Q4_0: block scale count"
+    );
+    for ((block, out), s) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(codes.chunks_exact_mut(BLOCK_ELEMS))
+        .zip(scales.iter_mut())
+    {
+        *s = f16_at(block, 0);
+        let (lo, hi) = out.split_at_mut(BLOCK_ELEMS / 2);
+        for ((l, h), &b) in lo.iter_mut().zip(hi).zip(&block[2..]) {
+            (*l, *h) = (b & 0x0F, b >> 4);
+        }
+    }
+}
+
 /// Dot product against Q8_0 activations (`q` int8, `d` one F16-rounded scale per 32, as
 /// from [`super::act::quantize_q8_0`]): Σ over blocks, in order, of
 /// ((Σ (nibble − 8)·q as i32) as f32 · d_w) · d_act, as ggml's generic `vec_dot_q4_0_q8_0`
@@ -119,12 +145,28 @@ mod tests {
     use crate::quant::act::quantize_q8_0;
     use rand::{Rng, SeedableRng};
 
-    #[test]
-    fn known_block() {
+    /// A block of scale 1 whose elements are 0 but for 0 (−8), 16 (+7), 15 (+1), 31 (−5).
+    fn known() -> [u8; BLOCK_BYTES] {
         let mut block = [0x88u8; BLOCK_BYTES]; // every nibble 8 → 0
         block[..2].copy_from_slice(&[0x00, 0x3C]); // F16 1.0
         block[2] = 0xF0; // element 0: nibble 0 → −8; element 16: nibble 15 → +7
         block[17] = 0x39; // element 15: nibble 9 → +1; element 31: nibble 3 → −5
+        block
+    }
+
+    #[test]
+    fn codes_are_the_nibbles_in_element_order() {
+        let (mut codes, mut scales) = ([0u8; 32], [0f32; 1]);
+        codes_row(&known(), &mut codes, &mut scales);
+        assert_eq!(scales, [1.0]);
+        let mut want = [8u8; 32];
+        (want[0], want[16], want[15], want[31]) = (0, 15, 9, 3);
+        assert_eq!(codes, want);
+    }
+
+    #[test]
+    fn known_block() {
+        let block = known();
         let mut out = [9f32; 32];
         dequantize_row(&block, &mut out);
         let mut want = [0f32; 32];

@@ -1,4 +1,4 @@
-//! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0), and Q8_0, repacked once
+//! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0), Q8_0 and Q4_0, repacked once
 //! (by [`super::Linear`], at the matrix's first CPU product) into the 16-row interleaved layout of the AVX-512 VNNI
 //! kernels ([`Vnni`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is
 //! lossless: every product equals the file format's reference dot bit for bit.
@@ -26,9 +26,10 @@ pub struct TernaryPack {
     /// values, so exact); empty for I2_S.
     scales: HugeBuf<f16>,
     /// Elements per scaled block (256 for TQ2_0 / TQ1_0, 64 for Q2_0, 128 for Q1_0, 32 for
-    /// Q8_0; 0 for I2_S, whose scale is per tensor).
+    /// Q8_0 / Q4_0; 0 for I2_S, whose scale is per tensor).
     scale_block: u32,
-    /// How the chunks hold the codes (Q1_0: one bit per weight; Q8_0: one byte).
+    /// How the chunks hold the codes (Q1_0: one bit per weight; Q8_0: one byte; Q4_0: one
+    /// nibble).
     layout: Codes,
     k: usize,
     m: usize,
@@ -48,11 +49,13 @@ impl TernaryPack {
             GgmlType::Q2_0 => (quant::q2_0::codes_row, quant::q2_0::BLOCK_ELEMS),
             GgmlType::Q1_0 => (quant::q1_0::codes_row, quant::q1_0::BLOCK_ELEMS),
             GgmlType::Q8_0 => (quant::q8_0::codes_row, quant::q8_0::BLOCK_ELEMS),
+            GgmlType::Q4_0 => (quant::q4_0::codes_row, quant::q4_0::BLOCK_ELEMS),
             _ => return None,
         };
         let layout = match ty {
             GgmlType::Q1_0 => Codes::OneBit,
             GgmlType::Q8_0 => Codes::Bytes,
+            GgmlType::Q4_0 => Codes::Nibbles,
             _ => Codes::TwoBit,
         };
         let chunk_elems = layout.chunk_elems();
@@ -63,12 +66,13 @@ impl TernaryPack {
         let n_chunks = k / chunk_elems;
         let nb = k.checked_div(scale_block).unwrap_or(0);
         let groups = m.div_ceil(GROUP_ROWS);
-        // Padding rows hold zeros: code 1 (2-bit), −1 and +1 alternating (1-bit: any value,
-        // the row is dropped), 128 (bytes).
+        // Padding rows hold zeros: code 1 (2-bit), 128 (bytes), 8 (nibbles); 1-bit rows
+        // hold −1 (any value would do: the row is dropped).
         let fill = match layout {
             Codes::TwoBit => 0x55,
             Codes::OneBit => 0,
             Codes::Bytes => 0x80,
+            Codes::Nibbles => 0x88,
         };
         let mut chunks = HugeBuf::filled(groups * n_chunks, Chunk([fill; 64]));
         let mut scales = HugeBuf::filled(groups * nb * GROUP_ROWS, f16::ZERO);
@@ -87,6 +91,7 @@ impl TernaryPack {
                     Codes::TwoBit => pack_row(group, r, &row_codes),
                     Codes::OneBit => pack_row_bits(group, r, &row_codes),
                     Codes::Bytes => pack_row_bytes(group, r, &row_codes),
+                    Codes::Nibbles => pack_row_nibbles(group, r, &row_codes),
                 }
                 for (b, &s) in row_scales.iter().enumerate() {
                     // SAFETY: index (g·nb + b)·16 + r < groups·nb·16 = scales.len(), and
@@ -123,7 +128,7 @@ impl TernaryPack {
     }
 
     /// The product with `x` (whose form must be the one the format pairs with: per-token
-    /// for I2_S, Q8_K for TQ2_0 / TQ1_0, Q8_0 for Q2_0 / Q1_0 / Q8_0): `out[t][j] = dot · post`
+    /// for I2_S, Q8_K for TQ2_0 / TQ1_0, Q8_0 for Q2_0 / Q1_0 / Q8_0 / Q4_0): `out[t][j] = dot · post`
     /// in the reference dot's order (I2_S: `((Σ (code − 1)·q) as f32 / scale[t]) · post`,
     /// the order of the AVX2 and scalar paths).
     pub fn forward(&self, x: PackInput<'_>, post: f32, out: &mut [f32]) {
@@ -181,8 +186,9 @@ impl TernaryPack {
             PackInput::Q8_0(x) => {
                 let per_group = k / self.scale_block() * GROUP_ROWS;
                 let scales = &self.scales[g * per_group..(g + 1) * per_group];
-                if self.layout == Codes::Bytes {
-                    self.vnni.q8_0_dots(codes, scales, x, post, o);
+                if matches!(self.layout, Codes::Bytes | Codes::Nibbles) {
+                    self.vnni
+                        .block32_dots(self.layout, codes, scales, x, post, o);
                 } else {
                     let shape = (self.layout, self.scale_block());
                     self.vnni.sub_block_dots(codes, shape, scales, x, post, o);
@@ -236,6 +242,16 @@ fn pack_row(group: &mut [Chunk], r: usize, codes: &[u8]) {
 fn pack_row_bytes(group: &mut [Chunk], r: usize, codes: &[u8]) {
     for (chunk, c) in group.iter_mut().zip(codes.chunks_exact(4)) {
         chunk.0[4 * r..4 * r + 4].copy_from_slice(c);
+    }
+}
+
+/// Writes the nibble codes of row `r` (0..16) of a group into its chunks: byte 4r + i of
+/// chunk c holds element 8c + i (low nibble) and 8c + 4 + i (high).
+fn pack_row_nibbles(group: &mut [Chunk], r: usize, codes: &[u8]) {
+    for (chunk, c) in group.iter_mut().zip(codes.chunks_exact(8)) {
+        for i in 0..4 {
+            chunk.0[4 * r + i] = c[i] | (c[4 + i] << 4);
+        }
     }
 }
 

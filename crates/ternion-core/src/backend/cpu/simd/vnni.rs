@@ -47,6 +47,10 @@ pub enum Codes {
     /// One byte per weight (Q8_0: its value + 128), 4 elements of each row per chunk:
     /// byte 4r + i of chunk c is row r's element 4c + i.
     Bytes,
+    /// One nibble per weight (Q4_0: its value + 8), 8 elements of each row per chunk: the
+    /// low nibble of byte 4r + i of chunk c is row r's element 8c + i, the high one
+    /// element 8c + 4 + i.
+    Nibbles,
 }
 
 impl Codes {
@@ -56,6 +60,7 @@ impl Codes {
             Codes::TwoBit => CHUNK_ELEMS,
             Codes::OneBit => 32,
             Codes::Bytes => 4,
+            Codes::Nibbles => 8,
         }
     }
 }
@@ -332,7 +337,7 @@ impl Vnni {
     /// block-major, 16 per block).
     ///
     /// # Panics
-    /// If the codes are [`Codes::Bytes`] ([`Vnni::q8_0_dots`] takes those), `block_elems` is
+    /// If the codes are bytes or nibbles ([`Vnni::block32_dots`] takes those), `block_elems` is
     /// not a multiple of 32 or the lengths do not agree with the group's width and
     /// `out.rows()` tokens.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
@@ -347,7 +352,10 @@ impl Vnni {
     ) {
         let Q80Rows { q, d, sum, .. } = x;
         let (codes, block_elems) = shape;
-        assert_ne!(codes, Codes::Bytes, "sub_block_dots: 1- or 2-bit codes");
+        assert!(
+            matches!(codes, Codes::TwoBit | Codes::OneBit),
+            "sub_block_dots: 1- or 2-bit codes"
+        );
         let k = group.len() * codes.chunk_elems();
         assert!(
             block_elems > 0 && block_elems.is_multiple_of(32) && k.is_multiple_of(block_elems),
@@ -389,25 +397,28 @@ impl Vnni {
                         (4, Codes::OneBit) => f::<4, 1>(w, qt, dt, st, post, o),
                         (2, Codes::OneBit) => f::<2, 1>(w, qt, dt, st, post, o),
                         (_, Codes::OneBit) => f::<1, 1>(w, qt, dt, st, post, o),
-                        (_, Codes::Bytes) => unreachable!("asserted above"),
+                        (_, Codes::Bytes | Codes::Nibbles) => unreachable!("asserted above"),
                     }
                 }
             }
         }
     }
 
-    /// `out[t][r] = (Σ_b f32(Σ_{e∈b} w(r, e)·q_t[e]) · (scales[b][r] · d[t][b])) · post`
-    /// over the 32-element blocks b in order (each sum exact, w = code − 128): the Q8_0
-    /// dot against the Q8_0 activations `x` (one token per row of `out`, `x.q` laid out by
-    /// [`interleave_tokens`] in runs of [`SUB_TILE`]; `group`: [`Codes::Bytes`] chunks;
-    /// `scales`: the group's weight scales, block-major, 16 per block), the order of
-    /// ggml's generic `vec_dot_q8_0_q8_0`.
+    /// The Q8_0 ([`Codes::Bytes`]) and Q4_0 ([`Codes::Nibbles`]) dots of the group's rows
+    /// against the Q8_0 activations `x` (one token per row of `out`, `x.q` laid out by
+    /// [`interleave_tokens`] in runs of [`SUB_TILE`]; `scales`: the group's weight scales,
+    /// block-major, 16 per block), over the 32-element blocks b in order, each integer sum
+    /// exact (w: the weight values): Q8_0 `y += f32(Σ w·q) · (scale · d)`, Q4_0
+    /// `y += (f32(Σ w·q) · scale) · d`, the orders of ggml's generic `vec_dot_q8_0_q8_0` and
+    /// `vec_dot_q4_0_q8_0`; `out[t][r] = y · post`.
     ///
     /// # Panics
-    /// If the lengths do not agree with the group's width and `out.rows()` tokens.
+    /// If the codes are neither, or the lengths do not agree with the group's width and
+    /// `out.rows()` tokens.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    pub fn q8_0_dots(
+    pub fn block32_dots(
         self,
+        codes: Codes,
         group: &[Chunk],
         scales: &[f16],
         x: Q80Rows<'_>,
@@ -415,13 +426,17 @@ impl Vnni {
         out: OutCols<'_>,
     ) {
         let Q80Rows { q, d, sum, .. } = x;
-        let k = group.len() * Codes::Bytes.chunk_elems();
+        assert!(
+            matches!(codes, Codes::Bytes | Codes::Nibbles),
+            "block32_dots: Q8_0 or Q4_0 codes"
+        );
+        let k = group.len() * codes.chunk_elems();
         let (nb, n) = (k / 32, out.rows());
-        assert_eq!(k, nb * 32, "q8_0_dots: width of whole blocks");
-        assert_eq!(scales.len(), nb * GROUP_ROWS, "q8_0_dots: weight scales");
-        assert_eq!(q.len(), n * k, "q8_0_dots: activations length");
-        assert_eq!(d.len(), n * nb, "q8_0_dots: activation scales");
-        assert_eq!(sum.len(), n * nb, "q8_0_dots: block sums");
+        assert_eq!(k, nb * 32, "block32_dots: width of whole blocks");
+        assert_eq!(scales.len(), nb * GROUP_ROWS, "block32_dots: weight scales");
+        assert_eq!(q.len(), n * k, "block32_dots: activations length");
+        assert_eq!(d.len(), n * nb, "block32_dots: activation scales");
+        assert_eq!(sum.len(), n * nb, "block32_dots: block sums");
         #[cfg(not(target_arch = "x86_64"))]
         match self.0 {}
         #[cfg(target_arch = "x86_64")]
@@ -434,12 +449,17 @@ impl Vnni {
                 // SAFETY: the token proves the features; every length was asserted above
                 // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
-                    use avx512_q8::q8_0_dots as f;
-                    match tn {
-                        8 => f::<8>(w, s, nb, qt, dt, st, post, o),
-                        4 => f::<4>(w, s, nb, qt, dt, st, post, o),
-                        2 => f::<2>(w, s, nb, qt, dt, st, post, o),
-                        _ => f::<1>(w, s, nb, qt, dt, st, post, o),
+                    use avx512_q8::block32_dots as f;
+                    let q4 = codes == Codes::Nibbles;
+                    match (tn, q4) {
+                        (8, false) => f::<8, false>(w, s, nb, qt, dt, st, post, o),
+                        (4, false) => f::<4, false>(w, s, nb, qt, dt, st, post, o),
+                        (2, false) => f::<2, false>(w, s, nb, qt, dt, st, post, o),
+                        (_, false) => f::<1, false>(w, s, nb, qt, dt, st, post, o),
+                        (8, true) => f::<8, true>(w, s, nb, qt, dt, st, post, o),
+                        (4, true) => f::<4, true>(w, s, nb, qt, dt, st, post, o),
+                        (2, true) => f::<2, true>(w, s, nb, qt, dt, st, post, o),
+                        (_, true) => f::<1, true>(w, s, nb, qt, dt, st, post, o),
                     }
                 }
             }

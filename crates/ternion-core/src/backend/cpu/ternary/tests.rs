@@ -211,9 +211,9 @@ fn tq1_0_products_equal_the_reference() {
     check_q8k(GgmlType::TQ1_0, quant::tq1_0::dot_q8k);
 }
 
-/// Products against Q8_0 activations (Q1_0, Q2_0, Q8_0 weights) and the reference dot,
-/// bit for bit: Q1_0 random sign bits with quantized scales; the others random bytes (Q2_0
-/// codes 3 included) with random F16 scales of both signs.
+/// Products against Q8_0 activations (Q1_0, Q2_0, Q8_0, Q4_0 weights) and the reference
+/// dot, bit for bit: Q1_0 random sign bits with quantized scales; the others random bytes
+/// (Q2_0 codes 3 included) with random F16 scales of both signs.
 fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &[(usize, usize)]) {
     let Some(v) = vnni() else { return };
     let mut rng = StdRng::seed_from_u64(19);
@@ -284,9 +284,15 @@ fn q8_0_products_equal_the_reference() {
 }
 
 #[test]
+fn q4_0_products_equal_the_reference() {
+    let sizes = [(32, 5), (96, 16), (320, 21), (2048, 35)];
+    check_q8_0(GgmlType::Q4_0, quant::q4_0::dot_q8_0, &sizes);
+}
+
+#[test]
 fn other_formats_and_widths_are_not_packed() {
     let Some(v) = vnni() else { return };
-    assert!(TernaryPack::new(v, GgmlType::Q4_0, &[0; 18], 32, 1).is_none());
+    assert!(TernaryPack::new(v, GgmlType::Q4_1, &[0; 20], 32, 1).is_none());
     // TQ2_0 rows must be whole 256-element blocks.
     assert!(TernaryPack::new(v, GgmlType::TQ2_0, &[0; 66], 128, 1).is_none());
     // Q1_0 rows must be whole 128-element blocks.
