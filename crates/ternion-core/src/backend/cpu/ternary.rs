@@ -1,7 +1,8 @@
-//! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0), Q8_0 and Q4_0, repacked once
-//! (by [`super::Linear`], at the matrix's first CPU product) into the 16-row interleaved layout of the AVX-512 VNNI
-//! kernels ([`Vnni`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is
-//! lossless: every product equals the file format's reference dot bit for bit.
+//! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0), Q8_0 and Q4_0, repacked
+//! once (by [`super::Linear`], at the matrix's first CPU product) into the 16-row
+//! interleaved layout of the AVX-512 VNNI kernels ([`Vnni`]; docs/FORMATS.md, "CPU
+//! ternary layout"). The repacking is lossless: every product equals the file format's
+//! reference dot bit for bit.
 //!
 //! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
 //! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for the
@@ -128,7 +129,8 @@ impl TernaryPack {
     }
 
     /// The product with `x` (whose form must be the one the format pairs with: per-token
-    /// for I2_S, Q8_K for TQ2_0 / TQ1_0, Q8_0 for Q2_0 / Q1_0 / Q8_0 / Q4_0): `out[t][j] = dot · post`
+    /// for I2_S, Q8_K for TQ2_0 / TQ1_0, Q8_0 for Q2_0 / Q1_0 / Q8_0 / Q4_0):
+    /// `out[t][j] = dot · post`
     /// in the reference dot's order (I2_S: `((Σ (code − 1)·q) as f32 / scale[t]) · post`,
     /// the order of the AVX2 and scalar paths).
     pub fn forward(&self, x: PackInput<'_>, post: f32, out: &mut [f32]) {

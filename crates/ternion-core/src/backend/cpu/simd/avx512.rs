@@ -98,7 +98,11 @@ pub(super) unsafe fn tile_dots<const T: usize>(
     let mut addr = q.add(16 * T * c).addr();
     // An empty asm hides where the address came from, so that the compiler addresses the
     // broadcasts from it directly instead of from `q` plus its loop counter.
-    std::arch::asm!("/* {a} */", a = inout(reg) addr, options(pure, nomem, nostack, preserves_flags));
+    std::arch::asm!(
+        "/* {a} */",
+        a = inout(reg) addr,
+        options(pure, nomem, nostack, preserves_flags)
+    );
     chunk_dots(u, q.with_addr(addr), 16, acc);
 }
 

@@ -75,8 +75,9 @@ unsafe fn sub_block<const T: usize, const BITS: usize>(
 
 /// Q1_0 / Q2_0 products of the 16 rows of a group with a tile of T tokens (their
 /// activations laid out by [`super::vnni::interleave_tokens`] at `q`, token t's
-/// per-sub-block scales and Σq at `d`, `sum` + t·(sub-blocks per row)): per block, s = Σ over its sub-blocks in order, from 0, of d·f32(Σ code·q − Σq);
-/// the row sum adds scale·s block after block; `out[t] = row sum · post`. The operations
+/// per-sub-block scales and Σq at `d`, `sum` + t·(sub-blocks per row)): per block,
+/// s = Σ over its sub-blocks in order, from 0, of d·f32(Σ code·q − Σq); the row sum adds
+/// scale·s block after block; `out[t] = row sum · post`. The operations
 /// and their order are the reference dot's, lane by lane.
 ///
 /// # Safety
