@@ -223,16 +223,16 @@ impl Linear {
         }
     }
 
-    /// The repacked ternary weights, built on first use where the AVX-512 kernels run.
+    /// The repacked weights (ternary, Q8_0, Q4_0), built on first use where the AVX-512
+    /// kernels run. The copy replaces the mapped rows, released part by part as packed:
+    /// one copy stays resident.
     fn pack(&self) -> Option<&TernaryPack> {
         self.pack
             .get_or_init(|| {
                 let data = self.file.tensor_data(&self.info);
                 let (k, m) = (self.in_features, self.out_features);
-                let pack = TernaryPack::new(simd::Vnni::get()?, self.ty, data, k, m)?;
-                // The repacked copy replaces the mapped rows: keep one copy resident.
-                self.file.release(&self.info);
-                Some(pack)
+                let release = |part| self.file.release_part(&self.info, part);
+                TernaryPack::new(simd::Vnni::get()?, self.ty, data, (k, m), &release)
             })
             .as_ref()
     }

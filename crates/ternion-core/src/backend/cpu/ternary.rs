@@ -9,6 +9,8 @@
 //! single token of a decode step, and the kernels store each token's 16 columns straight
 //! into the output.
 
+use std::ops::Range;
+
 use half::f16;
 
 use super::huge::HugeBuf;
@@ -36,13 +38,24 @@ pub struct TernaryPack {
     m: usize,
 }
 
+/// Bytes of rows packed between two calls of `release` ([`TernaryPack::new`]).
+const SLAB_BYTES: usize = 16 << 20;
+
 /// The codes (and block scales) of one row, in element order.
 type RowCodes = fn(&[u8], &mut [u8], &mut [f32]);
 
 impl TernaryPack {
     /// `data` (the tensor's rows, `m` of `k` elements, stored as `ty`) repacked, when `ty`
-    /// is a ternary format whose width the layout takes; None otherwise.
-    pub fn new(vnni: Vnni, ty: GgmlType, data: &[u8], k: usize, m: usize) -> Option<TernaryPack> {
+    /// is a format the layout takes at this width; None otherwise. `release` is told each
+    /// byte range of `data` once it has been packed (a mapped file drops those pages), so
+    /// that the rows and their copy are never both resident whole.
+    pub fn new(
+        vnni: Vnni,
+        ty: GgmlType,
+        data: &[u8],
+        (k, m): (usize, usize),
+        release: &dyn Fn(Range<usize>),
+    ) -> Option<TernaryPack> {
         let (codes, scale_block): (RowCodes, usize) = match ty {
             GgmlType::I2_S => (|row, c, _| quant::i2s::codes_row(row, c), 0),
             GgmlType::TQ2_0 => (quant::tq2_0::codes_row, quant::tq2_0::BLOCK_ELEMS),
@@ -78,29 +91,38 @@ impl TernaryPack {
         let mut chunks = HugeBuf::filled(groups * n_chunks, Chunk([fill; 64]));
         let mut scales = HugeBuf::filled(groups * nb * GROUP_ROWS, f16::ZERO);
         let scales_ptr = SharedMut(scales.as_mut_ptr());
-        pool::global().for_each_chunk_mut(&mut chunks, n_chunks, |g, group, _| {
-            let scales_ptr = &scales_ptr;
-            let (mut row_codes, mut row_scales) = (vec![0u8; k], vec![0f32; nb]);
-            for r in 0..GROUP_ROWS.min(m - g * GROUP_ROWS) {
-                let j = g * GROUP_ROWS + r;
-                codes(
-                    &data[j * row_bytes..(j + 1) * row_bytes],
-                    &mut row_codes,
-                    &mut row_scales,
-                );
-                match layout {
-                    Codes::TwoBit => pack_row(group, r, &row_codes),
-                    Codes::OneBit => pack_row_bits(group, r, &row_codes),
-                    Codes::Bytes => pack_row_bytes(group, r, &row_codes),
-                    Codes::Nibbles => pack_row_nibbles(group, r, &row_codes),
+        // Slabs of groups whose rows span about SLAB_BYTES, each released once packed.
+        let slab_groups = (SLAB_BYTES / (row_bytes * GROUP_ROWS)).max(1);
+        for (s, slab) in chunks.chunks_mut(slab_groups * n_chunks).enumerate() {
+            let g0 = s * slab_groups;
+            pool::global().for_each_chunk_mut(slab, n_chunks, |i, group, _| {
+                let (scales_ptr, g) = (&scales_ptr, g0 + i);
+                let (mut row_codes, mut row_scales) = (vec![0u8; k], vec![0f32; nb]);
+                for r in 0..GROUP_ROWS.min(m - g * GROUP_ROWS) {
+                    let j = g * GROUP_ROWS + r;
+                    codes(
+                        &data[j * row_bytes..(j + 1) * row_bytes],
+                        &mut row_codes,
+                        &mut row_scales,
+                    );
+                    match layout {
+                        Codes::TwoBit => pack_row(group, r, &row_codes),
+                        Codes::OneBit => pack_row_bits(group, r, &row_codes),
+                        Codes::Bytes => pack_row_bytes(group, r, &row_codes),
+                        Codes::Nibbles => pack_row_nibbles(group, r, &row_codes),
+                    }
+                    for (b, &s) in row_scales.iter().enumerate() {
+                        // SAFETY: index (g·nb + b)·16 + r < groups·nb·16 = scales.len(),
+                        // and group g is packed by one task only: no two writes alias.
+                        unsafe {
+                            *scales_ptr.0.add((g * nb + b) * GROUP_ROWS + r) = f16::from_f32(s)
+                        };
+                    }
                 }
-                for (b, &s) in row_scales.iter().enumerate() {
-                    // SAFETY: index (g·nb + b)·16 + r < groups·nb·16 = scales.len(), and
-                    // group g is packed by one task only: no two writes alias.
-                    unsafe { *scales_ptr.0.add((g * nb + b) * GROUP_ROWS + r) = f16::from_f32(s) };
-                }
-            }
-        });
+            });
+            let rows = (g0 * GROUP_ROWS).min(m)..((g0 + slab.len() / n_chunks) * GROUP_ROWS).min(m);
+            release(rows.start * row_bytes..rows.end * row_bytes);
+        }
         Some(TernaryPack {
             vnni,
             chunks,

@@ -86,7 +86,7 @@ fn i2s_products_equal_the_reference() {
     let mut rng = StdRng::seed_from_u64(16);
     for (k, m) in [(128, 16), (384, 37), (2560, 21)] {
         let data = random_tensor(&mut rng, GgmlType::I2_S, k, m);
-        let pack = TernaryPack::new(v, GgmlType::I2_S, &data, k, m).expect("I2_S packs");
+        let pack = TernaryPack::new(v, GgmlType::I2_S, &data, (k, m), &|_| {}).expect("I2_S packs");
         for rows in [1, 3, 16, 21, 40] {
             let (q, scale, sum) = per_token(&random_x(&mut rng, rows * k), k);
             let post = 0.73f32;
@@ -116,7 +116,7 @@ fn fused_products_equal_the_single_ones() {
     let datas = ms.map(|m| random_tensor(&mut rng, GgmlType::I2_S, k, m));
     let mut packs = Vec::new();
     for (data, m) in datas.iter().zip(ms) {
-        packs.push(TernaryPack::new(v, GgmlType::I2_S, data, k, m).expect("I2_S packs"));
+        packs.push(TernaryPack::new(v, GgmlType::I2_S, data, (k, m), &|_| {}).expect("I2_S packs"));
     }
     for rows in [1, 5, 17] {
         let (q, scale, sum) = per_token(&random_x(&mut rng, rows * k), k);
@@ -170,7 +170,7 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
     for (k, m) in [(256, 16), (768, 21), (2560, 35)] {
         let data = random_tensor(&mut rng, ty, k, m);
         let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
-        let pack = TernaryPack::new(v, ty, &data, k, m).expect("ternary packs");
+        let pack = TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("ternary packs");
         let nb = k / 256;
         for rows in [1, 2, 7, 8, 19] {
             let x = random_x(&mut rng, rows * k);
@@ -237,7 +237,8 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
                 t
             }
         };
-        let pack = TernaryPack::new(v, ty, &data, k, m).expect("1- and 2-bit formats pack");
+        let pack =
+            TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("1- and 2-bit formats pack");
         let ns = k / 32;
         for rows in [1, 2, 3, 7, 8, 9, 19, 30] {
             let x = random_x(&mut rng, rows * k);
@@ -292,11 +293,11 @@ fn q4_0_products_equal_the_reference() {
 #[test]
 fn other_formats_and_widths_are_not_packed() {
     let Some(v) = vnni() else { return };
-    assert!(TernaryPack::new(v, GgmlType::Q4_1, &[0; 20], 32, 1).is_none());
+    assert!(TernaryPack::new(v, GgmlType::Q4_1, &[0; 20], (32, 1), &|_| {}).is_none());
     // TQ2_0 rows must be whole 256-element blocks.
-    assert!(TernaryPack::new(v, GgmlType::TQ2_0, &[0; 66], 128, 1).is_none());
+    assert!(TernaryPack::new(v, GgmlType::TQ2_0, &[0; 66], (128, 1), &|_| {}).is_none());
     // Q1_0 rows must be whole 128-element blocks.
-    assert!(TernaryPack::new(v, GgmlType::Q1_0, &[0; 18], 64, 1).is_none());
+    assert!(TernaryPack::new(v, GgmlType::Q1_0, &[0; 18], (64, 1), &|_| {}).is_none());
 }
 
 #[test]
@@ -306,7 +307,7 @@ fn packed_codes_sit_where_the_layout_says() {
     let mut rng = StdRng::seed_from_u64(18);
     let (k, m) = (256, 19);
     let data = random_tensor(&mut rng, GgmlType::I2_S, k, m);
-    let pack = TernaryPack::new(v, GgmlType::I2_S, &data, k, m).expect("I2_S packs");
+    let pack = TernaryPack::new(v, GgmlType::I2_S, &data, (k, m), &|_| {}).expect("I2_S packs");
     let mut codes = vec![0u8; k];
     for j in 0..32 {
         let (g, r) = (j / 16, j % 16);
@@ -334,7 +335,7 @@ fn q1_0_bits_sit_where_the_layout_says() {
     for (src, dst) in w.chunks_exact(k).zip(data.chunks_exact_mut(rb)) {
         quant::q1_0::quantize_row(src, dst);
     }
-    let pack = TernaryPack::new(v, GgmlType::Q1_0, &data, k, m).expect("Q1_0 packs");
+    let pack = TernaryPack::new(v, GgmlType::Q1_0, &data, (k, m), &|_| {}).expect("Q1_0 packs");
     let (mut codes, mut scales) = (vec![0u8; k], vec![0f32; k / 128]);
     for j in 0..m {
         let (g, r) = (j / 16, j % 16);
