@@ -246,7 +246,7 @@ impl Linear {
                 Some((p, PackForm::PerToken, self.tensor_scale * self.post_scale))
             }
             RefDot::Q8K(_) => Some((p, PackForm::Q8K, self.post_scale)),
-            RefDot::Q8_0(_) => Some((p, PackForm::Q8_0, self.post_scale)),
+            RefDot::Q8_0(_) => Some((p, PackForm::Q8_0(p.token_tile()), self.post_scale)),
             _ => None,
         }
     }
@@ -451,12 +451,12 @@ impl Linear {
     }
 }
 
-/// The activation form a repacked ternary matrix multiplies.
+/// The activation form a repacked matrix multiplies (Q8_0: with its token tile).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PackForm {
     PerToken,
     Q8K,
-    Q8_0,
+    Q8_0(usize),
 }
 
 /// `x` (rows of `k`) quantized into `qi` in `form`.
@@ -467,7 +467,7 @@ fn pack_input<'q>(form: PackForm, x: &[f32], k: usize, qi: &'q mut QuantInput) -
             PackInput::PerToken { q, scale, sum }
         }
         PackForm::Q8K => PackInput::Q8K(qi.q8k_tiles(x, k)),
-        PackForm::Q8_0 => PackInput::Q8_0(qi.q8_0_tiles(x, k)),
+        PackForm::Q8_0(tile) => PackInput::Q8_0(qi.q8_0_tiles(x, k, tile)),
     }
 }
 

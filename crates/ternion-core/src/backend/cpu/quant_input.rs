@@ -11,7 +11,7 @@ use crate::quant::act;
 /// allocate once warm.
 #[derive(Default)]
 pub struct QuantInput {
-    fresh: [bool; 10],
+    fresh: [bool; 11],
     pub(super) q: Vec<i8>,
     pub(super) token_scale: Vec<f32>,
     pub(super) token_sum: Vec<i32>,
@@ -19,10 +19,11 @@ pub struct QuantInput {
     pub(super) q8k_d: Vec<f32>,
     pub(super) q8k_bsum: Vec<i32>,
     /// `q`, `q8k` and `q80` laid out in token tiles for the AVX-512 prompt kernels
-    /// ([`simd::interleave_tokens`]; filled only for inputs of several rows).
+    /// ([`simd::interleave_tokens`]; filled only for inputs of several rows); `q80` in
+    /// tiles of 8 and of 16, as the weights read it.
     q_tiles: Vec<i8>,
     q8k_tiles: Vec<i8>,
-    q80_tiles: Vec<i8>,
+    q80_tiles: [Vec<i8>; 2],
     pub(super) x16: Vec<f32>,
     pub(super) xbf: Vec<f32>,
     pub(super) q80: Vec<i8>,
@@ -42,7 +43,7 @@ pub struct QuantInput {
 impl QuantInput {
     /// Forgets the cached forms: call whenever the input changes.
     pub fn reset(&mut self) {
-        self.fresh = [false; 10];
+        self.fresh = [false; 11];
     }
 
     /// Sets, row by row, which input rows are rounded to F16 before F16 products (rows
@@ -169,16 +170,17 @@ impl QuantInput {
         }
     }
 
-    /// The Q8_0 rows with their values in the token tiles of the AVX-512 prompt kernels
-    /// (the row itself for a single row; no plane order).
-    pub(super) fn q8_0_tiles(&mut self, x: &[f32], k: usize) -> simd::Q80Rows<'_> {
+    /// The Q8_0 rows with their values in the AVX-512 prompt kernels' token tiles of at
+    /// most `tile` (8 or 16; the row itself for a single row; no plane order).
+    pub(super) fn q8_0_tiles(&mut self, x: &[f32], k: usize, tile: usize) -> simd::Q80Rows<'_> {
         self.ensure_q8_0_rows(x, k);
+        let i = usize::from(tile > simd::SUB_TILE);
         simd::Q80Rows {
             q: tiles(
                 &self.q80,
-                (k, simd::SUB_TILE),
-                &mut self.q80_tiles,
-                &mut self.fresh[9],
+                (k, tile),
+                &mut self.q80_tiles[i],
+                &mut self.fresh[9 + i],
             ),
             planes: &[],
             d: &self.q80_d,

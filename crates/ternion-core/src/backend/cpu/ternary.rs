@@ -15,7 +15,9 @@ use half::f16;
 
 use super::huge::HugeBuf;
 use super::pool::{self, SharedMut};
-use super::simd::{Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
+use super::simd::{
+    Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SUB_TILE, TOKEN_TILE,
+};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
@@ -135,6 +137,17 @@ impl TernaryPack {
         })
     }
 
+    /// The token tile of the Q8_0 activations this matrix reads
+    /// ([`Vnni::block32_dots`]: Q4_0 16, its nibbles unpacked once for more tokens; the
+    /// others 8).
+    pub fn token_tile(&self) -> usize {
+        if self.layout == Codes::Nibbles {
+            TOKEN_TILE
+        } else {
+            SUB_TILE
+        }
+    }
+
     /// Bytes read by one product (codes and scales).
     pub fn bytes(&self) -> u64 {
         (std::mem::size_of_val(&*self.chunks) + 2 * self.scales.len()) as u64
@@ -237,8 +250,8 @@ pub enum PackInput<'a> {
     },
     /// TQ2_0 / TQ1_0: Q8_K rows, values in token tiles of [`super::simd::TOKEN_TILE`].
     Q8K(Q8kRows<'a>),
-    /// Q2_0 / Q1_0: Q8_0 rows, values in token tiles of [`super::simd::SUB_TILE`]
-    /// (`planes` unused).
+    /// Q2_0 / Q1_0 / Q8_0 / Q4_0: Q8_0 rows, values in token tiles of the matrix's
+    /// [`TernaryPack::token_tile`] (`planes` unused).
     Q8_0(Q80Rows<'a>),
 }
 

@@ -240,7 +240,7 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
         let pack =
             TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("1- and 2-bit formats pack");
         let ns = k / 32;
-        for rows in [1, 2, 3, 7, 8, 9, 19, 30] {
+        for rows in [1, 2, 3, 7, 8, 9, 19, 30, 40] {
             let x = random_x(&mut rng, rows * k);
             let (mut q, mut d) = (vec![0i8; rows * k], vec![0f32; rows * ns]);
             act::quantize_q8_0(&x, &mut q, &mut d);
@@ -250,7 +250,7 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
             let x = Q80Rows {
-                q: &tiled(&q, k, simd::SUB_TILE),
+                q: &tiled(&q, k, pack.token_tile()),
                 planes: &[],
                 d: &d,
                 sum: &sum,
