@@ -1,10 +1,13 @@
-//! The AVX-512 VNNI ternary kernels behind a capability token: a [`Vnni`] exists only where
-//! [`Level::detect`] chose [`Level::Avx512`], so its methods are safe to call.
+//! The AVX-512 VNNI kernels of the repacked ternary, Q8_0 and Q4_0 weights behind a
+//! capability token: a [`Vnni`] exists only where [`Level::detect`] chose
+//! [`Level::Avx512`], so its methods are safe to call.
 //!
-//! They read ternary weights in the 16-row interleaved layout of docs/FORMATS.md ("CPU
-//! ternary layout"): a group of [`GROUP_ROWS`] rows is a run of [`Chunk`]s; chunk c holds
-//! elements 16c..16c+16 of the 16 rows, and its byte 4r + i holds the codes (t + 1, 0..=3)
-//! of row r at elements 16c + 4s + i in bits 2s..2s+1 (s = 0..3).
+//! They read weights in the 16-row interleaved layout of docs/FORMATS.md ("CPU ternary
+//! layout"): a group of [`GROUP_ROWS`] rows is a run of [`Chunk`]s; for the 2-bit codes,
+//! chunk c holds elements 16c..16c+16 of the 16 rows, and its byte 4r + i holds the codes
+//! (t + 1, 0..=3) of row r at elements 16c + 4s + i in bits 2s..2s+1 (s = 0..3); the other
+//! layouts are [`Codes`]. The prompt's activations come in token tiles
+//! ([`interleave_tokens`]).
 
 use half::f16;
 
