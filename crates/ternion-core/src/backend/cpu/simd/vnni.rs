@@ -199,7 +199,7 @@ fn token_tiles(n: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Token rows of int8 activations (`n` rows of `k`, row-major) laid out as the prompt
-/// kernels read them: each tile of `tn` tokens from [`token_tiles`] (runs of `cap`) keeps
+/// kernels read them: each tile of `tn` tokens from `token_tiles` (runs of `cap`) keeps
 /// its place (`first · k` bytes in) and holds, for every 16 elements u of the row in
 /// order, the 16 bytes of each of its tokens in turn (byte `(u·tn + t)·16 + j` = token
 /// first + t, element 16u + j). A tile of one token is its row unchanged. Every broadcast
