@@ -86,6 +86,32 @@ pub(crate) fn check_row(
     );
 }
 
+/// The codes `code(block, j)` of every block of `src` (`block_bytes`-byte blocks of
+/// `block_elems` elements, F16 scale first) in element order, and the block scales: the
+/// `codes_row` of the formats the CPU repacks (Q1_0, Q2_0, Q4_0, Q8_0).
+///
+/// # Panics
+/// If `scales` does not hold one value per block of `codes`.
+pub(crate) fn block_codes(
+    src: &[u8],
+    (block_bytes, block_elems): (usize, usize),
+    code: impl Fn(&[u8], usize) -> u8,
+    codes: &mut [u8],
+    scales: &mut [f32],
+) {
+    assert_eq!(scales.len(), codes.len() / block_elems, "block scale count");
+    for ((block, out), s) in src
+        .chunks_exact(block_bytes)
+        .zip(codes.chunks_exact_mut(block_elems))
+        .zip(scales.iter_mut())
+    {
+        *s = super::float::f16_at(block, 0);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = code(block, j);
+        }
+    }
+}
+
 /// Implements [`BlockFormat`] for the unit type `$name` of a format module, from the
 /// module's `BLOCK_ELEMS`, `BLOCK_BYTES` and `dequantize_row`.
 macro_rules! block_format {

@@ -48,7 +48,7 @@ pub fn dequantize_row(src: &[u8], dst: &mut [f32]) {
 pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
     check(src.len(), codes.len());
     let code = |block: &[u8], j| 2 * u8::from(bit(block, j));
-    super::q2_0::block_codes(src, BLOCK_ELEMS, code, codes, scales);
+    super::format::block_codes(src, (BLOCK_BYTES, BLOCK_ELEMS), code, codes, scales);
 }
 
 /// ggml's reference quantizer (`quantize_row_q1_0_ref`): d = Σ|x| / 128 (summed in

@@ -5,7 +5,7 @@
 
 use super::act::Q8_0_BLOCK;
 use super::float::f16_at;
-use super::format::{block_format, RefDot};
+use super::format::{block_codes, block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -35,30 +35,7 @@ fn value(block: &[u8], j: usize) -> i32 {
 /// `scales` does not hold one value per block.
 pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
     check(src.len(), codes.len());
-    block_codes(src, BLOCK_ELEMS, code, codes, scales);
-}
-
-/// The codes `code(block, j)` of every block of `src` (18-byte blocks of `block_elems`
-/// elements, F16 scale first) in element order, and the block scales: the `codes_row` of
-/// Q1_0 and Q2_0.
-pub(super) fn block_codes(
-    src: &[u8],
-    block_elems: usize,
-    code: impl Fn(&[u8], usize) -> u8,
-    codes: &mut [u8],
-    scales: &mut [f32],
-) {
-    assert_eq!(scales.len(), codes.len() / block_elems, "block scale count");
-    for ((block, out), s) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(codes.chunks_exact_mut(block_elems))
-        .zip(scales.iter_mut())
-    {
-        *s = f16_at(block, 0);
-        for (j, o) in out.iter_mut().enumerate() {
-            *o = code(block, j);
-        }
-    }
+    block_codes(src, (BLOCK_BYTES, BLOCK_ELEMS), code, codes, scales);
 }
 
 /// Dequantizes a row of whole blocks: element = (code − 1)·d.

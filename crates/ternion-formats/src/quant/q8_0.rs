@@ -3,7 +3,7 @@
 //! Sources: docs/FORMATS.md.
 
 use super::float::{f16_at, f16_bytes};
-use super::format::{block_format, RefDot};
+use super::format::{block_codes, block_format, RefDot};
 use super::GgmlType;
 
 /// Elements per block.
@@ -61,21 +61,8 @@ pub fn quantize_row(src: &[f32], dst: &mut [u8]) {
 /// `scales` does not hold one value per block.
 pub fn codes_row(src: &[u8], codes: &mut [u8], scales: &mut [f32]) {
     check(src.len(), codes.len());
-    assert_eq!(
-        scales.len(),
-        codes.len() / BLOCK_ELEMS,
-        "Q8_0: block scale count"
-    );
-    for ((block, out), s) in src
-        .chunks_exact(BLOCK_BYTES)
-        .zip(codes.chunks_exact_mut(BLOCK_ELEMS))
-        .zip(scales.iter_mut())
-    {
-        *s = f16_at(block, 0);
-        for (c, &b) in out.iter_mut().zip(&block[2..]) {
-            *c = b ^ 0x80;
-        }
-    }
+    let code = |block: &[u8], j: usize| block[2 + j] ^ 0x80;
+    block_codes(src, (BLOCK_BYTES, BLOCK_ELEMS), code, codes, scales);
 }
 
 /// Dot product against Q8_0 activations (`q` int8, `d` one F16-rounded scale per 32, as

@@ -15,9 +15,7 @@ use half::f16;
 
 use super::huge::HugeBuf;
 use super::pool::{self, SharedMut};
-use super::simd::{
-    Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS, SUB_TILE, TOKEN_TILE,
-};
+use super::simd::{Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
@@ -137,15 +135,9 @@ impl TernaryPack {
         })
     }
 
-    /// The token tile of the Q8_0 activations this matrix reads
-    /// ([`Vnni::block32_dots`]: Q4_0 16, its nibbles unpacked once for more tokens; the
-    /// others 8).
+    /// The token tile of the Q8_0 activations this matrix reads ([`Codes::token_tile`]).
     pub fn token_tile(&self) -> usize {
-        if self.layout == Codes::Nibbles {
-            TOKEN_TILE
-        } else {
-            SUB_TILE
-        }
+        self.layout.token_tile()
     }
 
     /// Bytes read by one product (codes and scales).
@@ -223,13 +215,8 @@ impl TernaryPack {
             PackInput::Q8_0(x) => {
                 let per_group = k / self.scale_block() * GROUP_ROWS;
                 let scales = &self.scales[g * per_group..(g + 1) * per_group];
-                if matches!(self.layout, Codes::Bytes | Codes::Nibbles) {
-                    self.vnni
-                        .block32_dots(self.layout, codes, scales, x, post, o);
-                } else {
-                    let shape = (self.layout, self.scale_block());
-                    self.vnni.sub_block_dots(codes, shape, scales, x, post, o);
-                }
+                let shape = (self.layout, self.scale_block());
+                self.vnni.q8_0_dots(codes, shape, scales, x, post, o);
             }
         }
     }

@@ -2,7 +2,7 @@
 //! ternary layout of [`super::vnni`] (Q2_0: 2-bit codes 0..=3, value = code − 1; Q1_0:
 //! one bit per weight, expanded to codes 0 / 2 by a masked byte move), against Q8_0
 //! activations. Callers guarantee the features and the lengths (see
-//! [`super::vnni::Vnni::sub_block_dots`]).
+//! [`super::vnni::Vnni::q8_0_dots`]).
 //!
 //! A 32-element sub-block (one Q8_0 activation block) is two 2-bit chunks or one 1-bit
 //! chunk; its exact integer sums (one lane per weight row) become floats in the

@@ -3,7 +3,7 @@
 //! 128 as an unsigned byte, chunk c holding elements 4c..4c + 4 of the group's 16 rows;
 //! [`super::vnni::Codes::Nibbles`]: each Q4_0 weight's nibble, chunk c holding elements
 //! 8c..8c + 8), against Q8_0 activations. Callers guarantee the features and the lengths
-//! (see [`super::vnni::Vnni::block32_dots`]).
+//! (see [`super::vnni::Vnni::q8_0_dots`]).
 //!
 //! A byte chunk is itself the unsigned operand of `vpdpbusd`; a nibble chunk gives two
 //! (its low and high nibbles). Four such operands cover one 16-element unit of the

@@ -66,6 +66,16 @@ impl Codes {
             Codes::Nibbles => 8,
         }
     }
+
+    /// Largest token tile of [`Vnni::q8_0_dots`] with these codes, and so the tiling of the
+    /// Q8_0 activations it reads: [`SUB_TILE`], but [`TOKEN_TILE`] for nibbles (unpacked
+    /// once for more tokens: 10 % faster than 8).
+    pub const fn token_tile(self) -> usize {
+        match self {
+            Codes::Nibbles => TOKEN_TILE,
+            _ => SUB_TILE,
+        }
+    }
 }
 
 /// Token rows of Q8_0 activations for the Q1_0 / Q2_0 products: `q` (rows of the
@@ -165,10 +175,8 @@ enum Features {}
 /// unindexed).
 pub const TOKEN_TILE: usize = 16;
 
-/// Largest token tile of [`Vnni::sub_block_dots`] (three accumulators per token: integer,
-/// block and row sums, all in registers) and of the Q8_0 [`Vnni::block32_dots`] (16
-/// measured 2–4 % slower there; Q4_0's, which unpacks nibbles, takes [`TOKEN_TILE`]:
-/// 10 % faster than 8).
+/// Largest token tile of [`Vnni::q8_0_dots`] (1- and 2-bit codes: three accumulators per
+/// token, integer, block and row sums, all in registers; bytes: 16 measured 2–4 % slower).
 pub const SUB_TILE: usize = 8;
 
 /// The largest power of two ≤ `n`, capped at `cap`.
@@ -183,7 +191,7 @@ fn tile(n: usize, cap: usize) -> usize {
 /// The token tiles `(first, len)` that the prompt kernels take `n` tokens in, as
 /// [`interleave_tokens`] lays them out: runs of `cap` ([`TOKEN_TILE`] for
 /// [`Vnni::per_token_dots`] and [`Vnni::block_dots`], [`SUB_TILE`] for
-/// [`Vnni::sub_block_dots`]) from token 0, each split into tiles of the largest power of
+/// [`Vnni::q8_0_dots`]) from token 0, each split into tiles of the largest power of
 /// two left.
 fn token_tiles(n: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut t0 = 0;
@@ -334,20 +342,24 @@ impl Vnni {
         }
     }
 
-    /// `out[t][r] = (Σ_b scales[b][r] · (Σ_{k∈b} d[t][k] · f32(Σ_{e∈k} code(r, e)·q_t[e] −
-    /// sum[t][k]))) · post` over the weight blocks b of `block_elems` elements in order and
-    /// their 32-element sub-blocks k in order (each inner sum from 0): the Q1_0 / Q2_0 dot
-    /// against the Q8_0 activations `x` (one token per row of `out`, `x.q` laid out by
-    /// [`interleave_tokens`] in runs of [`SUB_TILE`]; `shape`: how the
-    /// chunks hold the codes and `block_elems`; `scales`: the group's weight scales,
-    /// block-major, 16 per block).
+    /// The dots of the group's rows against the Q8_0 activations `x` (one token per row of
+    /// `out`, `x.q` laid out by [`interleave_tokens`] in runs of the codes'
+    /// [`Codes::token_tile`]; `shape`: how the chunks hold the codes and the weight blocks'
+    /// elements; `scales`: the group's weight scales, block-major, 16 per block), each
+    /// integer sum exact, in the reference dots' float orders:
+    /// - Q1_0 / Q2_0 (1- and 2-bit codes): `out[t][r] = (Σ_b scales[b][r] · (Σ_{k∈b} d[t][k]
+    ///   · f32(Σ_{e∈k} code(r, e)·q_t[e] − sum[t][k]))) · post` over the weight blocks b in
+    ///   order and their 32-element sub-blocks k in order (each inner sum from 0);
+    /// - Q8_0 (bytes) `y += f32(Σ w·q) · (scale · d)`, Q4_0 (nibbles)
+    ///   `y += (f32(Σ w·q) · scale) · d` over the 32-element blocks in order (w: the weight
+    ///   values), as ggml's generic `vec_dot_q8_0_q8_0` / `vec_dot_q4_0_q8_0`;
+    ///   `out[t][r] = y · post`.
     ///
     /// # Panics
-    /// If the codes are bytes or nibbles ([`Vnni::block32_dots`] takes those), `block_elems` is
-    /// not a multiple of 32 or the lengths do not agree with the group's width and
-    /// `out.rows()` tokens.
+    /// If the weight blocks are not whole 32-element sub-blocks of the group's width (32
+    /// for bytes and nibbles) or the lengths do not agree with it and `out.rows()` tokens.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    pub fn sub_block_dots(
+    pub fn q8_0_dots(
         self,
         group: &[Chunk],
         shape: (Codes, usize),
@@ -358,24 +370,20 @@ impl Vnni {
     ) {
         let Q80Rows { q, d, sum, .. } = x;
         let (codes, block_elems) = shape;
-        assert!(
-            matches!(codes, Codes::TwoBit | Codes::OneBit),
-            "sub_block_dots: 1- or 2-bit codes"
-        );
         let k = group.len() * codes.chunk_elems();
+        let whole = matches!(codes, Codes::TwoBit | Codes::OneBit) || block_elems == 32;
         assert!(
-            block_elems > 0 && block_elems.is_multiple_of(32) && k.is_multiple_of(block_elems),
-            "sub_block_dots: width of whole blocks"
+            whole
+                && block_elems > 0
+                && block_elems.is_multiple_of(32)
+                && k.is_multiple_of(block_elems),
+            "q8_0_dots: width of whole blocks"
         );
         let (nb, ns, n) = (k / block_elems, k / 32, out.rows());
-        assert_eq!(
-            scales.len(),
-            nb * GROUP_ROWS,
-            "sub_block_dots: weight scales"
-        );
-        assert_eq!(q.len(), n * k, "sub_block_dots: activations length");
-        assert_eq!(d.len(), n * ns, "sub_block_dots: activation scales");
-        assert_eq!(sum.len(), n * ns, "sub_block_dots: block sums");
+        assert_eq!(scales.len(), nb * GROUP_ROWS, "q8_0_dots: weight scales");
+        assert_eq!(q.len(), n * k, "q8_0_dots: activations length");
+        assert_eq!(d.len(), n * ns, "q8_0_dots: activation scales");
+        assert_eq!(sum.len(), n * ns, "q8_0_dots: block sums");
         #[cfg(not(target_arch = "x86_64"))]
         match self.0 {}
         #[cfg(target_arch = "x86_64")]
@@ -386,7 +394,7 @@ impl Vnni {
                 n_blocks: nb,
                 subs: block_elems / 32,
             };
-            for (t0, tn) in token_tiles(n, SUB_TILE) {
+            for (t0, tn) in token_tiles(n, codes.token_tile()) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, st) = (d[t0 * ns..].as_ptr(), sum[t0 * ns..].as_ptr());
                 let o = out.dst(t0);
@@ -394,80 +402,27 @@ impl Vnni {
                 // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
                 unsafe {
                     use avx512_bits::sub_block_dots as f;
+                    use avx512_q8::block32_dots as g;
+                    use Codes::{Bytes, Nibbles, OneBit, TwoBit};
+                    let (ws, nb) = (w.scales, w.n_blocks);
                     match (tn, codes) {
-                        (8, Codes::TwoBit) => f::<8, 2>(w, qt, dt, st, post, o),
-                        (4, Codes::TwoBit) => f::<4, 2>(w, qt, dt, st, post, o),
-                        (2, Codes::TwoBit) => f::<2, 2>(w, qt, dt, st, post, o),
-                        (_, Codes::TwoBit) => f::<1, 2>(w, qt, dt, st, post, o),
-                        (8, Codes::OneBit) => f::<8, 1>(w, qt, dt, st, post, o),
-                        (4, Codes::OneBit) => f::<4, 1>(w, qt, dt, st, post, o),
-                        (2, Codes::OneBit) => f::<2, 1>(w, qt, dt, st, post, o),
-                        (_, Codes::OneBit) => f::<1, 1>(w, qt, dt, st, post, o),
-                        (_, Codes::Bytes | Codes::Nibbles) => unreachable!("asserted above"),
-                    }
-                }
-            }
-        }
-    }
-
-    /// The Q8_0 ([`Codes::Bytes`]) and Q4_0 ([`Codes::Nibbles`]) dots of the group's rows
-    /// against the Q8_0 activations `x` (one token per row of `out`, `x.q` laid out by
-    /// [`interleave_tokens`] in runs of [`SUB_TILE`] for Q8_0, [`TOKEN_TILE`] for Q4_0;
-    /// `scales`: the group's weight scales,
-    /// block-major, 16 per block), over the 32-element blocks b in order, each integer sum
-    /// exact (w: the weight values): Q8_0 `y += f32(Σ w·q) · (scale · d)`, Q4_0
-    /// `y += (f32(Σ w·q) · scale) · d`, the orders of ggml's generic `vec_dot_q8_0_q8_0` and
-    /// `vec_dot_q4_0_q8_0`; `out[t][r] = y · post`.
-    ///
-    /// # Panics
-    /// If the codes are neither, or the lengths do not agree with the group's width and
-    /// `out.rows()` tokens.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    pub fn block32_dots(
-        self,
-        codes: Codes,
-        group: &[Chunk],
-        scales: &[f16],
-        x: Q80Rows<'_>,
-        post: f32,
-        out: OutCols<'_>,
-    ) {
-        let Q80Rows { q, d, sum, .. } = x;
-        assert!(
-            matches!(codes, Codes::Bytes | Codes::Nibbles),
-            "block32_dots: Q8_0 or Q4_0 codes"
-        );
-        let k = group.len() * codes.chunk_elems();
-        let (nb, n) = (k / 32, out.rows());
-        assert_eq!(k, nb * 32, "block32_dots: width of whole blocks");
-        assert_eq!(scales.len(), nb * GROUP_ROWS, "block32_dots: weight scales");
-        assert_eq!(q.len(), n * k, "block32_dots: activations length");
-        assert_eq!(d.len(), n * nb, "block32_dots: activation scales");
-        assert_eq!(sum.len(), n * nb, "block32_dots: block sums");
-        #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
-        #[cfg(target_arch = "x86_64")]
-        {
-            let (w, s) = (group.as_ptr(), scales.as_ptr());
-            let q4 = codes == Codes::Nibbles;
-            for (t0, tn) in token_tiles(n, if q4 { TOKEN_TILE } else { SUB_TILE }) {
-                let qt = q[t0 * k..].as_ptr();
-                let (dt, st) = (d[t0 * nb..].as_ptr(), sum[t0 * nb..].as_ptr());
-                let o = out.dst(t0);
-                // SAFETY: the token proves the features; every length was asserted above
-                // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
-                unsafe {
-                    use avx512_q8::block32_dots as f;
-                    match (tn, q4) {
-                        (8, false) => f::<8, false>(w, s, nb, qt, dt, st, post, o),
-                        (4, false) => f::<4, false>(w, s, nb, qt, dt, st, post, o),
-                        (2, false) => f::<2, false>(w, s, nb, qt, dt, st, post, o),
-                        (_, false) => f::<1, false>(w, s, nb, qt, dt, st, post, o),
-                        (16, true) => f::<16, true>(w, s, nb, qt, dt, st, post, o),
-                        (8, true) => f::<8, true>(w, s, nb, qt, dt, st, post, o),
-                        (4, true) => f::<4, true>(w, s, nb, qt, dt, st, post, o),
-                        (2, true) => f::<2, true>(w, s, nb, qt, dt, st, post, o),
-                        (_, true) => f::<1, true>(w, s, nb, qt, dt, st, post, o),
+                        (8, TwoBit) => f::<8, 2>(w, qt, dt, st, post, o),
+                        (4, TwoBit) => f::<4, 2>(w, qt, dt, st, post, o),
+                        (2, TwoBit) => f::<2, 2>(w, qt, dt, st, post, o),
+                        (_, TwoBit) => f::<1, 2>(w, qt, dt, st, post, o),
+                        (8, OneBit) => f::<8, 1>(w, qt, dt, st, post, o),
+                        (4, OneBit) => f::<4, 1>(w, qt, dt, st, post, o),
+                        (2, OneBit) => f::<2, 1>(w, qt, dt, st, post, o),
+                        (_, OneBit) => f::<1, 1>(w, qt, dt, st, post, o),
+                        (8, Bytes) => g::<8, false>(w.w, ws, nb, qt, dt, st, post, o),
+                        (4, Bytes) => g::<4, false>(w.w, ws, nb, qt, dt, st, post, o),
+                        (2, Bytes) => g::<2, false>(w.w, ws, nb, qt, dt, st, post, o),
+                        (_, Bytes) => g::<1, false>(w.w, ws, nb, qt, dt, st, post, o),
+                        (16, Nibbles) => g::<16, true>(w.w, ws, nb, qt, dt, st, post, o),
+                        (8, Nibbles) => g::<8, true>(w.w, ws, nb, qt, dt, st, post, o),
+                        (4, Nibbles) => g::<4, true>(w.w, ws, nb, qt, dt, st, post, o),
+                        (2, Nibbles) => g::<2, true>(w.w, ws, nb, qt, dt, st, post, o),
+                        (_, Nibbles) => g::<1, true>(w.w, ws, nb, qt, dt, st, post, o),
                     }
                 }
             }
