@@ -14,7 +14,8 @@
 # model written (default /tmp/ternion-dawn). --out: where results.jsonl and table.txt go
 # (default: --work). --synthetic: the model as `ternion bench --synthetic` names
 # it (default 2b-4t-i2_s). --ternion: a native binary instead of the bundle's.
-# --dawn FLAG is passed to Dawn's create() (default backend=vulkan; e.g.
+# --dawn FLAG is passed to Dawn's create() (default backend=vulkan and
+# enable-dawn-features=allow_unsafe_apis, which Dawn's subgroup matrices need; e.g.
 # enable-dawn-features=disable_robustness to see what bounds checks cost). The Vulkan
 # loader (libvulkan.so.1) must be installed; VK_DRIVER_FILES is pointed at the NVIDIA
 # driver's ICD file when no ICD is registered. --cpu (no GPU): the tiny model on the CPU
@@ -40,7 +41,7 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[ ${#dawn_flags[@]} -gt 0 ] || dawn_flags=(backend=vulkan)
+[ ${#dawn_flags[@]} -gt 0 ] || dawn_flags=(backend=vulkan enable-dawn-features=allow_unsafe_apis)
 if [ "$cpu" = 1 ]; then
   model_name="${model_name:-tiny-i2_s}"; n_prompt="${n_prompt:-32}"; n_gen="${n_gen:-8}"
 else

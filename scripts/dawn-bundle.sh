@@ -46,7 +46,8 @@ cp "$webgpu/index.js" "$webgpu/package.json" "$webgpu/LICENSE.md" "$out/webgpu/"
 xz -T2 -6 -c "$webgpu/dist/linux-x64/dawn.node" >"$out/dawn.node.xz"
 xz -T2 -6 -c "$node_bin" >"$out/node.xz"
 xz -T2 -6 -c "$target/release/ternion" >"$out/ternion.xz"
-libstdcxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ { print $NF; exit }')
+# (awk reads to the end: an early exit would stop ldconfig with SIGPIPE, which pipefail reports)
+libstdcxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ && !p { p = $NF } END { print p }')
 xz -T2 -6 -c "$(readlink -f "$libstdcxx")" >"$out/libstdc++.so.6.xz"
 tar -C crates/ternion-web -cJf "$out/pkg.tar.xz" pkg
 {

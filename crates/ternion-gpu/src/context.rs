@@ -20,7 +20,11 @@ pub struct GpuOptions {
     /// Do not enable SUBGROUP even when the adapter has it.
     pub disable_subgroups: bool,
     /// The kernel for the ternary linears of prompt batches; `None` picks the best the
-    /// adapter runs ([`PrefillKernel::Coop`], else [`PrefillKernel::Tiled`]).
+    /// adapter runs ([`PrefillKernel::Coop`], in a browser [`PrefillKernel::SubgroupMatrix`],
+    /// else [`PrefillKernel::Tiled`]). `Some(SubgroupMatrix)` uses subgroup matrices wherever
+    /// the browser offers the feature, whatever its configurations and subgroup sizes: to
+    /// compile the kernel on Dawn's null backend; its results are right only where `None`
+    /// would pick it.
     pub prefill: Option<PrefillKernel>,
 }
 
@@ -34,7 +38,14 @@ pub enum PrefillKernel {
     /// `ternary_coop.wgsl`: 128 rows × 64 tokens per workgroup (× 128 tokens for steps of
     /// more than 64) on 16×16×16 f16 cooperative matrices (tensor cores).
     Coop,
+    /// `ternary_sgmat.wgsl`: 128 rows × 64 tokens per workgroup on a browser's 16×16×32 int8
+    /// subgroup matrices (WebGPU `chromium-experimental-subgroup-matrix`; browser builds
+    /// only, see `web.rs`).
+    SubgroupMatrix,
 }
+
+/// Workgroup memory `ternary_sgmat.wgsl` declares, in bytes.
+pub(crate) const SGMAT_WORKGROUP_BYTES: u32 = (5120 + 5120) * 4;
 
 /// Workgroup memory `ternary_coop.wgsl` declares, in bytes.
 pub(crate) const COOP_WORKGROUP_BYTES: u32 = (2560 + 2560) * 8 + 2048 * 4;
@@ -223,17 +234,29 @@ impl Fault {
 }
 
 /// The adapters of `backends`; in a browser, with `subgroups`, adapters that offer the
-/// `subgroups` feature ask for it when opening their device (`web.rs`).
+/// `subgroups` feature ask for it when opening their device, and for subgroup matrices as
+/// `prefill` allows (`web.rs`).
 async fn enumerate(
     backends: wgpu::Backends,
     #[cfg_attr(not(target_arch = "wasm32"), allow(unused_variables))] subgroups: bool,
+    #[cfg_attr(not(target_arch = "wasm32"), allow(unused_variables))] prefill: Option<
+        PrefillKernel,
+    >,
 ) -> Vec<wgpu::Adapter> {
     let desc = wgpu::InstanceDescriptor {
         backends,
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     };
     #[cfg(target_arch = "wasm32")]
-    let instance = super::web::instance(desc, subgroups);
+    let instance = {
+        use super::web::SubgroupMatrix as M;
+        let sgmat = match prefill {
+            None => M::Fitting,
+            Some(PrefillKernel::SubgroupMatrix) => M::Force,
+            Some(_) => M::Off,
+        };
+        super::web::instance(desc, subgroups, sgmat)
+    };
     #[cfg(not(target_arch = "wasm32"))]
     let instance = wgpu::Instance::new(desc);
     instance.enumerate_adapters(backends).await
@@ -252,7 +275,7 @@ fn type_rank(t: wgpu::DeviceType) -> u32 {
 /// The adapters of `backends`, in the order `--device N` indexes them (blocks: native only).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters(backends: wgpu::Backends) -> Vec<AdapterListing> {
-    pollster::block_on(enumerate(backends, false))
+    pollster::block_on(enumerate(backends, false, None))
         .iter()
         .enumerate()
         .map(|(index, a)| {
@@ -279,7 +302,7 @@ impl GpuContext {
     /// the one adapter is the page's WebGPU (`navigator.gpu`), and `subgroups` is asked for
     /// past wgpu when offered (`web.rs`).
     pub async fn new_async(opts: &GpuOptions) -> Result<GpuContext> {
-        let mut adapters = enumerate(opts.backends, !opts.disable_subgroups).await;
+        let mut adapters = enumerate(opts.backends, !opts.disable_subgroups, opts.prefill).await;
         if adapters.is_empty() {
             let hint = if cfg!(target_arch = "wasm32") {
                 "navigator.gpu gave no WebGPU adapter (a browser without WebGPU, or a Node.js gpu object without one)"
@@ -329,6 +352,8 @@ impl GpuContext {
                     needs: "16×16×16 f16 cooperative matrices with 32-lane subgroups".into(),
                 })
             }
+            // Decided once the browser's device exists (below).
+            Some(PrefillKernel::SubgroupMatrix) => PrefillKernel::Tiled,
             Some(k) => k,
             None if coop => PrefillKernel::Coop,
             None => PrefillKernel::Tiled,
@@ -376,9 +401,31 @@ impl GpuContext {
         let web_subgroups = !opts.disable_subgroups && super::web::device_has_subgroups(&device);
         #[cfg(not(target_arch = "wasm32"))]
         let web_subgroups = false;
+        let subgroups = features.contains(wgpu::Features::SUBGROUP) || web_subgroups;
+        // A browser's device has subgroup matrices only where the view asked for them.
+        #[cfg(target_arch = "wasm32")]
+        let has_sgmat = super::web::device_has_subgroup_matrix(&device);
+        #[cfg(not(target_arch = "wasm32"))]
+        let has_sgmat = false;
+        let wg_bytes = limits.max_compute_workgroup_storage_size;
+        let sgmat = has_sgmat && subgroups && wg_bytes >= SGMAT_WORKGROUP_BYTES;
+        let prefill = match opts.prefill {
+            None | Some(PrefillKernel::SubgroupMatrix) if sgmat => PrefillKernel::SubgroupMatrix,
+            Some(PrefillKernel::SubgroupMatrix) => {
+                return Err(Error::UnsupportedFeature {
+                    what: format!("the subgroup-matrix prefill kernel on {}", info.name),
+                    needs: format!(
+                        "a browser WebGPU device with chromium-experimental-subgroup-matrix \
+                         (this one: {has_sgmat}), subgroups ({subgroups}) and \
+                         {SGMAT_WORKGROUP_BYTES} bytes of workgroup memory ({wg_bytes})"
+                    ),
+                })
+            }
+            _ => prefill,
+        };
         let caps = Caps {
             f16: features.contains(wgpu::Features::SHADER_F16),
-            subgroups: features.contains(wgpu::Features::SUBGROUP) || web_subgroups,
+            subgroups,
             subgroup_min_size: info.subgroup_min_size,
             prefill,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),

@@ -290,6 +290,8 @@ enum Source {
     TernaryDecode,
     TernaryMm,
     TernaryCoop,
+    /// ternary_sgmat.wgsl (browser builds only).
+    TernarySgmat,
     /// ternary_coop.wgsl with `#if FUSED3` on.
     TernaryCoop3,
     /// ternary_coop.wgsl with `#if SPLIT` on.
@@ -338,6 +340,10 @@ impl Source {
                 include_str!("kernels/ternary_coop.wgsl"),
             ),
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
+            Source::TernarySgmat => (
+                "ternary_sgmat.wgsl",
+                include_str!("kernels/ternary_sgmat.wgsl"),
+            ),
             Source::F16Coop => ("f16_coop.wgsl", include_str!("kernels/f16_coop.wgsl")),
             Source::RopeKv => ("rope_kv.wgsl", include_str!("kernels/rope_kv.wgsl")),
             Source::RopeTable => ("rope_table.wgsl", include_str!("kernels/rope_table.wgsl")),
@@ -383,6 +389,7 @@ impl Kernel {
             Kernel::TernaryMatmul { kind, .. } => match kind {
                 MatmulKind::Portable | MatmulKind::Narrow => Source::TernaryMm,
                 MatmulKind::Coop => Source::TernaryCoop,
+                MatmulKind::SubgroupMatrix => Source::TernarySgmat,
             },
             Kernel::F16Matvec {
                 rows: F16Rows::Coop32,

@@ -531,6 +531,31 @@ fn coop_tiles_only_for_rows_they_sum_exactly() {
         Some(MatmulKind::Portable)
     );
     assert_eq!(prompt_kind(PrefillKernel::Batch4, 6912), None);
+    // The subgroup-matrix tiles sum in i32: exact at any width the engine takes.
+    assert_eq!(
+        prompt_kind(PrefillKernel::SubgroupMatrix, COOP_MAX_K + 128),
+        Some(MatmulKind::SubgroupMatrix)
+    );
+}
+
+/// A native device has no browser subgroup matrices: asking for their prompt tiles is a
+/// clear error naming what is missing, not a silent fallback.
+#[test]
+fn subgroup_matrix_tiles_are_refused_natively() {
+    // The adapter must exist for the request to reach the prefill check.
+    if ctx_with(&GpuOptions::default()).is_none() {
+        return;
+    }
+    let opts = GpuOptions {
+        prefill: Some(PrefillKernel::SubgroupMatrix),
+        ..GpuOptions::default()
+    };
+    let e = GpuContext::new(&opts).err().expect("refused").to_string();
+    assert!(e.contains("subgroup-matrix prefill kernel"), "{e}");
+    assert!(
+        e.contains("chromium-experimental-subgroup-matrix (this one: false)"),
+        "{e}"
+    );
 }
 
 /// The adapter's default context where its prompt kernel is the cooperative-matrix one;

@@ -14,6 +14,14 @@
 //! The subgroup kernels also use the `subgroup_id` and `num_subgroups` builtins (WGSL
 //! language feature `subgroup_id`), so nothing is asked for where the browser's WGSL
 //! lacks it.
+//!
+//! The same view asks for `chromium-experimental-subgroup-matrix` (Dawn and Chrome, behind
+//! their unsafe-API switches: Dawn's `allow_unsafe_apis` toggle, Chrome's
+//! `--enable-unsafe-webgpu`) where the adapter offers it with the configuration
+//! `ternary_sgmat.wgsl` multiplies in (16×16×32 i8 with i32 results) and subgroups of
+//! exactly 32 lanes, or wherever it is offered when the caller forces it
+//! ([`SubgroupMatrix::Force`]: to compile the kernel on Dawn's null backend);
+//! [`device_has_subgroup_matrix`] then says whether the prompt tiles may use it.
 
 use wasm_bindgen::prelude::*;
 
@@ -28,17 +36,31 @@ const view = (target, own) => new Proxy(target, {
   },
 });
 
-const withSubgroups = (a) => !a || !a.features.has("subgroups") ? a : view(a, {
-  requestDevice: (d = {}) =>
-    a.requestDevice({ ...d, requiredFeatures: [...(d.requiredFeatures ?? []), "subgroups"] }),
-});
+const SGMAT = "chromium-experimental-subgroup-matrix";
 
-export function viewNavigatorGpu() {
+// The adapter's int8 16×16×32 subgroup-matrix configuration (i32 results), on 32-lane
+// subgroups: what ternary_sgmat.wgsl needs.
+const sgmatFits = (a) => a.info?.subgroupMinSize === 32 && a.info?.subgroupMaxSize === 32 &&
+  [...(a.info?.subgroupMatrixConfigs ?? [])].some((c) => c.componentType === "i8" &&
+    c.resultComponentType === "i32" && c.M === 16 && c.N === 16 && c.K === 32);
+
+// mode: 0 off, 1 where it fits, 2 wherever offered.
+const withFeatures = (a, mode) => {
+  if (!a || !a.features.has("subgroups")) return a;
+  const extra = ["subgroups"];
+  if (a.features.has(SGMAT) && (mode === 2 || (mode === 1 && sgmatFits(a)))) extra.push(SGMAT);
+  return view(a, {
+    requestDevice: (d = {}) =>
+      a.requestDevice({ ...d, requiredFeatures: [...(d.requiredFeatures ?? []), ...extra] }),
+  });
+};
+
+export function viewNavigatorGpu(mode) {
   const nav = globalThis.navigator;
   const gpu = nav?.gpu;
   if (!gpu || !gpu.wgslLanguageFeatures?.has("subgroup_id")) return () => {};
   const own = Object.getOwnPropertyDescriptor(nav, "gpu");
-  const requestAdapter = async (o) => withSubgroups(await gpu.requestAdapter(o));
+  const requestAdapter = async (o) => withFeatures(await gpu.requestAdapter(o), mode);
   try {
     Object.defineProperty(nav, "gpu", { value: view(gpu, { requestAdapter }), configurable: true });
   } catch (_) {
@@ -52,9 +74,10 @@ export function deviceHasFeature(device, name) {
 }
 "#)]
 extern "C" {
-    /// Puts the view of `navigator.gpu` in place; the returned function puts it back.
+    /// Puts the view of `navigator.gpu` in place (subgroup matrices asked for per `mode`:
+    /// [`SubgroupMatrix`] as a number); the returned function puts it back.
     #[wasm_bindgen(js_name = viewNavigatorGpu)]
-    fn view_navigator_gpu() -> js_sys::Function;
+    fn view_navigator_gpu(mode: u32) -> js_sys::Function;
 
     /// True when the `GPUDevice` was created with feature `name`.
     #[wasm_bindgen(js_name = deviceHasFeature)]
@@ -74,13 +97,29 @@ pub(crate) fn directives(code: &mut String, variant: Variant) {
     }
 }
 
+/// Whether a browser device asks for subgroup matrices (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SubgroupMatrix {
+    /// Never.
+    Off = 0,
+    /// Where the adapter offers the configuration the prompt tiles need.
+    Fitting = 1,
+    /// Wherever the adapter offers the feature.
+    Force = 2,
+}
+
 /// A wgpu instance over the page's WebGPU; with `subgroups`, its adapters ask for the
-/// `subgroups` feature when they offer it (see the module docs).
-pub(crate) fn instance(desc: wgpu::InstanceDescriptor, subgroups: bool) -> wgpu::Instance {
+/// `subgroups` feature when they offer it, and for subgroup matrices per `sgmat` (see the
+/// module docs).
+pub(crate) fn instance(
+    desc: wgpu::InstanceDescriptor,
+    subgroups: bool,
+    sgmat: SubgroupMatrix,
+) -> wgpu::Instance {
     if !subgroups {
         return wgpu::Instance::new(desc);
     }
-    let restore = view_navigator_gpu();
+    let restore = view_navigator_gpu(sgmat as u32);
     let instance = wgpu::Instance::new(desc);
     // The restore function only redefines a property that the view just defined.
     let _ = restore.call0(&JsValue::NULL);
@@ -92,4 +131,11 @@ pub(crate) fn device_has_subgroups(device: &wgpu::Device) -> bool {
     device
         .as_webgpu()
         .is_some_and(|d| device_has_feature(d, "subgroups"))
+}
+
+/// True when the browser created `device` with subgroup matrices.
+pub(crate) fn device_has_subgroup_matrix(device: &wgpu::Device) -> bool {
+    device
+        .as_webgpu()
+        .is_some_and(|d| device_has_feature(d, "chromium-experimental-subgroup-matrix"))
 }

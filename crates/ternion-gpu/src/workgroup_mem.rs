@@ -71,6 +71,42 @@ mod tests {
     };
     use crate::pipelines::{workgroup_bytes, Epilogue, GluAct, Kernel, Variant};
 
+    /// The workgroup memory the browser host checks for the subgroup-matrix tiles is what
+    /// `ternary_sgmat.wgsl` declares (naga cannot read that file: it is counted from the
+    /// text, every `var<workgroup>` an `array<i32, N>`).
+    #[test]
+    fn sgmat_figure_matches_the_kernel() {
+        let bytes: u32 = include_str!("kernels/ternary_sgmat.wgsl")
+            .lines()
+            .filter_map(|l| l.strip_prefix("var<workgroup> "))
+            .map(|l| {
+                let n = l.split_once("array<i32, ").expect("an i32 array").1;
+                4 * n
+                    .split_once('>')
+                    .expect("a size")
+                    .0
+                    .parse::<u32>()
+                    .expect("a number")
+            })
+            .sum();
+        assert_eq!(bytes, crate::context::SGMAT_WORKGROUP_BYTES);
+    }
+
+    /// The host dispatches `ternary_sgmat.wgsl` in the tiles it declares (`TM`, `TN`).
+    #[test]
+    fn sgmat_tiles_match_the_kernel() {
+        let text = include_str!("kernels/ternary_sgmat.wgsl");
+        let constant = |name: &str| -> u32 {
+            let line = format!("const {name}: u32 = ");
+            let rest = text.lines().find_map(|l| l.strip_prefix(line.as_str()));
+            rest.and_then(|r| r.strip_suffix("u;"))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no `{line}…u;` in ternary_sgmat.wgsl"))
+        };
+        assert_eq!(constant("TM"), MatmulKind::SubgroupMatrix.tile_rows());
+        assert_eq!(constant("TN"), MatmulKind::SubgroupMatrix.tile_tokens());
+    }
+
     /// The workgroup memory the host assumes when it picks the prompt tiles and the prompt
     /// attention (`coop_usable`, `ops::paged`) is what those kernels use: a kernel that grew
     /// past its figure would reach devices that cannot run it, and a figure above the

@@ -15,10 +15,15 @@
 //   node crates/ternion-web/examples/node-bench.mjs MODEL.gguf --variants all
 //   node crates/ternion-web/examples/node-bench.mjs MODEL.gguf --cpu -P 16 -n 8
 //
-// --variants takes `all` or a comma list of f16+subgroups, f16, subgroups, none: each is
-// a new device with only those features asked for (a variant the adapter lacks runs
-// without it; the line says what ran). --no-f16 / --no-subgroups turn one off for the
-// default run. --webgpu DIR loads the `webgpu` package from DIR instead of node_modules;
+// --variants takes `all` or a comma list of f16+subgroups, f16, subgroups, none (the
+// portable prompt tiles) and subgroup-matrix (the int8 subgroup-matrix tiles where offered):
+// each is a new device with only those features asked for (a variant the adapter lacks runs
+// without it; the line says what ran). Every run must give the greedy ids of the first run
+// with the same float width and reductions (whatever the prompt kernel, the logits are the
+// same bits), else the script fails. --no-f16 / --no-subgroups turn one off for the
+// default run. --prefill auto|tiled|subgroup-matrix sets the prompt kernel of every run
+// (subgroup-matrix: wherever the adapter offers the feature, as on Dawn's backend=null,
+// which then compiles the kernel). --webgpu DIR loads the `webgpu` package from DIR instead of node_modules;
 // --dawn FLAG (repeatable) is passed to its create(), e.g. backend=vulkan.
 import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -27,7 +32,7 @@ import init, { load } from "ternion-web";
 
 const USAGE = "usage: node-bench.mjs MODEL.gguf [-P N] [-n N] [--ubatch N] [--warmup-ms MS] " +
   "[--variants all|LIST] [--no-f16] [--no-subgroups] [--cpu] [--webgpu DIR] [--dawn FLAG]... " +
-  "[--repeat N] [--no-generate]";
+  "[--repeat N] [--no-generate] [--prefill auto|tiled|subgroup-matrix]";
 
 function args(spec) {
   try {
@@ -53,6 +58,7 @@ const { values: opt, positionals } = args({
     dawn: { type: "string", multiple: true, default: [] },
     repeat: { type: "string", default: "1" },
     "no-generate": { type: "boolean", default: false },
+    prefill: { type: "string" },
   },
 });
 
@@ -76,11 +82,14 @@ const ubatch = whole("ubatch", 1);
 const warmupMs = whole("warmup-ms", 0);
 const repeat = whole("repeat", 1);
 
+// The portable prompt tiles with each feature set, and the int8 subgroup-matrix tiles
+// (where the adapter offers them: Dawn needs --dawn enable-dawn-features=allow_unsafe_apis).
 const VARIANTS = {
-  "f16+subgroups": { f16: true, subgroups: true },
-  f16: { f16: true, subgroups: false },
-  subgroups: { f16: false, subgroups: true },
-  none: { f16: false, subgroups: false },
+  "f16+subgroups": { f16: true, subgroups: true, prefill: "tiled" },
+  f16: { f16: true, subgroups: false, prefill: "tiled" },
+  subgroups: { f16: false, subgroups: true, prefill: "tiled" },
+  none: { f16: false, subgroups: false, prefill: "tiled" },
+  "subgroup-matrix": { f16: false, subgroups: true, prefill: "auto" },
 };
 
 function variantsAsked() {
@@ -118,9 +127,17 @@ async function dawn() {
   return { gpu, info };
 }
 
+// The greedy ids of the first run of each float width and reduction kind, which every other
+// such run must repeat (not on Dawn's null backend, which computes nothing).
+const idsOf = new Map();
+const noNull = !opt.dawn.includes("backend=null");
+
 async function run(gpu, adapter, asked) {
   const options = { nCtx: nPrompt + nGen + 1, maxBatch: ubatch };
-  if (asked) Object.assign(options, { gpu, f16: asked.f16, subgroups: asked.subgroups });
+  if (asked) {
+    const prefill = opt.prefill ?? asked.prefill;
+    Object.assign(options, { gpu, f16: asked.f16, subgroups: asked.subgroups, prefill });
+  }
   else options.backend = "cpu";
   const t0 = performance.now();
   const t = await load(model, options);
@@ -128,6 +145,15 @@ async function run(gpu, adapter, asked) {
   const kernels = t.gpu;
   for (let r = 0; r < repeat; r++) {
     const b = await t.bench({ promptTokens: nPrompt, genTokens: nGen, warmupMs });
+    // Runs with the same reductions and float width compute the same logits bit for bit,
+    // whatever their prompt kernel, so the same greedy ids.
+    const ids = JSON.stringify(b.ids);
+    const same = kernels && `f16 ${kernels.f16}, subgroups ${kernels.subgroups}`;
+    if (same && noNull && idsOf.has(same) && idsOf.get(same).ids !== ids) {
+      throw new Error(`ids differ between prompt kernels ${idsOf.get(same).prefill} and ` +
+        `${kernels.prefill} (${same}): ${ids} against ${idsOf.get(same).ids}`);
+    }
+    if (same && !idsOf.has(same)) idsOf.set(same, { ids, prefill: kernels.prefill });
     // What an app sees: generate() with a callback per token; chained greedy steps, and
     // with `chain: false` one step per token, each read back before the next.
     let g = {};

@@ -26,6 +26,15 @@ export interface LoadOptions {
   f16?: boolean;
   /** `false` keeps the subgroup kernel variants off (WebGPU). */
   subgroups?: boolean;
+  /**
+   * The kernel of prompt batches' ternary linears (WebGPU): "auto" (the default) takes the
+   * int8 subgroup-matrix tiles where the adapter offers `chromium-experimental-subgroup-matrix`
+   * with 16×16×32 i8 matrices and 32-lane subgroups (Dawn with `allow_unsafe_apis`, Chrome
+   * with `--enable-unsafe-webgpu`), else the portable tiles; "tiled" always takes the
+   * portable tiles; "subgroup-matrix" takes the matrix tiles wherever the feature is offered
+   * (to compile them on Dawn's null backend) or fails.
+   */
+  prefill?: "auto" | "tiled" | "subgroup-matrix";
   gpu?: unknown;
 }
 

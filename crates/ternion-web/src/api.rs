@@ -30,7 +30,7 @@ use crate::engine::{Backend, CpuSeq, Engine, Generated};
 use crate::loader::{Gguf, ModelSource, Progress};
 use crate::mlc::MlcSource;
 use crate::webfiles::WebFiles;
-use ternion::backend::gpu::{GpuContext, GpuModelOptions, GpuOptions};
+use ternion::backend::gpu::{GpuContext, GpuModelOptions, GpuOptions, PrefillKernel};
 use ternion::chat::{ChatTemplate, Conversation, TurnText};
 use ternion::gguf::GgufFile;
 use ternion::model::{LoadOptions, Model};
@@ -93,6 +93,23 @@ fn text(obj: &JsValue, key: &str) -> Option<String> {
     get(obj, key).and_then(|v| v.as_string())
 }
 
+/// The `prefill` option: the kernel of prompt batches' ternary linears. Absent or "auto":
+/// the int8 subgroup-matrix tiles where the browser's adapter offers them (see
+/// `ternion_gpu`'s `web.rs`), else the portable tiles; "tiled": the portable tiles;
+/// "subgroup-matrix": the matrix tiles wherever the feature is offered, or an error.
+fn prefill_kernel(options: &JsValue) -> Result<Option<PrefillKernel>> {
+    Ok(match text(options, "prefill").as_deref() {
+        None | Some("auto") => None,
+        Some("tiled") => Some(PrefillKernel::Tiled),
+        Some("subgroup-matrix") => Some(PrefillKernel::SubgroupMatrix),
+        Some(other) => {
+            return Err(Error::Request(format!(
+                "option prefill: '{other}' is not one of auto, tiled, subgroup-matrix"
+            )))
+        }
+    })
+}
+
 /// True when the page's JavaScript context exposes `navigator.gpu`.
 fn webgpu_exposed() -> bool {
     let nav = Reflect::get(&js_sys::global(), &"navigator".into()).unwrap_or(JsValue::UNDEFINED);
@@ -148,6 +165,7 @@ async fn load<M: ModelSource>(
             let gpu_opts = GpuOptions {
                 disable_f16: off(&options, "f16"),
                 disable_subgroups: off(&options, "subgroups"),
+                prefill: prefill_kernel(&options)?,
                 ..GpuOptions::default()
             };
             let ctx = GpuContext::new_async(&gpu_opts).await?;
@@ -394,7 +412,8 @@ impl Ternion {
 
     /// Loads a GGUF file from `url` by HTTP range requests (the header, then each tensor
     /// straight into GPU buffers). `options`: `{ backend: "webgpu" | "cpu", nCtx, maxBatch,
-    /// f16, subgroups }` (`f16: false` / `subgroups: false` keep those kernel variants off);
+    /// f16, subgroups, prefill }` (`f16: false` / `subgroups: false` keep those kernel
+    /// variants off; `prefill`: "auto", "tiled" or "subgroup-matrix", see [`prefill_kernel`]);
     /// `onProgress(phase, done, total)` is called as weights arrive.
     #[wasm_bindgen(js_name = loadUrl)]
     pub async fn load_url(

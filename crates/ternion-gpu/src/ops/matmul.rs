@@ -14,6 +14,9 @@ use crate::{Error, Result};
 /// as many).
 pub const MM_TILE_TOKENS: u32 = 64;
 
+/// Tokens per workgroup tile of `ternary_sgmat.wgsl` (its `TN`).
+pub(crate) const SGMAT_TILE_TOKENS: u32 = 128;
+
 /// The widest rows (K) the coop tiles take: their f32 sums stay exact integers (times
 /// 2^-24) while 2·127·K < 2^24 (`ternary_coop.wgsl`'s header); wider rows take the portable
 /// tiles, which sum in i32.
@@ -27,6 +30,7 @@ pub(crate) fn prompt_kind(prefill: PrefillKernel, k: usize) -> Option<MatmulKind
         PrefillKernel::Batch4 => None,
         PrefillKernel::Coop if k <= COOP_MAX_K => Some(MatmulKind::Coop),
         PrefillKernel::Tiled | PrefillKernel::Coop => Some(MatmulKind::Portable),
+        PrefillKernel::SubgroupMatrix => Some(MatmulKind::SubgroupMatrix),
     }
 }
 
@@ -46,6 +50,9 @@ pub enum MatmulKind {
     /// `ternary_mm.wgsl` `matmul_narrow`: 32 × 32 tiles for steps of a few tokens
     /// (sequences decoded together; any adapter).
     Narrow,
+    /// `ternary_sgmat.wgsl`: 16×16×32 int8 subgroup matrices, i32 sums (a browser with
+    /// `chromium-experimental-subgroup-matrix`).
+    SubgroupMatrix,
 }
 
 impl MatmulKind {
@@ -54,7 +61,7 @@ impl MatmulKind {
         match self {
             MatmulKind::Narrow => 32,
             MatmulKind::Portable => 64,
-            MatmulKind::Coop => 128,
+            MatmulKind::Coop | MatmulKind::SubgroupMatrix => 128,
         }
     }
 
@@ -63,6 +70,7 @@ impl MatmulKind {
         match self {
             MatmulKind::Narrow => 32,
             MatmulKind::Portable | MatmulKind::Coop => MM_TILE_TOKENS,
+            MatmulKind::SubgroupMatrix => SGMAT_TILE_TOKENS,
         }
     }
 }
@@ -136,7 +144,7 @@ impl TernaryMatmul {
             },
             variant: Variant {
                 f16: kind == MatmulKind::Coop,
-                subgroups: kind == MatmulKind::Coop,
+                subgroups: matches!(kind, MatmulKind::Coop | MatmulKind::SubgroupMatrix),
                 kv_f32: false,
             },
         };
@@ -229,11 +237,16 @@ pub struct OwnTiles<'a> {
 /// kernel up to [`BATCH4_MAX_TOKENS`], the narrow tiles up to [`NARROW_MAX_TOKENS`] (for
 /// matrices of [`NARROW_MIN_ROWS`] rows or more), and beyond that the kernel
 /// [`Caps::prefill`](crate::Caps::prefill) names (the tiles only where it names a tiled
-/// kernel; all of them compute the same integers and scale them alike).
+/// kernel; the subgroup-matrix tiles only for steps of more than 64 tokens, the portable
+/// ones below; all of them compute the same integers and scale them alike).
 pub struct TernaryLinear {
     single: TernaryMatvec,
     narrow: Option<TernaryMatmul>,
     tiled: Option<TernaryMatmul>,
+    /// The portable tiles for steps of up to 64 tokens where `tiled` is the subgroup-matrix
+    /// kernel, whose 128-token tiles would run half empty there (on an H200 under Dawn, a
+    /// 64-token prompt of 2B-4T: 3,139 tok/s on them, 4,422 on the portable tiles).
+    short: Option<Box<TernaryMatmul>>,
 }
 
 impl TernaryLinear {
@@ -259,10 +272,15 @@ impl TernaryLinear {
             .map(|_| tiled_of(MatmulKind::Narrow))
             .transpose()?;
         let tiled = kind.map(tiled_of).transpose()?;
+        let short = kind
+            .filter(|&k| k == MatmulKind::SubgroupMatrix)
+            .map(|_| tiled_of(MatmulKind::Portable).map(Box::new))
+            .transpose()?;
         Ok(TernaryLinear {
             single,
             narrow,
             tiled,
+            short,
         })
     }
 
@@ -272,6 +290,8 @@ impl TernaryLinear {
             None
         } else if narrow_step(n_tokens) {
             self.narrow.as_ref()
+        } else if !wide_step(n_tokens) && self.short.is_some() {
+            self.short.as_deref()
         } else {
             self.tiled.as_ref()
         };

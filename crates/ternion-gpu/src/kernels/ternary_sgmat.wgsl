@@ -1,0 +1,242 @@
+// ternary_sgmat.wgsl — tiled BitLinear for prompt batches on a browser's subgroup matrices
+// (WebGPU feature `chromium-experimental-subgroup-matrix`, Dawn and Chrome; int8 16×16×32
+// matrices with i32 results, on NVIDIA the tensor cores through Vulkan's cooperative
+// matrices): out[t][r] (= or +=) (Σ_k code[r][k]·q[t][k] − Σq[t]) / s[t] · w_scale,
+// bit-identical to ternary_mm.wgsl's matmul_tiled (the codes c = 0, 1, 2 and the int8
+// activations multiply exactly into i32 sums, |Σ| ≤ 2·127·K; the scaling is the same f32
+// expression). Browser builds only (web.rs asks for the feature; naga cannot read it).
+//
+// Needs subgroup matrices of 16×16×32 i8 with i32 results, `subgroups`, and subgroups of
+// exactly 32 lanes (8 a workgroup: subgroup s owns fixed 16×16 output blocks).
+//
+// Bindings (group 0), as ternary_mm.wgsl's:
+//   0 uniform Params { rows, words, w_scale, zero }: output features M, u32 words per weight
+//                                         row (K/16), per-tensor I2_S scale, 0 (see `pinned`)
+//   1 storage read  w:   array<vec4<u32>>  M × K/64 vec4s: the I2_S codes as in the file
+//   2 storage read  act: array<vec4<u32>>  T × K/16 vec4s of packed int8 (rmsnorm.wgsl)
+//   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
+//   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
+//   5 uniform Step { n_tokens, .. }
+// Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 128), 1); 256 threads per workgroup.
+//
+// A workgroup owns 128 weight rows × 128 tokens and walks K in stages of 64 elements, two
+// an I2_S block (bit planes 0, 1 and 2, 3). A stage is staged in workgroup memory: the
+// rows' codes as one byte each (wa, [row][k]: word j of a row's block, shifted right by
+// 6 − 2g and masked with 0x03030303, holds elements 32g + 4j..+3, so plane g's words land
+// at k-words 8·(g % 2) + j of its stage, in k order) and the tokens' int8 activations as
+// they are (xb, [token][k]); each staged row is 20 words (the stage's 16 and 4 of padding:
+// the eight rows a fragment load reads at once start in distinct banks). Two buffers
+// alternate: stage s + 1's global words are read before stage s's products and staged
+// after them into the other buffer, one barrier a stage. Staging reads global memory
+// coalesced: two adjacent threads a row's 32 code bytes (a block, for both its stages),
+// four a token's 64 activation bytes. Subgroup s multiplies rows 32·(s % 4)..+32 by tokens
+// 64·(s / 4)..+64: 2×4 accumulators, for each 32-wide k step two code fragments (left,
+// row-major) and four activation fragments (right, column-major: a token's k run is a
+// column), eight multiply-adds. At the end the accumulators go through wa (each
+// subgroup's own 512 words, two accumulators a round), and the lanes scale and store them.
+// Rows past M read row M−1 and tokens past T read token T−1; neither is written. The
+// fragment loads' offsets and strides count the arrays' i32 words.
+//
+// Measured against this layout on an H200 under Dawn (BENCHMARKS.md, session 24): 128 ×
+// 64 tiles 15 % slower; activation fragments loaded straight from the storage buffer 3×
+// slower; 512 threads (16 subgroups of 2×2) 10 % slower; 64-row tiles and block-ahead
+// global reads slower.
+
+enable chromium_experimental_subgroup_matrix;
+
+override EPILOGUE: u32 = 0u;
+const TM: u32 = 128u;
+const TN: u32 = 128u;
+// Words per staged row: a stage's 64 bytes and 4 words of padding.
+const LDW: u32 = 20u;
+// Words of one buffer of each array.
+const BUFA: u32 = 2560u;
+const BUFB: u32 = 2560u;
+const M2: u32 = 0x03030303u;
+
+struct Params { rows: u32, words: u32, w_scale: f32, zero: u32 }
+struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> act: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> tok_scale: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<uniform> step: Step;
+
+// 2 buffers × TM rows × LDW words: a stage's codes, a byte each; after the walk, the
+// accumulators.
+var<workgroup> wa: array<i32, 5120>;
+// 2 buffers × TN tokens × LDW words: a stage's int8 activations.
+var<workgroup> xb: array<i32, 5120>;
+
+// The code fragment of 16 rows from wa word `at` (row-major).
+fn frag_a(at: u32) -> subgroup_matrix_left<i8, 32, 16> {
+    return subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&wa, at, LDW);
+}
+
+// The activation fragment of 16 tokens from xb word `at` (column-major: a token's k run).
+fn frag_b(at: u32) -> subgroup_matrix_right<i8, 16, 32> {
+    return subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&xb, at, LDW);
+}
+
+// Planes 2h and 2h + 1 of a row's code word (shifts 6 − 4h and 4 − 4h) into wa words
+// `at` and `at` + 8.
+fn stage_word(wv: u32, h: u32, at: u32) {
+    let sh = 6u - 4u * h;
+    wa[at] = bitcast<i32>((wv >> sh) & M2);
+    wa[at + 8u] = bitcast<i32>((wv >> (sh - 2u)) & M2);
+}
+
+// This thread's part of stage `s` (half h = s % 2 of its block) into buffer s % 2: the
+// planes of its 4 code words `wv`, its activation vec4s `av0` and `av1`.
+fn stage(s: u32, r: Roles, wv: vec4<u32>, av0: vec4<u32>, av1: vec4<u32>) {
+    let h = s % 2u;
+    let at = h * BUFA + r.wat;
+    stage_word(wv.x, h, at);
+    stage_word(wv.y, h, at + 1u);
+    stage_word(wv.z, h, at + 2u);
+    stage_word(wv.w, h, at + 3u);
+    let bt = h * BUFB + r.aat;
+    stage_act(av0, bt);
+    stage_act(av1, bt + 64u * LDW);
+}
+
+// 16 activation bytes into xb at word `at`.
+fn stage_act(av: vec4<u32>, at: u32) {
+    xb[at] = bitcast<i32>(av.x);
+    xb[at + 1u] = bitcast<i32>(av.y);
+    xb[at + 2u] = bitcast<i32>(av.z);
+    xb[at + 3u] = bitcast<i32>(av.w);
+}
+
+// Staging roles: code vec4 li % 2 of row li / 2's block (vec4 wrow of w for block 0; wa
+// word wat), activation vec4 li % 4 of the stage of token li / 4 (and li / 4 + 64): act
+// vec4s arow0, arow1 for stage 0, xb word aat.
+struct Roles { wrow: u32, wat: u32, arow0: u32, arow1: u32, aat: u32 }
+
+fn roles(li: u32, row0: u32, t0: u32) -> Roles {
+    let last = step.n_tokens - 1u;
+    let lr = li / 2u;
+    let lh = li % 2u;
+    let la = li / 4u;
+    let lv = li % 4u;
+    return Roles(
+        min(row0 + lr, p.rows - 1u) * (p.words / 4u) + lh,
+        lr * LDW + 4u * lh,
+        min(t0 + la, last) * p.words + lv,
+        min(t0 + la + 64u, last) * p.words + lv,
+        la * LDW + 4u * lv,
+    );
+}
+
+// Scales and stores (or adds) the 16×16 sums left at wa[at..] (column-major: row m, token
+// n at n·16 + m) for rows r0.., tokens tk0..
+fn finish(at: u32, lane: u32, r0: u32, tk0: u32) {
+    let last = step.n_tokens - 1u;
+    for (var i = 0u; i < 8u; i++) {
+        let e = lane + 32u * i;
+        let row = r0 + e % 16u;
+        let t = tk0 + e / 16u;
+        if (row < p.rows && t <= last) {
+            let m = tok_scale[t];
+            let d = wa[at + e] - bitcast<i32>(m.y);
+            let y = (f32(d) / bitcast<f32>(m.x)) * p.w_scale;
+            let o = t * p.rows + row;
+            if (EPILOGUE == 1u) {
+                out[o] = out[o] + pinned(y, p.zero);
+            } else {
+                out[o] = y;
+            }
+        }
+    }
+}
+
+// Two accumulators through the subgroup's 512 words of wa: stored, then scaled and
+// written (rows r0.., tokens tk0 and tk0 + 16..). Every subgroup calls it together.
+fn drain2(
+    x: subgroup_matrix_result<i32, 16, 16>,
+    y: subgroup_matrix_result<i32, 16, 16>,
+    sg: u32,
+    lane: u32,
+    r0: u32,
+    tk0: u32,
+) {
+    let at = sg * 512u;
+    workgroupBarrier();
+    subgroupMatrixStore<col_major>(&wa, at, x, 16u);
+    subgroupMatrixStore<col_major>(&wa, at + 256u, y, 16u);
+    workgroupBarrier();
+    finish(at, lane, r0, tk0);
+    finish(at + 256u, lane, r0, tk0 + 16u);
+}
+
+@compute @workgroup_size(256)
+fn matmul_tiled(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let row0 = wg.x * TM;
+    let t0 = wg.y * TN;
+    let r = roles(li, row0, t0);
+    let rb = 32u * (sg % 4u);
+    let tb = 64u * (sg / 4u);
+    var c00 = subgroup_matrix_result<i32, 16, 16>();
+    var c01 = subgroup_matrix_result<i32, 16, 16>();
+    var c02 = subgroup_matrix_result<i32, 16, 16>();
+    var c03 = subgroup_matrix_result<i32, 16, 16>();
+    var c10 = subgroup_matrix_result<i32, 16, 16>();
+    var c11 = subgroup_matrix_result<i32, 16, 16>();
+    var c12 = subgroup_matrix_result<i32, 16, 16>();
+    var c13 = subgroup_matrix_result<i32, 16, 16>();
+
+    // Two stages a block (planes 0, 1 and 2, 3); stage s + 1's global words are read
+    // before stage s's products and staged after them into the other buffer.
+    let stages = p.words / 4u;
+    var wv = w[r.wrow];
+    var av0 = act[r.arow0];
+    var av1 = act[r.arow1];
+    stage(0u, r, wv, av0, av1);
+    workgroupBarrier();
+    for (var s = 0u; s < stages; s++) {
+        let nx = s + 1u;
+        if (nx < stages) {
+            if (nx % 2u == 0u) {
+                wv = w[r.wrow + nx];
+            }
+            av0 = act[r.arow0 + 4u * nx];
+            av1 = act[r.arow1 + 4u * nx];
+        }
+        let oa = (s % 2u) * BUFA + rb * LDW;
+        let ob = (s % 2u) * BUFB + tb * LDW;
+        for (var kw = 0u; kw < 16u; kw += 8u) {
+            let a0 = frag_a(oa + kw);
+            let a1 = frag_a(oa + 16u * LDW + kw);
+            let b0 = frag_b(ob + kw);
+            let b1 = frag_b(ob + 16u * LDW + kw);
+            c00 = subgroupMatrixMultiplyAccumulate(a0, b0, c00);
+            c01 = subgroupMatrixMultiplyAccumulate(a0, b1, c01);
+            c10 = subgroupMatrixMultiplyAccumulate(a1, b0, c10);
+            c11 = subgroupMatrixMultiplyAccumulate(a1, b1, c11);
+            let b2 = frag_b(ob + 32u * LDW + kw);
+            let b3 = frag_b(ob + 48u * LDW + kw);
+            c02 = subgroupMatrixMultiplyAccumulate(a0, b2, c02);
+            c03 = subgroupMatrixMultiplyAccumulate(a0, b3, c03);
+            c12 = subgroupMatrixMultiplyAccumulate(a1, b2, c12);
+            c13 = subgroupMatrixMultiplyAccumulate(a1, b3, c13);
+        }
+        if (nx < stages) {
+            stage(nx, r, wv, av0, av1);
+        }
+        workgroupBarrier();
+    }
+
+    let r0 = row0 + rb;
+    let tk0 = t0 + tb;
+    drain2(c00, c01, sg, lane, r0, tk0);
+    drain2(c10, c11, sg, lane, r0 + 16u, tk0);
+    drain2(c02, c03, sg, lane, r0, tk0 + 32u);
+    drain2(c12, c13, sg, lane, r0 + 16u, tk0 + 32u);
+}
