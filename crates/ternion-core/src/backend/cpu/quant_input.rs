@@ -23,6 +23,12 @@ pub struct QuantInput {
     /// tiles of 8 and of 16, as the weights read it.
     q_tiles: Vec<i8>,
     q8k_tiles: Vec<i8>,
+    /// `q8k_d` and `q8k_bsum` laid out beside `q8k_tiles` ([`simd::interleave_blocks`]).
+    q8k_d_tiles: Vec<f32>,
+    q8k_bsum_tiles: Vec<i32>,
+    /// `q80_d` and `q80_sum` laid out beside `q80_tiles` (likewise).
+    q80_d_tiles: [Vec<f32>; 2],
+    q80_sum_tiles: [Vec<i32>; 2],
     q80_tiles: [Vec<i8>; 2],
     pub(super) x16: Vec<f32>,
     pub(super) xbf: Vec<f32>,
@@ -98,15 +104,26 @@ impl QuantInput {
     /// (the row itself for a single row).
     pub(super) fn q8k_tiles(&mut self, x: &[f32], k: usize) -> simd::Q8kRows<'_> {
         self.ensure_q8k(x, k);
+        if self.q8k.len() <= k {
+            return simd::Q8kRows {
+                q: &self.q8k,
+                d: &self.q8k_d,
+                bsum: &self.q8k_bsum,
+            };
+        }
+        if !std::mem::replace(&mut self.fresh[8], true) {
+            let (nb, cap) = (k / act::Q8K_BLOCK, simd::TOKEN_TILE);
+            self.q8k_tiles.resize(self.q8k.len(), 0);
+            simd::interleave_tokens(&self.q8k, k, cap, &mut self.q8k_tiles);
+            self.q8k_d_tiles.resize(self.q8k_d.len(), 0.0);
+            simd::interleave_blocks(&self.q8k_d, nb, cap, &mut self.q8k_d_tiles);
+            self.q8k_bsum_tiles.resize(self.q8k_bsum.len(), 0);
+            simd::interleave_blocks(&self.q8k_bsum, nb, cap, &mut self.q8k_bsum_tiles);
+        }
         simd::Q8kRows {
-            q: tiles(
-                &self.q8k,
-                (k, simd::TOKEN_TILE),
-                &mut self.q8k_tiles,
-                &mut self.fresh[8],
-            ),
-            d: &self.q8k_d,
-            bsum: &self.q8k_bsum,
+            q: &self.q8k_tiles,
+            d: &self.q8k_d_tiles,
+            bsum: &self.q8k_bsum_tiles,
         }
     }
 
@@ -174,17 +191,29 @@ impl QuantInput {
     /// most `tile` (8 or 16; the row itself for a single row; no plane order).
     pub(super) fn q8_0_tiles(&mut self, x: &[f32], k: usize, tile: usize) -> simd::Q80Rows<'_> {
         self.ensure_q8_0_rows(x, k);
+        if self.q80.len() <= k {
+            return simd::Q80Rows {
+                q: &self.q80,
+                planes: &[],
+                d: &self.q80_d,
+                sum: &self.q80_sum,
+            };
+        }
         let i = usize::from(tile > simd::SUB_TILE);
+        if !std::mem::replace(&mut self.fresh[9 + i], true) {
+            let ns = k / act::Q8_0_BLOCK;
+            self.q80_tiles[i].resize(self.q80.len(), 0);
+            simd::interleave_tokens(&self.q80, k, tile, &mut self.q80_tiles[i]);
+            self.q80_d_tiles[i].resize(self.q80_d.len(), 0.0);
+            simd::interleave_blocks(&self.q80_d, ns, tile, &mut self.q80_d_tiles[i]);
+            self.q80_sum_tiles[i].resize(self.q80_sum.len(), 0);
+            simd::interleave_blocks(&self.q80_sum, ns, tile, &mut self.q80_sum_tiles[i]);
+        }
         simd::Q80Rows {
-            q: tiles(
-                &self.q80,
-                (k, tile),
-                &mut self.q80_tiles[i],
-                &mut self.fresh[9 + i],
-            ),
+            q: &self.q80_tiles[i],
             planes: &[],
-            d: &self.q80_d,
-            sum: &self.q80_sum,
+            d: &self.q80_d_tiles[i],
+            sum: &self.q80_sum_tiles[i],
         }
     }
 

@@ -182,8 +182,9 @@ pub(super) unsafe fn sum4(acc: &[__m512i; 4]) -> __m512i {
 /// # Safety
 /// AVX-512 F/BW/VNNI; `w` points at `16 · n_blocks` chunks, `scales` at `16 · n_blocks`
 /// floats, `q` at the tile's `256 · T · n_blocks` bytes (laid out by
-/// [`super::vnni::interleave_tokens`]), `d` / `bsum` at `T · n_blocks` values, `out` T
-/// token rows.
+/// [`super::vnni::interleave_tokens`]), `d` / `bsum` at the tile's `T · n_blocks` values
+/// (laid out by [`super::vnni::interleave_blocks`]: token t's of block b at `b·T + t`),
+/// `out` T token rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_dots<const T: usize>(
@@ -199,14 +200,16 @@ pub unsafe fn block_dots<const T: usize>(
     let mut sum = [_mm512_setzero_ps(); T];
     for b in 0..n_blocks {
         // Each sum starts at −Σq: the block's exact Σ (code − 1)·q without a subtraction.
-        let mut acc: [__m512i; T] =
-            std::array::from_fn(|t| _mm512_set1_epi32(-*bsum.add(t * n_blocks + b)));
+        // The tile's values of block b, token after token: a fixed offset from one
+        // pointer each (an indexed address would split the broadcast's multiply in two).
+        let (db, bb) = (d.add(b * T), bsum.add(b * T));
+        let mut acc: [__m512i; T] = std::array::from_fn(|t| _mm512_set1_epi32(-*bb.add(t)));
         for c in 16 * b..16 * (b + 1) {
             tile_dots(&planes(w.add(c)), q, c, &mut acc);
         }
         let dw = scales16(scales.add(16 * b));
         for (t, (s, a)) in sum.iter_mut().zip(&acc).enumerate() {
-            *s = scaled(*s, *a, *d.add(t * n_blocks + b), dw);
+            *s = scaled(*s, *a, *db.add(t), dw);
         }
     }
     for (t, s) in sum.iter().enumerate() {

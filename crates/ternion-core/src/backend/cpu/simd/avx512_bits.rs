@@ -93,16 +93,16 @@ pub unsafe fn sub_block_dots<const T: usize, const BITS: usize>(
     post: f32,
     out: Dst,
 ) {
-    let ns = shape.n_blocks * shape.subs;
     let mut total = [_mm512_setzero_ps(); T];
     for b in 0..shape.n_blocks {
         let mut s = [_mm512_setzero_ps(); T];
         for k in b * shape.subs..(b + 1) * shape.subs {
             let acc = sub_block::<T, BITS>(shape.w, k, q);
+            // The tile's values of sub-block k, token after token (fixed offsets).
+            let (dk, sk) = (d.add(k * T), sum.add(k * T));
             for (t, (st, a)) in s.iter_mut().zip(&acc).enumerate() {
-                let i = t * ns + k;
-                let sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(*a, _mm512_set1_epi32(*sum.add(i))));
-                *st = _mm512_add_ps(*st, _mm512_mul_ps(_mm512_set1_ps(*d.add(i)), sumi));
+                let sumi = _mm512_cvtepi32_ps(_mm512_sub_epi32(*a, _mm512_set1_epi32(*sk.add(t))));
+                *st = _mm512_add_ps(*st, _mm512_mul_ps(_mm512_set1_ps(*dk.add(t)), sumi));
             }
         }
         let dw = scales16(shape.scales.add(16 * b));

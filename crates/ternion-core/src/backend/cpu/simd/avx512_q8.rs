@@ -44,7 +44,7 @@ unsafe fn unit<const Q4: bool>(w: *const Chunk, u: usize) -> [__m512i; 4] {
 /// Q8_0 (`Q4` false) or Q4_0 (`Q4`) products of the 16 rows of `n_blocks` blocks at `w`
 /// with a tile of T tokens (their activations laid out by
 /// [`super::vnni::interleave_tokens`] at `q`, token t's per-block scales and Σq at `d`,
-/// `sum` + t·n_blocks): per block b in order, Q8_0 `y += f32(Σ w·q) · (scale[b][r] · d)`,
+/// `sum` + b·T + t, laid out by [`super::vnni::interleave_blocks`]): per block b in order, Q8_0 `y += f32(Σ w·q) · (scale[b][r] · d)`,
 /// Q4_0 `y += (f32(Σ w·q) · scale[b][r]) · d`; `out[t] = y · post`.
 ///
 /// # Safety
@@ -66,14 +66,16 @@ pub unsafe fn block32_dots<const T: usize, const Q4: bool>(
     let offset = if Q4 { 8 } else { 128 };
     let mut y = [_mm512_setzero_ps(); T];
     for b in 0..n_blocks {
+        // The tile's values of block b, token after token (fixed offsets).
+        let (db, sb) = (d.add(b * T), sum.add(b * T));
         let mut acc: [__m512i; T] =
-            std::array::from_fn(|t| _mm512_set1_epi32(-offset * *sum.add(t * n_blocks + b)));
+            std::array::from_fn(|t| _mm512_set1_epi32(-offset * *sb.add(t)));
         for u in 2 * b..2 * b + 2 {
             tile_dots(&unit::<Q4>(w, u), q, u, &mut acc);
         }
         let dw = scales16(scales.add(16 * b));
         for (t, (yt, a)) in y.iter_mut().zip(&acc).enumerate() {
-            let da = *d.add(t * n_blocks + b);
+            let da = *db.add(t);
             *yt = if Q4 {
                 let v = _mm512_mul_ps(_mm512_cvtepi32_ps(*a), dw);
                 _mm512_add_ps(*yt, _mm512_mul_ps(v, _mm512_set1_ps(da)))

@@ -30,11 +30,11 @@ pub struct Chunk(pub [u8; 64]);
 /// the scale `d` and Σq `bsum` (token-major).
 #[derive(Clone, Copy)]
 pub struct Q8kRows<'a> {
-    /// Int8 values.
+    /// Int8 values (laid out by [`interleave_tokens`]).
     pub q: &'a [i8],
-    /// Block scales.
+    /// Block scales (laid out by [`interleave_blocks`]).
     pub d: &'a [f32],
-    /// Block sums of `q`.
+    /// Block sums of `q` (laid out by [`interleave_blocks`]).
     pub bsum: &'a [i32],
 }
 
@@ -88,9 +88,9 @@ pub struct Q80Rows<'a> {
     pub q: &'a [i8],
     /// `q` in Q2_0 plane order (may be empty where no Q2_0 AVX2 kernel runs).
     pub planes: &'a [i8],
-    /// Block scales.
+    /// Block scales (for the AVX-512 prompt kernels laid out by [`interleave_blocks`]).
     pub d: &'a [f32],
-    /// Block sums of `q`.
+    /// Block sums of `q` (likewise).
     pub sum: &'a [i32],
 }
 
@@ -206,6 +206,31 @@ fn token_tiles(n: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
+/// Per-token values of each block (`n` token rows of `nb`, row-major: Q8_K scales or block
+/// sums) laid out as the prompt kernels read them beside [`interleave_tokens`]: each tile
+/// of `tn` tokens from `token_tiles` (runs of `cap`) keeps its place (`first · nb` values
+/// in) and holds, block by block, the value of each of its tokens in turn (value
+/// `first · nb + b·tn + t` = token first + t, block b). A tile of one token is its row
+/// unchanged.
+///
+/// # Panics
+/// If the lengths disagree.
+pub fn interleave_blocks<T: Copy>(v: &[T], nb: usize, cap: usize, out: &mut [T]) {
+    assert_eq!(v.len(), out.len(), "interleave_blocks: lengths");
+    let n = v.len().checked_div(nb).unwrap_or(0);
+    for (first, tn) in token_tiles(n, cap) {
+        let (src, dst) = (
+            &v[first * nb..(first + tn) * nb],
+            &mut out[first * nb..(first + tn) * nb],
+        );
+        for (b, values) in dst.chunks_exact_mut(tn).enumerate() {
+            for (t, value) in values.iter_mut().enumerate() {
+                *value = src[t * nb + b];
+            }
+        }
+    }
+}
+
 /// Token rows of int8 activations (`n` rows of `k`, row-major) laid out as the prompt
 /// kernels read them: each tile of `tn` tokens from `token_tiles` (runs of `cap`) keeps
 /// its place (`first · k` bytes in) and holds, for every 16 elements u of the row in
@@ -295,8 +320,9 @@ impl Vnni {
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
     /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against the Q8_K
     /// activations `x` (one token per row of `out`, `x.q` laid out by
-    /// [`interleave_tokens`]; `scales`: the group's weight scales,
-    /// block-major, 16 per block), times `post`.
+    /// [`interleave_tokens`] and `x.d`, `x.bsum` by [`interleave_blocks`], in tiles of
+    /// [`TOKEN_TILE`]; `scales`: the group's weight scales, block-major, 16 per block),
+    /// times `post`.
     ///
     /// # Panics
     /// If the lengths do not agree with the group's width and `out.rows()` tokens.
@@ -343,8 +369,8 @@ impl Vnni {
     }
 
     /// The dots of the group's rows against the Q8_0 activations `x` (one token per row of
-    /// `out`, `x.q` laid out by [`interleave_tokens`] in runs of the codes'
-    /// [`Codes::token_tile`]; `shape`: how the chunks hold the codes and the weight blocks'
+    /// `out`, `x.q` laid out by [`interleave_tokens`] and `x.d`, `x.sum` by
+    /// [`interleave_blocks`] in runs of the codes' [`Codes::token_tile`]; `shape`: how the chunks hold the codes and the weight blocks'
     /// elements; `scales`: the group's weight scales, block-major, 16 per block), each
     /// integer sum exact, in the reference dots' float orders:
     /// - Q1_0 / Q2_0 (1- and 2-bit codes): `out[t][r] = (Σ_b scales[b][r] · (Σ_{k∈b} d[t][k]

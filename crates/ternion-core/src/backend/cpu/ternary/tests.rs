@@ -187,10 +187,13 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
                 .map(|b| b.iter().map(|&v| i32::from(v)).sum())
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
+            let (mut dt, mut bt) = (d.clone(), bsum.clone());
+            simd::interleave_blocks(&d, nb, simd::TOKEN_TILE, &mut dt);
+            simd::interleave_blocks(&bsum, nb, simd::TOKEN_TILE, &mut bt);
             let x = Q8kRows {
                 q: &tiled(&q, k, simd::TOKEN_TILE),
-                d: &d,
-                bsum: &bsum,
+                d: &dt,
+                bsum: &bt,
             };
             pack.forward(PackInput::Q8K(x), 1.5, &mut out);
             let want = |t: usize, j: usize| {
@@ -249,11 +252,14 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
                 .map(|b| b.iter().map(|&v| i32::from(v)).sum())
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
+            let (mut dt, mut st) = (d.clone(), sum.clone());
+            simd::interleave_blocks(&d, ns, pack.token_tile(), &mut dt);
+            simd::interleave_blocks(&sum, ns, pack.token_tile(), &mut st);
             let x = Q80Rows {
                 q: &tiled(&q, k, pack.token_tile()),
                 planes: &[],
-                d: &d,
-                sum: &sum,
+                d: &dt,
+                sum: &st,
             };
             pack.forward(PackInput::Q8_0(x), 0.625, &mut out);
             let want = |t: usize, j: usize| {
@@ -384,6 +390,41 @@ fn token_tiles_sit_where_the_layout_says() {
                 first += tn;
             }
             assert_eq!(seen, n * k, "cap={cap} n={n}: every value placed");
+        }
+    }
+}
+
+#[test]
+fn block_values_sit_where_the_layout_says() {
+    // The same tiles as token_tiles_sit_where_the_layout_says; within a tile of tn tokens
+    // starting at `first`, block b's value of token first + t sits at first·nb + b·tn + t.
+    let nb = 5;
+    for cap in [simd::TOKEN_TILE, simd::SUB_TILE] {
+        for n in [1usize, 2, 3, 16, 21, 40] {
+            let v: Vec<i32> = (0..(n * nb) as i32).collect();
+            let mut out = vec![-1; v.len()];
+            simd::interleave_blocks(&v, nb, cap, &mut out);
+            let mut first = 0;
+            while first < n {
+                let left = (n - first).min(cap - first % cap);
+                let tn = 1 << left.ilog2();
+                for t in 0..tn {
+                    for b in 0..nb {
+                        let want = v[(first + t) * nb + b];
+                        let at = first * nb + b * tn + t;
+                        assert_eq!(
+                            out[at],
+                            want,
+                            "cap={cap} n={n} token {} block {b}",
+                            first + t
+                        );
+                    }
+                }
+                first += tn;
+            }
+            let mut sorted = out.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, v, "cap={cap} n={n}: every value placed once");
         }
     }
 }
