@@ -86,6 +86,9 @@ pub enum Kernel {
     /// `ternary_coop.wgsl` `matmul_wide3` (`#if FUSED3`): the 128-token coop tiles of three
     /// I2_S matrices that read the same activations (q, k, v), in one launch.
     TernaryCoop3,
+    /// `ternary_sgmat.wgsl` `matmul_tiled` with `#if FUSED3`: the subgroup-matrix tiles of
+    /// q, k and v in one launch (browser builds).
+    TernarySgmat3,
     /// `ternary_coop.wgsl` `matmul_wide_glu` (`#if GLU`): the 128-token coop tiles of gate
     /// and up rows together, `act(gate) · up` in the epilogue.
     TernaryCoopGlu {
@@ -292,6 +295,8 @@ enum Source {
     TernaryCoop,
     /// ternary_sgmat.wgsl (browser builds only).
     TernarySgmat,
+    /// ternary_sgmat.wgsl with `#if FUSED3` on.
+    TernarySgmat3,
     /// ternary_coop.wgsl with `#if FUSED3` on.
     TernaryCoop3,
     /// ternary_coop.wgsl with `#if SPLIT` on.
@@ -340,7 +345,7 @@ impl Source {
                 include_str!("kernels/ternary_coop.wgsl"),
             ),
             Source::F16Matvec => ("f16_matvec.wgsl", include_str!("kernels/f16_matvec.wgsl")),
-            Source::TernarySgmat => (
+            Source::TernarySgmat | Source::TernarySgmat3 => (
                 "ternary_sgmat.wgsl",
                 include_str!("kernels/ternary_sgmat.wgsl"),
             ),
@@ -384,6 +389,7 @@ impl Kernel {
             Kernel::TernaryDecode { .. } => Source::TernaryDecode,
             Kernel::TernaryNarrowFused { .. } => Source::TernaryMm,
             Kernel::TernaryCoop3 => Source::TernaryCoop3,
+            Kernel::TernarySgmat3 => Source::TernarySgmat3,
             Kernel::TernaryCoopSplit { .. } => Source::TernaryCoopSplit,
             Kernel::TernaryCoopGlu { .. } => Source::TernaryCoopGlu,
             Kernel::TernaryMatmul { kind, .. } => match kind {
@@ -431,6 +437,7 @@ impl Kernel {
             Kernel::TernaryGlu { .. } => "matvec_glu",
             Kernel::Ternary3 { .. } => "matvec3",
             Kernel::TernaryCoop3 => "matmul_wide3",
+            Kernel::TernarySgmat3 => "matmul_tiled",
             Kernel::TernaryCoopSplit { sum: false, .. } => "matmul_split",
             Kernel::TernaryCoopSplit { sum: true, .. } => "split_sum",
             Kernel::TernaryCoopGlu { .. } => "matmul_wide_glu",
@@ -503,7 +510,9 @@ impl Kernel {
                 },
             )],
             Kernel::Ternary3 { tpr } => vec![("TPR", f64::from(tpr))],
-            Kernel::TernaryNarrowFused { glu: None } | Kernel::TernaryCoop3 => vec![],
+            Kernel::TernaryNarrowFused { glu: None }
+            | Kernel::TernaryCoop3
+            | Kernel::TernarySgmat3 => vec![],
             Kernel::TernaryNarrowFused { glu: Some(act) } | Kernel::TernaryCoopGlu { act } => {
                 vec![("ACT", if act == GluAct::Silu { 1.0 } else { 0.0 })]
             }
@@ -735,7 +744,7 @@ fn kernel_code(
     if src == Source::AttentionFastRope {
         defines.push("ROPE");
     }
-    if src == Source::TernaryCoop3 {
+    if matches!(src, Source::TernaryCoop3 | Source::TernarySgmat3) {
         defines.push("FUSED3");
     }
     if src == Source::TernaryCoopSplit {

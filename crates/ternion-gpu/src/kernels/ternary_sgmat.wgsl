@@ -17,7 +17,13 @@
 //   3 storage read  tok_scale: array<vec2<u32>>  per token: bits of the f32 scale s, of i32 Σq
 //   4 storage rw    out: array<f32>        T × M, token-major; EPILOGUE 0 stores, 1 adds
 //   5 uniform Step { n_tokens, .. }
-// Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 128), 1); 256 threads per workgroup.
+//   6 storage read  w2, 7 w3: array<vec4<u32>>  FUSED3: the 2nd and 3rd matrices
+//   8 storage rw    out2, 9 out3: array<f32>    FUSED3: their outputs
+//  10 uniform Parts { m2, m3, scale2, scale3 }  FUSED3: their rows and I2_S scales
+// Dispatch: matmul_tiled (ceil(M / 128), ceil(T / 128), 1); with `#if FUSED3` (three
+// matrices that read the same activations, q/k/v, in one launch: their row tiles one after
+// another along x, stores only) (Σ ceil(Mi / 128), ceil(T / 128), 1); 256 threads per
+// workgroup.
 //
 // A workgroup owns 128 weight rows × 128 tokens and walks K in stages of 64 elements, two
 // an I2_S block (bit planes 0, 1 and 2, 3). A stage is staged in workgroup memory: the
@@ -63,6 +69,34 @@ struct Step { n_tokens: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(3) var<storage, read> tok_scale: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
+#if FUSED3
+struct Parts { m2: u32, m3: u32, scale2: f32, scale3: f32 }
+@group(0) @binding(10) var<uniform> parts: Parts;
+@group(0) @binding(6) var<storage, read> w2: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> w3: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(9) var<storage, read_write> out3: array<f32>;
+
+// FUSED3: the matrix of this workgroup's row tile (0: w, 1: w2, 2: w3).
+var<private> mat: u32;
+#endif
+
+// The rows and I2_S scale of the matrix this workgroup multiplies.
+var<private> mat_rows: u32;
+var<private> mat_scale: f32;
+
+// Code vec4 `i` of the matrix this workgroup multiplies.
+fn code(i: u32) -> vec4<u32> {
+#if FUSED3
+    if (mat == 1u) {
+        return w2[i];
+    }
+    if (mat == 2u) {
+        return w3[i];
+    }
+#endif
+    return w[i];
+}
 
 // 2 buffers × TM rows × LDW words: a stage's codes, a byte each; after the walk, the
 // accumulators.
@@ -122,7 +156,7 @@ fn roles(li: u32, row0: u32, t0: u32) -> Roles {
     let la = li / 4u;
     let lv = li % 4u;
     return Roles(
-        min(row0 + lr, p.rows - 1u) * (p.words / 4u) + lh,
+        min(row0 + lr, mat_rows - 1u) * (p.words / 4u) + lh,
         lr * LDW + 4u * lh,
         min(t0 + la, last) * p.words + lv,
         min(t0 + la + 64u, last) * p.words + lv,
@@ -138,11 +172,21 @@ fn finish(at: u32, lane: u32, r0: u32, tk0: u32) {
         let e = lane + 32u * i;
         let row = r0 + e % 16u;
         let t = tk0 + e / 16u;
-        if (row < p.rows && t <= last) {
+        if (row < mat_rows && t <= last) {
             let m = tok_scale[t];
             let d = wa[at + e] - bitcast<i32>(m.y);
-            let y = (f32(d) / bitcast<f32>(m.x)) * p.w_scale;
-            let o = t * p.rows + row;
+            let y = (f32(d) / bitcast<f32>(m.x)) * mat_scale;
+            let o = t * mat_rows + row;
+#if FUSED3
+            if (mat == 1u) {
+                out2[o] = y;
+                continue;
+            }
+            if (mat == 2u) {
+                out3[o] = y;
+                continue;
+            }
+#endif
             if (EPILOGUE == 1u) {
                 out[o] = out[o] + pinned(y, p.zero);
             } else {
@@ -178,7 +222,26 @@ fn matmul_tiled(
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
-    let row0 = wg.x * TM;
+    var tile = wg.x;
+    mat_rows = p.rows;
+    mat_scale = p.w_scale;
+#if FUSED3
+    let t1 = (p.rows + TM - 1u) / TM;
+    let t2 = (parts.m2 + TM - 1u) / TM;
+    mat = 0u;
+    if (tile >= t1 + t2) {
+        mat = 2u;
+        mat_rows = parts.m3;
+        mat_scale = parts.scale3;
+        tile -= t1 + t2;
+    } else if (tile >= t1) {
+        mat = 1u;
+        mat_rows = parts.m2;
+        mat_scale = parts.scale2;
+        tile -= t1;
+    }
+#endif
+    let row0 = tile * TM;
     let t0 = wg.y * TN;
     let r = roles(li, row0, t0);
     let rb = 32u * (sg % 4u);
@@ -195,7 +258,7 @@ fn matmul_tiled(
     // Two stages a block (planes 0, 1 and 2, 3); stage s + 1's global words are read
     // before stage s's products and staged after them into the other buffer.
     let stages = p.words / 4u;
-    var wv = w[r.wrow];
+    var wv = code(r.wrow);
     var av0 = act[r.arow0];
     var av1 = act[r.arow1];
     stage(0u, r, wv, av0, av1);
@@ -204,7 +267,7 @@ fn matmul_tiled(
         let nx = s + 1u;
         if (nx < stages) {
             if (nx % 2u == 0u) {
-                wv = w[r.wrow + nx];
+                wv = code(r.wrow + nx);
             }
             av0 = act[r.arow0 + 4u * nx];
             av1 = act[r.arow1 + 4u * nx];

@@ -10,6 +10,10 @@
 //! the fourth). Where the SM count is known, those tiles are split along K into parts that
 //! run side by side, the last part of each adding them up (`ternary_coop.wgsl`
 //! `tail_plan`; BENCHMARKS.md, session 19).
+//!
+//! In a browser with subgroup matrices, q/k/v run the same way on `ternary_sgmat.wgsl`
+//! (`#if FUSED3`: 128 × 128 tiles, the launch shape of `matmul_wide3`); its gate and up
+//! stay separate launches.
 
 use super::narrow::{check_widths, glu_parts, three_bindings, three_parts, tile_bindings};
 use super::{
@@ -77,7 +81,7 @@ impl GluTail {
 
 impl CoopFused {
     /// q, k, v: `w[i] · act` into `out[i]` (f32, `w[i].rows` per token); `None` where the
-    /// adapter's prompt kernel is not the coop one.
+    /// adapter's prompt kernel is neither the coop nor the subgroup-matrix one.
     pub fn qkv(
         ctx: &GpuContext,
         w: [&TernaryWeights; 3],
@@ -88,7 +92,10 @@ impl CoopFused {
         check_widths("coop q/k/v", &w, act)?;
         let tiles = w.iter().map(|m| (m.rows as u32).div_ceil(TILE_ROWS)).sum();
         let bind = three_bindings(w, out);
-        let kernel = Kernel::TernaryCoop3;
+        let kernel = match prompt_kind(ctx.caps().prefill, act.k) {
+            Some(MatmulKind::SubgroupMatrix) => Kernel::TernarySgmat3,
+            _ => Kernel::TernaryCoop3,
+        };
         let parts = three_parts(w);
         Self::new(
             ctx,
@@ -137,7 +144,10 @@ impl CoopFused {
         (parts, extra): ([u32; 4], &[(u32, wgpu::BufferBinding<'_>)]),
         tiles: u32,
     ) -> Result<Option<CoopFused>> {
-        if prompt_kind(ctx.caps().prefill, act.k) != Some(MatmulKind::Coop) {
+        // The subgroup-matrix tiles fuse q/k/v only (their 128 × 128 tiles and launch
+        // shape are the coop ones).
+        let sgmat = kernel == Kernel::TernarySgmat3;
+        if !sgmat && prompt_kind(ctx.caps().prefill, act.k) != Some(MatmulKind::Coop) {
             return Ok(None);
         }
         let params = uniform(
@@ -149,7 +159,7 @@ impl CoopFused {
         let key = PipelineKey {
             kernel,
             variant: Variant {
-                f16: true,
+                f16: !sgmat,
                 subgroups: true,
                 kv_f32: false,
             },
