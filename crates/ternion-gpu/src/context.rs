@@ -21,10 +21,7 @@ pub struct GpuOptions {
     pub disable_subgroups: bool,
     /// The kernel for the ternary linears of prompt batches; `None` picks the best the
     /// adapter runs ([`PrefillKernel::Coop`], in a browser [`PrefillKernel::SubgroupMatrix`],
-    /// else [`PrefillKernel::Tiled`]). `Some(SubgroupMatrix)` uses subgroup matrices wherever
-    /// the browser offers the feature, whatever its configurations and subgroup sizes: to
-    /// compile the kernel on Dawn's null backend; its results are right only where `None`
-    /// would pick it.
+    /// else [`PrefillKernel::Tiled`]); a kernel the device cannot run is an error.
     pub prefill: Option<PrefillKernel>,
 }
 
@@ -38,9 +35,10 @@ pub enum PrefillKernel {
     /// `ternary_coop.wgsl`: 128 rows × 64 tokens per workgroup (× 128 tokens for steps of
     /// more than 64) on 16×16×16 f16 cooperative matrices (tensor cores).
     Coop,
-    /// `ternary_sgmat.wgsl`: 128 rows × 64 tokens per workgroup on a browser's 16×16×32 int8
-    /// subgroup matrices (WebGPU `chromium-experimental-subgroup-matrix`; browser builds
-    /// only, see `web.rs`).
+    /// `ternary_sgmat.wgsl`: 128 rows × 128 tokens per workgroup on a browser's 16×16×32
+    /// int8 subgroup matrices (WebGPU `chromium-experimental-subgroup-matrix`; browser
+    /// builds only, see `web.rs`), for steps of more than 64 tokens (the portable tiles
+    /// below).
     SubgroupMatrix,
 }
 
@@ -234,8 +232,8 @@ impl Fault {
 }
 
 /// The adapters of `backends`; in a browser, with `subgroups`, adapters that offer the
-/// `subgroups` feature ask for it when opening their device, and for subgroup matrices as
-/// `prefill` allows (`web.rs`).
+/// `subgroups` feature ask for it when opening their device, and for the subgroup matrices
+/// of the prompt tiles where `prefill` allows them and the adapter fits (`web.rs`).
 async fn enumerate(
     backends: wgpu::Backends,
     #[cfg_attr(not(target_arch = "wasm32"), allow(unused_variables))] subgroups: bool,
@@ -249,12 +247,7 @@ async fn enumerate(
     };
     #[cfg(target_arch = "wasm32")]
     let instance = {
-        use super::web::SubgroupMatrix as M;
-        let sgmat = match prefill {
-            None => M::Fitting,
-            Some(PrefillKernel::SubgroupMatrix) => M::Force,
-            Some(_) => M::Off,
-        };
+        let sgmat = matches!(prefill, None | Some(PrefillKernel::SubgroupMatrix));
         super::web::instance(desc, subgroups, sgmat)
     };
     #[cfg(not(target_arch = "wasm32"))]
@@ -416,8 +409,9 @@ impl GpuContext {
                     what: format!("the subgroup-matrix prefill kernel on {}", info.name),
                     needs: format!(
                         "a browser WebGPU device with chromium-experimental-subgroup-matrix \
-                         (this one: {has_sgmat}), subgroups ({subgroups}) and \
-                         {SGMAT_WORKGROUP_BYTES} bytes of workgroup memory ({wg_bytes})"
+                         for 16×16×32 i8 on 32-lane subgroups (this one: {has_sgmat}), \
+                         subgroups ({subgroups}) and {SGMAT_WORKGROUP_BYTES} bytes of \
+                         workgroup memory ({wg_bytes})"
                     ),
                 })
             }

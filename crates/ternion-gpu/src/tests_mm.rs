@@ -552,10 +552,7 @@ fn subgroup_matrix_tiles_are_refused_natively() {
     };
     let e = GpuContext::new(&opts).err().expect("refused").to_string();
     assert!(e.contains("subgroup-matrix prefill kernel"), "{e}");
-    assert!(
-        e.contains("chromium-experimental-subgroup-matrix (this one: false)"),
-        "{e}"
-    );
+    assert!(e.contains("32-lane subgroups (this one: false)"), "{e}");
 }
 
 /// The adapter's default context where its prompt kernel is the cooperative-matrix one;

@@ -19,8 +19,7 @@
 //! their unsafe-API switches: Dawn's `allow_unsafe_apis` toggle, Chrome's
 //! `--enable-unsafe-webgpu`) where the adapter offers it with the configuration
 //! `ternary_sgmat.wgsl` multiplies in (16×16×32 i8 with i32 results) and subgroups of
-//! exactly 32 lanes, or wherever it is offered when the caller forces it
-//! ([`SubgroupMatrix::Force`]: to compile the kernel on Dawn's null backend);
+//! exactly 32 lanes (the kernel gives each of a workgroup's 8 subgroups its own blocks);
 //! [`device_has_subgroup_matrix`] then says whether the prompt tiles may use it.
 
 use wasm_bindgen::prelude::*;
@@ -44,23 +43,23 @@ const sgmatFits = (a) => a.info?.subgroupMinSize === 32 && a.info?.subgroupMaxSi
   [...(a.info?.subgroupMatrixConfigs ?? [])].some((c) => c.componentType === "i8" &&
     c.resultComponentType === "i32" && c.M === 16 && c.N === 16 && c.K === 32);
 
-// mode: 0 off, 1 where it fits, 2 wherever offered.
-const withFeatures = (a, mode) => {
+// sgmat: ask for the subgroup matrices where they fit.
+const withFeatures = (a, sgmat) => {
   if (!a || !a.features.has("subgroups")) return a;
   const extra = ["subgroups"];
-  if (a.features.has(SGMAT) && (mode === 2 || (mode === 1 && sgmatFits(a)))) extra.push(SGMAT);
+  if (sgmat && a.features.has(SGMAT) && sgmatFits(a)) extra.push(SGMAT);
   return view(a, {
     requestDevice: (d = {}) =>
       a.requestDevice({ ...d, requiredFeatures: [...(d.requiredFeatures ?? []), ...extra] }),
   });
 };
 
-export function viewNavigatorGpu(mode) {
+export function viewNavigatorGpu(sgmat) {
   const nav = globalThis.navigator;
   const gpu = nav?.gpu;
   if (!gpu || !gpu.wgslLanguageFeatures?.has("subgroup_id")) return () => {};
   const own = Object.getOwnPropertyDescriptor(nav, "gpu");
-  const requestAdapter = async (o) => withFeatures(await gpu.requestAdapter(o), mode);
+  const requestAdapter = async (o) => withFeatures(await gpu.requestAdapter(o), sgmat);
   try {
     Object.defineProperty(nav, "gpu", { value: view(gpu, { requestAdapter }), configurable: true });
   } catch (_) {
@@ -74,10 +73,10 @@ export function deviceHasFeature(device, name) {
 }
 "#)]
 extern "C" {
-    /// Puts the view of `navigator.gpu` in place (subgroup matrices asked for per `mode`:
-    /// [`SubgroupMatrix`] as a number); the returned function puts it back.
+    /// Puts the view of `navigator.gpu` in place (with `sgmat`, asking for subgroup matrices
+    /// where they fit); the returned function puts it back.
     #[wasm_bindgen(js_name = viewNavigatorGpu)]
-    fn view_navigator_gpu(mode: u32) -> js_sys::Function;
+    fn view_navigator_gpu(sgmat: bool) -> js_sys::Function;
 
     /// True when the `GPUDevice` was created with feature `name`.
     #[wasm_bindgen(js_name = deviceHasFeature)]
@@ -97,29 +96,18 @@ pub(crate) fn directives(code: &mut String, variant: Variant) {
     }
 }
 
-/// Whether a browser device asks for subgroup matrices (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SubgroupMatrix {
-    /// Never.
-    Off = 0,
-    /// Where the adapter offers the configuration the prompt tiles need.
-    Fitting = 1,
-    /// Wherever the adapter offers the feature.
-    Force = 2,
-}
-
 /// A wgpu instance over the page's WebGPU; with `subgroups`, its adapters ask for the
-/// `subgroups` feature when they offer it, and for subgroup matrices per `sgmat` (see the
-/// module docs).
+/// `subgroups` feature when they offer it, and with `sgmat` for subgroup matrices where
+/// they fit the prompt tiles (see the module docs).
 pub(crate) fn instance(
     desc: wgpu::InstanceDescriptor,
     subgroups: bool,
-    sgmat: SubgroupMatrix,
+    sgmat: bool,
 ) -> wgpu::Instance {
     if !subgroups {
         return wgpu::Instance::new(desc);
     }
-    let restore = view_navigator_gpu(sgmat as u32);
+    let restore = view_navigator_gpu(sgmat);
     let instance = wgpu::Instance::new(desc);
     // The restore function only redefines a property that the view just defined.
     let _ = restore.call0(&JsValue::NULL);

@@ -22,8 +22,7 @@
 // with the same float width and reductions (whatever the prompt kernel, the logits are the
 // same bits), else the script fails. --no-f16 / --no-subgroups turn one off for the
 // default run. --prefill auto|tiled|subgroup-matrix sets the prompt kernel of every run
-// (subgroup-matrix: wherever the adapter offers the feature, as on Dawn's backend=null,
-// which then compiles the kernel). --webgpu DIR loads the `webgpu` package from DIR instead of node_modules;
+// (subgroup-matrix: fail where the adapter lacks it). --webgpu DIR loads the `webgpu` package from DIR instead of node_modules;
 // --dawn FLAG (repeatable) is passed to its create(), e.g. backend=vulkan.
 import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";

@@ -31,8 +31,8 @@ export interface LoadOptions {
    * int8 subgroup-matrix tiles where the adapter offers `chromium-experimental-subgroup-matrix`
    * with 16×16×32 i8 matrices and 32-lane subgroups (Dawn with `allow_unsafe_apis`, Chrome
    * with `--enable-unsafe-webgpu`), else the portable tiles; "tiled" always takes the
-   * portable tiles; "subgroup-matrix" takes the matrix tiles wherever the feature is offered
-   * (to compile them on Dawn's null backend) or fails.
+   * portable tiles; "subgroup-matrix" takes the matrix tiles or fails where the adapter
+   * lacks them.
    */
   prefill?: "auto" | "tiled" | "subgroup-matrix";
   gpu?: unknown;

@@ -96,7 +96,7 @@ fn text(obj: &JsValue, key: &str) -> Option<String> {
 /// The `prefill` option: the kernel of prompt batches' ternary linears. Absent or "auto":
 /// the int8 subgroup-matrix tiles where the browser's adapter offers them (see
 /// `ternion_gpu`'s `web.rs`), else the portable tiles; "tiled": the portable tiles;
-/// "subgroup-matrix": the matrix tiles wherever the feature is offered, or an error.
+/// "subgroup-matrix": the matrix tiles, or an error where the adapter lacks them.
 fn prefill_kernel(options: &JsValue) -> Result<Option<PrefillKernel>> {
     Ok(match text(options, "prefill").as_deref() {
         None | Some("auto") => None,
