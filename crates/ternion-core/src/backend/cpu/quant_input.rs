@@ -22,14 +22,8 @@ pub struct QuantInput {
     /// ([`simd::interleave_tokens`]; filled only for inputs of several rows); `q80` in
     /// tiles of 8 and of 16, as the weights read it.
     q_tiles: Vec<i8>,
-    q8k_tiles: Vec<i8>,
-    /// `q8k_d` and `q8k_bsum` laid out beside `q8k_tiles` ([`simd::interleave_blocks`]).
-    q8k_d_tiles: Vec<f32>,
-    q8k_bsum_tiles: Vec<i32>,
-    /// `q80_d` and `q80_sum` laid out beside `q80_tiles` (likewise).
-    q80_d_tiles: [Vec<f32>; 2],
-    q80_sum_tiles: [Vec<i32>; 2],
-    q80_tiles: [Vec<i8>; 2],
+    q8k_tiles: BlockTiles,
+    q80_tiles: [BlockTiles; 2],
     pub(super) x16: Vec<f32>,
     pub(super) xbf: Vec<f32>,
     pub(super) q80: Vec<i8>,
@@ -104,27 +98,12 @@ impl QuantInput {
     /// (the row itself for a single row).
     pub(super) fn q8k_tiles(&mut self, x: &[f32], k: usize) -> simd::Q8kRows<'_> {
         self.ensure_q8k(x, k);
-        if self.q8k.len() <= k {
-            return simd::Q8kRows {
-                q: &self.q8k,
-                d: &self.q8k_d,
-                bsum: &self.q8k_bsum,
-            };
-        }
-        if !std::mem::replace(&mut self.fresh[8], true) {
-            let (nb, cap) = (k / act::Q8K_BLOCK, simd::TOKEN_TILE);
-            self.q8k_tiles.resize(self.q8k.len(), 0);
-            simd::interleave_tokens(&self.q8k, k, cap, &mut self.q8k_tiles);
-            self.q8k_d_tiles.resize(self.q8k_d.len(), 0.0);
-            simd::interleave_blocks(&self.q8k_d, nb, cap, &mut self.q8k_d_tiles);
-            self.q8k_bsum_tiles.resize(self.q8k_bsum.len(), 0);
-            simd::interleave_blocks(&self.q8k_bsum, nb, cap, &mut self.q8k_bsum_tiles);
-        }
-        simd::Q8kRows {
-            q: &self.q8k_tiles,
-            d: &self.q8k_d_tiles,
-            bsum: &self.q8k_bsum_tiles,
-        }
+        let (q, d, bsum) = self.q8k_tiles.fill(
+            (&self.q8k, &self.q8k_d, &self.q8k_bsum),
+            (k, act::Q8K_BLOCK, simd::TOKEN_TILE),
+            &mut self.fresh[8],
+        );
+        simd::Q8kRows { q, d, bsum }
     }
 
     pub(super) fn ensure_q8k(&mut self, x: &[f32], k: usize) {
@@ -191,29 +170,17 @@ impl QuantInput {
     /// most `tile` (8 or 16; the row itself for a single row; no plane order).
     pub(super) fn q8_0_tiles(&mut self, x: &[f32], k: usize, tile: usize) -> simd::Q80Rows<'_> {
         self.ensure_q8_0_rows(x, k);
-        if self.q80.len() <= k {
-            return simd::Q80Rows {
-                q: &self.q80,
-                planes: &[],
-                d: &self.q80_d,
-                sum: &self.q80_sum,
-            };
-        }
         let i = usize::from(tile > simd::SUB_TILE);
-        if !std::mem::replace(&mut self.fresh[9 + i], true) {
-            let ns = k / act::Q8_0_BLOCK;
-            self.q80_tiles[i].resize(self.q80.len(), 0);
-            simd::interleave_tokens(&self.q80, k, tile, &mut self.q80_tiles[i]);
-            self.q80_d_tiles[i].resize(self.q80_d.len(), 0.0);
-            simd::interleave_blocks(&self.q80_d, ns, tile, &mut self.q80_d_tiles[i]);
-            self.q80_sum_tiles[i].resize(self.q80_sum.len(), 0);
-            simd::interleave_blocks(&self.q80_sum, ns, tile, &mut self.q80_sum_tiles[i]);
-        }
+        let (q, d, sum) = self.q80_tiles[i].fill(
+            (&self.q80, &self.q80_d, &self.q80_sum),
+            (k, act::Q8_0_BLOCK, tile),
+            &mut self.fresh[9 + i],
+        );
         simd::Q80Rows {
-            q: &self.q80_tiles[i],
+            q,
             planes: &[],
-            d: &self.q80_d_tiles[i],
-            sum: &self.q80_sum_tiles[i],
+            d,
+            sum,
         }
     }
 
@@ -250,6 +217,42 @@ impl QuantInput {
                 self.x16.extend_from_slice(row);
             }
         }
+    }
+}
+
+/// Block-scaled activations in the token tiles of the AVX-512 prompt kernels: the values
+/// ([`simd::interleave_tokens`]) with their per-block scales and sums beside them
+/// ([`simd::interleave_blocks`]).
+#[derive(Default)]
+struct BlockTiles {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    sum: Vec<i32>,
+}
+
+impl BlockTiles {
+    /// The rows `q` of `k` values with their scales `d` and sums `sum` (one per `block`
+    /// values) in token tiles of at most `cap`, laid out here unless `fresh` says they are;
+    /// a single row as it is.
+    fn fill<'a>(
+        &'a mut self,
+        (q, d, sum): (&'a [i8], &'a [f32], &'a [i32]),
+        (k, block, cap): (usize, usize, usize),
+        fresh: &mut bool,
+    ) -> (&'a [i8], &'a [f32], &'a [i32]) {
+        if q.len() <= k {
+            return (q, d, sum);
+        }
+        if !std::mem::replace(fresh, true) {
+            let nb = k / block;
+            self.q.resize(q.len(), 0);
+            simd::interleave_tokens(q, k, cap, &mut self.q);
+            self.d.resize(d.len(), 0.0);
+            simd::interleave_blocks(d, nb, cap, &mut self.d);
+            self.sum.resize(sum.len(), 0);
+            simd::interleave_blocks(sum, nb, cap, &mut self.sum);
+        }
+        (&self.q, &self.d, &self.sum)
     }
 }
 

@@ -235,10 +235,11 @@ pub enum PackInput<'a> {
         /// Per-token sums of `q`.
         sum: &'a [i32],
     },
-    /// TQ2_0 / TQ1_0: Q8_K rows, values in token tiles of [`super::simd::TOKEN_TILE`].
+    /// TQ2_0 / TQ1_0: Q8_K rows, values, block scales and sums in token tiles of
+    /// [`super::simd::TOKEN_TILE`].
     Q8K(Q8kRows<'a>),
-    /// Q2_0 / Q1_0 / Q8_0 / Q4_0: Q8_0 rows, values in token tiles of the matrix's
-    /// [`TernaryPack::token_tile`] (`planes` unused).
+    /// Q2_0 / Q1_0 / Q8_0 / Q4_0: Q8_0 rows, values, block scales and sums in token tiles
+    /// of the matrix's [`TernaryPack::token_tile`] (`planes` unused).
     Q8_0(Q80Rows<'a>),
 }
 
