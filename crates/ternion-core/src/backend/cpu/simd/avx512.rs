@@ -47,6 +47,38 @@ pub(super) unsafe fn planes(p: *const Chunk) -> [__m512i; 4] {
     ]
 }
 
+/// The four code planes of one chunk left in place: plane s is `w & (3 << 2s)`, byte
+/// 4r + i holding 4^s · code (at most 192, still an unsigned byte) of row r at element
+/// 4s + i. One mask each, no shifts: for one-token kernels, whose four `vpdpbusd` per
+/// chunk the plane extraction would otherwise outweigh. Accumulators of plane s then hold
+/// 4^s times the plane's sum, exactly (|4^s · Σ code·q| ≤ 64 · 2 · 128 · K/4 < 2^31 for
+/// K < 2^19); [`unscale4`] adds them back.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn masked_planes(p: *const Chunk) -> [__m512i; 4] {
+    let w = _mm512_load_si512(p.cast());
+    [
+        _mm512_and_si512(w, _mm512_set1_epi8(0x03)),
+        _mm512_and_si512(w, _mm512_set1_epi8(0x0c)),
+        _mm512_and_si512(w, _mm512_set1_epi8(0x30)),
+        _mm512_and_si512(w, _mm512_set1_epi8(0xc0_u8 as i8)),
+    ]
+}
+
+/// The lane-wise sum of per-plane accumulators of [`masked_planes`]: plane s's divided by
+/// 4^s first (an exact arithmetic shift: it is a multiple of 4^s).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn unscale4(acc: &[__m512i; 4]) -> __m512i {
+    _mm512_add_epi32(
+        _mm512_add_epi32(acc[0], _mm512_srai_epi32::<2>(acc[1])),
+        _mm512_add_epi32(
+            _mm512_srai_epi32::<4>(acc[2]),
+            _mm512_srai_epi32::<6>(acc[3]),
+        ),
+    )
+}
+
 /// Four activations at `q`, broadcast to every lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -134,7 +166,7 @@ pub unsafe fn per_token_dots<const T: usize>(
 }
 
 /// [`per_token_dots`] for one token, with one accumulator per plane (four independent
-/// `vpdpbusd` chains instead of one).
+/// `vpdpbusd` chains instead of one) over [`masked_planes`].
 ///
 /// # Safety
 /// As [`per_token_dots`] with T = 1.
@@ -151,9 +183,9 @@ pub unsafe fn per_token_dot1(
     let mut acc = [_mm512_setzero_si512(); 4];
     for c in 0..n_chunks {
         prefetch_ahead(w.add(c).cast());
-        plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
+        plane_dots(&masked_planes(w.add(c)), q.add(16 * c), &mut acc);
     }
-    out.store(0, per_token(sum4(&acc), sum, scale, post));
+    out.store(0, per_token(unscale4(&acc), sum, scale, post));
 }
 
 /// `acc[s] += planes[s] · q[4s..4s+4]`: one token, one accumulator per plane.
@@ -217,7 +249,7 @@ pub unsafe fn block_dots<const T: usize>(
     }
 }
 
-/// [`block_dots`] for one token, with one accumulator per plane.
+/// [`block_dots`] for one token, with one accumulator per plane over [`masked_planes`].
 ///
 /// # Safety
 /// As [`block_dots`] with T = 1.
@@ -238,10 +270,10 @@ pub unsafe fn block_dot1(
         let mut acc = [_mm512_setzero_si512(); 4];
         for c in 16 * b..16 * (b + 1) {
             prefetch_ahead(w.add(c).cast());
-            plane_dots(&planes(w.add(c)), q.add(16 * c), &mut acc);
+            plane_dots(&masked_planes(w.add(c)), q.add(16 * c), &mut acc);
         }
         let dw = scales16(scales.add(16 * b));
-        let sumi = _mm512_sub_epi32(sum4(&acc), _mm512_set1_epi32(*bsum.add(b)));
+        let sumi = _mm512_sub_epi32(unscale4(&acc), _mm512_set1_epi32(*bsum.add(b)));
         sum = scaled(sum, sumi, *d.add(b), dw);
     }
     out.store(0, _mm512_mul_ps(sum, _mm512_set1_ps(post)));

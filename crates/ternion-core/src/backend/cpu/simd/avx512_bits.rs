@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::avx512::{plane_dots, planes, scales16, sum4, tile_dots, Dst};
+use super::avx512::{masked_planes, plane_dots, planes, scales16, sum4, tile_dots, unscale4, Dst};
 use super::vnni::Chunk;
 
 /// The weights of one group of 16 rows: `n_blocks` blocks of `subs` sub-blocks (2·subs
@@ -56,15 +56,19 @@ unsafe fn sub_block<const T: usize, const BITS: usize>(
 ) -> [__m512i; T] {
     let mut acc = [_mm512_setzero_si512(); T];
     if T == 1 {
+        // 2-bit codes as masked planes (no shifts), 1-bit ones as bytes 0 / 2.
         let mut a4 = [_mm512_setzero_si512(); 4];
         for h in 0..2 {
-            plane_dots(
-                &half_planes::<BITS>(w, k, h),
-                q.add(32 * k + 16 * h),
-                &mut a4,
-            );
+            let u = match BITS {
+                1 => half_planes::<1>(w, k, h),
+                _ => masked_planes(w.add(2 * k + h)),
+            };
+            plane_dots(&u, q.add(32 * k + 16 * h), &mut a4);
         }
-        acc[0] = sum4(&a4);
+        acc[0] = match BITS {
+            1 => sum4(&a4),
+            _ => unscale4(&a4),
+        };
     } else {
         for h in 0..2 {
             tile_dots(&half_planes::<BITS>(w, k, h), q, 2 * k + h, &mut acc);
