@@ -73,20 +73,25 @@ mod tests {
 
     /// The workgroup memory the browser host checks for the subgroup-matrix tiles is what
     /// `ternary_sgmat.wgsl` declares (naga cannot read that file: it is counted from the
-    /// text, every `var<workgroup>` an `array<i32, N>`).
+    /// text, every `var<workgroup>` an array of i32, `array<i32, N>` or nested,
+    /// `array<array<i32, N>, B>`).
     #[test]
     fn sgmat_figure_matches_the_kernel() {
         let bytes: u32 = include_str!("kernels/ternary_sgmat.wgsl")
             .lines()
             .filter_map(|l| l.strip_prefix("var<workgroup> "))
             .map(|l| {
-                let n = l.split_once("array<i32, ").expect("an i32 array").1;
-                4 * n
-                    .split_once('>')
-                    .expect("a size")
-                    .0
-                    .parse::<u32>()
-                    .expect("a number")
+                let ty = l.split_once(": ").expect("a typed variable").1;
+                assert!(ty.contains("array<i32, "), "an i32 array: {l}");
+                4 * ty
+                    .split(", ")
+                    .skip(1)
+                    .map(|n| {
+                        n.trim_end_matches([';', '>'])
+                            .parse::<u32>()
+                            .expect("a number")
+                    })
+                    .product::<u32>()
             })
             .sum();
         assert_eq!(bytes, crate::context::SGMAT_WORKGROUP_BYTES);

@@ -43,6 +43,12 @@
 // Rows past M read row M−1 and tokens past T read token T−1; neither is written. The
 // fragment loads' offsets and strides count the arrays' i32 words.
 //
+// Both arrays are blocks of 16 staged rows (tokens), and every fragment load and store
+// names its block (`&wa[b]`) with a constant offset and stride inside it: Dawn's
+// robustness (Tint's) then knows the access is in bounds and leaves it as it is, where a
+// run-time offset into a whole array wraps each load in a bounds test and a zeroed
+// fallback (a prompt 1.5× slower on an H200, BENCHMARKS.md, session 25).
+//
 // Measured against this layout on an H200 under Dawn (BENCHMARKS.md, session 24): 128 ×
 // 64 tiles 15 % slower; activation fragments loaded straight from the storage buffer 3×
 // slower; 512 threads (16 subgroups of 2×2) 10 % slower; 64-row tiles and block-ahead
@@ -55,9 +61,8 @@ const TM: u32 = 128u;
 const TN: u32 = 128u;
 // Words per staged row: a stage's 64 bytes and 4 words of padding.
 const LDW: u32 = 20u;
-// Words of one buffer of each array.
-const BUFA: u32 = 2560u;
-const BUFB: u32 = 2560u;
+// Blocks of 16 staged rows (tokens) in one buffer of each array.
+const BLOCKS: u32 = 8u;
 const M2: u32 = 0x03030303u;
 
 struct Params { rows: u32, words: u32, w_scale: f32, zero: u32 }
@@ -98,56 +103,64 @@ fn code(i: u32) -> vec4<u32> {
     return w[i];
 }
 
-// 2 buffers × TM rows × LDW words: a stage's codes, a byte each; after the walk, the
-// accumulators.
-var<workgroup> wa: array<i32, 5120>;
-// 2 buffers × TN tokens × LDW words: a stage's int8 activations.
-var<workgroup> xb: array<i32, 5120>;
+// 2 buffers × 8 blocks of 16 rows × LDW words: a stage's codes, a byte each (buffer h's
+// block b at wa[8h + b]); after the walk, the accumulators (subgroup s's in blocks 2s and
+// 2s + 1).
+var<workgroup> wa: array<array<i32, 320>, 16>;
+// 2 buffers × 8 blocks of 16 tokens × LDW words: a stage's int8 activations.
+var<workgroup> xb: array<array<i32, 320>, 16>;
 
-// The code fragment of 16 rows from wa word `at` (row-major).
-fn frag_a(at: u32) -> subgroup_matrix_left<i8, 32, 16> {
-    return subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&wa, at, LDW);
+// The code fragments of 16 rows (row-major) at k-words 0..8 and 8..16 of wa block `b`.
+fn frag_a0(b: u32) -> subgroup_matrix_left<i8, 32, 16> {
+    return subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&wa[b], 0u, LDW);
+}
+fn frag_a8(b: u32) -> subgroup_matrix_left<i8, 32, 16> {
+    return subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>, row_major>(&wa[b], 8u, LDW);
 }
 
-// The activation fragment of 16 tokens from xb word `at` (column-major: a token's k run).
-fn frag_b(at: u32) -> subgroup_matrix_right<i8, 16, 32> {
-    return subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&xb, at, LDW);
+// The activation fragments of 16 tokens (column-major: a token's k run) at k-words 0..8
+// and 8..16 of xb block `b`.
+fn frag_b0(b: u32) -> subgroup_matrix_right<i8, 16, 32> {
+    return subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&xb[b], 0u, LDW);
+}
+fn frag_b8(b: u32) -> subgroup_matrix_right<i8, 16, 32> {
+    return subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&xb[b], 8u, LDW);
 }
 
-// Planes 2h and 2h + 1 of a row's code word (shifts 6 − 4h and 4 − 4h) into wa words
-// `at` and `at` + 8.
-fn stage_word(wv: u32, h: u32, at: u32) {
+// Planes 2h and 2h + 1 of a row's code word (shifts 6 − 4h and 4 − 4h) into words `at`
+// and `at` + 8 of wa block `b`.
+fn stage_word(wv: u32, h: u32, b: u32, at: u32) {
     let sh = 6u - 4u * h;
-    wa[at] = bitcast<i32>((wv >> sh) & M2);
-    wa[at + 8u] = bitcast<i32>((wv >> (sh - 2u)) & M2);
+    wa[b][at] = bitcast<i32>((wv >> sh) & M2);
+    wa[b][at + 8u] = bitcast<i32>((wv >> (sh - 2u)) & M2);
 }
 
 // This thread's part of stage `s` (half h = s % 2 of its block) into buffer s % 2: the
 // planes of its 4 code words `wv`, its activation vec4s `av0` and `av1`.
 fn stage(s: u32, r: Roles, wv: vec4<u32>, av0: vec4<u32>, av1: vec4<u32>) {
     let h = s % 2u;
-    let at = h * BUFA + r.wat;
-    stage_word(wv.x, h, at);
-    stage_word(wv.y, h, at + 1u);
-    stage_word(wv.z, h, at + 2u);
-    stage_word(wv.w, h, at + 3u);
-    let bt = h * BUFB + r.aat;
-    stage_act(av0, bt);
-    stage_act(av1, bt + 64u * LDW);
+    let b = h * BLOCKS + r.wblk;
+    stage_word(wv.x, h, b, r.wat);
+    stage_word(wv.y, h, b, r.wat + 1u);
+    stage_word(wv.z, h, b, r.wat + 2u);
+    stage_word(wv.w, h, b, r.wat + 3u);
+    let ab = h * BLOCKS + r.ablk;
+    stage_act(av0, ab, r.aat);
+    stage_act(av1, ab + 4u, r.aat);
 }
 
-// 16 activation bytes into xb at word `at`.
-fn stage_act(av: vec4<u32>, at: u32) {
-    xb[at] = bitcast<i32>(av.x);
-    xb[at + 1u] = bitcast<i32>(av.y);
-    xb[at + 2u] = bitcast<i32>(av.z);
-    xb[at + 3u] = bitcast<i32>(av.w);
+// 16 activation bytes into word `at` of xb block `b`.
+fn stage_act(av: vec4<u32>, b: u32, at: u32) {
+    xb[b][at] = bitcast<i32>(av.x);
+    xb[b][at + 1u] = bitcast<i32>(av.y);
+    xb[b][at + 2u] = bitcast<i32>(av.z);
+    xb[b][at + 3u] = bitcast<i32>(av.w);
 }
 
-// Staging roles: code vec4 li % 2 of row li / 2's block (vec4 wrow of w for block 0; wa
-// word wat), activation vec4 li % 4 of the stage of token li / 4 (and li / 4 + 64): act
-// vec4s arow0, arow1 for stage 0, xb word aat.
-struct Roles { wrow: u32, wat: u32, arow0: u32, arow1: u32, aat: u32 }
+// Staging roles: code vec4 li % 2 of row li / 2's block (vec4 wrow of w for block 0; word
+// wat of wa block wblk), activation vec4 li % 4 of the stage of token li / 4 (and li / 4
+// + 64): act vec4s arow0, arow1 for stage 0, word aat of xb block ablk (and ablk + 4).
+struct Roles { wrow: u32, wblk: u32, wat: u32, arow0: u32, arow1: u32, ablk: u32, aat: u32 }
 
 fn roles(li: u32, row0: u32, t0: u32) -> Roles {
     let last = step.n_tokens - 1u;
@@ -157,16 +170,18 @@ fn roles(li: u32, row0: u32, t0: u32) -> Roles {
     let lv = li % 4u;
     return Roles(
         min(row0 + lr, mat_rows - 1u) * (p.words / 4u) + lh,
-        lr * LDW + 4u * lh,
+        lr / 16u,
+        (lr % 16u) * LDW + 4u * lh,
         min(t0 + la, last) * p.words + lv,
         min(t0 + la + 64u, last) * p.words + lv,
-        la * LDW + 4u * lv,
+        la / 16u,
+        (la % 16u) * LDW + 4u * lv,
     );
 }
 
-// Scales and stores (or adds) the 16×16 sums left at wa[at..] (column-major: row m, token
-// n at n·16 + m) for rows r0.., tokens tk0..
-fn finish(at: u32, lane: u32, r0: u32, tk0: u32) {
+// Scales and stores (or adds) the 16×16 sums left in wa block `b` (column-major: row m,
+// token n at word n·16 + m) for rows r0.., tokens tk0..
+fn finish(b: u32, lane: u32, r0: u32, tk0: u32) {
     let last = step.n_tokens - 1u;
     for (var i = 0u; i < 8u; i++) {
         let e = lane + 32u * i;
@@ -174,7 +189,7 @@ fn finish(at: u32, lane: u32, r0: u32, tk0: u32) {
         let t = tk0 + e / 16u;
         if (row < mat_rows && t <= last) {
             let m = tok_scale[t];
-            let d = wa[at + e] - bitcast<i32>(m.y);
+            let d = wa[b][e] - bitcast<i32>(m.y);
             let y = (f32(d) / bitcast<f32>(m.x)) * mat_scale;
             let o = t * mat_rows + row;
 #if FUSED3
@@ -196,7 +211,7 @@ fn finish(at: u32, lane: u32, r0: u32, tk0: u32) {
     }
 }
 
-// Two accumulators through the subgroup's 512 words of wa: stored, then scaled and
+// Two accumulators through the subgroup's two blocks of wa: stored, then scaled and
 // written (rows r0.., tokens tk0 and tk0 + 16..). Every subgroup calls it together.
 fn drain2(
     x: subgroup_matrix_result<i32, 16, 16>,
@@ -206,13 +221,13 @@ fn drain2(
     r0: u32,
     tk0: u32,
 ) {
-    let at = sg * 512u;
+    let b = 2u * sg;
     workgroupBarrier();
-    subgroupMatrixStore<col_major>(&wa, at, x, 16u);
-    subgroupMatrixStore<col_major>(&wa, at + 256u, y, 16u);
+    subgroupMatrixStore<col_major>(&wa[b], 0u, x, 16u);
+    subgroupMatrixStore<col_major>(&wa[b + 1u], 0u, y, 16u);
     workgroupBarrier();
-    finish(at, lane, r0, tk0);
-    finish(at + 256u, lane, r0, tk0 + 16u);
+    finish(b, lane, r0, tk0);
+    finish(b + 1u, lane, r0, tk0 + 16u);
 }
 
 @compute @workgroup_size(256)
@@ -272,19 +287,36 @@ fn matmul_tiled(
             av0 = act[r.arow0 + 4u * nx];
             av1 = act[r.arow1 + 4u * nx];
         }
-        let oa = (s % 2u) * BUFA + rb * LDW;
-        let ob = (s % 2u) * BUFB + tb * LDW;
-        for (var kw = 0u; kw < 16u; kw += 8u) {
-            let a0 = frag_a(oa + kw);
-            let a1 = frag_a(oa + 16u * LDW + kw);
-            let b0 = frag_b(ob + kw);
-            let b1 = frag_b(ob + 16u * LDW + kw);
+        // This subgroup's blocks of the stage's buffer, then its two 32-wide k steps.
+        let ba = (s % 2u) * BLOCKS + rb / 16u;
+        let bb = (s % 2u) * BLOCKS + tb / 16u;
+        {
+            let a0 = frag_a0(ba);
+            let a1 = frag_a0(ba + 1u);
+            let b0 = frag_b0(bb);
+            let b1 = frag_b0(bb + 1u);
             c00 = subgroupMatrixMultiplyAccumulate(a0, b0, c00);
             c01 = subgroupMatrixMultiplyAccumulate(a0, b1, c01);
             c10 = subgroupMatrixMultiplyAccumulate(a1, b0, c10);
             c11 = subgroupMatrixMultiplyAccumulate(a1, b1, c11);
-            let b2 = frag_b(ob + 32u * LDW + kw);
-            let b3 = frag_b(ob + 48u * LDW + kw);
+            let b2 = frag_b0(bb + 2u);
+            let b3 = frag_b0(bb + 3u);
+            c02 = subgroupMatrixMultiplyAccumulate(a0, b2, c02);
+            c03 = subgroupMatrixMultiplyAccumulate(a0, b3, c03);
+            c12 = subgroupMatrixMultiplyAccumulate(a1, b2, c12);
+            c13 = subgroupMatrixMultiplyAccumulate(a1, b3, c13);
+        }
+        {
+            let a0 = frag_a8(ba);
+            let a1 = frag_a8(ba + 1u);
+            let b0 = frag_b8(bb);
+            let b1 = frag_b8(bb + 1u);
+            c00 = subgroupMatrixMultiplyAccumulate(a0, b0, c00);
+            c01 = subgroupMatrixMultiplyAccumulate(a0, b1, c01);
+            c10 = subgroupMatrixMultiplyAccumulate(a1, b0, c10);
+            c11 = subgroupMatrixMultiplyAccumulate(a1, b1, c11);
+            let b2 = frag_b8(bb + 2u);
+            let b3 = frag_b8(bb + 3u);
             c02 = subgroupMatrixMultiplyAccumulate(a0, b2, c02);
             c03 = subgroupMatrixMultiplyAccumulate(a0, b3, c03);
             c12 = subgroupMatrixMultiplyAccumulate(a1, b2, c12);
