@@ -83,6 +83,7 @@ pub unsafe fn f16_scores_heads<const G: usize>(
 ) {
     for i in 0..n {
         let k = keys.add(i * stride);
+        prefetch_row(k.wrapping_add(ROWS_AHEAD * stride), hd);
         let mut a = [_mm512_setzero_ps(); G];
         let mut b = [_mm512_setzero_ps(); G];
         for e in (0..hd).step_by(32) {
@@ -96,6 +97,20 @@ pub unsafe fn f16_scores_heads<const G: usize>(
         for (g, (a, b)) in a.iter().zip(&b).enumerate() {
             *out.add(g * out_stride + i) = reduce(*a, *b);
         }
+    }
+}
+
+/// Cache rows ahead of the one being read that the attention loops ask the core for: the
+/// rows of one kv head are `stride` apart, a run the hardware prefetchers follow late.
+const ROWS_AHEAD: usize = 4;
+
+/// Asks for the cache lines of the `len` halves at `p` (no effect on any value; a
+/// prefetch never faults, so one past the last row is harmless).
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_row(p: *const f16, len: usize) {
+    for off in (0..len).step_by(32) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
     }
 }
 
@@ -146,6 +161,7 @@ unsafe fn heads_block<const G: usize, const N: usize>(
     }
     for i in 0..n {
         let v = values.add(i * stride + c0);
+        prefetch_row(v.wrapping_add(ROWS_AHEAD * stride), 16 * N);
         let vs: [__m512; N] = std::array::from_fn(|j| halves16(v.add(16 * j)));
         for (g, acc) in acc.iter_mut().enumerate() {
             let wv = _mm512_set1_ps(*w.add(g * w_stride + i));
