@@ -165,8 +165,8 @@ pub unsafe fn per_token_dots<const T: usize>(
     }
 }
 
-/// [`per_token_dots`] for one token, with one accumulator per plane (four independent
-/// `vpdpbusd` chains instead of one) over [`masked_planes`].
+/// [`per_token_dots`] for one token, with accumulators per plane over [`masked_planes`]
+/// ([`masked_run`]: eight independent `vpdpbusd` chains instead of one).
 ///
 /// # Safety
 /// As [`per_token_dots`] with T = 1.
@@ -180,12 +180,32 @@ pub unsafe fn per_token_dot1(
     post: f32,
     out: Dst,
 ) {
-    let mut acc = [_mm512_setzero_si512(); 4];
-    for c in 0..n_chunks {
-        prefetch_ahead(w.add(c).cast());
-        plane_dots(&masked_planes(w.add(c)), q.add(16 * c), &mut acc);
-    }
+    let acc = masked_run(w, q, 0..n_chunks);
     out.store(0, per_token(unscale4(&acc), sum, scale, post));
+}
+
+/// Σ over chunks `run` of one token's masked-plane products ([`masked_planes`]), one
+/// accumulator per plane: chunks taken in pairs into two sets of accumulators added at the
+/// end (exact integers), so eight `vpdpbusd` chains hide the instruction's latency, where
+/// four kept a core waiting on them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn masked_run(w: *const Chunk, q: *const i8, run: std::ops::Range<usize>) -> [__m512i; 4] {
+    let mut even = [_mm512_setzero_si512(); 4];
+    let mut odd = [_mm512_setzero_si512(); 4];
+    let mut c = run.start;
+    while c + 1 < run.end {
+        prefetch_ahead(w.add(c).cast());
+        prefetch_ahead(w.add(c + 1).cast());
+        plane_dots(&masked_planes(w.add(c)), q.add(16 * c), &mut even);
+        plane_dots(&masked_planes(w.add(c + 1)), q.add(16 * (c + 1)), &mut odd);
+        c += 2;
+    }
+    if c < run.end {
+        prefetch_ahead(w.add(c).cast());
+        plane_dots(&masked_planes(w.add(c)), q.add(16 * c), &mut even);
+    }
+    std::array::from_fn(|s| _mm512_add_epi32(even[s], odd[s]))
 }
 
 /// `acc[s] += planes[s] · q[4s..4s+4]`: one token, one accumulator per plane.
@@ -249,7 +269,8 @@ pub unsafe fn block_dots<const T: usize>(
     }
 }
 
-/// [`block_dots`] for one token, with one accumulator per plane over [`masked_planes`].
+/// [`block_dots`] for one token, with accumulators per plane over [`masked_planes`]
+/// ([`masked_run`]).
 ///
 /// # Safety
 /// As [`block_dots`] with T = 1.
@@ -267,11 +288,7 @@ pub unsafe fn block_dot1(
 ) {
     let mut sum = _mm512_setzero_ps();
     for b in 0..n_blocks {
-        let mut acc = [_mm512_setzero_si512(); 4];
-        for c in 16 * b..16 * (b + 1) {
-            prefetch_ahead(w.add(c).cast());
-            plane_dots(&masked_planes(w.add(c)), q.add(16 * c), &mut acc);
-        }
+        let acc = masked_run(w, q, 16 * b..16 * (b + 1));
         let dw = scales16(scales.add(16 * b));
         let sumi = _mm512_sub_epi32(unscale4(&acc), _mm512_set1_epi32(*bsum.add(b)));
         sum = scaled(sum, sumi, *d.add(b), dw);
