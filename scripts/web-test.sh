@@ -3,9 +3,11 @@
 # (WebGPU on SwiftShader), then the chat page end to end against the native CPU backend's
 # token ids, the "no WebGPU" negative control, an MLC directory (Ternion.loadMlc) against
 # the native MLC path with the OPFS cache and WebLLM's Cache API, and the npm package under Node.js against
-# the same native ids (scripts/node-test.sh, issue 18). Installs what is missing, once:
-# Debian's chromium + chromium-driver, the wasm32-unknown-unknown target, and
-# wasm-bindgen-cli at exactly the version Cargo.lock names (kept in ~/.cargo/bin).
+# the same native ids (scripts/node-test.sh, issue 18), and the subgroup-matrix prompt tiles
+# compiled by Dawn's null backend (tests/sgmat_compile.mjs). Installs what is missing, once:
+# Debian's chromium + chromium-driver, the wasm32-unknown-unknown target,
+# wasm-bindgen-cli at exactly the version Cargo.lock names (kept in ~/.cargo/bin), and the
+# `webgpu` npm package (Dawn for Node, kept in ~/.cache/ternion-ci).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,3 +47,13 @@ python3 crates/ternion-web/tests/e2e_mlc.py --ternion "$target/release/ternion"
 
 # 3. The npm package under Node.js (CPU backend), against `ternion run --json`.
 ./scripts/node-test.sh
+
+# 4. The browser-only subgroup-matrix kernel through Dawn's compiler (null backend: it
+#    validates and compiles, runs nothing) from the `webgpu` npm package.
+webgpu_version=0.6.2
+webgpu="${XDG_CACHE_HOME:-$HOME/.cache}/ternion-ci/webgpu-$webgpu_version"
+if [ ! -f "$webgpu/package/dist/linux-x64/dawn.node" ]; then
+  mkdir -p "$webgpu"
+  (cd "$webgpu" && npm pack --silent "webgpu@$webgpu_version" >/dev/null && tar xzf "webgpu-$webgpu_version.tgz" && rm "webgpu-$webgpu_version.tgz")
+fi
+XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}" node crates/ternion-web/tests/sgmat_compile.mjs --webgpu "$webgpu/package"
