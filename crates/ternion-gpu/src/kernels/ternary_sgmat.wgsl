@@ -38,8 +38,8 @@
 // four a token's 64 activation bytes. Subgroup s multiplies rows 32·(s % 4)..+32 by tokens
 // 64·(s / 4)..+64: 2×4 accumulators, for each 32-wide k step two code fragments (left,
 // row-major) and four activation fragments (right, column-major: a token's k run is a
-// column), eight multiply-adds. At the end the accumulators go through wa (each
-// subgroup's own 512 words, two accumulators a round), and the lanes scale and store them.
+// column), eight multiply-adds (`kstep`). At the end the accumulators go through wa (each
+// subgroup's own two blocks, two accumulators a round), and the lanes scale and store them.
 // Rows past M read row M−1 and tokens past T read token T−1; neither is written. The
 // fragment loads' offsets and strides count the arrays' i32 words.
 //
@@ -125,6 +125,30 @@ fn frag_b0(b: u32) -> subgroup_matrix_right<i8, 16, 32> {
 }
 fn frag_b8(b: u32) -> subgroup_matrix_right<i8, 16, 32> {
     return subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>, col_major>(&xb[b], 8u, LDW);
+}
+
+// A subgroup's 2×4 accumulators: rows 16i.., tokens 16j.. at index 4i + j.
+alias Acc = array<subgroup_matrix_result<i32, 16, 16>, 8>;
+
+// One 32-wide k step of a subgroup: code fragments a0, a1 (its two 16-row blocks) by
+// activation fragments b0..b3 (its four 16-token blocks) into `c`.
+fn kstep(
+    a0: subgroup_matrix_left<i8, 32, 16>,
+    a1: subgroup_matrix_left<i8, 32, 16>,
+    b0: subgroup_matrix_right<i8, 16, 32>,
+    b1: subgroup_matrix_right<i8, 16, 32>,
+    b2: subgroup_matrix_right<i8, 16, 32>,
+    b3: subgroup_matrix_right<i8, 16, 32>,
+    c: ptr<function, Acc>,
+) {
+    (*c)[0] = subgroupMatrixMultiplyAccumulate(a0, b0, (*c)[0]);
+    (*c)[1] = subgroupMatrixMultiplyAccumulate(a0, b1, (*c)[1]);
+    (*c)[4] = subgroupMatrixMultiplyAccumulate(a1, b0, (*c)[4]);
+    (*c)[5] = subgroupMatrixMultiplyAccumulate(a1, b1, (*c)[5]);
+    (*c)[2] = subgroupMatrixMultiplyAccumulate(a0, b2, (*c)[2]);
+    (*c)[3] = subgroupMatrixMultiplyAccumulate(a0, b3, (*c)[3]);
+    (*c)[6] = subgroupMatrixMultiplyAccumulate(a1, b2, (*c)[6]);
+    (*c)[7] = subgroupMatrixMultiplyAccumulate(a1, b3, (*c)[7]);
 }
 
 // Planes 2h and 2h + 1 of a row's code word (shifts 6 − 4h and 4 − 4h) into words `at`
@@ -261,14 +285,7 @@ fn matmul_tiled(
     let r = roles(li, row0, t0);
     let rb = 32u * (sg % 4u);
     let tb = 64u * (sg / 4u);
-    var c00 = subgroup_matrix_result<i32, 16, 16>();
-    var c01 = subgroup_matrix_result<i32, 16, 16>();
-    var c02 = subgroup_matrix_result<i32, 16, 16>();
-    var c03 = subgroup_matrix_result<i32, 16, 16>();
-    var c10 = subgroup_matrix_result<i32, 16, 16>();
-    var c11 = subgroup_matrix_result<i32, 16, 16>();
-    var c12 = subgroup_matrix_result<i32, 16, 16>();
-    var c13 = subgroup_matrix_result<i32, 16, 16>();
+    var c: Acc;
 
     // Two stages a block (planes 0, 1 and 2, 3); stage s + 1's global words are read
     // before stage s's products and staged after them into the other buffer.
@@ -290,38 +307,16 @@ fn matmul_tiled(
         // This subgroup's blocks of the stage's buffer, then its two 32-wide k steps.
         let ba = (s % 2u) * BLOCKS + rb / 16u;
         let bb = (s % 2u) * BLOCKS + tb / 16u;
-        {
-            let a0 = frag_a0(ba);
-            let a1 = frag_a0(ba + 1u);
-            let b0 = frag_b0(bb);
-            let b1 = frag_b0(bb + 1u);
-            c00 = subgroupMatrixMultiplyAccumulate(a0, b0, c00);
-            c01 = subgroupMatrixMultiplyAccumulate(a0, b1, c01);
-            c10 = subgroupMatrixMultiplyAccumulate(a1, b0, c10);
-            c11 = subgroupMatrixMultiplyAccumulate(a1, b1, c11);
-            let b2 = frag_b0(bb + 2u);
-            let b3 = frag_b0(bb + 3u);
-            c02 = subgroupMatrixMultiplyAccumulate(a0, b2, c02);
-            c03 = subgroupMatrixMultiplyAccumulate(a0, b3, c03);
-            c12 = subgroupMatrixMultiplyAccumulate(a1, b2, c12);
-            c13 = subgroupMatrixMultiplyAccumulate(a1, b3, c13);
-        }
-        {
-            let a0 = frag_a8(ba);
-            let a1 = frag_a8(ba + 1u);
-            let b0 = frag_b8(bb);
-            let b1 = frag_b8(bb + 1u);
-            c00 = subgroupMatrixMultiplyAccumulate(a0, b0, c00);
-            c01 = subgroupMatrixMultiplyAccumulate(a0, b1, c01);
-            c10 = subgroupMatrixMultiplyAccumulate(a1, b0, c10);
-            c11 = subgroupMatrixMultiplyAccumulate(a1, b1, c11);
-            let b2 = frag_b8(bb + 2u);
-            let b3 = frag_b8(bb + 3u);
-            c02 = subgroupMatrixMultiplyAccumulate(a0, b2, c02);
-            c03 = subgroupMatrixMultiplyAccumulate(a0, b3, c03);
-            c12 = subgroupMatrixMultiplyAccumulate(a1, b2, c12);
-            c13 = subgroupMatrixMultiplyAccumulate(a1, b3, c13);
-        }
+        kstep(
+            frag_a0(ba), frag_a0(ba + 1u),
+            frag_b0(bb), frag_b0(bb + 1u), frag_b0(bb + 2u), frag_b0(bb + 3u),
+            &c,
+        );
+        kstep(
+            frag_a8(ba), frag_a8(ba + 1u),
+            frag_b8(bb), frag_b8(bb + 1u), frag_b8(bb + 2u), frag_b8(bb + 3u),
+            &c,
+        );
         if (nx < stages) {
             stage(nx, r, wv, av0, av1);
         }
@@ -330,8 +325,8 @@ fn matmul_tiled(
 
     let r0 = row0 + rb;
     let tk0 = t0 + tb;
-    drain2(c00, c01, sg, lane, r0, tk0);
-    drain2(c10, c11, sg, lane, r0 + 16u, tk0);
-    drain2(c02, c03, sg, lane, r0, tk0 + 32u);
-    drain2(c12, c13, sg, lane, r0 + 16u, tk0 + 32u);
+    drain2(c[0], c[1], sg, lane, r0, tk0);
+    drain2(c[4], c[5], sg, lane, r0 + 16u, tk0);
+    drain2(c[2], c[3], sg, lane, r0, tk0 + 32u);
+    drain2(c[6], c[7], sg, lane, r0 + 16u, tk0 + 32u);
 }
