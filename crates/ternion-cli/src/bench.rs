@@ -403,6 +403,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
     // The profile times one run's steps.
     let reps = if a.profile { 1 } else { a.repetitions };
+    // The CPU's bandwidth is measured before the runs as well as after: a shared host's
+    // can change within seconds (BENCHMARKS.md, session 26), and decode is compared with
+    // the higher of the two.
+    let read_bw_before = gpu
+        .is_none()
+        .then(ternion::backend::cpu::measure_read_bandwidth);
     let mut runs = Vec::with_capacity(reps);
     for r in 0..reps {
         let warm = r == 0;
@@ -466,10 +472,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             dispatches.unwrap_or(0),
             us * dispatches.unwrap_or(0) as f64 / 1e3,
         ),
-        None => println!(
-            "measured read bandwidth {read_bw:.1} GB/s ({threads} threads): decode reaches {:.1}% of it",
-            100.0 * gb_s / read_bw,
-        ),
+        None => {
+            let before = read_bw_before.unwrap_or(read_bw);
+            let high = before.max(read_bw);
+            println!(
+                "measured read bandwidth {before:.1} GB/s before the runs, {read_bw:.1} GB/s after ({threads} threads): decode reaches {:.1}% of the higher",
+                100.0 * gb_s / high,
+            );
+            if high > 1.15 * before.min(read_bw) || gb_s > high {
+                println!(
+                    "the machine's bandwidth moved during the runs (the two probes differ by more than 15%, or decode read faster than both; a neighbour's load?): the ratio is uncertain"
+                );
+            }
+        }
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
     if let Some(p) = &profile {
