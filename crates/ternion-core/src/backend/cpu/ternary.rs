@@ -173,24 +173,31 @@ impl TernaryPack {
 
     /// Several products with the same input as one parallel op (one synchronisation point
     /// where there would be N): each output equals its own [`TernaryPack::forward`] bit for
-    /// bit (a group of 16 rows is one chunk, computed the same way whatever runs it).
+    /// bit (a group of 16 rows is computed the same way whatever task runs it; a task runs
+    /// [`groups_per_task`] consecutive groups of one product).
     pub fn forward_fused<const N: usize>(x: PackInput<'_>, products: [Product<'_>; N]) {
         let rows = products
             .first()
             .map_or(0, |p| p.out.len() / p.pack.m.max(1));
+        let pool = pool::global();
+        let groups: usize = products.iter().map(|p| p.pack.m.div_ceil(GROUP_ROWS)).sum();
+        let per_task = groups_per_task(groups, rows, pool.n_threads());
         let mut first = [0usize; N];
         let mut n_chunks = 0;
         for (f, p) in first.iter_mut().zip(&products) {
             *f = n_chunks;
-            n_chunks += p.pack.m.div_ceil(GROUP_ROWS);
+            n_chunks += p.pack.m.div_ceil(GROUP_ROWS).div_ceil(per_task);
         }
         let parts = products.map(|p| (p.pack, p.post, SharedMut(p.out.as_mut_ptr())));
-        pool::global().run(n_chunks, &|c, _| {
-            // The product whose groups hold chunk c (the last one starting at or before it:
+        pool.run(n_chunks, &|c, _| {
+            // The product whose tasks hold chunk c (the last one starting at or before it:
             // a product without rows starts where the next one does).
             let i = first.iter().rposition(|&f| f <= c).unwrap_or(0);
             let (pack, post, out) = &parts[i];
-            pack.group(x, *post, c - first[i], rows, out);
+            let g0 = (c - first[i]) * per_task;
+            for g in g0..(g0 + per_task).min(pack.m.div_ceil(GROUP_ROWS)) {
+                pack.group(x, *post, g, rows, out);
+            }
         });
     }
 
@@ -220,6 +227,20 @@ impl TernaryPack {
             }
         }
     }
+}
+
+/// Groups of 16 rows one parallel task of a product runs. A decode step's group is 10–28
+/// KiB of weights, a few hundred nanoseconds of streaming, so claiming and setting up a
+/// task costs a visible share of it: up to eight groups a task where that still leaves at
+/// least eight tasks a thread (2B-4T decode on 2 threads: q/k/v 15 % faster, gate/up 8 %,
+/// o and down 7 % than one group a task; BENCHMARKS.md, session 26). A prompt's group
+/// already carries a tile of tokens: one.
+fn groups_per_task(groups: usize, rows: usize, threads: usize) -> usize {
+    const MOST: usize = 8;
+    if rows > 1 {
+        return 1;
+    }
+    (groups / (8 * threads.max(1))).clamp(1, MOST)
 }
 
 /// The quantized activation rows a product reads, in the form its format pairs with.

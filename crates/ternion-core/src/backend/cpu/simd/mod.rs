@@ -19,8 +19,6 @@ mod avx512_attn;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bits;
 #[cfg(target_arch = "x86_64")]
-mod avx512_f16;
-#[cfg(target_arch = "x86_64")]
 mod avx512_kq;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;
@@ -407,10 +405,7 @@ pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
     match level {
         // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::f16_dot(w.as_ptr(), x) },
-        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { avx512_f16::f16_dot(w.as_ptr().cast(), x) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(w.as_ptr(), x) },
         // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 1>(w.as_ptr(), [x])[0] },
@@ -428,10 +423,7 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
     match level {
         // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
-        // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { avx512_f16::f16_dot4(w.as_ptr().cast(), x) },
+        Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
         // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 4>(w.as_ptr(), x) },

@@ -504,8 +504,7 @@ fn q8_0_dot4_equals_four_dots() {
 }
 
 /// At every level, `f16_dot4` equals four `f16_dot` calls bit for bit, for widths that end
-/// after whole steps of every kernel and widths with a 16-wide or 8-wide tail and single
-/// halves left (AVX-512 reads 128 halves a step, AVX2 32).
+/// after whole 32-half steps and widths with 8-wide steps and single halves left.
 #[test]
 fn f16_dot4_equals_four_dots() {
     let mut rng = StdRng::seed_from_u64(13);

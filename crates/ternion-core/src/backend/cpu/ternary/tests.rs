@@ -84,7 +84,9 @@ fn per_token(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 fn i2s_products_equal_the_reference() {
     let Some(v) = vnni() else { return };
     let mut rng = StdRng::seed_from_u64(16);
-    for (k, m) in [(128, 16), (384, 37), (2560, 21)] {
+    // 2100 rows: 132 groups, the last one partial; a decode step runs them several groups a
+    // task (8 on 2 threads, the last task 4 groups).
+    for (k, m) in [(128, 16), (384, 37), (2560, 21), (128, 2100)] {
         let data = random_tensor(&mut rng, GgmlType::I2_S, k, m);
         let pack = TernaryPack::new(v, GgmlType::I2_S, &data, (k, m), &|_| {}).expect("I2_S packs");
         for rows in [1, 3, 16, 21, 40] {
@@ -104,6 +106,19 @@ fn i2s_products_equal_the_reference() {
             assert_bits(&out, m, want, &format!("k={k} m={m} rows={rows}"));
         }
     }
+}
+
+/// A decode step's tasks take up to eight groups while that leaves eight tasks a thread;
+/// a prompt's take one.
+#[test]
+fn decode_tasks_take_several_groups() {
+    assert_eq!(groups_per_task(864, 1, 2), 8);
+    assert_eq!(groups_per_task(160, 1, 2), 8);
+    assert_eq!(groups_per_task(100, 1, 2), 6);
+    assert_eq!(groups_per_task(10, 1, 2), 1);
+    assert_eq!(groups_per_task(160, 1, 16), 1);
+    assert_eq!(groups_per_task(864, 1, 0), 8);
+    assert_eq!(groups_per_task(864, 2, 2), 1);
 }
 
 #[test]
