@@ -104,7 +104,8 @@ pub unsafe fn f16_scores_heads<const G: usize>(
 /// rows of one kv head are `stride` apart, a run the hardware prefetchers follow late.
 /// A decode step's rows come from memory (the weights stream evicts them between layers)
 /// and a row's work is short, so 4 rows ahead left the loops waiting; 12 took a 2B-4T
-/// decode's attention op 8-13 % faster at 100-250 positions (BENCHMARKS.md, session 26).
+/// decode's attention op 5-18 % faster (median 9 %) at 20-270 positions (BENCHMARKS.md,
+/// session 26).
 const ROWS_AHEAD: usize = 12;
 
 /// Asks for the cache lines of the `len` halves at `p` (no effect on any value; a
