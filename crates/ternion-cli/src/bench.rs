@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use ternion::backend::cpu::op_profile;
 use ternion::backend::gpu::{
     measure_dispatch_latency, measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq,
     GpuSeqStep, KernelTime,
@@ -53,8 +54,10 @@ pub struct BenchArgs {
     /// LM head storage: as stored (exact) or requantized to Q8_0.
     #[arg(long, value_enum, default_value = "stored")]
     lm_head: LmHeadArg,
-    /// GPU: time every kernel launch of the decode steps with timestamp queries and print
-    /// the breakdown (adds a little time per launch to the figures above it).
+    /// Time the decode steps part by part and print the breakdown: on the GPU every kernel
+    /// launch (timestamp queries, adding a little time per launch to the figures above
+    /// it); on the CPU every op of the forward pass, wall clock, with the weights it reads
+    /// per token and their rate (one run, single sequence).
     #[arg(long)]
     profile: bool,
     /// GPU: tokens per prefill step (the prompt runs in steps of at most this many; as
@@ -146,9 +149,9 @@ fn cpu_seconds() -> f64 {
 fn time_cpu(
     model: &Model,
     prompt: &[u32],
-    n_gen: usize,
-    n_ctx: usize,
+    (n_gen, n_ctx): (usize, usize),
     warm: bool,
+    profile: bool,
 ) -> Result<Timings> {
     if warm {
         Session::new(model, n_ctx).prefill(prompt)?;
@@ -157,6 +160,9 @@ fn time_cpu(
     let t = Instant::now();
     let mut next = argmax(s.prefill(prompt)?);
     let prefill_s = t.elapsed().as_secs_f64();
+    if profile {
+        op_profile::start();
+    }
     let (t, cpu) = (Instant::now(), cpu_seconds());
     for _ in 0..n_gen {
         next = argmax(s.decode(next)?);
@@ -165,6 +171,7 @@ fn time_cpu(
         prefill_s,
         decode_s: t.elapsed().as_secs_f64(),
         decode_cpu_s: Some(cpu_seconds() - cpu),
+        cpu_ops: profile.then(op_profile::stop),
     })
 }
 
@@ -173,6 +180,8 @@ struct Timings {
     prefill_s: f64,
     decode_s: f64,
     decode_cpu_s: Option<f64>,
+    /// CPU `--profile`: per graph op, the calls and seconds of the decode steps.
+    cpu_ops: Option<Vec<(u64, f64)>>,
 }
 
 /// Prefill and decode seconds of `prompts.len()` sequences run together on the CPU: one
@@ -223,6 +232,7 @@ fn time_cpu_batched(
         prefill_s,
         decode_s: t.elapsed().as_secs_f64(),
         decode_cpu_s: Some(cpu_seconds() - cpu),
+        cpu_ops: None,
     })
 }
 
@@ -262,6 +272,7 @@ fn time_gpu(g: &mut GpuModel, prompt: &[u32], n_gen: usize, warm: bool) -> Resul
         prefill_s,
         decode_s: t.elapsed().as_secs_f64(),
         decode_cpu_s: None,
+        cpu_ops: None,
     })
 }
 
@@ -316,6 +327,7 @@ fn time_gpu_batched(
         prefill_s,
         decode_s,
         decode_cpu_s: None,
+        cpu_ops: None,
     })
 }
 
@@ -350,6 +362,50 @@ fn print_profile(title: &str, p: &[KernelTime], n_gen: usize) {
             k.count / n_gen.max(1) as u64,
             per_tok(k.total_ns),
             100.0 * k.total_ns / total.max(1.0)
+        );
+    }
+}
+
+/// Prints the CPU decode profile: the graph's ops grouped by [`ternion::model::Op::label`] (every layer's
+/// instance together), per token, largest first, with the weights each reads and their
+/// rate, then what the steps spent outside the ops (sampling, the step's set-up).
+fn print_cpu_profile(model: &Model, ops: &[(u64, f64)], n_gen: usize, decode_s: f64) {
+    let graph = model.graph();
+    let per_tok = n_gen.max(1) as f64;
+    // label → (instances a step, seconds, weight bytes a step)
+    let mut rows: Vec<(String, u64, f64, u64)> = Vec::new();
+    for (op, &(calls, secs)) in graph.ops.iter().zip(ops) {
+        let label = match op.products().iter().any(|&(_, out)| out == graph.logits) {
+            true => format!("LM head: {}", op.label(&graph.weights)),
+            false => op.label(&graph.weights),
+        };
+        let bytes = model.op_weight_bytes(op);
+        match rows.iter_mut().find(|r| r.0 == label) {
+            Some(r) => (r.1, r.2, r.3) = (r.1 + calls, r.2 + secs, r.3 + bytes),
+            None => rows.push((label, calls, secs, bytes)),
+        }
+    }
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let in_ops: f64 = rows.iter().map(|r| r.2).sum();
+    println!(
+        "decode profile (CPU, wall clock per token): {:.2} ms in the graph's ops, {:.2} ms outside them",
+        1e3 * in_ops / per_tok,
+        1e3 * (decode_s - in_ops).max(0.0) / per_tok,
+    );
+    for (label, calls, secs, bytes) in rows {
+        let rate = match bytes {
+            0 => String::new(),
+            b => format!(
+                "  {:>6.1} MB {:>6.1} GB/s",
+                b as f64 / 1e6,
+                b as f64 * per_tok / secs.max(1e-12) / 1e9
+            ),
+        };
+        println!(
+            "  {label:<44} {:>4}× {:>8.3} ms {:>5.1}%{rate}",
+            calls / n_gen.max(1) as u64,
+            1e3 * secs / per_tok,
+            100.0 * secs / decode_s.max(1e-12),
         );
     }
 }
@@ -397,8 +453,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ..GpuModelOptions::default()
     };
     let mut gpu = a.backend.gpu_with(&model, gopts)?;
-    if a.profile && gpu.is_none() {
-        bail!("--profile times GPU kernels: use it with --backend gpu");
+    if a.profile && gpu.is_none() && a.batch > 1 {
+        bail!("--profile on the CPU times single-sequence decode: leave out --batch");
     }
     let backend = if gpu.is_some() { "gpu" } else { "cpu" };
     // The profile times one run's steps.
@@ -416,7 +472,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Some(g) if a.batch > 1 => time_gpu_batched(g, &prompts, a.n_gen, warm)?,
             Some(g) => time_gpu(g, prompt, a.n_gen, warm)?,
             None if a.batch > 1 => time_cpu_batched(&model, &prompts, a.n_gen, n_ctx, warm)?,
-            None => time_cpu(&model, prompt, a.n_gen, n_ctx, warm)?,
+            None => time_cpu(&model, prompt, (a.n_gen, n_ctx), warm, a.profile)?,
         });
     }
     let prefill_reps: Vec<f64> = runs
@@ -485,6 +541,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 );
             }
         }
+    }
+    if let Some(ops) = runs.last().and_then(|t| t.cpu_ops.as_ref()) {
+        print_cpu_profile(&model, ops, a.n_gen, runs[runs.len() - 1].decode_s);
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
     if let Some(p) = &profile {

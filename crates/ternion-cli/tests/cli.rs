@@ -446,6 +446,65 @@ fn bench_json_reports_speeds() {
     assert_eq!(one["prefill_tok_s_sd"], 0.0, "{one}");
 }
 
+/// `bench --profile` on the CPU breaks a decode token down by graph op: every layer's
+/// instance of an op in one row (as many calls a token as layers), the LM head once with
+/// the bytes of its matrix, and the rows' shares within the decode time.
+#[test]
+fn cpu_bench_profiles_decode_op_by_op() {
+    let model = tiny_model();
+    let args = [
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "-P",
+        "4",
+        "-n",
+        "3",
+        "--profile",
+    ];
+    let out = ok(&args);
+    let layers: u64 = out
+        .split(" layers")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no layer count in:\n{out}"));
+    assert!(
+        out.contains("decode profile (CPU, wall clock per token)"),
+        "{out}"
+    );
+    let row = |start: &str| -> Vec<String> {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_else(|| panic!("no '{start}' row in:\n{out}"));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    let calls = |r: &[String]| -> u64 {
+        let c = r.iter().find(|w| w.ends_with('×')).expect("a call count");
+        c.trim_end_matches('×').parse().expect("a number of calls")
+    };
+    let attention = row("attention (rope, kv store)");
+    assert_eq!(calls(&attention), layers, "{out}");
+    let head = row("LM head:");
+    assert_eq!(calls(&head), 1, "{out}");
+    assert!(head.iter().any(|w| w == "GB/s"), "the head's rate: {out}");
+    let shares: f64 = out
+        .lines()
+        .skip_while(|l| !l.starts_with("decode profile"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().find(|w| w.ends_with('%')))
+        .map(|w| w.trim_end_matches('%').parse::<f64>().expect("a share"))
+        .sum();
+    assert!(
+        shares > 0.0 && shares <= 100.5,
+        "shares sum to {shares}: {out}"
+    );
+    let batched = ternion(&[&args[..], &["--batch", "2"]].concat());
+    assert!(!batched.status.success());
+    assert!(String::from_utf8_lossy(&batched.stderr).contains("leave out --batch"));
+}
+
 #[test]
 fn gpu_bench_reports_its_kernel_variants_and_turns_them_off() {
     if !gpu_tests_on() {

@@ -297,6 +297,44 @@ pub enum Op {
 }
 
 impl Op {
+    /// A name for profiles, the same for every layer's instance of the op: what it does and
+    /// the weights of its products by tensor name without the layer (`blk.N.`) and the
+    /// `.weight` suffix, e.g. `norm + attn_q, attn_k, attn_v` or `output`.
+    pub fn label(&self, weights: &[WeightDesc]) -> String {
+        let kind = match self {
+            Op::Embed { .. } => "embed",
+            Op::RmsNorm { .. } => "rms norm",
+            Op::Linear { .. } => "",
+            Op::NormLinear { .. } | Op::NormQkv { .. } => "norm + ",
+            Op::NormGlu { .. } => "norm + glu of ",
+            Op::SelfAttention { .. } => "attention (rope, kv store)",
+            Op::LayerNorm { .. } => "layer norm",
+            Op::AddBias { .. } => "bias",
+            Op::Act { .. } => "activation",
+            Op::AddPosEmbed { .. } => "position embedding",
+            Op::Slice { .. } => "slice",
+            Op::Glu { .. } => "glu",
+            Op::HeadRmsNorm { .. } => "head rms norm",
+            Op::Scale { .. } => "scale",
+            Op::Add { .. } => "residual add",
+            Op::SoftCap { .. } => "soft cap",
+            Op::SelectRows { .. } => "select rows",
+        };
+        let names: Vec<&str> = self
+            .products()
+            .into_iter()
+            .map(|(w, _)| {
+                let name = weights.get(w.0).map_or("?", |d| d.name.as_str());
+                let name = name.strip_suffix(".weight").unwrap_or(name);
+                match name.strip_prefix("blk.") {
+                    Some(rest) => rest.split_once('.').map_or(rest, |(_, n)| n),
+                    None => name,
+                }
+            })
+            .collect();
+        format!("{kind}{}", names.join(", "))
+    }
+
     /// The matrix products of this op, as (weight, destination) pairs.
     pub fn products(&self) -> Vec<(WeightId, ActId)> {
         match *self {

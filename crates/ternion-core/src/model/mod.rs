@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{Arch, Config};
-pub use graph::Graph;
+pub use graph::{Graph, Op};
 
 use crate::backend::cpu::{CpuModel, CpuState, SeqStep, Workspace};
 use crate::gguf::GgufFile;
@@ -133,6 +133,11 @@ impl Model {
     /// Bytes of weights read to decode one token.
     pub fn weight_bytes_per_token(&self) -> u64 {
         self.cpu.weight_bytes_per_token(&self.graph)
+    }
+
+    /// Bytes of weights the CPU reads for graph op `op` in a decode step.
+    pub fn op_weight_bytes(&self, op: &Op) -> u64 {
+        self.cpu.op_weight_bytes(&self.graph, op)
     }
 
     /// An empty CPU sequence state with room for `n_ctx` positions, in a pool of its own

@@ -12,6 +12,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::acts::Acts;
+use super::op_profile;
 use super::pass::Pass;
 use super::{Linear, QuantInput, QueryRow};
 use crate::generate::{check_step, StepLimits};
@@ -223,7 +224,15 @@ impl CpuModel {
         graph
             .ops
             .iter()
-            .flat_map(Op::products)
+            .map(|op| self.op_weight_bytes(graph, op))
+            .sum()
+    }
+
+    /// Bytes of weights `op` reads in a decode step: each of its matrix products once (the
+    /// LM head as the requantized copy when there is one).
+    pub fn op_weight_bytes(&self, graph: &Graph, op: &Op) -> u64 {
+        op.products()
+            .into_iter()
             .map(|(w, out)| match (self.head_quant, out == graph.logits) {
                 (Some((_, _, bytes)), true) => bytes,
                 _ => self.matrix(w.0).map_or(0, Linear::weight_bytes),
@@ -410,8 +419,10 @@ impl CpuModel {
             tokens,
             capacity,
         };
-        for op in &graph.ops {
+        for (i, op) in graph.ops.iter().enumerate() {
+            let t = op_profile::clock();
             pass.run(op)?;
+            op_profile::record(i, t);
         }
         for s in steps.iter_mut() {
             s.kv.advance(s.tokens.len());

@@ -8,6 +8,7 @@ mod exec;
 mod huge;
 mod linear;
 mod norm;
+pub mod op_profile;
 mod pass;
 pub mod pool;
 mod quant_input;
