@@ -366,9 +366,10 @@ fn print_profile(title: &str, p: &[KernelTime], n_gen: usize) {
     }
 }
 
-/// Prints the CPU decode profile: the graph's ops grouped by [`ternion::model::Op::label`] (every layer's
-/// instance together), per token, largest first, with the weights each reads and their
-/// rate, then what the steps spent outside the ops (sampling, the step's set-up).
+/// Prints the CPU decode profile: the graph's ops grouped by
+/// [`ternion::model::Op::label`] (every layer's instance together), per token, largest
+/// first, with the weights each reads and their rate, after the time the steps spent
+/// outside the ops (sampling, the step's set-up).
 fn print_cpu_profile(model: &Model, ops: &[(u64, f64)], n_gen: usize, decode_s: f64) {
     let graph = model.graph();
     let per_tok = n_gen.max(1) as f64;
@@ -592,6 +593,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "weight_bytes_per_token": bytes,
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,
+            "read_bandwidth_before_gb_s": read_bw_before,
             "dependent_launch_us": launch_us,
             "profile": profile.as_ref().map(|p| p.iter().map(|k| json!({
                 "kernel": k.label,
