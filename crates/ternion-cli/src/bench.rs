@@ -82,6 +82,13 @@ fn peak_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Resets the peak resident set size to the current one (Linux's `clear_refs` 5): the
+/// bandwidth probe's buffer before the runs is not the model's memory. False where that
+/// fails (then the peak would count the probe).
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// The file of synthetic model `SHAPE-TYPE` in the cache folder, written on first use.
 pub(crate) fn synthetic_path(name: &str) -> Result<PathBuf> {
     let (shape_name, ty) = name
@@ -466,6 +473,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let read_bw_before = gpu
         .is_none()
         .then(ternion::backend::cpu::measure_read_bandwidth);
+    let peak_counts_runs = read_bw_before.is_none() || reset_peak_rss();
     let mut runs = Vec::with_capacity(reps);
     for r in 0..reps {
         let warm = r == 0;
@@ -496,7 +504,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let bytes = model.weight_bytes_per_token();
     // Weights are read once per step, whatever the batch.
     let gb_s = bytes as f64 * (decode_tok_s / a.batch as f64) / 1e9;
-    let rss = peak_rss();
+    let rss = peak_rss().filter(|_| peak_counts_runs);
     println!(
         "{}: {} layers, width {}, vocab {}",
         path.display(),
@@ -543,8 +551,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
         }
     }
-    if let Some(ops) = runs.last().and_then(|t| t.cpu_ops.as_ref()) {
-        print_cpu_profile(&model, ops, a.n_gen, runs[runs.len() - 1].decode_s);
+    if let Some(t) = runs.last() {
+        if let Some(ops) = &t.cpu_ops {
+            print_cpu_profile(&model, ops, a.n_gen, t.decode_s);
+        }
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
     if let Some(p) = &profile {

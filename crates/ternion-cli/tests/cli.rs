@@ -424,10 +424,13 @@ fn bench_json_reports_speeds() {
     }
     assert_eq!(v["backend"], "cpu");
     assert!(v["kernels"].is_null(), "{v}");
-    // The read bandwidth, measured before the runs and after.
+    // The read bandwidth, measured before the runs and after; the probe's 512 MiB buffer
+    // is not counted in the tiny model's peak memory.
     for k in ["read_bandwidth_before_gb_s", "read_bandwidth_gb_s"] {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
     }
+    let rss = v["peak_rss_bytes"].as_u64().expect("peak RSS on Linux");
+    assert!(rss < 256 << 20, "peak RSS {rss}: {v}");
     // As llama-bench: five timed runs by default, the figures their mean.
     assert_eq!(v["repetitions"], 5, "{v}");
     for k in ["prefill_tok_s", "decode_tok_s"] {
