@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use ternion::backend::cpu::op_profile;
+use ternion::backend::cpu::{op_profile, ReadProbe};
 use ternion::backend::gpu::{
     measure_dispatch_latency, measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq,
     GpuSeqStep, KernelTime,
@@ -180,6 +180,39 @@ fn time_cpu(
         decode_cpu_s: Some(cpu_seconds() - cpu),
         cpu_ops: profile.then(op_profile::stop),
     })
+}
+
+/// Decode's share of the read bandwidth step by step, on the CPU: one probe pass
+/// ([`ReadProbe::pass`]) before the first step and one after every step, each step's
+/// weight rate (`bytes` a step) divided by the higher of the two passes beside it; sorted.
+/// A shared host's bandwidth changes within seconds (BENCHMARKS.md, session 26): passes a
+/// few milliseconds from a step measure what that step had.
+fn paired_shares(
+    model: &Model,
+    prompt: &[u32],
+    (n_gen, n_ctx): (usize, usize),
+    bytes: u64,
+) -> Result<Vec<f64>> {
+    let probe = ReadProbe::new();
+    let mut s = Session::new(model, n_ctx);
+    let mut next = argmax(s.prefill(prompt)?);
+    let mut before = probe.pass();
+    let mut shares = Vec::with_capacity(n_gen);
+    for _ in 0..n_gen {
+        let t = Instant::now();
+        next = argmax(s.decode(next)?);
+        let rate = bytes as f64 / t.elapsed().as_secs_f64() / 1e9;
+        let after = probe.pass();
+        shares.push(rate / before.max(after));
+        before = after;
+    }
+    shares.sort_by(f64::total_cmp);
+    Ok(shares)
+}
+
+/// The `q` quantile (0..=1) of sorted, non-empty `xs` (the nearest rank).
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    xs[((xs.len() - 1) as f64 * q).round() as usize]
 }
 
 /// Wall seconds of the prefill and the decode steps, and (CPU) the decode's CPU seconds.
@@ -551,6 +584,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
         }
     }
+    let paired = match (&gpu, a.batch, a.n_gen) {
+        (None, 1, 1..) => Some(paired_shares(&model, prompt, (a.n_gen, n_ctx), bytes)?),
+        _ => None,
+    };
+    let paired_q = paired
+        .as_ref()
+        .map(|p| [0.25, 0.5, 0.75].map(|q| 100.0 * quantile(p, q)));
+    if let Some([q1, median, q3]) = paired_q {
+        println!(
+            "step by step, each decode step beside a probe pass: decode reaches {median:.1}% of the higher pass beside it (quartiles {q1:.1}–{q3:.1}%, {} steps)",
+            a.n_gen
+        );
+    }
     if let Some(t) = runs.last() {
         if let Some(ops) = &t.cpu_ops {
             print_cpu_profile(&model, ops, a.n_gen, t.decode_s);
@@ -604,6 +650,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,
             "read_bandwidth_before_gb_s": read_bw_before,
+            "decode_share_per_step_pct": paired_q.map(|[q1, median, q3]| json!({
+                "q1": q1, "median": median, "q3": q3,
+            })),
             "dependent_launch_us": launch_us,
             "profile": profile.as_ref().map(|p| p.iter().map(|k| json!({
                 "kernel": k.label,

@@ -431,6 +431,13 @@ fn bench_json_reports_speeds() {
     }
     let rss = v["peak_rss_bytes"].as_u64().expect("peak RSS on Linux");
     assert!(rss < 256 << 20, "peak RSS {rss}: {v}");
+    // Decode's share of the bandwidth step by step (one probe pass beside each step):
+    // quartiles in order, all positive.
+    let share = &v["decode_share_per_step_pct"];
+    let q: Vec<f64> = ["q1", "median", "q3"]
+        .map(|k| share[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}")))
+        .to_vec();
+    assert!(q[0] > 0.0 && q[0] <= q[1] && q[1] <= q[2], "{v}");
     // As llama-bench: five timed runs by default, the figures their mean.
     assert_eq!(v["repetitions"], 5, "{v}");
     for k in ["prefill_tok_s", "decode_tok_s"] {
@@ -451,6 +458,9 @@ fn bench_json_reports_speeds() {
     let one = bench(&["-r", "1"]);
     assert_eq!(one["repetitions"], 1, "{one}");
     assert_eq!(one["prefill_tok_s_sd"], 0.0, "{one}");
+    // A batch's step reads the weights for several sequences: no per-step share.
+    let batched = bench(&["-r", "1", "--batch", "2"]);
+    assert!(batched["decode_share_per_step_pct"].is_null(), "{batched}");
 }
 
 /// `bench --profile` on the CPU breaks a decode token down by graph op: every layer's

@@ -29,23 +29,45 @@ const PASSES: usize = 10;
 #[repr(C, align(64))]
 struct Line([u64; 8]);
 
-/// Read bandwidth in GB/s (10⁹ bytes a second) of the global pool's threads summing a
-/// buffer larger than the caches: the best of [`PASSES`] passes over it (the buffer is
-/// written first, so its pages exist before the first pass).
-pub fn measure_read_bandwidth() -> f64 {
-    let buf = HugeBuf::filled(PROBE_BYTES / 64, Line([1; 8]));
-    let per_task = TASK_BYTES / 64;
-    let tasks = buf.len().div_ceil(per_task);
-    let mut best = 0f64;
-    for _ in 0..PASSES {
+/// A buffer far larger than the last-level cache, on huge pages, that the global pool's
+/// threads read in parallel tasks (one pass: [`ReadProbe::pass`]).
+pub struct ReadProbe {
+    buf: HugeBuf<Line>,
+}
+
+impl ReadProbe {
+    /// The probe's buffer of [`PROBE_BYTES`], written once so that its pages exist before
+    /// the first pass.
+    pub fn new() -> ReadProbe {
+        ReadProbe {
+            buf: HugeBuf::filled(PROBE_BYTES / 64, Line([1; 8])),
+        }
+    }
+
+    /// Read bandwidth in GB/s (10⁹ bytes a second) of one pass over the buffer.
+    pub fn pass(&self) -> f64 {
+        let per_task = TASK_BYTES / 64;
+        let tasks = self.buf.len().div_ceil(per_task);
         let t = Instant::now();
         pool::global().run(tasks, &|c, _| {
-            let lines = &buf[c * per_task..((c + 1) * per_task).min(buf.len())];
+            let lines = &self.buf[c * per_task..((c + 1) * per_task).min(self.buf.len())];
             std::hint::black_box(sum(lines));
         });
-        best = best.max(PROBE_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9);
+        PROBE_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9
     }
-    best
+}
+
+impl Default for ReadProbe {
+    fn default() -> Self {
+        ReadProbe::new()
+    }
+}
+
+/// Read bandwidth in GB/s of the global pool's threads: the best of [`PASSES`] passes of
+/// a [`ReadProbe`].
+pub fn measure_read_bandwidth() -> f64 {
+    let probe = ReadProbe::new();
+    (0..PASSES).map(|_| probe.pass()).fold(0f64, f64::max)
 }
 
 /// Wrapping sum of the words of `lines`, with the 64-byte loads of the AVX-512 kernels where

@@ -20,7 +20,7 @@ mod unary;
 pub use attention::{
     attention, attention_rows, scratch_per_thread, AttnShape, Contiguous, Heads, KvRows, QueryRow,
 };
-pub use bandwidth::measure_read_bandwidth;
+pub use bandwidth::{measure_read_bandwidth, ReadProbe};
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
 pub use linear::{requantize_rows, requantized_row_bytes, Linear};
 pub use norm::{layer_norm, rms_norm};
