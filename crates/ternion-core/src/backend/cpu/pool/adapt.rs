@@ -3,6 +3,14 @@
 //! pay (the CPU is contended: a descheduled worker holds a chunk, or never got to join) is
 //! followed by ops the caller runs alone, with a parallel probe now and then.
 //!
+//! A parallel pool goes solo when two of its last three windows did not pay: a shared
+//! host sometimes deschedules a worker once for a few milliseconds (one stalled op
+//! outweighs a whole window), and a solo stretch of hundreds of ops on one thread costs far
+//! more than that stall; a competing busy process stalls window after window, or every
+//! other one. A probe during a solo stretch that does not pay starts the next, longer
+//! stretch at once; one that pays returns to parallel ops, counted as one window that did
+//! not pay (the contention that caused the stretch may well go on).
+//!
 //! The estimate needs no second run: the caller times its own chunks, so an op of `n`
 //! chunks of which the caller ran `c` in `t_own` would have taken about `t_own · n / c`
 //! alone (an over-estimate on an idle machine, where one thread streams faster than each of
@@ -22,8 +30,11 @@ const MAX_SOLO: u32 = 8192;
 pub(super) struct Adapt {
     /// Ops left to run on the caller alone.
     solo_left: u32,
-    /// The next solo stretch's length (0 before the first).
+    /// The next solo stretch's length (0 while parallel: before the first, or after a
+    /// probe that paid).
     backoff: u32,
+    /// The last three parallel windows, one bit each (1: did not pay), newest lowest.
+    recent: u8,
     /// The current window: its parallel ops, their cost and the caller-alone estimate.
     ops: u32,
     parallel: Duration,
@@ -60,7 +71,8 @@ impl Adapt {
     }
 
     /// Records a parallel op; at the end of a window, starts a solo stretch when the
-    /// workers did not save a fifth of the caller-alone estimate.
+    /// workers did not save a fifth of the caller-alone estimate, in this window and (while
+    /// parallel) the one before.
     pub(super) fn record(&mut self, s: Sample) {
         // At most `threads` times the op's time: a caller descheduled inside its own
         // chunks would otherwise inflate the estimate without bound.
@@ -76,9 +88,17 @@ impl Adapt {
         if self.ops < WINDOW {
             return;
         }
-        if self.parallel.as_secs_f64() < 0.8 * self.alone.as_secs_f64() {
-            self.backoff = 0;
+        let paid = self.parallel.as_secs_f64() < 0.8 * self.alone.as_secs_f64();
+        if self.backoff > 0 {
+            // A probe after a solo stretch.
+            self.recent = u8::from(paid);
         } else {
+            self.recent = (self.recent << 1 | u8::from(!paid)) & 0b111;
+        }
+        if paid {
+            self.backoff = 0;
+        } else if self.backoff > 0 || self.recent.count_ones() >= 2 {
+            self.recent = 0;
             self.backoff = (self.backoff * 2).clamp(MIN_SOLO, MAX_SOLO);
             self.solo_left = self.backoff;
         }
@@ -126,11 +146,37 @@ mod tests {
     }
 
     #[test]
+    fn one_stalled_window_keeps_the_pool_parallel() {
+        let mut a = Adapt::default();
+        // A worker descheduled for 4 ms in one op: the window does not pay.
+        window(&mut a, |i| match i {
+            0 => op(4000, 100, 50),
+            _ => op(100, 100, 50),
+        });
+        assert_eq!(solo_run(&mut a), 0);
+        window(&mut a, |_| op(100, 100, 50));
+        window(&mut a, |_| op(100, 100, 50));
+        assert_eq!(solo_run(&mut a), 0);
+        // Another isolated stall, three windows after the first: still parallel.
+        window(&mut a, |i| match i {
+            5 => op(4000, 100, 50),
+            _ => op(100, 100, 50),
+        });
+        assert_eq!(solo_run(&mut a), 0);
+        window(&mut a, |_| op(100, 100, 50));
+        assert_eq!(solo_run(&mut a), 0);
+    }
+
+    #[test]
     fn late_workers_send_the_pool_solo_with_growing_stretches() {
         let mut a = Adapt::default();
-        // The caller ran half the chunks in 100 µs, then waited 300 µs for a worker.
+        // The caller ran half the chunks in 100 µs, then waited 300 µs for a worker: one
+        // such window is a strike, two in a row start a solo stretch.
+        window(&mut a, |_| op(400, 100, 50));
+        assert_eq!(solo_run(&mut a), 0);
         window(&mut a, |_| op(400, 100, 50));
         assert_eq!(solo_run(&mut a), MIN_SOLO);
+        // A probe that does not pay starts the next, longer stretch at once.
         window(&mut a, |_| op(400, 100, 50));
         assert_eq!(solo_run(&mut a), 2 * MIN_SOLO);
         // A worker that never joins saves nothing either.
@@ -150,7 +196,18 @@ mod tests {
             _ => op(400, 100, 50),
         });
         assert_eq!(solo_run(&mut a), MAX_SOLO);
-        // A probe that pays ends the backoff.
+        // A probe that pays ends the backoff; the next window that does not pay goes
+        // solo again at once.
+        window(&mut a, |_| op(100, 100, 50));
+        assert_eq!(solo_run(&mut a), 0);
+        window(&mut a, |_| op(400, 100, 50));
+        assert_eq!(solo_run(&mut a), MIN_SOLO);
+        // Late windows every other one: solo at the second.
+        window(&mut a, |_| op(100, 100, 50));
+        window(&mut a, |_| op(100, 100, 50));
+        window(&mut a, |_| op(100, 100, 50));
+        window(&mut a, |_| op(400, 100, 50));
+        assert_eq!(solo_run(&mut a), 0);
         window(&mut a, |_| op(100, 100, 50));
         assert_eq!(solo_run(&mut a), 0);
         window(&mut a, |_| op(400, 100, 50));
