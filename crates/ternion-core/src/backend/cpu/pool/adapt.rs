@@ -33,7 +33,8 @@ pub(super) struct Adapt {
     /// The next solo stretch's length (0 while parallel: before the first, or after a
     /// probe that paid).
     backoff: u32,
-    /// The last three parallel windows, one bit each (1: did not pay), newest lowest.
+    /// The last three parallel windows, one bit each (1: did not pay), newest lowest; a
+    /// probe that paid after a solo stretch leaves a single 1.
     recent: u8,
     /// The current window: its parallel ops, their cost and the caller-alone estimate.
     ops: u32,
@@ -71,8 +72,8 @@ impl Adapt {
     }
 
     /// Records a parallel op; at the end of a window, starts a solo stretch when the
-    /// workers did not save a fifth of the caller-alone estimate, in this window and (while
-    /// parallel) the one before.
+    /// workers did not save a fifth of the caller-alone estimate: in this probe window, or
+    /// (while parallel) in two of the last three windows.
     pub(super) fn record(&mut self, s: Sample) {
         // At most `threads` times the op's time: a caller descheduled inside its own
         // chunks would otherwise inflate the estimate without bound.
