@@ -189,11 +189,11 @@ fn time_cpu(
 /// few milliseconds from a step measure what that step had.
 fn paired_shares(
     model: &Model,
+    probe: &ReadProbe,
     prompt: &[u32],
     (n_gen, n_ctx): (usize, usize),
     bytes: u64,
 ) -> Result<Vec<f64>> {
-    let probe = ReadProbe::new();
     let mut s = Session::new(model, n_ctx);
     let mut next = argmax(s.prefill(prompt)?);
     let mut before = probe.pass();
@@ -556,12 +556,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         bytes as f64 / 1e6,
         rss.map_or("?".into(), |r| format!("{:.0} MB", r as f64 / 1e6)),
     );
-    let (read_bw, launch_us) = match &gpu {
-        Some(g) => (
+    // On the CPU one probe buffer serves the bandwidth after the runs and the step-by-step
+    // shares below.
+    let cpu_probe = gpu.is_none().then(ReadProbe::new);
+    let (read_bw, launch_us) = match (&gpu, &cpu_probe) {
+        (Some(g), _) => (
             measure_read_bandwidth(g.context())?,
             Some(measure_dispatch_latency(g.context())?),
         ),
-        None => (ternion::backend::cpu::measure_read_bandwidth(), None),
+        (None, probe) => (probe.as_ref().map_or(0.0, ReadProbe::best), None),
     };
     match launch_us {
         Some(us) => println!(
@@ -584,10 +587,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
         }
     }
-    let paired = match (&gpu, a.batch, a.n_gen) {
-        (None, 1, 1..) => Some(paired_shares(&model, prompt, (a.n_gen, n_ctx), bytes)?),
+    let paired = match (&cpu_probe, a.batch, a.n_gen) {
+        (Some(probe), 1, 1..) => Some(paired_shares(
+            &model,
+            probe,
+            prompt,
+            (a.n_gen, n_ctx),
+            bytes,
+        )?),
         _ => None,
     };
+    drop(cpu_probe);
     let paired_q = paired
         .as_ref()
         .map(|p| [0.25, 0.5, 0.75].map(|q| 100.0 * quantile(p, q)));
@@ -666,4 +676,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("{v}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nearest rank: quartiles of five values are the 2nd, 3rd and 4th; one value is
+    /// every quantile.
+    #[test]
+    fn quantiles_take_the_nearest_rank() {
+        let xs = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!([0.25, 0.5, 0.75].map(|q| quantile(&xs, q)), [2.0, 3.0, 4.0]);
+        assert_eq!((quantile(&xs, 0.0), quantile(&xs, 1.0)), (1.0, 5.0));
+        assert_eq!(quantile(&[7.0], 0.75), 7.0);
+    }
 }

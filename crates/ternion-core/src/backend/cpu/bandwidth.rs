@@ -55,6 +55,11 @@ impl ReadProbe {
         });
         PROBE_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9
     }
+
+    /// The best of [`PASSES`] passes, in GB/s.
+    pub fn best(&self) -> f64 {
+        (0..PASSES).map(|_| self.pass()).fold(0f64, f64::max)
+    }
 }
 
 impl Default for ReadProbe {
@@ -63,11 +68,10 @@ impl Default for ReadProbe {
     }
 }
 
-/// Read bandwidth in GB/s of the global pool's threads: the best of [`PASSES`] passes of
-/// a [`ReadProbe`].
+/// Read bandwidth in GB/s of the global pool's threads: [`ReadProbe::best`] of a probe
+/// whose buffer is freed on return.
 pub fn measure_read_bandwidth() -> f64 {
-    let probe = ReadProbe::new();
-    (0..PASSES).map(|_| probe.pass()).fold(0f64, f64::max)
+    ReadProbe::new().best()
 }
 
 /// Wrapping sum of the words of `lines`, with the 64-byte loads of the AVX-512 kernels where
