@@ -9,11 +9,13 @@
 //!
 //! Values are stored as F16 (the default) or F32 ([`KvType`]: the reference engine's KV
 //! cache type when logits are compared tightly). Page layout, the same for every page of a
-//! pool: for layer `l`, keys then values, each `page_size × kv_dim` values, so position slot `s` of layer `l`'s keys starts
-//! at `((2·l) · page_size + s) · kv_dim` and its values at `((2·l + 1) · page_size + s) ·
-//! kv_dim`. The GPU backend pages its caches the same way (same page size, a page table per
-//! sequence: `ternion-gpu/src/seqs.rs`) but keeps one buffer per layer, since a device binding
-//! is limited in size.
+//! pool: for layer `l`, keys then values, each `kv_dim · page_size` values ordered by kv head,
+//! then position slot, then element, so kv head `h`'s keys at slot `s` of layer `l` start at
+//! `(2·l · kv_dim + h · head_dim) · page_size + s · head_dim` and its values `kv_dim ·
+//! page_size` values later. One head's rows of a page are contiguous: attention reads each
+//! head's keys and values as one stream. The GPU backend pages its caches too (same page
+//! size, a page table per sequence: `ternion-gpu/src/seqs.rs`) but keeps one buffer per
+//! layer, since a device binding is limited in size.
 //!
 //! Pages are zero-filled allocations, so the OS commits their memory only as positions are
 //! written; freed pages stay in the pool and are reused before any new one is made.
@@ -77,12 +79,17 @@ pub enum KvRow<'a> {
 }
 
 impl<'a> KvRow<'a> {
-    /// The `len` values from `start`.
-    pub fn slice(self, start: usize, len: usize) -> KvRow<'a> {
+    /// Values in the row.
+    pub fn len(self) -> usize {
         match self {
-            KvRow::F16(r) => KvRow::F16(&r[start..start + len]),
-            KvRow::F32(r) => KvRow::F32(&r[start..start + len]),
+            KvRow::F16(r) => r.len(),
+            KvRow::F32(r) => r.len(),
         }
+    }
+
+    /// Whether the row holds no value.
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
     }
 
     /// Value `i` as f32.
@@ -99,8 +106,10 @@ impl<'a> KvRow<'a> {
 pub struct KvGeometry {
     /// Layers with a cache.
     pub n_layer: usize,
-    /// Key (and value) values per position and layer.
-    pub kv_dim: usize,
+    /// Key (and value) heads per position and layer.
+    pub n_head_kv: usize,
+    /// Values per head.
+    pub head_dim: usize,
     /// Positions per page.
     pub page_size: usize,
     /// Element type.
@@ -108,9 +117,20 @@ pub struct KvGeometry {
 }
 
 impl KvGeometry {
+    /// Key (and value) values per position and layer.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
     /// Values in one page.
     pub fn page_values(&self) -> usize {
-        self.n_layer * 2 * self.page_size * self.kv_dim
+        self.n_layer * 2 * self.page_size * self.kv_dim()
+    }
+
+    /// Where kv head `h`'s keys (`half` 0) or values (1) of layer `layer` start in a page,
+    /// at slot 0 (slot `s` is `s · head_dim` values further).
+    fn head_start(&self, layer: usize, half: usize, h: usize) -> usize {
+        ((2 * layer + half) * self.kv_dim() + h * self.head_dim) * self.page_size
     }
 
     /// Bytes of one page.
@@ -201,7 +221,7 @@ impl KvPool {
             .geo
             .n_layer
             .checked_mul(2 * self.geo.page_size)
-            .and_then(|v| v.checked_mul(self.geo.kv_dim))
+            .and_then(|v| v.checked_mul(self.geo.kv_dim()))
             .and_then(|v| v.checked_mul(self.geo.ty.bytes()))
             .filter(|&b| b <= isize::MAX as usize)
             .map(|b| b / 4)
@@ -350,27 +370,26 @@ impl KvSeq {
     /// `n` positions after the filled ones; [`KvSeq::reserve`] must have made room for them.
     /// Call [`KvSeq::advance`] after the last layer.
     pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let KvGeometry {
-            kv_dim,
-            page_size,
-            ty,
-            ..
-        } = self.pool.geo;
+        let geo = self.pool.geo;
+        let (hd, page_size) = (geo.head_dim, geo.page_size);
         for (half, src) in [k, v].into_iter().enumerate() {
-            for (i, row) in src.chunks_exact(kv_dim).enumerate() {
+            for (i, row) in src.chunks_exact(geo.kv_dim()).enumerate() {
                 let p = self.len + i;
-                let at = ((2 * layer + half) * page_size + p % page_size) * kv_dim;
                 let data = &mut Arc::get_mut(&mut self.pages[p / page_size])
                     .expect("KvSeq::reserve gives a sequence its own copy of a page it writes")
                     .data;
-                match ty {
-                    KvType::F16 => {
-                        // Rounded to nearest (ties to even), F16C vectors where the CPU has them.
-                        bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + kv_dim]
-                            .convert_from_f32_slice(row);
+                for (h, head) in row.chunks_exact(hd).enumerate() {
+                    let at = geo.head_start(layer, half, h) + p % page_size * hd;
+                    match geo.ty {
+                        KvType::F16 => {
+                            // Rounded to nearest (ties to even), F16C vectors where the CPU
+                            // has them.
+                            bytemuck::cast_slice_mut::<u32, f16>(data)[at..at + hd]
+                                .convert_from_f32_slice(head);
+                        }
+                        KvType::F32 => bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + hd]
+                            .copy_from_slice(head),
                     }
-                    KvType::F32 => bytemuck::cast_slice_mut::<u32, f32>(data)[at..at + kv_dim]
-                        .copy_from_slice(row),
                 }
             }
         }
@@ -393,7 +412,7 @@ impl Drop for KvSeq {
     }
 }
 
-/// The keys and values of one layer of one sequence, position by position.
+/// The keys and values of one layer of one sequence, head by head.
 #[derive(Clone, Copy)]
 pub struct KvLayer<'a> {
     seq: &'a KvSeq,
@@ -401,24 +420,16 @@ pub struct KvLayer<'a> {
 }
 
 impl<'a> KvLayer<'a> {
-    fn row(&self, half: usize, p: usize) -> KvRow<'a> {
-        self.rows(half, p, 1)
-    }
-
-    /// `n` rows from position `p` (all inside `p`'s page: `n ≤ page_size − p % page_size`),
-    /// or as many as the page holds after `p` with `n` = `usize::MAX`.
-    fn rows(&self, half: usize, p: usize, n: usize) -> KvRow<'a> {
-        let KvGeometry {
-            kv_dim,
-            page_size,
-            ty,
-            ..
-        } = self.seq.pool.geo;
+    /// Kv head `h`'s rows of `n` positions from `p` (all inside `p`'s page: at most to its
+    /// end), one after the other.
+    fn rows(&self, half: usize, (p, h): (usize, usize), n: usize) -> KvRow<'a> {
+        let geo = self.seq.pool.geo;
+        let (hd, page_size) = (geo.head_dim, geo.page_size);
         let n = n.min(page_size - p % page_size);
-        let at = ((2 * self.layer + half) * page_size + p % page_size) * kv_dim;
+        let at = geo.head_start(self.layer, half, h) + p % page_size * hd;
         let data = &self.seq.pages[p / page_size].data;
-        let span = at..at + n * kv_dim;
-        match ty {
+        let span = at..at + n * hd;
+        match geo.ty {
             KvType::F16 => KvRow::F16(&bytemuck::cast_slice(data)[span]),
             KvType::F32 => KvRow::F32(&bytemuck::cast_slice(data)[span]),
         }
@@ -429,25 +440,30 @@ impl<'a> KvLayer<'a> {
         self.seq.pool.geo.ty
     }
 
-    /// The key row (all kv heads) of position `p`.
-    pub fn key(&self, p: usize) -> KvRow<'a> {
-        self.row(0, p)
+    /// Values per head.
+    pub fn head_dim(&self) -> usize {
+        self.seq.pool.geo.head_dim
     }
 
-    /// The value row (all kv heads) of position `p`.
-    pub fn value(&self, p: usize) -> KvRow<'a> {
-        self.row(1, p)
+    /// Kv head `h`'s key at position `p`.
+    pub fn key(&self, p: usize, h: usize) -> KvRow<'a> {
+        self.rows(0, (p, h), 1)
     }
 
-    /// The key rows of position `p` and the positions after it stored next to it (to the
-    /// end of `p`'s page), one after the other.
-    pub fn keys_from(&self, p: usize) -> KvRow<'a> {
-        self.rows(0, p, usize::MAX)
+    /// Kv head `h`'s value at position `p`.
+    pub fn value(&self, p: usize, h: usize) -> KvRow<'a> {
+        self.rows(1, (p, h), 1)
     }
 
-    /// The value rows of position `p` and the positions after it stored next to it.
-    pub fn values_from(&self, p: usize) -> KvRow<'a> {
-        self.rows(1, p, usize::MAX)
+    /// Kv head `h`'s keys at position `p` and the positions after it stored next to it (to
+    /// the end of `p`'s page), one after the other.
+    pub fn keys_from(&self, p: usize, h: usize) -> KvRow<'a> {
+        self.rows(0, (p, h), usize::MAX)
+    }
+
+    /// Kv head `h`'s values at position `p` and the positions after it stored next to it.
+    pub fn values_from(&self, p: usize, h: usize) -> KvRow<'a> {
+        self.rows(1, (p, h), usize::MAX)
     }
 }
 

@@ -5,7 +5,8 @@ use super::*;
 fn geo() -> KvGeometry {
     KvGeometry {
         n_layer: 2,
-        kv_dim: 3,
+        n_head_kv: 3,
+        head_dim: 2,
         page_size: 4,
         ty: KvType::F16,
     }
@@ -27,8 +28,8 @@ fn round_trip(ty: KvType) {
         s.reserve(step).unwrap();
         for layer in 0..2 {
             let base = s.len();
-            let k: Vec<f32> = (0..step * 3)
-                .map(|i| (layer * 1000 + base * 3 + i) as f32 + frac)
+            let k: Vec<f32> = (0..step * 6)
+                .map(|i| (layer * 1000 + base * 6 + i) as f32 + frac)
                 .collect();
             let v: Vec<f32> = k.iter().map(|x| -x).collect();
             s.write(layer, &k, &v);
@@ -38,16 +39,22 @@ fn round_trip(ty: KvType) {
     assert_eq!(s.len(), 10);
     assert_eq!(s.n_pages(), 3);
     assert_eq!(pool.pages_in_use(), 3);
-    assert_eq!(pool.geometry().page_bytes(), 2 * 2 * 4 * 3 * ty.bytes());
+    assert_eq!(pool.geometry().page_bytes(), 2 * 2 * 4 * 6 * ty.bytes());
     for layer in 0..2 {
         let l = s.layer(layer);
         for p in 0..10 {
-            for c in 0..3 {
-                let want = (layer * 1000 + p * 3 + c) as f32 + frac;
-                assert_eq!(l.key(p).get(c), want, "{ty:?} layer {layer} pos {p}");
-                assert_eq!(l.value(p).get(c), -want);
+            for c in 0..6 {
+                let want = (layer * 1000 + p * 6 + c) as f32 + frac;
+                let (h, e) = (c / 2, c % 2);
+                assert_eq!(l.key(p, h).get(e), want, "{ty:?} layer {layer} pos {p}");
+                assert_eq!(l.value(p, h).get(e), -want);
             }
         }
+        // A head's rows of a page lie one after the other: position 4's and 5's keys of
+        // head 1 from position 4 (the second page starts at position 4).
+        let run = l.keys_from(4, 1);
+        assert_eq!(run.len(), 4 * 2, "to the end of the page");
+        assert_eq!(run.get(2), (layer * 1000 + 5 * 6 + 2) as f32 + frac);
     }
 }
 
@@ -80,7 +87,7 @@ fn truncate_and_drop_return_pages_and_pages_are_reused() {
 fn push(s: &mut KvSeq, x: f32) {
     s.reserve(1).unwrap();
     for layer in 0..2 {
-        s.write(layer, &[x; 3], &[-x; 3]);
+        s.write(layer, &[x; 6], &[-x; 6]);
     }
     s.advance(1);
 }
@@ -114,9 +121,9 @@ fn forks_share_full_pages_and_copy_the_partial_one_on_write() {
     for (s, x) in [(&a, 300.0), (&b, 100.0), (&c, 200.0)] {
         for layer in 0..2 {
             let l = s.layer(layer);
-            let keys: Vec<f32> = (0..7).map(|p| l.key(p).get(2)).collect();
+            let keys: Vec<f32> = (0..7).map(|p| l.key(p, 1).get(0)).collect();
             assert_eq!(keys, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, x]);
-            assert_eq!(l.value(6).get(0), -x);
+            assert_eq!(l.value(6, 0).get(0), -x);
         }
     }
     drop(a);

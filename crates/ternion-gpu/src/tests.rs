@@ -496,17 +496,18 @@ struct ContiguousF32 {
     k: Vec<f32>,
     v: Vec<f32>,
     kv_dim: usize,
+    head_dim: usize,
 }
 
 impl KvRows for ContiguousF32 {
     fn ty(&self) -> KvType {
         KvType::F32
     }
-    fn key(&self, p: usize) -> KvRow<'_> {
-        KvRow::F32(&self.k[p * self.kv_dim..][..self.kv_dim])
+    fn key(&self, p: usize, h: usize) -> KvRow<'_> {
+        KvRow::F32(&self.k[p * self.kv_dim + h * self.head_dim..][..self.head_dim])
     }
-    fn value(&self, p: usize) -> KvRow<'_> {
-        KvRow::F32(&self.v[p * self.kv_dim..][..self.kv_dim])
+    fn value(&self, p: usize, h: usize) -> KvRow<'_> {
+        KvRow::F32(&self.v[p * self.kv_dim + h * self.head_dim..][..self.head_dim])
     }
 }
 
@@ -526,7 +527,13 @@ pub(super) fn cpu_attention(
     let kv_dim = heads.n_head_kv * heads.head_dim;
     match ty {
         KvType::F16 => {
-            let cache = Contiguous { k, v, kv_dim };
+            let head_dim = heads.head_dim;
+            let cache = Contiguous {
+                k,
+                v,
+                kv_dim,
+                head_dim,
+            };
             attention_rows(q, |_| &cache, rows, heads, n_ctx, &mut out, &mut scratch);
         }
         KvType::F32 => {
@@ -535,6 +542,7 @@ pub(super) fn cpu_attention(
                 k: wide(k),
                 v: wide(v),
                 kv_dim,
+                head_dim: heads.head_dim,
             };
             attention_rows(q, |_| &cache, rows, heads, n_ctx, &mut out, &mut scratch);
         }

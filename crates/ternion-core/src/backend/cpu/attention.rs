@@ -4,7 +4,8 @@
 //! [`attention`] is the same computation over one contiguous cache.
 //!
 //! Numerics follow the reference engines: Q is rounded to F16 for QKᵀ, scores are scaled
-//! by 1/√head_dim, the softmax sums in f64, and for single-token decode the
+//! by 1/√head_dim, the softmax takes its exponentials in f64 rounded to f32
+//! ([`simd::exp_f32`], the same on every platform) and sums them in f64, and for single-token decode the
 //! probabilities are rounded to F16 before P·V (a batch keeps them in f32). Over an F32
 //! cache nothing is rounded (ggml keeps Q and the probabilities in f32 against F32 K/V).
 
@@ -44,27 +45,30 @@ fn heads_per_task(group: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Where the keys and values of one sequence's cache are read, one position at a time
-/// (a row holds every kv head of that position).
+/// Where the keys and values of one sequence's cache are read, one kv head at a time.
 pub trait KvRows: Sync {
     /// The element type of every row.
     fn ty(&self) -> KvType;
-    /// The key row of position `p`.
-    fn key(&self, p: usize) -> KvRow<'_>;
-    /// The value row of position `p`.
-    fn value(&self, p: usize) -> KvRow<'_>;
-    /// The key rows of position `p` and of the positions after it stored right after it,
-    /// one after the other (at least `p`'s own row; by default only it).
-    fn keys_from(&self, p: usize) -> KvRow<'_> {
-        self.key(p)
+    /// Kv head `h`'s key at position `p`.
+    fn key(&self, p: usize, h: usize) -> KvRow<'_>;
+    /// Kv head `h`'s value at position `p`.
+    fn value(&self, p: usize, h: usize) -> KvRow<'_>;
+    /// Kv head `h`'s keys from position `p` on as stored, and the distance between two
+    /// positions' keys: at least `p`'s own key (by default only it), each further position's
+    /// one stride after the previous one's.
+    fn keys_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        let k = self.key(p, h);
+        (k, k.len())
     }
-    /// The value rows of position `p` and of the positions stored right after it.
-    fn values_from(&self, p: usize) -> KvRow<'_> {
-        self.value(p)
+    /// Kv head `h`'s values from position `p` on, as [`KvRows::keys_from`].
+    fn values_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        let v = self.value(p, h);
+        (v, v.len())
     }
 }
 
-/// A cache laid out contiguously: row `p` at `p · kv_dim`.
+/// A cache laid out contiguously: position `p`'s kv heads one after the other at
+/// `p · kv_dim`.
 pub struct Contiguous<'a> {
     /// Keys, `kv_dim` per position.
     pub k: &'a [f16],
@@ -72,23 +76,27 @@ pub struct Contiguous<'a> {
     pub v: &'a [f16],
     /// Halves per position.
     pub kv_dim: usize,
+    /// Halves per head.
+    pub head_dim: usize,
 }
 
 impl KvRows for Contiguous<'_> {
     fn ty(&self) -> KvType {
         KvType::F16
     }
-    fn key(&self, p: usize) -> KvRow<'_> {
-        KvRow::F16(&self.k[p * self.kv_dim..][..self.kv_dim])
+    fn key(&self, p: usize, h: usize) -> KvRow<'_> {
+        KvRow::F16(&self.k[p * self.kv_dim + h * self.head_dim..][..self.head_dim])
     }
-    fn value(&self, p: usize) -> KvRow<'_> {
-        KvRow::F16(&self.v[p * self.kv_dim..][..self.kv_dim])
+    fn value(&self, p: usize, h: usize) -> KvRow<'_> {
+        KvRow::F16(&self.v[p * self.kv_dim + h * self.head_dim..][..self.head_dim])
     }
-    fn keys_from(&self, p: usize) -> KvRow<'_> {
-        KvRow::F16(&self.k[p * self.kv_dim..])
+    fn keys_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        let k = &self.k[p * self.kv_dim + h * self.head_dim..];
+        (KvRow::F16(k), self.kv_dim)
     }
-    fn values_from(&self, p: usize) -> KvRow<'_> {
-        KvRow::F16(&self.v[p * self.kv_dim..])
+    fn values_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        let v = &self.v[p * self.kv_dim + h * self.head_dim..];
+        (KvRow::F16(v), self.kv_dim)
     }
 }
 
@@ -96,17 +104,17 @@ impl<T: KvRows> KvRows for &T {
     fn ty(&self) -> KvType {
         (**self).ty()
     }
-    fn key(&self, p: usize) -> KvRow<'_> {
-        (**self).key(p)
+    fn key(&self, p: usize, h: usize) -> KvRow<'_> {
+        (**self).key(p, h)
     }
-    fn value(&self, p: usize) -> KvRow<'_> {
-        (**self).value(p)
+    fn value(&self, p: usize, h: usize) -> KvRow<'_> {
+        (**self).value(p, h)
     }
-    fn keys_from(&self, p: usize) -> KvRow<'_> {
-        (**self).keys_from(p)
+    fn keys_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        (**self).keys_from(p, h)
     }
-    fn values_from(&self, p: usize) -> KvRow<'_> {
-        (**self).values_from(p)
+    fn values_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        (**self).values_from(p, h)
     }
 }
 
@@ -114,36 +122,47 @@ impl KvRows for crate::kv::KvLayer<'_> {
     fn ty(&self) -> KvType {
         crate::kv::KvLayer::ty(self)
     }
-    fn key(&self, p: usize) -> KvRow<'_> {
-        crate::kv::KvLayer::key(self, p)
+    fn key(&self, p: usize, h: usize) -> KvRow<'_> {
+        crate::kv::KvLayer::key(self, p, h)
     }
-    fn value(&self, p: usize) -> KvRow<'_> {
-        crate::kv::KvLayer::value(self, p)
+    fn value(&self, p: usize, h: usize) -> KvRow<'_> {
+        crate::kv::KvLayer::value(self, p, h)
     }
-    fn keys_from(&self, p: usize) -> KvRow<'_> {
-        crate::kv::KvLayer::keys_from(self, p)
+    fn keys_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        let k = crate::kv::KvLayer::keys_from(self, p, h);
+        (k, self.head_dim())
     }
-    fn values_from(&self, p: usize) -> KvRow<'_> {
-        crate::kv::KvLayer::values_from(self, p)
+    fn values_from(&self, p: usize, h: usize) -> (KvRow<'_>, usize) {
+        let v = crate::kv::KvLayer::values_from(self, p, h);
+        (v, self.head_dim())
     }
 }
 
-/// Calls `f(i, rows, n)` over the F16 runs `run(p)` covering the positions `span` in order:
-/// `rows` holds the `n` rows (of `stride` halves) from position `span.start + i`, each
-/// from its element `at` on.
+/// Calls `f(i, rows, stride, n)` over the F16 runs `run(p)` (rows of `hd` halves, `stride`
+/// apart) covering the positions `span` in order: `rows` holds the `n` rows from position
+/// `span.start + i`. The first rows of each next run are asked for before `f` reads the
+/// current one ([`simd::prefetch_f16_rows`]).
 fn f16_runs<'c>(
     span: std::ops::Range<usize>,
-    (stride, at): (usize, usize),
-    run: impl Fn(usize) -> KvRow<'c>,
-    mut f: impl FnMut(usize, &'c [f16], usize),
+    hd: usize,
+    run: impl Fn(usize) -> (KvRow<'c>, usize),
+    mut f: impl FnMut(usize, &'c [f16], usize, usize),
 ) {
-    let mut p = span.start;
-    while p < span.end {
-        let KvRow::F16(rows) = run(p) else {
+    let f16 = |p: usize| {
+        let (KvRow::F16(rows), stride) = run(p) else {
             unreachable!("an F16 cache holds F16 rows")
         };
-        let n = (rows.len() / stride).min(span.end - p);
-        f(p - span.start, &rows[at..], n);
+        (rows, stride)
+    };
+    let mut p = span.start;
+    let mut cur = (p < span.end).then(|| f16(p));
+    while let Some((rows, stride)) = cur {
+        let n = ((rows.len() - hd) / stride + 1).min(span.end - p);
+        cur = (p + n < span.end).then(|| f16(p + n));
+        if let Some((next, next_stride)) = cur {
+            simd::prefetch_f16_rows(next, next_stride, hd);
+        }
+        f(p - span.start, rows, stride, n);
         p += n;
     }
 }
@@ -218,6 +237,7 @@ pub fn attention(
         k,
         v,
         kv_dim: s.n_head_kv * s.head_dim,
+        head_dim: s.head_dim,
     };
     attention_rows(q, |_| &cache, &rows, heads, s.capacity, out, scratch);
 }
@@ -243,8 +263,6 @@ pub fn attention_rows<C: KvRows>(
     let hd = s.head_dim;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
-    // A cache row holds every kv head of its position.
-    let stride = s.n_head_kv * hd;
     let level = simd::Level::detect();
     let per_thread = scratch_per_thread(capacity, hd);
     let pool = pool::global();
@@ -279,14 +297,14 @@ pub fn attention_rows<C: KvRows>(
         // Query j's scores at scores[j·len..][..len].
         let scores = &mut scores[..g * len];
         if half {
-            let keys = |p| cache.keys_from(p);
-            f16_runs(first..n_keys, (stride, kvh * hd), keys, |i, k, n| {
+            let keys = |p| cache.keys_from(p, kvh);
+            f16_runs(first..n_keys, hd, keys, |i, k, stride, n| {
                 simd::f16_scores_heads(level, (qh, hd), (k, stride, n), &mut scores[i..], len)
             });
         } else {
             for (qj, sj) in qh.chunks_exact(hd).zip(scores.chunks_exact_mut(step)) {
                 for (p, sc) in (first..).zip(sj.iter_mut()) {
-                    *sc = dot(level, cache.key(p).slice(kvh * hd, hd), qj);
+                    *sc = dot(level, cache.key(p, kvh), qj);
                 }
             }
         }
@@ -295,14 +313,14 @@ pub fn attention_rows<C: KvRows>(
         }
         o.fill(0.0);
         if half {
-            let values = |p| cache.values_from(p);
-            f16_runs(first..n_keys, (stride, kvh * hd), values, |i, v, n| {
+            let values = |p| cache.values_from(p, kvh);
+            f16_runs(first..n_keys, hd, values, |i, v, stride, n| {
                 simd::f16_weighted_sum_heads(level, (&scores[i..], len), (v, stride, n), o, hd)
             });
         } else {
             for (oj, sj) in o.chunks_exact_mut(hd).zip(scores.chunks_exact(step)) {
                 for (p, &w) in (first..).zip(sj.iter()) {
-                    axpy(level, oj, w, cache.value(p).slice(kvh * hd, hd));
+                    axpy(level, oj, w, cache.value(p, kvh));
                 }
             }
         }
@@ -317,11 +335,8 @@ fn softmax(level: simd::Level, scores: &mut [f32], scale: f32, round: bool) {
         *sc *= scale;
         max = max.max(*sc);
     }
-    let mut sum = 0f64;
-    for sc in scores.iter_mut() {
-        *sc = (*sc - max).exp();
-        sum += f64::from(*sc);
-    }
+    simd::exp_shifted(level, scores, max);
+    let sum: f64 = scores.iter().map(|&e| f64::from(e)).sum();
     let inv = (1.0 / sum) as f32;
     scores.iter_mut().for_each(|sc| *sc *= inv);
     if round {

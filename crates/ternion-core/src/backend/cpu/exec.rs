@@ -244,7 +244,8 @@ impl CpuModel {
     pub fn kv_geometry(graph: &Graph, ty: KvType) -> KvGeometry {
         KvGeometry {
             n_layer: graph.n_layer,
-            kv_dim: graph.attn.n_head_kv * graph.attn.head_dim,
+            n_head_kv: graph.attn.n_head_kv,
+            head_dim: graph.attn.head_dim,
             page_size: PAGE_POSITIONS,
             ty,
         }

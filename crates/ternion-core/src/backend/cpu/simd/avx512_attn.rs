@@ -100,19 +100,20 @@ pub unsafe fn f16_scores_heads<const G: usize>(
     }
 }
 
-/// Cache rows ahead of the one being read that the attention loops ask the core for: the
-/// rows of one kv head are `stride` apart, a run the hardware prefetchers follow late.
+/// Cache rows ahead of the one being read that the attention loops ask the core for (the
+/// first rows of a page's run are asked for before the run: `simd::prefetch_f16_rows`).
 /// A decode step's rows come from memory (the weights stream evicts them between layers)
 /// and a row's work is short, so 4 rows ahead left the loops waiting; 12 took a 2B-4T
 /// decode's attention op 5-18 % faster (median 9 %) at 20-270 positions (BENCHMARKS.md,
-/// session 26).
-const ROWS_AHEAD: usize = 12;
+/// session 26, rows then `kv_dim` apart); with a head's rows contiguous, 24 measured the
+/// same as 12 (session 28).
+pub const ROWS_AHEAD: usize = 12;
 
 /// Asks for the cache lines of the `len` halves at `p` (no effect on any value; a
 /// prefetch never faults, so one past the last row is harmless).
 #[inline]
 #[target_feature(enable = "sse")]
-fn prefetch_row(p: *const f16, len: usize) {
+pub fn prefetch_row(p: *const f16, len: usize) {
     for off in (0..len).step_by(32) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
     }

@@ -22,6 +22,7 @@ mod avx512_bits;
 mod avx512_kq;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;
+mod exp;
 mod heads;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -47,6 +48,7 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_bits;
 
+pub use exp::{exp_f32, exp_shifted};
 pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
 pub use q6_k::{q6_k_dot4_q8k, q6_k_dot_q8k, q6_k_interleave, QUAD_ROWS};
 pub use squares::{squares_rows, SQUARE_ROWS};
@@ -556,6 +558,19 @@ pub fn round_f16(level: Level, v: &mut [f32]) {
         return unsafe { avx512_attn::round_f16(v) };
     }
     v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+}
+
+/// Asks the core for the first rows (up to the attention loops' prefetch distance) of the
+/// `hd`-half rows at `rows`, `stride` apart: a run of cached keys or values about to be read,
+/// whose first rows the loops' own prefetch never covers (no effect on any value; no-op off
+/// x86-64).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn prefetch_f16_rows(rows: &[f16], stride: usize, hd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for r in rows.chunks(stride.max(1)).take(avx512_attn::ROWS_AHEAD) {
+        // SAFETY: SSE is part of x86-64.
+        unsafe { avx512_attn::prefetch_row(r.as_ptr(), r.len().min(hd)) };
+    }
 }
 
 /// `out_i += w · v_i` for an F16 value row.
