@@ -308,9 +308,7 @@ pub fn attention_rows<C: KvRows>(
                 }
             }
         }
-        for sj in scores.chunks_exact_mut(step) {
-            softmax(level, sj, scale, row.round_probs && half);
-        }
+        softmax_rows(level, scores, step, scale, row.round_probs && half);
         o.fill(0.0);
         if half {
             let values = |p| cache.values_from(p, kvh);
@@ -327,21 +325,45 @@ pub fn attention_rows<C: KvRows>(
     });
 }
 
-/// The probabilities of one query's raw scores: scaled by `scale`, softmax with the sum in
-/// f64, rounded to F16 when `round` (single-token decode over an F16 cache).
-fn softmax(level: simd::Level, scores: &mut [f32], scale: f32, round: bool) {
-    let mut max = f32::NEG_INFINITY;
-    for sc in scores.iter_mut() {
-        *sc *= scale;
-        max = max.max(*sc);
+/// The probabilities of each query's raw scores (the rows of `scores`, `step` apart, 1 to
+/// [`simd::MAX_HEADS`] of them): scaled by `scale`, softmax with each row's sum in f64 in
+/// element order, rounded to F16 when `round` (single-token decode over an F16 cache). The
+/// rows' sums run side by side: independent chains, each the same additions in the same
+/// order as one row alone.
+fn softmax_rows(level: simd::Level, scores: &mut [f32], step: usize, scale: f32, round: bool) {
+    let mut sums = [0f64; simd::MAX_HEADS];
+    for row in scores.chunks_exact_mut(step) {
+        row.iter_mut().for_each(|sc| *sc *= scale);
+        let max = simd::max(level, row);
+        simd::exp_shifted(level, row, max);
     }
-    simd::exp_shifted(level, scores, max);
-    let sum: f64 = scores.iter().map(|&e| f64::from(e)).sum();
-    let inv = (1.0 / sum) as f32;
-    scores.iter_mut().for_each(|sc| *sc *= inv);
-    if round {
-        simd::round_f16(level, scores);
+    let rows = scores.len() / step;
+    match rows {
+        0 => return,
+        1 => sums[..1].copy_from_slice(&side_sums::<1>(scores, step)),
+        2 => sums[..2].copy_from_slice(&side_sums::<2>(scores, step)),
+        3 => sums[..3].copy_from_slice(&side_sums::<3>(scores, step)),
+        _ => sums = side_sums::<4>(scores, step),
     }
+    for (row, &sum) in scores.chunks_exact_mut(step).zip(&sums) {
+        let inv = (1.0 / sum) as f32;
+        row.iter_mut().for_each(|sc| *sc *= inv);
+        if round {
+            simd::round_f16(level, row);
+        }
+    }
+}
+
+/// `Σ f64(row_j[i])` over i in order, for the G rows of `step` values in `v` side by side.
+fn side_sums<const G: usize>(v: &[f32], step: usize) -> [f64; G] {
+    let mut sums = [0f64; G];
+    let rows: [&[f32]; G] = std::array::from_fn(|j| &v[j * step..(j + 1) * step]);
+    for i in 0..step {
+        for (s, r) in sums.iter_mut().zip(&rows) {
+            *s += f64::from(r[i]);
+        }
+    }
+    sums
 }
 
 #[cfg(test)]

@@ -68,6 +68,35 @@ pub fn exp_shifted(level: Level, v: &mut [f32], shift: f32) {
     v.iter_mut().for_each(|x| *x = exp_f32(*x - shift));
 }
 
+/// The largest value of `v`, NaN values ignored (as a fold of `f32::max` from −∞; which
+/// zero of two is not specified either way); −∞ for an empty or all-NaN slice.
+pub fn max(level: Level, v: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level proves AVX-512 F.
+        return unsafe { max_avx512(v) };
+    }
+    let _ = level;
+    v.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+}
+
+/// [`max`] sixteen lanes at a time.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_avx512(v: &[f32]) -> f32 {
+    let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut blocks = v.chunks_exact(16);
+    for b in &mut blocks {
+        // The second operand is returned when either is NaN: a NaN value leaves acc.
+        acc = _mm512_max_ps(_mm512_loadu_ps(b.as_ptr()), acc);
+    }
+    let m = _mm512_reduce_max_ps(acc);
+    blocks.remainder().iter().fold(m, |m, &x| m.max(x))
+}
+
 /// [`exp_f32`] of four f64 lanes (f32 values widened), as f32.
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -227,5 +256,21 @@ mod tests {
         assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
         assert_eq!(exp_f32(-104.0), 0.0);
         assert!(exp_f32(-100.0) > 0.0, "subnormal results are kept");
+    }
+
+    #[test]
+    fn max_ignores_nan_at_every_level() {
+        let mut v: Vec<f32> = (0..37).map(|i| ((i * 7) % 23) as f32 - 30.0).collect();
+        for level in [Level::Scalar, Level::detect()] {
+            assert_eq!(max(level, &v), -8.0);
+            assert_eq!(max(level, &[]), f32::NEG_INFINITY);
+            assert_eq!(max(level, &[f32::NAN; 20]), f32::NEG_INFINITY);
+        }
+        v[3] = f32::NAN;
+        v[20] = 5.0;
+        v[36] = f32::NAN;
+        for level in [Level::Scalar, Level::detect()] {
+            assert_eq!(max(level, &v), 5.0, "{level:?}");
+        }
     }
 }

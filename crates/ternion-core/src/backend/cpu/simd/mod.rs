@@ -48,7 +48,7 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_bits;
 
-pub use exp::{exp_f32, exp_shifted};
+pub use exp::{exp_f32, exp_shifted, max};
 pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
 pub use q6_k::{q6_k_dot4_q8k, q6_k_dot_q8k, q6_k_interleave, QUAD_ROWS};
 pub use squares::{squares_rows, SQUARE_ROWS};
