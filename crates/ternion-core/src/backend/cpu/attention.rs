@@ -5,8 +5,9 @@
 //!
 //! Numerics follow the reference engines: Q is rounded to F16 for QKᵀ, scores are scaled
 //! by 1/√head_dim, the softmax takes its exponentials in f64 rounded to f32
-//! ([`simd::exp_f32`], the same on every platform) and sums them in f64, and for single-token decode the
-//! probabilities are rounded to F16 before P·V (a batch keeps them in f32). Over an F32
+//! ([`simd::exp_f32`], the same on every platform) and sums them in f64, and for
+//! single-token decode the probabilities are rounded to F16 before P·V (a batch keeps them
+//! in f32). Over an F32
 //! cache nothing is rounded (ggml keeps Q and the probabilities in f32 against F32 K/V).
 
 use super::pool::{self, SharedMut};
@@ -395,6 +396,75 @@ mod tests {
     /// bit for bit what the same heads give against a cache with each kv head repeated
     /// for every query head (one head per task), for groups of 4, 8 (two tasks of 4), 6
     /// (two of 3) and 5 (one head per task), with and without rounded probabilities.
+    /// The paged cache (each head's rows of a page one run, several pages, a run prefetched
+    /// ahead) gives the contiguous layout's results bit for bit, decode and prompt rows.
+    #[test]
+    fn paged_cache_equals_the_contiguous_one() {
+        use crate::kv::{KvGeometry, KvPool, KvSeq};
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(9);
+        let (n_head, n_head_kv, hd) = (8, 2, 64);
+        let kv_dim = n_head_kv * hd;
+        // 75 positions: two full pages of 32 and a partial one.
+        let n = 75;
+        let geo = KvGeometry {
+            n_layer: 2,
+            n_head_kv,
+            head_dim: hd,
+            page_size: 32,
+            ty: KvType::F16,
+        };
+        let mut values = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f32())
+                .collect()
+        };
+        let (k, v) = (values(n * kv_dim), values(n * kv_dim));
+        let q = values(3 * n_head * hd);
+        let mut seq = KvSeq::new(KvPool::new(geo, 4), n);
+        seq.reserve(n).unwrap();
+        seq.write(0, &vec![0.5; n * kv_dim], &vec![0.5; n * kv_dim]);
+        seq.write(1, &k, &v);
+        seq.advance(n);
+        let halves = |x: &[f32]| x.iter().map(|&a| f16::from_f32(a)).collect::<Vec<_>>();
+        let (k16, v16) = (halves(&k), halves(&v));
+        let contiguous = Contiguous {
+            k: &k16,
+            v: &v16,
+            kv_dim,
+            head_dim: hd,
+        };
+        let heads = Heads {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            window: None,
+        };
+        // A decode row at the last position, and prompt rows ending on and inside a page.
+        let rows = [(n - 1, true), (31, false), (50, false)].map(|(pos, round_probs)| QueryRow {
+            seq: 0,
+            pos,
+            round_probs,
+        });
+        let threads = pool::global().n_threads();
+        let mut scratch = vec![0.0; scratch_per_thread(n, hd) * threads];
+        let mut got = vec![0.0; q.len()];
+        let layer = seq.layer(1);
+        attention_rows(&q, |_| layer, &rows, heads, n, &mut got, &mut scratch);
+        let mut want = vec![0.0; q.len()];
+        attention_rows(
+            &q,
+            |_| &contiguous,
+            &rows,
+            heads,
+            n,
+            &mut want,
+            &mut scratch,
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+    }
+
     #[test]
     fn grouped_heads_equal_repeated_kv_heads() {
         use rand::{rngs::StdRng, Rng, SeedableRng};

@@ -216,16 +216,16 @@ mod tests {
     fn every_level_equals_the_scalar_exp() {
         let xs = samples();
         // Every level this CPU runs (the kernels take the level given, not the detected one).
-        let mut levels = vec![Level::Scalar, Level::detect()];
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            levels.push(Level::Avx2);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f") {
-            levels.push(Level::Avx512);
-        }
-        for level in levels {
+        let x86 = [
+            (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+                .then_some(Level::Avx2),
+            is_x86_feature_detected!("avx512f").then_some(Level::Avx512),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let x86: [Option<Level>; 0] = [];
+        let levels = [Level::Scalar, Level::detect()];
+        for level in levels.into_iter().chain(x86.into_iter().flatten()) {
             for shift in [0.0f32, 2.5, -1.25] {
                 let mut got = xs.clone();
                 exp_shifted(level, &mut got, shift);
