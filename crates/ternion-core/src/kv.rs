@@ -80,16 +80,11 @@ pub enum KvRow<'a> {
 
 impl<'a> KvRow<'a> {
     /// Values in the row.
-    pub fn len(self) -> usize {
+    pub(crate) fn len(self) -> usize {
         match self {
             KvRow::F16(r) => r.len(),
             KvRow::F32(r) => r.len(),
         }
-    }
-
-    /// Whether the row holds no value.
-    pub fn is_empty(self) -> bool {
-        self.len() == 0
     }
 
     /// Value `i` as f32.

@@ -7,8 +7,8 @@
 //! by 1/√head_dim, the softmax takes its exponentials in f64 rounded to f32
 //! ([`simd::exp_f32`], the same on every platform) and sums them in f64, and for
 //! single-token decode the probabilities are rounded to F16 before P·V (a batch keeps them
-//! in f32). Over an F32
-//! cache nothing is rounded (ggml keeps Q and the probabilities in f32 against F32 K/V).
+//! in f32). Over an F32 cache nothing is rounded (ggml keeps Q and the probabilities in f32
+//! against F32 K/V).
 
 use super::pool::{self, SharedMut};
 use super::simd;
@@ -329,22 +329,25 @@ pub fn attention_rows<C: KvRows>(
 /// The probabilities of each query's raw scores (the rows of `scores`, `step` apart, 1 to
 /// [`simd::MAX_HEADS`] of them): scaled by `scale`, softmax with each row's sum in f64 in
 /// element order, rounded to F16 when `round` (single-token decode over an F16 cache). The
-/// rows' sums run side by side: independent chains, each the same additions in the same
-/// order as one row alone.
+/// rows' sums run side by side (a missing row's chain repeats the last row's, unused):
+/// independent chains, each the same additions in the same order as one row alone.
 fn softmax_rows(level: simd::Level, scores: &mut [f32], step: usize, scale: f32, round: bool) {
-    let mut sums = [0f64; simd::MAX_HEADS];
+    let n = scores.len() / step;
+    if n == 0 {
+        return;
+    }
     for row in scores.chunks_exact_mut(step) {
         row.iter_mut().for_each(|sc| *sc *= scale);
         let max = simd::max(level, row);
         simd::exp_shifted(level, row, max);
     }
-    let rows = scores.len() / step;
-    match rows {
-        0 => return,
-        1 => sums[..1].copy_from_slice(&side_sums::<1>(scores, step)),
-        2 => sums[..2].copy_from_slice(&side_sums::<2>(scores, step)),
-        3 => sums[..3].copy_from_slice(&side_sums::<3>(scores, step)),
-        _ => sums = side_sums::<4>(scores, step),
+    let rows: [&[f32]; simd::MAX_HEADS] =
+        std::array::from_fn(|j| &scores[j.min(n - 1) * step..][..step]);
+    let mut sums = [0f64; simd::MAX_HEADS];
+    for i in 0..step {
+        for (sum, row) in sums.iter_mut().zip(&rows) {
+            *sum += f64::from(row[i]);
+        }
     }
     for (row, &sum) in scores.chunks_exact_mut(step).zip(&sums) {
         let inv = (1.0 / sum) as f32;
@@ -353,18 +356,6 @@ fn softmax_rows(level: simd::Level, scores: &mut [f32], step: usize, scale: f32,
             simd::round_f16(level, row);
         }
     }
-}
-
-/// `Σ f64(row_j[i])` over i in order, for the G rows of `step` values in `v` side by side.
-fn side_sums<const G: usize>(v: &[f32], step: usize) -> [f64; G] {
-    let mut sums = [0f64; G];
-    let rows: [&[f32]; G] = std::array::from_fn(|j| &v[j * step..(j + 1) * step]);
-    for i in 0..step {
-        for (s, r) in sums.iter_mut().zip(&rows) {
-            *s += f64::from(r[i]);
-        }
-    }
-    sums
 }
 
 #[cfg(test)]
@@ -392,10 +383,6 @@ mod tests {
         assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
     }
 
-    /// Grouped-query attention (tasks of several query heads sharing one kv head) gives
-    /// bit for bit what the same heads give against a cache with each kv head repeated
-    /// for every query head (one head per task), for groups of 4, 8 (two tasks of 4), 6
-    /// (two of 3) and 5 (one head per task), with and without rounded probabilities.
     /// The paged cache (each head's rows of a page one run, several pages, a run prefetched
     /// ahead) gives the contiguous layout's results bit for bit, decode and prompt rows.
     #[test]
@@ -465,6 +452,10 @@ mod tests {
         assert_eq!(bits(&got), bits(&want));
     }
 
+    /// Grouped-query attention (tasks of several query heads sharing one kv head) gives
+    /// bit for bit what the same heads give against a cache with each kv head repeated
+    /// for every query head (one head per task), for groups of 4, 8 (two tasks of 4), 6
+    /// (two of 3) and 5 (one head per task), with and without rounded probabilities.
     #[test]
     fn grouped_heads_equal_repeated_kv_heads() {
         use rand::{rngs::StdRng, Rng, SeedableRng};
