@@ -25,17 +25,26 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     let rows = out.len() / n;
-    let mut sums = [0f64; SQUARE_ROWS];
     let level = Level::detect();
-    simd::squares_rows(level, &x[..rows * n], n, &mut sums[..rows]);
-    for ((xr, or), &sum) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).zip(&sums) {
+    let mut means = [0f32; SQUARE_ROWS];
+    if rows == 1 {
+        // A decode step's row: its chain of sums proved rather than run.
+        means[0] = simd::mean_square(level, &x[..n]);
+    } else {
+        let mut sums = [0f64; SQUARE_ROWS];
+        simd::squares_rows(level, &x[..rows * n], n, &mut sums[..rows]);
+        for (m, &s) in means.iter_mut().zip(&sums[..rows]) {
+            *m = (s / n as f64) as f32;
+        }
+    }
+    for ((xr, or), &mean) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).zip(&means) {
         #[cfg(target_arch = "x86_64")]
         if level == Level::Avx512 {
             // SAFETY: the level proves AVX-512 F.
-            unsafe { scale_row_avx512(xr, or, w, eps, sum) };
+            unsafe { scale_row_avx512(xr, or, w, eps, mean) };
             continue;
         }
-        scale_row(xr, or, w, eps, sum);
+        scale_row(xr, or, w, eps, mean);
     }
 }
 
@@ -45,14 +54,13 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// AVX-512 F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn scale_row_avx512(xr: &[f32], or: &mut [f32], w: &[f32], eps: f32, sum: f64) {
-    scale_row(xr, or, w, eps, sum)
+unsafe fn scale_row_avx512(xr: &[f32], or: &mut [f32], w: &[f32], eps: f32, mean: f32) {
+    scale_row(xr, or, w, eps, mean)
 }
 
-/// One row normalised from its sum of squares.
+/// One row normalised from its mean square.
 #[inline(always)]
-fn scale_row(xr: &[f32], or: &mut [f32], w: &[f32], eps: f32, sum: f64) {
-    let mean = (sum / w.len() as f64) as f32;
+fn scale_row(xr: &[f32], or: &mut [f32], w: &[f32], eps: f32, mean: f32) {
     let scale = 1.0 / (mean + eps).sqrt();
     for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
         *o = (v * scale) * g;

@@ -5,6 +5,10 @@
 //! after an 8 × 8 transpose of eight rows' next eight squares — the same f32 products,
 //! the same exact conversions and the same f64 additions in the same order per row as
 //! the scalar chain, bit for bit.
+//!
+//! A single row (a decode step's norms) has no neighbours to run beside: [`mean_square`]
+//! sums it in independent chains instead and proves that the element-order chain's mean
+//! is the same f32, running that chain only where it cannot prove it.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -36,6 +40,86 @@ pub fn squares_rows(level: Level, x: &[f32], n: usize, sums: &mut [f64]) {
         return squares_scalar(&x[done * n..], n, &mut sums[done..]);
     }
     squares_scalar(x, n, sums)
+}
+
+/// `(Σ_e f64(x_e²) / n) as f32` with the sum in element order from 0, as
+/// [`squares_rows`] and the norm compute it, bit for bit, for one row of `n = x.len()`
+/// values. See [`certified_mean_square`]; where it proves nothing (about once in 10⁵
+/// rows, and always for NaN or infinite values) the element-order chain runs.
+pub fn mean_square(level: Level, x: &[f32]) -> f32 {
+    certified_mean_square(level, x).unwrap_or_else(|| {
+        let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+        (sum / x.len() as f64) as f32
+    })
+}
+
+/// The element-order chain's f32 mean of squares without running the chain, where that
+/// can be proved. The same squares are summed in [`CHAINS`] independent chains, whose sum
+/// `s` differs from the chain's by at most `2γ/(1 − γ)·s` (both are orderings of the
+/// same non-negative terms, each within `γ = (n − 1)·u/(1 − (n − 1)·u)` of their exact
+/// sum, u = 2⁻⁵³; Higham, *Accuracy and Stability of Numerical Algorithms*, §4.2). The
+/// bound used, `4n·u·s`, is larger (it also covers the roundings of `s ± bound`). Division
+/// by n in f64 and rounding to f32 are monotone, so when both ends of that interval give
+/// the same f32 mean, so does the chain's sum inside it. `None` where they differ, and
+/// for NaN (an infinite interval end gives NaN, so infinities are `None` too).
+fn certified_mean_square(level: Level, x: &[f32]) -> Option<f32> {
+    let n = x.len() as f64;
+    let s = chain_sums(level, x);
+    let bound = s * (4.0 * n * f64::EPSILON / 2.0);
+    let (lo, hi) = (((s - bound) / n) as f32, ((s + bound) / n) as f32);
+    (lo == hi).then_some(lo)
+}
+
+/// Independent f64 chains of [`certified_mean_square`]: element e goes to chain
+/// `e mod CHAINS` (four AVX-512 registers' lanes).
+const CHAINS: usize = 32;
+
+/// `Σ_e f64(x_e²)` in [`CHAINS`] chains, then the chains' sum.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn chain_sums(level: Level, x: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    match level {
+        // SAFETY: the level proves the features.
+        Level::Avx512 => return unsafe { chain_sums_avx512(x) },
+        Level::Avx2 => return unsafe { chain_sums_avx2(x) },
+        _ => {}
+    }
+    chain_sums_portable(x)
+}
+
+/// [`chain_sums_portable`] compiled for AVX-512.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn chain_sums_avx512(x: &[f32]) -> f64 {
+    chain_sums_portable(x)
+}
+
+/// [`chain_sums_portable`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn chain_sums_avx2(x: &[f32]) -> f64 {
+    chain_sums_portable(x)
+}
+
+#[inline(always)]
+fn chain_sums_portable(x: &[f32]) -> f64 {
+    let mut acc = [0f64; CHAINS];
+    let mut blocks = x.chunks_exact(CHAINS);
+    for b in &mut blocks {
+        for (a, &v) in acc.iter_mut().zip(b) {
+            *a += f64::from(v * v);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(blocks.remainder()) {
+        *a += f64::from(v * v);
+    }
+    acc.iter().sum()
 }
 
 /// The chains four rows side by side, so that the four independent chains overlap (the
@@ -134,6 +218,74 @@ unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chain_mean(x: &[f32]) -> f32 {
+        let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+        (sum / x.len() as f64) as f32
+    }
+
+    /// Every level this CPU runs.
+    fn levels() -> Vec<Level> {
+        match Level::detect() {
+            Level::Avx512 => vec![Level::Scalar, Level::Avx2, Level::Avx512],
+            l => vec![Level::Scalar, l],
+        }
+    }
+
+    /// One row's mean equals the element-order chain's bit for bit, proved or not: widths
+    /// from 1 to 8192 with and without a partial block of chains, magnitudes over many
+    /// decades (the chains round), zeros, subnormal squares, infinities and NaN.
+    #[test]
+    fn one_rows_mean_equals_the_chain() {
+        let (mut proved, widths) = (0, [1, 2, 7, 31, 32, 33, 100, 2048, 2560, 6912, 8192]);
+        for n in widths {
+            for seed in 0..40u32 {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| {
+                        let j = i as u32 ^ seed.wrapping_mul(2_654_435_761);
+                        match j % 89 {
+                            0 => 0.0,
+                            1 => 1e-23,
+                            _ => (j as f32 * 0.731).sin() * 10f32.powi((j % 11) as i32 - 5),
+                        }
+                    })
+                    .collect();
+                for level in levels() {
+                    assert_eq!(
+                        mean_square(level, &x).to_bits(),
+                        chain_mean(&x).to_bits(),
+                        "{level:?} n {n} seed {seed}"
+                    );
+                    // Few terms often sum to a rounding tie (n = 2 here); model widths do not.
+                    if n >= 32 {
+                        proved += usize::from(certified_mean_square(level, &x).is_some());
+                    }
+                }
+            }
+        }
+        // Every row of 32 values or more is proved: the chain is not the common path.
+        let wide = widths.iter().filter(|&&n| n >= 32).count();
+        assert_eq!(proved, wide * 40 * levels().len());
+        for special in [f32::INFINITY, f32::NAN, f32::MAX] {
+            let x = [1.0, special, 2.0];
+            for level in levels() {
+                assert_eq!(mean_square(level, &x).to_bits(), chain_mean(&x).to_bits());
+            }
+        }
+    }
+
+    /// A mean exactly halfway between two f32 values: the chains' interval straddles the
+    /// rounding boundary, nothing is proved, and the chain decides (ties to even).
+    #[test]
+    fn a_mean_on_a_rounding_boundary_runs_the_chain() {
+        // (1 + 2⁻²⁴) / 2 = 0.5 + 2⁻²⁵: halfway between 0.5 and the next f32 up.
+        let x = [1.0, 2f32.powi(-12)];
+        for level in levels() {
+            assert_eq!(certified_mean_square(level, &x), None, "{level:?}");
+            assert_eq!(mean_square(level, &x), 0.5);
+            assert_eq!(mean_square(level, &x).to_bits(), chain_mean(&x).to_bits());
+        }
+    }
 
     /// Every level's sums equal the one-row-at-a-time chain bit for bit: widths with and
     /// without a tail of eight, row counts around the 16-row and 4-row blocks, values over
