@@ -13,9 +13,7 @@ use ternion_testkit::shared as support_shared;
 use support_shared::shared_path;
 
 fn tmp_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ternion-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    ternion_testkit::scratch::dir("ternion-cli")
 }
 
 fn ternion(args: &[&str]) -> Output {

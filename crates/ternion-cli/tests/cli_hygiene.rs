@@ -17,9 +17,7 @@ use ternion::quant::GgmlType;
 use ternion_testkit::synth::{Shape, Spec, Vocab};
 
 fn tmp_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ternion-cli-hygiene-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    ternion_testkit::scratch::dir("ternion-cli-hygiene")
 }
 
 fn ternion() -> Command {

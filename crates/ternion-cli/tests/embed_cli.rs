@@ -24,8 +24,7 @@ fn synth(ty: &str, out: &std::path::Path) -> Output {
 
 /// A tiny qwen3 model with Q2_0 ternary codes and a byte vocabulary (one file per test).
 fn model(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ternion-embed-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-embed-cli");
     let path = dir.join(format!("{name}.gguf"));
     let o = synth("q2_0", &path);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -125,8 +125,7 @@ fn expect_clean_failure(args: &[&str]) {
 
 #[test]
 fn hostile_files_fail_cleanly_in_inspect_and_run() {
-    let dir = std::env::temp_dir().join(format!("ternion-hostile-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-hostile-cli");
     // The base file is good: run succeeds on it (so the failures below are the edits').
     let base = dir.join("good.gguf");
     std::fs::write(&base, micro_model().bytes()).unwrap();

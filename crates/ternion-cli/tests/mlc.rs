@@ -31,7 +31,7 @@ fn ok(args: &[&str]) -> String {
 /// A random MLC Phi-3 directory and the same model as a GGUF, under a fresh folder.
 fn fixture(tag: &str) -> (PathBuf, PathBuf) {
     let vocab = support_shared::shared_path("vocab/ggml-vocab-phi-3.gguf");
-    let dir = std::env::temp_dir().join(format!("ternion-cli-mlc-{}-{tag}", std::process::id()));
+    let dir = ternion_testkit::scratch::dir("ternion-cli-mlc").join(tag);
     std::fs::remove_dir_all(&dir).ok();
     let (mlc, gguf) = (dir.join("phi3-q4f16_1-MLC"), dir.join("phi3.gguf"));
     let spec = Phi3Spec {

@@ -219,8 +219,7 @@ fn via_web(model: &Path, r: &Request) -> Reply {
 
 #[test]
 fn cli_server_and_web_engine_generate_the_same_tokens() {
-    let dir = std::env::temp_dir().join(format!("ternion-one-core-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-one-core");
     let model = model(&dir);
     let server = serve(&model);
     let sampled = SamplerConfig {

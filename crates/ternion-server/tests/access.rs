@@ -189,8 +189,7 @@ fn log_line(s: &Server, needle: &str) -> String {
 
 #[test]
 fn a_model_that_cannot_be_served_fails_before_listening() {
-    let dir = std::env::temp_dir().join(format!("ternion-access-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-access");
     let mut r = micro_model();
     r.set("general.architecture", strv("mamba"));
     r.layout();

@@ -25,8 +25,7 @@ use ternion_testkit::shared as support_shared;
 /// The tiny synthetic model, in a file of its own per `name` (the tests run in parallel).
 fn tiny_model(name: &str) -> PathBuf {
     let vocab = support_shared::shared_path("vocab/ggml-vocab-llama3.gguf");
-    let dir = std::env::temp_dir().join(format!("ternion-embeddings-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-embeddings");
     let path = dir.join(format!("tiny-{name}.gguf"));
     let spec = Spec {
         arch: "bitnet-b1.58",

@@ -373,7 +373,7 @@ pub fn phi3_vocab() -> PathBuf {
 
 /// A fresh directory under the system temp folder.
 pub fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ternion-mlc-{}-{tag}", std::process::id()));
+    let dir = crate::scratch::dir("ternion-mlc").join(tag);
     std::fs::remove_dir_all(&dir).ok();
     std::fs::create_dir_all(&dir).unwrap();
     dir

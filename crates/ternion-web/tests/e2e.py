@@ -11,9 +11,11 @@
 5. With --screenshot PATH, saves the page after the WebGPU generation.
 """
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,6 +94,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ternion-web-e2e-")
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     model = os.path.join(work, "micro.gguf")
     subprocess.run([a.ternion, "synth", "--shape", "micro", "--seed", "7", "--out", model],
                    check=True, capture_output=True)

@@ -14,7 +14,9 @@
    enough browser storage and names the size needed.
 """
 import argparse
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +71,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ternion-web-mlc-")
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     mlc = os.path.join(work, "mlc")
     subprocess.run([a.ternion, "synth", "--mlc", "--shape", "micro", "--vocab", VOCAB,
                     "--seed", "7", "--shard-bytes", str(256 << 10), "--out", mlc],

@@ -489,7 +489,7 @@ impl Files for Dir {
 /// A random MLC Phi-3 directory from the native test writer (`code_15`: one weight holds
 /// a code 15).
 fn mlc_dir(tag: &str, code_15: bool) -> Dir {
-    let root = std::env::temp_dir().join(format!("ternion-web-mlc-{}-{tag}", std::process::id()));
+    let root = ternion_testkit::scratch::dir("ternion-web-mlc").join(tag);
     std::fs::remove_dir_all(&root).ok();
     let dir = root.join("mlc");
     let spec = Phi3Spec {

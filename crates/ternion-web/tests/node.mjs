@@ -8,7 +8,9 @@
 //   node crates/ternion-web/tests/node.mjs --ternion target/release/ternion
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, openSync, readSync, closeSync, statSync, writeFileSync } from "node:fs";
+import {
+  mkdtempSync, openSync, readSync, closeSync, rmSync, statSync, writeFileSync,
+} from "node:fs";
 import { createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -77,6 +79,8 @@ async function rejects(promise, pattern, label) {
 }
 
 const work = mkdtempSync(join(tmpdir(), "ternion-node-"));
+// Removed however the script ends (an assertion failing exits through here too).
+process.on("exit", () => rmSync(work, { recursive: true, force: true }));
 const model = join(work, "micro.gguf");
 execFileSync(args.ternion, ["synth", "--shape", "micro", "--seed", "7", "--out", model],
   { stdio: "pipe" });

@@ -3,6 +3,7 @@ headless Chromium session with given flags, navigate, run scripts, take screensh
 import base64
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -101,6 +102,7 @@ class Driver:
         finally:
             self.proc.terminate()
             self.proc.wait()
+            shutil.rmtree(self.profile, ignore_errors=True)
 
     def __enter__(self):
         return self

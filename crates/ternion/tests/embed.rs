@@ -20,8 +20,7 @@ const TOKENS: [u32; 6] = [1, 72, 101, 108, 108, 111];
 
 /// A synthetic `arch` model with ternary weights of type `ty` (written once per test).
 fn synth_model(name: &str, arch: &str, ty: GgmlType) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ternion-embed-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-embed-test");
     let path = dir.join(format!("{name}.gguf"));
     let spec = Spec {
         arch,

@@ -41,8 +41,7 @@ fn first_failure(bytes: &[u8]) -> Option<(Stage, String)> {
 }
 
 fn tmp_path(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("ternion-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = ternion_testkit::scratch::dir("ternion-hostile");
     d.join(name)
 }
 

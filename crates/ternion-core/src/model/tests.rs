@@ -70,8 +70,7 @@ fn gemma3_local_layers_window_and_bases() {
 fn unknown_architecture_lists_the_supported_ones() {
     let mut w = GgufWriter::new();
     w.add("general.architecture", Value::Str("mamba".into()));
-    let dir = std::env::temp_dir().join(format!("ternion-model-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-model");
     let path = dir.join("mamba.gguf");
     w.write_with(&path, Vec::new()).unwrap();
     let f = GgufFile::open(&path).unwrap();

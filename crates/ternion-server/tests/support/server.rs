@@ -92,9 +92,7 @@ pub fn newest_source(root: &Path) -> std::time::SystemTime {
 }
 
 pub fn tmp_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ternion-server-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    ternion_testkit::scratch::dir("ternion-server")
 }
 
 /// A tiny BitNet b1.58 model with a truncated Llama-3 vocabulary, written once.

@@ -227,8 +227,7 @@ fn tiny_gguf_with(
 ) -> Result<Tokenizer> {
     let mut w = GgufWriter::new();
     build(&mut w);
-    let dir = std::env::temp_dir().join(format!("ternion-tok-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ternion_testkit::scratch::dir("ternion-tok");
     let path = dir.join(format!("{:?}.gguf", std::thread::current().id()));
     w.write_with(&path, Vec::new()).unwrap();
     let file = GgufFile::open(&path).unwrap();
