@@ -56,4 +56,10 @@ if [ ! -f "$webgpu/package/dist/linux-x64/dawn.node" ]; then
   mkdir -p "$webgpu"
   (cd "$webgpu" && npm pack --silent "webgpu@$webgpu_version" >/dev/null && tar xzf "webgpu-$webgpu_version.tgz" && rm "webgpu-$webgpu_version.tgz")
 fi
-XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}" node crates/ternion-web/tests/sgmat_compile.mjs --webgpu "$webgpu/package"
+# Dawn wants a runtime folder; one of ours when the session has none, removed on exit.
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+  XDG_RUNTIME_DIR="$(mktemp -d)"
+  trap 'rm -rf "$XDG_RUNTIME_DIR"' EXIT
+  export XDG_RUNTIME_DIR
+fi
+node crates/ternion-web/tests/sgmat_compile.mjs --webgpu "$webgpu/package"

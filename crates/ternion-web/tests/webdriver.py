@@ -33,8 +33,12 @@ class Driver:
 
     def __init__(self, flags, chromedriver="chromedriver", chromium="/usr/bin/chromium"):
         self.port = free_port()
+        # Chromium's own temporary files (its singleton socket, scoped folders) go under a
+        # folder of ours, removed with the profile in close().
+        self.tmp = tempfile.mkdtemp(prefix="ternion-chrome-tmp-")
         self.proc = subprocess.Popen([chromedriver, f"--port={self.port}"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, "TMPDIR": self.tmp})
         self.profile = tempfile.mkdtemp(prefix="ternion-chrome-")
         for _ in range(100):
             try:
@@ -103,6 +107,7 @@ class Driver:
             self.proc.terminate()
             self.proc.wait()
             shutil.rmtree(self.profile, ignore_errors=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):
         return self
