@@ -29,11 +29,16 @@ fi
 
 cargo clippy --release -p ternion-web --target wasm32-unknown-unknown --all-targets -j2 -- -D warnings
 
+# Temporary files of the tools below (Chromium's singleton socket and scoped folders,
+# Dawn's runtime folder) go under one folder, removed on exit.
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
 # 1. Kernels in the browser. The runner reads crates/ternion-web/webdriver.json (flags).
 export CHROMEDRIVER="${CHROMEDRIVER:-$(command -v chromedriver)}"
 export WASM_BINDGEN_TEST_TIMEOUT=300
 (cd crates/ternion-web &&
-  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+  TMPDIR="$scratch" CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test --release -p ternion-web --target wasm32-unknown-unknown -j2 --test kernels)
 
 # 2. The page end to end, and the negative control; then MLC directories (loadMlc against
@@ -56,10 +61,5 @@ if [ ! -f "$webgpu/package/dist/linux-x64/dawn.node" ]; then
   mkdir -p "$webgpu"
   (cd "$webgpu" && npm pack --silent "webgpu@$webgpu_version" >/dev/null && tar xzf "webgpu-$webgpu_version.tgz" && rm "webgpu-$webgpu_version.tgz")
 fi
-# Dawn wants a runtime folder; one of ours when the session has none, removed on exit.
-if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
-  XDG_RUNTIME_DIR="$(mktemp -d)"
-  trap 'rm -rf "$XDG_RUNTIME_DIR"' EXIT
-  export XDG_RUNTIME_DIR
-fi
-node crates/ternion-web/tests/sgmat_compile.mjs --webgpu "$webgpu/package"
+# Dawn wants a runtime folder: one under the scratch folder when the session has none.
+XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$scratch}" node crates/ternion-web/tests/sgmat_compile.mjs --webgpu "$webgpu/package"
