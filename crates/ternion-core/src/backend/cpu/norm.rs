@@ -27,16 +27,7 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let rows = out.len() / n;
     let level = Level::detect();
     let mut means = [0f32; SQUARE_ROWS];
-    if rows == 1 {
-        // A decode step's row: its chain of sums proved rather than run.
-        means[0] = simd::mean_square(level, &x[..n]);
-    } else {
-        let mut sums = [0f64; SQUARE_ROWS];
-        simd::squares_rows(level, &x[..rows * n], n, &mut sums[..rows]);
-        for (m, &s) in means.iter_mut().zip(&sums[..rows]) {
-            *m = (s / n as f64) as f32;
-        }
-    }
+    simd::mean_squares(level, &x[..rows * n], n, &mut means[..rows]);
     for ((xr, or), &mean) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).zip(&means) {
         #[cfg(target_arch = "x86_64")]
         if level == Level::Avx512 {

@@ -51,7 +51,7 @@ mod x86_bits;
 pub use exp::{exp_f32, exp_shifted, max};
 pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
 pub use q6_k::{q6_k_dot4_q8k, q6_k_dot_q8k, q6_k_interleave, QUAD_ROWS};
-pub use squares::{mean_square, squares_rows, SQUARE_ROWS};
+pub use squares::{mean_squares, SQUARE_ROWS};
 pub use vnni::{
     interleave_blocks, interleave_tokens, Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni,
     CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK, SUB_TILE, TOKEN_TILE,

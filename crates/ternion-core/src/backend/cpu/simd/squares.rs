@@ -1,56 +1,70 @@
-//! RMSNorm's sums of squares for many rows at once: `Σ_e f64(x_e · x_e)` of each row, in
-//! element order from 0 (ggml's order). One row's chain of f64 additions cannot be split
-//! without changing its roundings, so the rows go side by side instead: AVX-512 holds
-//! eight rows' sums in one register and adds each row's next square to its own lane,
-//! after an 8 × 8 transpose of eight rows' next eight squares — the same f32 products,
-//! the same exact conversions and the same f64 additions in the same order per row as
-//! the scalar chain, bit for bit.
-//!
-//! A single row (a decode step's norms) has no neighbours to run beside: [`mean_square`]
-//! sums it in independent chains instead and proves that the element-order chain's mean
-//! is the same f32, running that chain only where it cannot prove it.
+//! RMSNorm's mean squares, `(Σ_e f64(x_e · x_e) / n) as f32` of each row with the sum in
+//! element order from 0 (ggml's order), bit for bit. One row's chain of f64 additions
+//! cannot be split without changing its roundings, so:
+//! - blocks of sixteen rows (a prompt's) go side by side: AVX-512 holds eight rows' sums
+//!   in one register and adds each row's next square to its own lane, after an 8 × 8
+//!   transpose of eight rows' next eight squares — the same f32 products, exact
+//!   conversions and f64 additions in the same order per row as the chain;
+//! - every other row (a decode step's, the rest of a prompt's, every row below AVX-512) is
+//!   summed in independent chains, and the element-order chain's mean is proved to be the
+//!   same f32 ([`certified_mean_square`]); the chain runs only where that fails.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 use super::Level;
 
-/// Rows per block of [`squares_rows`] (the lanes of one f64 register, twice).
+/// Rows per side-by-side block of [`mean_squares`] (the lanes of one f64 register, twice).
 pub const SQUARE_ROWS: usize = 16;
 
-/// `sums[r] = Σ_e f64(x[r·n + e]²)`, summed in element order from 0, for the
-/// `sums.len()` rows of `n` values in `x` — the scalar chain's result bit for bit.
+/// `means[r] = (Σ_e f64(x[r·n + e]²) / n) as f32`, the sum in element order from 0, for
+/// the `means.len()` rows of `n` values in `x` — the chain's result bit for bit.
 ///
 /// # Panics
-/// If `x.len() != sums.len() · n`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-pub fn squares_rows(level: Level, x: &[f32], n: usize, sums: &mut [f64]) {
-    assert_eq!(x.len(), sums.len() * n, "squares_rows: rows × width");
+/// If `x.len() != means.len() · n`.
+pub fn mean_squares(level: Level, x: &[f32], n: usize, means: &mut [f32]) {
+    assert_eq!(x.len(), means.len() * n, "mean_squares: rows × width");
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && n >= 8 {
-        let mut done = 0;
-        for (xs, s) in x
-            .chunks_exact(SQUARE_ROWS * n)
-            .zip(sums.chunks_exact_mut(SQUARE_ROWS))
-        {
-            // SAFETY: the level proves AVX-512 F; `xs` holds 16 rows of `n` values.
-            unsafe { squares16(xs, n, s) };
-            done += SQUARE_ROWS;
-        }
-        return squares_scalar(&x[done * n..], n, &mut sums[done..]);
+    let done = if level == Level::Avx512 && n >= 8 {
+        // SAFETY: the level proves AVX-512 F.
+        unsafe { blocks16(x, n, means) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    for (m, xr) in means[done..].iter_mut().zip(x[done * n..].chunks_exact(n)) {
+        *m = certified_mean_square(level, xr)
+            .unwrap_or_else(|| mean_of(xr.iter().map(|&v| f64::from(v * v)).sum(), n));
     }
-    squares_scalar(x, n, sums)
 }
 
-/// `(Σ_e f64(x_e²) / n) as f32` with the sum in element order from 0, as
-/// [`squares_rows`] and the norm compute it, bit for bit, for one row of `n = x.len()`
-/// values. See [`certified_mean_square`]; where it proves nothing (about once in 10⁵
-/// rows, and always for NaN or infinite values) the element-order chain runs.
-pub fn mean_square(level: Level, x: &[f32]) -> f32 {
-    certified_mean_square(level, x).unwrap_or_else(|| {
-        let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-        (sum / x.len() as f64) as f32
-    })
+/// The means of the whole 16-row blocks of `x` (rows of `n ≥ 8` values) from their
+/// side-by-side sums ([`squares16`]); returns the rows done.
+///
+/// # Safety
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn blocks16(x: &[f32], n: usize, means: &mut [f32]) -> usize {
+    let mut done = 0;
+    for (xs, m) in x
+        .chunks_exact(SQUARE_ROWS * n)
+        .zip(means.chunks_exact_mut(SQUARE_ROWS))
+    {
+        let mut sums = [0f64; SQUARE_ROWS];
+        squares16(xs, n, &mut sums);
+        for (m, &s) in m.iter_mut().zip(&sums) {
+            *m = mean_of(s, n);
+        }
+        done += SQUARE_ROWS;
+    }
+    done
+}
+
+/// The mean from a row's sum of squares: the division in f64, rounded once to f32.
+fn mean_of(sum: f64, n: usize) -> f32 {
+    (sum / n as f64) as f32
 }
 
 /// The element-order chain's f32 mean of squares without running the chain, where that
@@ -63,10 +77,9 @@ pub fn mean_square(level: Level, x: &[f32]) -> f32 {
 /// the same f32 mean, so does the chain's sum inside it. `None` where they differ, and
 /// for NaN (an infinite interval end gives NaN, so infinities are `None` too).
 fn certified_mean_square(level: Level, x: &[f32]) -> Option<f32> {
-    let n = x.len() as f64;
     let s = chain_sums(level, x);
-    let bound = s * (4.0 * n * f64::EPSILON / 2.0);
-    let (lo, hi) = (((s - bound) / n) as f32, ((s + bound) / n) as f32);
+    let bound = s * (4.0 * x.len() as f64 * f64::EPSILON / 2.0);
+    let (lo, hi) = (mean_of(s - bound, x.len()), mean_of(s + bound, x.len()));
     (lo == hi).then_some(lo)
 }
 
@@ -120,27 +133,6 @@ fn chain_sums_portable(x: &[f32]) -> f64 {
         *a += f64::from(v * v);
     }
     acc.iter().sum()
-}
-
-/// The chains four rows side by side, so that the four independent chains overlap (the
-/// same sums as one row after the other, bit for bit), and one by one for the rest.
-fn squares_scalar(x: &[f32], n: usize, sums: &mut [f64]) {
-    let first = sums.len() / 4 * 4;
-    let mut rows4 = sums.chunks_exact_mut(4);
-    for (s, x4) in (&mut rows4).zip(x.chunks_exact(4 * n)) {
-        let [a, b, c, d]: [&[f32]; 4] = std::array::from_fn(|r| &x4[r * n..(r + 1) * n]);
-        let mut acc = [0f64; 4];
-        for (((&a, &b), &c), &d) in a.iter().zip(b).zip(c).zip(d) {
-            for (acc, v) in acc.iter_mut().zip([a, b, c, d]) {
-                *acc += f64::from(v * v);
-            }
-        }
-        s.copy_from_slice(&acc);
-    }
-    let rest = rows4.into_remainder();
-    for (sum, xr) in rest.iter_mut().zip(x[first * n..].chunks_exact(n)) {
-        *sum = xr.iter().map(|&v| f64::from(v * v)).sum();
-    }
 }
 
 /// Sixteen rows (`x` = 16 × `n`, `n ≥ 8`): two registers of eight rows' sums; every step
@@ -224,6 +216,13 @@ mod tests {
         (sum / x.len() as f64) as f32
     }
 
+    /// One row through [`mean_squares`].
+    fn mean_square(level: Level, x: &[f32]) -> f32 {
+        let mut m = [f32::NAN];
+        mean_squares(level, x, x.len(), &mut m);
+        m[0]
+    }
+
     /// Every level this CPU runs.
     fn levels() -> Vec<Level> {
         match Level::detect() {
@@ -287,11 +286,12 @@ mod tests {
         }
     }
 
-    /// Every level's sums equal the one-row-at-a-time chain bit for bit: widths with and
-    /// without a tail of eight, row counts around the 16-row and 4-row blocks, values over
-    /// many magnitudes (so that the chains round), zeros and subnormal squares.
+    /// Every level's means equal the one-row-at-a-time chain's bit for bit, and the
+    /// side-by-side blocks' f64 sums equal the chains' sums: widths with and without a tail
+    /// of eight, row counts around the 16-row blocks, values over many magnitudes (so that
+    /// the chains round), zeros and subnormal squares.
     #[test]
-    fn sums_equal_the_row_chain() {
+    fn means_equal_the_row_chain() {
         for (rows, n) in [
             (16, 8),
             (16, 2560),
@@ -308,15 +308,29 @@ mod tests {
                     _ => (i as f32 * 0.731).sin() * 10f32.powi(i as i32 % 9 - 4),
                 })
                 .collect();
-            let want: Vec<u64> = x
+            let sums: Vec<f64> = x
                 .chunks_exact(n)
-                .map(|r| r.iter().map(|&v| f64::from(v * v)).sum::<f64>().to_bits())
+                .map(|r| r.iter().map(|&v| f64::from(v * v)).sum::<f64>())
                 .collect();
-            for level in [Level::Scalar, Level::detect()] {
-                let mut sums = vec![f64::NAN; rows];
-                squares_rows(level, &x, n, &mut sums);
-                let got: Vec<u64> = sums.iter().map(|s| s.to_bits()).collect();
+            let want: Vec<u32> = sums.iter().map(|&s| mean_of(s, n).to_bits()).collect();
+            for level in levels() {
+                let mut means = vec![f32::NAN; rows];
+                mean_squares(level, &x, n, &mut means);
+                let got: Vec<u32> = means.iter().map(|m| m.to_bits()).collect();
                 assert_eq!(got, want, "{level:?} rows {rows} n {n}");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if Level::detect() == Level::Avx512 && n >= 8 {
+                for (xs, want) in x
+                    .chunks_exact(SQUARE_ROWS * n)
+                    .zip(sums.chunks(SQUARE_ROWS))
+                {
+                    let mut got = [f64::NAN; SQUARE_ROWS];
+                    // SAFETY: AVX-512 F detected; `xs` holds 16 rows of `n` values.
+                    unsafe { squares16(xs, n, &mut got) };
+                    let bits = |v: &[f64]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(want), "rows {rows} n {n}");
+                }
             }
         }
     }
