@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::acts::Acts;
 use super::op_profile;
 use super::pass::Pass;
-use super::{Linear, QuantInput, QueryRow};
+use super::{Linear, QuantInput, QueryRow, RopeAngles};
 use crate::generate::{check_step, StepLimits};
 use crate::gguf::GgufFile;
 use crate::kv::{KvGeometry, KvPool, KvSeq, KvType, PAGE_POSITIONS};
@@ -68,6 +68,8 @@ pub struct Workspace {
     qi_of: Option<(usize, u64)>,
     tmp: Vec<f32>,
     attn_scratch: Vec<f32>,
+    /// The RoPE angles of the last pass's rows.
+    rope_angles: RopeAngles,
     /// Token ids of every row, steps one after the other.
     tokens: Vec<u32>,
     /// Sequence, position and decode flag of every row.
@@ -373,6 +375,7 @@ impl CpuModel {
             qi_of,
             tmp,
             attn_scratch,
+            rope_angles,
             tokens,
             rows,
             att_rows,
@@ -404,6 +407,7 @@ impl CpuModel {
             sel_src.extend(sel);
         }
         *qi_of = None;
+        rope_angles.clear();
         let mut pass = Pass {
             model: self,
             graph,
@@ -413,6 +417,7 @@ impl CpuModel {
             qi_of,
             tmp,
             attn_scratch,
+            rope_angles,
             rows,
             att_rows,
             spans,

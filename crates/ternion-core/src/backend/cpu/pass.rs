@@ -5,8 +5,8 @@
 use super::acts::Acts;
 use super::exec::{CpuModel, SeqStep};
 use super::{
-    add_rows, attention_rows, gelu_ggml, layer_norm, pool, rms_norm, rope, scratch_per_thread,
-    Heads, Linear, QuantInput, QueryRow,
+    add_rows, attention_rows, gelu_ggml, layer_norm, pool, rms_norm, rotate_rows,
+    scratch_per_thread, Heads, Linear, QuantInput, QueryRow, RopeAngles,
 };
 use crate::model::graph::{ActId, GluAct, Graph, InNorm, Op, UnaryAct, WeightId};
 use crate::Result;
@@ -26,6 +26,8 @@ pub(super) struct Pass<'p, 'k> {
     pub(super) qi_of: &'p mut Option<(usize, u64)>,
     pub(super) tmp: &'p mut Vec<f32>,
     pub(super) attn_scratch: &'p mut Vec<f32>,
+    /// The pass's RoPE angles (cleared before it starts).
+    pub(super) rope_angles: &'p mut RopeAngles,
     /// Sequence, position and decode flag of every row.
     pub(super) rows: &'p [QueryRow],
     /// Non-causal attention: `rows` with every position set to its step's last.
@@ -294,30 +296,18 @@ impl Pass<'_, '_> {
             Some(f) => Some(self.model.vector(f.0)?),
             None => None,
         };
-        let n = self.tokens.len();
+        let positions = self.rows.iter().map(|r| r.pos);
+        let base = g.rope_base_of(layer);
+        let table = self.rope_angles.table(base, g.n_rot, freqs, positions);
+        let (n, per_row) = (self.tokens.len(), g.n_rot / 2);
         for a in [q, k] {
-            let w = self.width(a);
+            let w = self.graph.acts[a.0].width;
             let buf = self.acts.modify(a, n * w);
-            for &(start, len) in self.spans {
-                let pos = self.rows[start].pos;
-                // A row's rotation depends on its position only: blocks of rows in parallel.
-                let span = &mut buf[start * w..(start + len) * w];
-                pool::global().for_each_chunk_mut(span, ROWS_PER_TASK * w, |c, rows, _| {
-                    let base = g.rope_base_of(layer);
-                    let n_rows = rows.len() / w;
-                    let p = pos + c * ROWS_PER_TASK;
-                    rope(
-                        rows,
-                        n_rows,
-                        p,
-                        g.head_dim,
-                        g.n_rot,
-                        base,
-                        g.rope_mode,
-                        freqs,
-                    );
-                });
-            }
+            // A row's rotation depends on its position only: blocks of rows in parallel.
+            pool::global().for_each_chunk_mut(buf, ROWS_PER_TASK * w, |c, rows, _| {
+                let angles = &table[c * ROWS_PER_TASK * per_row..];
+                rotate_rows(rows, w, angles, g.head_dim, g.n_rot, g.rope_mode);
+            });
         }
         Ok(())
     }
