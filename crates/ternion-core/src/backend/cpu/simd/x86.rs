@@ -9,6 +9,13 @@ use std::arch::x86_64::*;
 /// reading past a row's or a buffer's end is harmless.
 pub(super) const PREFETCH_AHEAD: usize = 4096;
 
+/// How far ahead [`f16_dot`] asks for its row: the exact F16 LM head (half of a 2B-4T
+/// token's bytes) does the most arithmetic per byte of the decode kernels, and at 4 KiB it
+/// streamed 70.5 GB/s where the probe read 77–83 (the host's fast state); 8 KiB took it to
+/// 74.2 and the step-by-step share from 85.8 to 87.5 % (medians of 24–36 runs each;
+/// BENCHMARKS.md, session 30). The ternary kernels keep 4 KiB.
+const F16_PREFETCH_AHEAD: usize = 8192;
+
 /// Asks for the cache line at `p` + [`PREFETCH_AHEAD`] (no effect on any value).
 #[inline]
 #[target_feature(enable = "sse")]
@@ -122,7 +129,7 @@ pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= n {
-        prefetch_ahead(w.add(i).cast());
+        _mm_prefetch::<_MM_HINT_T0>(w.add(i).cast::<i8>().wrapping_add(F16_PREFETCH_AHEAD));
         for (j, a) in acc.iter_mut().enumerate() {
             let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
             *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
