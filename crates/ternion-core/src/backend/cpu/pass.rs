@@ -299,7 +299,7 @@ impl Pass<'_, '_> {
         let positions = self.rows.iter().map(|r| r.pos);
         let base = g.rope_base_of(layer);
         let table = self.rope_angles.table(base, g.n_rot, freqs, positions);
-        let (n, per_row) = (self.tokens.len(), g.n_rot / 2);
+        let (n, per_row) = (self.tokens.len(), g.n_rot);
         for a in [q, k] {
             let w = self.graph.acts[a.0].width;
             let buf = self.acts.modify(a, n * w);

@@ -37,14 +37,13 @@ pub fn rope(
     mode: RopeMode,
     freqs: Option<&[f32]>,
 ) {
-    let half = n_rot / 2;
     let theta_scale = theta_scale(base, n_rot);
-    let mut table = [(0f32, 0f32); MAX_ROT / 2];
-    let cos_sin = &mut table[..half];
+    let mut table = [0f32; MAX_ROT];
+    let angles_row = &mut table[..n_rot];
     let row_len = x.len() / n_rows.max(1);
     for (r, row) in x.chunks_exact_mut(row_len).enumerate() {
-        angles(cos_sin, pos0 + r, theta_scale, freqs);
-        rotate(row, cos_sin, head_dim, mode);
+        angles(angles_row, pos0 + r, theta_scale, freqs);
+        rotate(row, angles_row, head_dim, mode);
     }
 }
 
@@ -54,8 +53,9 @@ pub fn rope(
 /// (73 µs). Kept in a workspace between passes, so a pass allocates nothing once warm.
 #[derive(Default)]
 pub struct RopeAngles {
-    /// Per RoPE base (its bits): `rows · n_rot/2` (cos, sin) pairs, row after row.
-    tables: Vec<(u32, Vec<(f32, f32)>)>,
+    /// Per RoPE base (its bits): `n_rot` floats a row, row after row: the n_rot/2 pairs'
+    /// cosines, then their sines (so that rotating a row vectorizes).
+    tables: Vec<(u32, Vec<f32>)>,
     /// Tables of the current pass (the rest are spare allocations).
     valid: usize,
 }
@@ -74,7 +74,7 @@ impl RopeAngles {
         n_rot: usize,
         freqs: Option<&[f32]>,
         positions: impl Iterator<Item = usize>,
-    ) -> &[(f32, f32)] {
+    ) -> &[f32] {
         let key = base.to_bits();
         let found = self.tables[..self.valid].iter().position(|t| t.0 == key);
         let i = found.unwrap_or_else(|| {
@@ -84,10 +84,10 @@ impl RopeAngles {
             let (k, cs) = &mut self.tables[self.valid];
             *k = key;
             cs.clear();
-            let (half, scale) = (n_rot / 2, theta_scale(base, n_rot));
+            let scale = theta_scale(base, n_rot);
             for pos in positions {
                 let start = cs.len();
-                cs.resize(start + half, (0.0, 0.0));
+                cs.resize(start + n_rot, 0.0);
                 angles(&mut cs[start..], pos, scale, freqs);
             }
             self.valid += 1;
@@ -98,21 +98,20 @@ impl RopeAngles {
 }
 
 /// Rotates each row of `x` (rows of `width` values, whole heads) by its angles in `table`
-/// (n_rot/2 pairs a row, as [`RopeAngles::table`] lays them out).
+/// (`n_rot` floats a row, as [`RopeAngles::table`] lays them out).
 pub fn rotate_rows(
     x: &mut [f32],
     width: usize,
-    table: &[(f32, f32)],
+    table: &[f32],
     head_dim: usize,
     n_rot: usize,
     mode: RopeMode,
 ) {
-    let half = n_rot / 2;
-    if half == 0 || width == 0 {
+    if n_rot == 0 || width == 0 {
         return;
     }
-    for (row, cs) in x.chunks_exact_mut(width).zip(table.chunks_exact(half)) {
-        rotate(row, cs, head_dim, mode);
+    for (row, angles) in x.chunks_exact_mut(width).zip(table.chunks_exact(n_rot)) {
+        rotate(row, angles, head_dim, mode);
     }
 }
 
@@ -121,32 +120,46 @@ fn theta_scale(base: f32, n_rot: usize) -> f32 {
     base.powf(-2.0 / n_rot as f32)
 }
 
-/// Cosine and sine of each pair's angle at `pos`: θ starts at `pos` and is multiplied by
-/// `theta_scale` (an f32 product) for each successive pair; `freqs` divide the angles.
-fn angles(cos_sin: &mut [(f32, f32)], pos: usize, theta_scale: f32, freqs: Option<&[f32]>) {
+/// The angles of one row at `pos` into `out` (`n_rot` floats: each pair's cosine, then
+/// each pair's sine): θ starts at `pos` and is multiplied by `theta_scale` (an f32
+/// product) for each successive pair; `freqs` divide the angles.
+fn angles(out: &mut [f32], pos: usize, theta_scale: f32, freqs: Option<&[f32]>) {
+    let (cos, sin) = out.split_at_mut(out.len() / 2);
     let mut theta = pos as f32;
-    for (i, cs) in cos_sin.iter_mut().enumerate() {
+    for (i, (c, s)) in cos.iter_mut().zip(sin).enumerate() {
         let t = match freqs {
             Some(f) => theta / f[i],
             None => theta,
         };
-        *cs = (t.cos(), t.sin());
+        (*c, *s) = (t.cos(), t.sin());
         theta *= theta_scale;
     }
 }
 
-/// Rotates every head of one row by the pairs' `cos_sin`.
-fn rotate(row: &mut [f32], cos_sin: &[(f32, f32)], head_dim: usize, mode: RopeMode) {
-    let (stride, step) = match mode {
-        RopeMode::Neox => (cos_sin.len(), 1),
-        RopeMode::Norm => (1, 2),
+/// Rotates every head of one row by its `angles` (cosines, then sines): element-wise
+/// products in the same order as one pair at a time, which the compiler vectorizes.
+fn rotate(row: &mut [f32], angles: &[f32], head_dim: usize, mode: RopeMode) {
+    let (cos, sin) = angles.split_at(angles.len() / 2);
+    let turn = |x0: &mut f32, x1: &mut f32, c: f32, s: f32| {
+        let (a, b) = (*x0, *x1);
+        *x0 = a * c - b * s;
+        *x1 = a * s + b * c;
     };
     for head in row.chunks_exact_mut(head_dim) {
-        for (i, &(c, s)) in cos_sin.iter().enumerate() {
-            let j = i * step;
-            let (x0, x1) = (head[j], head[j + stride]);
-            head[j] = x0 * c - x1 * s;
-            head[j + stride] = x0 * s + x1 * c;
+        let pairs = &mut head[..angles.len()];
+        match mode {
+            RopeMode::Neox => {
+                let (lo, hi) = pairs.split_at_mut(cos.len());
+                for (((x0, x1), &c), &s) in lo.iter_mut().zip(hi).zip(cos).zip(sin) {
+                    turn(x0, x1, c, s);
+                }
+            }
+            RopeMode::Norm => {
+                for ((p, &c), &s) in pairs.chunks_exact_mut(2).zip(cos).zip(sin) {
+                    let (x0, x1) = p.split_at_mut(1);
+                    turn(&mut x0[0], &mut x1[0], c, s);
+                }
+            }
         }
     }
 }
@@ -227,7 +240,7 @@ mod tests {
                 angles.clear();
                 for base in [10000.0f32, 1e6, 10000.0] {
                     let table = angles.table(base, n_rot, f, positions.iter().copied());
-                    assert_eq!(table.len(), positions.len() * n_rot / 2);
+                    assert_eq!(table.len(), positions.len() * n_rot);
                     let mut x = orig.clone();
                     rotate_rows(&mut x, w, table, hd, n_rot, mode);
                     for (r, &pos) in positions.iter().enumerate() {
