@@ -26,6 +26,10 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     let rows = out.len() / n;
     let level = Level::detect();
+    // The weight was last read a token ago (a gigabyte of weights has streamed by since):
+    // asked for whole before the mean squares, it arrives while they run (a 2B-4T decode
+    // token's 120 norms 185 -> 130 µs, BENCHMARKS.md session 30).
+    simd::prefetch_all(w);
     let mut means = [0f32; SQUARE_ROWS];
     simd::mean_squares(level, &x[..rows * n], n, &mut means[..rows]);
     for ((xr, or), &mean) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).zip(&means) {

@@ -573,6 +573,21 @@ pub fn prefetch_f16_rows(rows: &[f16], stride: usize, hd: usize) {
     }
 }
 
+/// Asks the core for every cache line of `data` (no effect on any value; no-op off
+/// x86-64).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+pub fn prefetch_all(data: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(16) {
+        // SAFETY: SSE is part of x86-64; a prefetch never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+}
+
 /// `out_i += w · v_i` for an F16 value row.
 #[inline]
 pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
