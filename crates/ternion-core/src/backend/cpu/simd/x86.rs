@@ -12,8 +12,9 @@ pub(super) const PREFETCH_AHEAD: usize = 4096;
 /// How far ahead [`f16_dot`] asks for its row: the exact F16 LM head (half of a 2B-4T
 /// token's bytes) does the most arithmetic per byte of the decode kernels, and at 4 KiB it
 /// streamed 70.5 GB/s where the probe read 77–83 (the host's fast state); 8 KiB took it to
-/// 74.2 and the step-by-step share from 85.8 to 87.5 % (medians of 24–36 runs each;
-/// BENCHMARKS.md, session 30). The ternary kernels keep 4 KiB.
+/// 74.2 and the step-by-step share from 85.8 to 87.5 % at 16 positions, 81.8 to 85.6 % at
+/// 128, for about 1–1.5 points less in the slow state (still 97–99 %; BENCHMARKS.md,
+/// session 30). The ternary kernels keep 4 KiB.
 const F16_PREFETCH_AHEAD: usize = 8192;
 
 /// Asks for the cache line at `p` + [`PREFETCH_AHEAD`] (no effect on any value).
