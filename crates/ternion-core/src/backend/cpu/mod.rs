@@ -25,5 +25,6 @@ pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
 pub use linear::{requantize_rows, requantized_row_bytes, Linear};
 pub use norm::{layer_norm, rms_norm};
 pub use quant_input::QuantInput;
-pub use rope::{rope, rope_neox, rotate_rows, RopeAngles, MAX_ROT};
+pub use rope::{rope, rope_neox, MAX_ROT};
+pub(crate) use rope::{rotate_rows, RopeAngles};
 pub use unary::{add_rows, gelu_ggml, gelu_tanh_f32};

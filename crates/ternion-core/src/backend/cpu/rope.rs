@@ -220,13 +220,14 @@ mod tests {
 
     /// Rows rotated through a pass's shared table equal [`rope`] of each row at its own
     /// position bit for bit, for both pairings, with and without frequency factors, for
-    /// rows of two sequences (positions not consecutive) and two RoPE bases in one pass.
+    /// rows of two sequences (positions not consecutive) and two RoPE bases in one pass,
+    /// and after a clear the next pass's positions (not the first pass's tables).
     #[test]
     fn shared_angles_equal_rope_row_by_row() {
         let (hd, n_heads) = (16, 3);
         let w = hd * n_heads;
-        let positions = [7usize, 8, 9, 0, 1, 4096];
-        let orig: Vec<f32> = (0..positions.len() * w)
+        let first = [7usize, 8, 9, 0, 1, 4096];
+        let orig: Vec<f32> = (0..first.len() * w)
             .map(|i| (i as f32 * 0.37).sin() * 4.0)
             .collect();
         let freqs: Vec<f32> = (0..6).map(|i| 1.0 + i as f32 * 0.5).collect();
@@ -237,6 +238,8 @@ mod tests {
         ] {
             let mut angles = RopeAngles::default();
             for pass in 0..2 {
+                // The second pass's rows sit at other positions: its tables are new.
+                let positions = first.map(|p| p + 3 * pass);
                 angles.clear();
                 for base in [10000.0f32, 1e6, 10000.0] {
                     let table = angles.table(base, n_rot, f, positions.iter().copied());

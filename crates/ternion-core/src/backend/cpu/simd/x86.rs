@@ -21,7 +21,14 @@ const F16_PREFETCH_AHEAD: usize = 8192;
 #[inline]
 #[target_feature(enable = "sse")]
 pub(super) fn prefetch_ahead(p: *const u8) {
-    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast());
+    prefetch_at::<PREFETCH_AHEAD>(p);
+}
+
+/// Asks for the cache line `AHEAD` bytes past `p` (no effect on any value).
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_at<const AHEAD: usize>(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD).cast());
 }
 
 /// [`prefetch_ahead`] for block `b` (`bytes` long, at `blk`) of a row a kernel reads block
@@ -130,7 +137,7 @@ pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= n {
-        _mm_prefetch::<_MM_HINT_T0>(w.add(i).cast::<i8>().wrapping_add(F16_PREFETCH_AHEAD));
+        prefetch_at::<F16_PREFETCH_AHEAD>(w.add(i).cast());
         for (j, a) in acc.iter_mut().enumerate() {
             let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
             *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
