@@ -1,26 +1,100 @@
 //! Large weight buffers on transparent huge pages. A decode step streams every weight
 //! once; on 4 KiB pages that is a TLB miss every 4 KiB and the hardware prefetchers stop
 //! at every page boundary, so the repacked ternary weights and a requantized LM head read
-//! measurably slower than the memory allows (BENCHMARKS.md, session 16). Where the kernel
-//! offers transparent huge pages only on request (`madvise`, the usual default), a buffer
-//! of at least one huge page starts on a huge-page boundary and asks for huge pages before
-//! its first touch. Elsewhere, or if the kernel declines, it is an ordinary buffer: this
-//! changes speed only, never contents.
+//! measurably slower than the memory allows (BENCHMARKS.md, sessions 16 and 31). Where the
+//! kernel offers transparent huge pages only on request (`madvise`, the usual default), a
+//! buffer lies on huge pages from its first byte to its last:
+//! - one that whole huge pages fit with at most a third to spare takes whole huge pages
+//!   (q and o of 2B-4T: 1.56 → 2 MiB);
+//! - a smaller or more awkward one (k and v of 2B-4T: 0.4 MiB; gate, up and down: 4.3 MiB,
+//!   whose last 0.3 MiB would otherwise sit on small pages) is cut from a shared slab of
+//!   huge pages, one after the other, so that no huge page is left mostly empty;
+//! - a tiny one is an ordinary allocation.
+//!
+//! Elsewhere, or if the kernel declines, a buffer lies on ordinary pages: this changes
+//! speed only, never contents.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Bytes of a huge page on x86-64 and aarch64 (4 KiB granule).
 const HUGE_PAGE: usize = 2 << 20;
 
-/// A fixed-size buffer of `Copy` values. One of at least 3/4 of a huge page starts on a
-/// huge-page boundary (the alignment costs address space only: the skipped bytes are
-/// never touched) and, where rounding its size up to whole huge pages adds at most a
-/// third, takes whole huge pages.
+/// Bytes of a shared slab (32 huge pages): at most the unused end of a slab, under the
+/// largest buffer cut from slabs, is never touched.
+const SLAB: usize = 64 << 20;
+
+/// Buffers below this many bytes are ordinary allocations (a slab would save little).
+const SLAB_MIN: usize = 64 << 10;
+
+/// A fixed-size buffer of `Copy` values, on huge pages where it is large enough (see the
+/// module's notes).
 pub(crate) struct HugeBuf<T> {
     ptr: NonNull<T>,
     len: usize,
+    /// What to free when the buffer is dropped.
+    home: Home,
+}
+
+/// Where a buffer's memory comes from.
+enum Home {
+    /// Its own allocation (of the layout [`HugeBuf::place`] gives its size).
+    Own,
+    /// Part of a shared slab, freed when its last buffer is dropped (the `Arc` is held
+    /// for that alone).
+    Slab(#[allow(dead_code)] Arc<Slab>),
+}
+
+/// [`SLAB`] bytes on huge pages that buffers are cut from, front to back.
+struct Slab {
+    base: NonNull<u8>,
+}
+
+// SAFETY: a slab is raw memory that only the buffers cut from it read and write, each its
+// own disjoint part.
+unsafe impl Send for Slab {}
+// SAFETY: as above.
+unsafe impl Sync for Slab {}
+
+impl Slab {
+    fn layout() -> Layout {
+        Layout::from_size_align(SLAB, HUGE_PAGE).expect("HugeBuf: slab layout")
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `cut` with this layout; the last buffer cut from it is gone.
+        unsafe { alloc::dealloc(self.base.as_ptr(), Slab::layout()) };
+    }
+}
+
+/// The slab being cut (while any buffer cut from it lives) and the bytes of it used.
+static CURRENT: Mutex<Option<(Weak<Slab>, usize)>> = Mutex::new(None);
+
+/// `layout`'s bytes cut from the current slab, or from a fresh one where they do not fit.
+fn cut(layout: Layout) -> (NonNull<u8>, Arc<Slab>) {
+    let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((slab, used)) = current.as_mut() {
+        let at = used.next_multiple_of(layout.align());
+        if let Some(slab) = slab.upgrade().filter(|_| at + layout.size() <= SLAB) {
+            *used = at + layout.size();
+            // SAFETY: at + size ≤ SLAB: inside the slab's allocation.
+            return (unsafe { slab.base.add(at) }, slab);
+        }
+    }
+    let layout_slab = Slab::layout();
+    // SAFETY: the slab layout has a non-zero size.
+    let base = match NonNull::new(unsafe { alloc::alloc(layout_slab) }) {
+        Some(p) => p,
+        None => alloc::handle_alloc_error(layout_slab),
+    };
+    advise_huge(base.as_ptr(), SLAB);
+    let slab = Arc::new(Slab { base });
+    *current = Some((Arc::downgrade(&slab), layout.size()));
+    (base, slab)
 }
 
 // SAFETY: a HugeBuf owns its values as a Vec does; sharing or sending it shares or sends
@@ -35,42 +109,62 @@ impl<T: Copy> HugeBuf<T> {
     /// # Panics
     /// If `n` values do not fit the address space (as `vec!` would).
     pub(crate) fn filled(n: usize, fill: T) -> HugeBuf<T> {
-        let layout = Self::layout(n);
-        let ptr = match layout.size() {
-            0 => NonNull::dangling(),
-            // SAFETY: the layout has a non-zero size.
-            _ => match NonNull::new(unsafe { alloc::alloc(layout) }.cast::<T>()) {
-                Some(p) => p,
-                None => alloc::handle_alloc_error(layout),
-            },
-        };
-        advise_huge(ptr.as_ptr().cast(), layout.size());
-        for i in 0..n {
-            // SAFETY: i < n, inside the allocation of n values.
-            unsafe { ptr.as_ptr().add(i).write(fill) };
-        }
-        HugeBuf { ptr, len: n }
-    }
-}
-
-impl<T> HugeBuf<T> {
-    /// The allocation of `n` values.
-    ///
-    /// # Panics
-    /// If `n` values do not fit the address space (as `vec!` would).
-    fn layout(n: usize) -> Layout {
         let bytes = n
             .checked_mul(std::mem::size_of::<T>())
             .expect("HugeBuf: size overflows");
-        // Whole huge pages when that adds at most a third (q and o of 2B-4T: 1.56 → 2 MiB).
-        let (whole, align) = (bytes.next_multiple_of(HUGE_PAGE), std::mem::align_of::<T>());
-        let huge = HUGE_PAGE.max(align);
-        match (whole - bytes <= bytes / 3, bytes >= HUGE_PAGE) {
-            (true, _) => Layout::from_size_align(whole, huge),
-            (false, true) => Layout::from_size_align(bytes, huge),
-            (false, false) => Layout::from_size_align(bytes, align),
+        let (ptr, home) = match Self::place(bytes) {
+            Place::Slab(layout) => {
+                let (p, slab) = cut(layout);
+                (p.cast::<T>(), Home::Slab(slab))
+            }
+            Place::Own(layout) if layout.size() == 0 => (NonNull::dangling(), Home::Own),
+            Place::Own(layout) => {
+                // SAFETY: the layout has a non-zero size.
+                let p = match NonNull::new(unsafe { alloc::alloc(layout) }.cast::<T>()) {
+                    Some(p) => p,
+                    None => alloc::handle_alloc_error(layout),
+                };
+                advise_huge(p.as_ptr().cast(), layout.size());
+                (p, Home::Own)
+            }
+        };
+        for i in 0..n {
+            // SAFETY: i < n, inside the n values placed above.
+            unsafe { ptr.as_ptr().add(i).write(fill) };
         }
-        .expect("HugeBuf: layout")
+        HugeBuf { ptr, len: n, home }
+    }
+}
+
+/// Where a buffer of some size goes.
+#[derive(Debug, PartialEq)]
+enum Place {
+    /// An allocation of its own, of this layout.
+    Own(Layout),
+    /// Cut from a shared slab, with this layout.
+    Slab(Layout),
+}
+
+impl<T> HugeBuf<T> {
+    /// Where a buffer of `bytes` bytes of `T` goes: whole huge pages of its own when that
+    /// adds at most a third (or when it is too large for a slab); on Linux, a slab's bytes
+    /// when it is at least [`SLAB_MIN`]; else an ordinary allocation.
+    ///
+    /// # Panics
+    /// If the size does not fit the address space (as `vec!` would).
+    fn place(bytes: usize) -> Place {
+        let align = std::mem::align_of::<T>();
+        let whole = bytes.next_multiple_of(HUGE_PAGE);
+        let own = |size, align| {
+            Place::Own(Layout::from_size_align(size, align).expect("HugeBuf: layout"))
+        };
+        if whole - bytes <= bytes / 3 || bytes > SLAB / 8 {
+            own(whole, HUGE_PAGE.max(align))
+        } else if cfg!(target_os = "linux") && bytes >= SLAB_MIN && align <= HUGE_PAGE {
+            Place::Slab(Layout::from_size_align(bytes, align.max(64)).expect("HugeBuf: layout"))
+        } else {
+            own(bytes, align)
+        }
     }
 }
 
@@ -92,11 +186,15 @@ impl<T> DerefMut for HugeBuf<T> {
 
 impl<T> Drop for HugeBuf<T> {
     fn drop(&mut self) {
-        let layout = Self::layout(self.len);
-        if layout.size() > 0 {
-            // SAFETY: allocated in `filled` with this layout (a function of the length);
-            // the values are `Copy` and need no drop.
-            unsafe { alloc::dealloc(self.ptr.as_ptr().cast(), layout) };
+        let bytes = self.len * std::mem::size_of::<T>();
+        match (&self.home, Self::place(bytes)) {
+            (Home::Own, Place::Own(layout)) if layout.size() > 0 => {
+                // SAFETY: allocated in `filled` with this layout (a function of the
+                // length); the values are `Copy` and need no drop.
+                unsafe { alloc::dealloc(self.ptr.as_ptr().cast(), layout) };
+            }
+            // A slab's part is freed with the slab (its `Arc` drops with `home`).
+            _ => {}
         }
     }
 }
@@ -124,8 +222,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_hold_their_values_and_large_ones_start_on_a_huge_page() {
-        for n in [0, 1, 1000, HUGE_PAGE / 8 + 3] {
+    fn buffers_hold_their_values_and_large_ones_lie_on_huge_pages() {
+        for n in [
+            0,
+            1,
+            1000,
+            HUGE_PAGE / 8 + 3,
+            (400 << 10) / 8,
+            (4400 << 10) / 8,
+        ] {
             let mut b = HugeBuf::filled(n, 7u64);
             assert_eq!(b.len(), n);
             assert!(b.iter().all(|&v| v == 7));
@@ -133,18 +238,46 @@ mod tests {
                 *last = 9;
             }
             assert_eq!(b.iter().sum::<u64>(), 7 * n as u64 + 2 * u64::from(n > 0));
-            if n * 8 >= HUGE_PAGE {
-                assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0);
+            match HugeBuf::<u64>::place(8 * n) {
+                Place::Own(l) if l.align() == HUGE_PAGE && n > 0 => {
+                    assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0)
+                }
+                Place::Slab(_) => assert_eq!(b.as_ptr() as usize % 64, 0),
+                Place::Own(_) => {}
             }
         }
-        // 1.6 MiB rounds up to one huge page; 0.4 and 4.4 MiB keep their size.
-        for (bytes, size, align) in [
-            (1600 << 10, HUGE_PAGE, HUGE_PAGE),
-            (400 << 10, 400 << 10, 1),
-            (4400 << 10, 4400 << 10, HUGE_PAGE),
+        // 1.6 MiB rounds up to one huge page; 0.4 and 4.4 MiB are cut from a slab (on
+        // Linux); 3 KiB is an ordinary allocation; 9 MiB rounds up to 10.
+        let own = |size, align| Place::Own(Layout::from_size_align(size, align).unwrap());
+        let slab = |size| match cfg!(target_os = "linux") {
+            true => Place::Slab(Layout::from_size_align(size, 64).unwrap()),
+            false => own(size, 1),
+        };
+        for (bytes, place) in [
+            (1600 << 10, own(HUGE_PAGE, HUGE_PAGE)),
+            (400 << 10, slab(400 << 10)),
+            (4400 << 10, slab(4400 << 10)),
+            (3 << 10, own(3 << 10, 1)),
+            (9 << 20, own(10 << 20, HUGE_PAGE)),
         ] {
-            let layout = HugeBuf::<u8>::layout(bytes);
-            assert_eq!((layout.size(), layout.align()), (size, align), "{bytes}");
+            assert_eq!(HugeBuf::<u8>::place(bytes), place, "{bytes}");
+        }
+    }
+
+    #[test]
+    fn buffers_cut_from_a_slab_are_disjoint_and_outlive_each_other() {
+        let n = (SLAB_MIN + 100) / 4;
+        let mut a = HugeBuf::filled(n, 1u32);
+        let b = HugeBuf::filled(n, 2u32);
+        // Enough of them to need a second slab.
+        let many: Vec<HugeBuf<u8>> = (0..SLAB / (5 << 20) + 2)
+            .map(|i| HugeBuf::filled(5 << 20, i as u8))
+            .collect();
+        a.iter_mut().for_each(|v| *v += 10);
+        drop(b);
+        assert!(a.iter().all(|&v| v == 11));
+        for (i, m) in many.iter().enumerate() {
+            assert!(m.iter().all(|&v| v == i as u8), "buffer {i}");
         }
     }
 }
