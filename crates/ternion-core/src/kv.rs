@@ -17,8 +17,11 @@
 //! size, a page table per sequence: `ternion-gpu/src/seqs.rs`) but keeps one buffer per
 //! layer, since a device binding is limited in size.
 //!
-//! Pages are zero-filled allocations, so the OS commits their memory only as positions are
-//! written; freed pages stay in the pool and are reused before any new one is made.
+//! A page is zero-filled when made, on transparent huge pages where the OS gives them
+//! (`HugeBuf`, from slabs that only cache pages share): attention reads every page of a
+//! sequence once a token, and through 4 KiB pages it took ~20 % longer at 512 positions
+//! (BENCHMARKS.md, session 31). Freed pages stay in the pool and are reused before any
+//! new one is made.
 //!
 //! [`KvSeq::fork`] starts a sequence that shares another's pages (a prompt evaluated once
 //! for several choices). A shared page is copy-on-write: before a sequence writes into a
@@ -30,6 +33,7 @@ use std::sync::{Arc, Mutex};
 
 use half::{f16, slice::HalfFloatSliceExt};
 
+use crate::backend::cpu::{HugeBuf, Lifetime};
 use crate::{Error, Result};
 
 /// Positions per page.
@@ -142,7 +146,7 @@ impl KvGeometry {
 /// One page: its id in the pool and its values (F16 or F32 bit patterns, in 32-bit words).
 struct Page {
     id: u32,
-    data: Box<[u32]>,
+    data: HugeBuf<u32>,
 }
 
 /// Pages made and not in use.
@@ -238,7 +242,7 @@ impl KvPool {
                     f.made += 1;
                     Page {
                         id: (f.made - 1) as u32,
-                        data: vec![0u32; words].into_boxed_slice(),
+                        data: HugeBuf::filled_for(words, 0, Lifetime::Cache),
                     }
                 }
             };

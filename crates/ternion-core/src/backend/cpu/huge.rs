@@ -7,8 +7,9 @@
 //! - one that whole huge pages fit with at most a third to spare takes whole huge pages
 //!   (q and o of 2B-4T: 1.56 → 2 MiB);
 //! - a smaller or more awkward one (k and v of 2B-4T: 0.4 MiB; gate, up and down: 4.3 MiB,
-//!   whose last 0.3 MiB would otherwise sit on small pages) is cut from a shared slab of
-//!   huge pages, one after the other, so that no huge page is left mostly empty;
+//!   whose last 0.3 MiB would otherwise sit on small pages; a KV cache page, 2.3 MiB) is
+//!   cut from a shared slab of huge pages, one after the other, so that no huge page is
+//!   left mostly empty (weights and cache pages from slabs of their own);
 //! - a tiny one is an ordinary allocation.
 //!
 //! Elsewhere, or if the kernel declines, a buffer lies on ordinary pages: this changes
@@ -71,12 +72,29 @@ impl Drop for Slab {
     }
 }
 
-/// The slab being cut (while any buffer cut from it lives) and the bytes of it used.
-static CURRENT: Mutex<Option<(Weak<Slab>, usize)>> = Mutex::new(None);
+/// What a buffer holds, which decides the slabs it shares: buffers that live about as
+/// long as each other share slabs, so that a long-lived one never keeps a slab of freed
+/// ones (nor its memory) alive.
+#[derive(Clone, Copy)]
+pub(crate) enum Lifetime {
+    /// Weights, made once a model is loaded and kept while it is.
+    Model,
+    /// KV cache pages, made and freed as sequences come and go.
+    Cache,
+}
 
-/// `layout`'s bytes cut from the current slab, or from a fresh one where they do not fit.
-fn cut(layout: Layout) -> (NonNull<u8>, Arc<Slab>) {
-    let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+/// A slab being cut (while any buffer cut from it lives) and the bytes of it used.
+type Cursor = Option<(Weak<Slab>, usize)>;
+
+/// The [`Cursor`] of each [`Lifetime`].
+static CURRENT: [Mutex<Cursor>; 2] = [Mutex::new(None), Mutex::new(None)];
+
+/// `layout`'s bytes cut from the current slab of `life`, or from a fresh one where they
+/// do not fit.
+fn cut(layout: Layout, life: Lifetime) -> (NonNull<u8>, Arc<Slab>) {
+    let mut current = CURRENT[life as usize]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some((slab, used)) = current.as_mut() {
         let at = used.next_multiple_of(layout.align());
         if let Some(slab) = slab.upgrade().filter(|_| at + layout.size() <= SLAB) {
@@ -104,17 +122,25 @@ unsafe impl<T: Send> Send for HugeBuf<T> {}
 unsafe impl<T: Sync> Sync for HugeBuf<T> {}
 
 impl<T: Copy> HugeBuf<T> {
-    /// `n` copies of `fill`.
+    /// `n` copies of `fill`, a model's weights ([`Lifetime::Model`]).
     ///
     /// # Panics
     /// If `n` values do not fit the address space (as `vec!` would).
     pub(crate) fn filled(n: usize, fill: T) -> HugeBuf<T> {
+        Self::filled_for(n, fill, Lifetime::Model)
+    }
+
+    /// `n` copies of `fill`, sharing slabs only with buffers of the same `life`.
+    ///
+    /// # Panics
+    /// If `n` values do not fit the address space (as `vec!` would).
+    pub(crate) fn filled_for(n: usize, fill: T, life: Lifetime) -> HugeBuf<T> {
         let bytes = n
             .checked_mul(std::mem::size_of::<T>())
             .expect("HugeBuf: size overflows");
         let (ptr, home) = match Self::place(bytes) {
             Place::Slab(layout) => {
-                let (p, slab) = cut(layout);
+                let (p, slab) = cut(layout, life);
                 (p.cast::<T>(), Home::Slab(slab))
             }
             Place::Own(layout) if layout.size() == 0 => (NonNull::dangling(), Home::Own),

@@ -22,6 +22,7 @@ pub use attention::{
 };
 pub use bandwidth::{measure_read_bandwidth, ReadProbe};
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
+pub(crate) use huge::{HugeBuf, Lifetime};
 pub use linear::{requantize_rows, requantized_row_bytes, Linear};
 pub use norm::{layer_norm, rms_norm};
 pub use quant_input::QuantInput;
