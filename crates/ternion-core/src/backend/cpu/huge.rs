@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex, Weak};
 /// Bytes of a huge page on x86-64 and aarch64 (4 KiB granule).
 const HUGE_PAGE: usize = 2 << 20;
 
-/// Bytes of a shared slab (32 huge pages): at most the unused end of a slab, under the
-/// largest buffer cut from slabs, is never touched.
+/// Bytes of a shared slab (32 huge pages). A buffer that does not fit the rest of the
+/// current slab starts a new one; that rest (less than the largest buffer cut from slabs,
+/// 6 MiB) is never touched.
 const SLAB: usize = 64 << 20;
 
 /// Buffers below this many bytes are ordinary allocations (a slab would save little).
