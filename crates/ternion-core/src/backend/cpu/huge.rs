@@ -36,17 +36,10 @@ const SLAB_MIN: usize = 64 << 10;
 pub(crate) struct HugeBuf<T> {
     ptr: NonNull<T>,
     len: usize,
-    /// What to free when the buffer is dropped.
-    home: Home,
-}
-
-/// Where a buffer's memory comes from.
-enum Home {
-    /// Its own allocation (of the layout [`HugeBuf::place`] gives its size).
-    Own,
-    /// Part of a shared slab, freed when its last buffer is dropped (the `Arc` is held
-    /// for that alone).
-    Slab(#[allow(dead_code)] Arc<Slab>),
+    /// The shared slab the buffer was cut from (freed when its last buffer is dropped);
+    /// None for a buffer with an allocation of its own (the layout [`HugeBuf::place`]
+    /// gives its size).
+    slab: Option<Arc<Slab>>,
 }
 
 /// [`SLAB`] bytes on huge pages that buffers are cut from, front to back.
@@ -139,12 +132,12 @@ impl<T: Copy> HugeBuf<T> {
         let bytes = n
             .checked_mul(std::mem::size_of::<T>())
             .expect("HugeBuf: size overflows");
-        let (ptr, home) = match Self::place(bytes) {
+        let (ptr, slab) = match Self::place(bytes) {
             Place::Slab(layout) => {
                 let (p, slab) = cut(layout, life);
-                (p.cast::<T>(), Home::Slab(slab))
+                (p.cast::<T>(), Some(slab))
             }
-            Place::Own(layout) if layout.size() == 0 => (NonNull::dangling(), Home::Own),
+            Place::Own(layout) if layout.size() == 0 => (NonNull::dangling(), None),
             Place::Own(layout) => {
                 // SAFETY: the layout has a non-zero size.
                 let p = match NonNull::new(unsafe { alloc::alloc(layout) }.cast::<T>()) {
@@ -152,14 +145,14 @@ impl<T: Copy> HugeBuf<T> {
                     None => alloc::handle_alloc_error(layout),
                 };
                 advise_huge(p.as_ptr().cast(), layout.size());
-                (p, Home::Own)
+                (p, None)
             }
         };
         for i in 0..n {
             // SAFETY: i < n, inside the n values placed above.
             unsafe { ptr.as_ptr().add(i).write(fill) };
         }
-        HugeBuf { ptr, len: n, home }
+        HugeBuf { ptr, len: n, slab }
     }
 }
 
@@ -174,8 +167,9 @@ enum Place {
 
 impl<T> HugeBuf<T> {
     /// Where a buffer of `bytes` bytes of `T` goes: whole huge pages of its own when that
-    /// adds at most a third (or when it is too large for a slab); on Linux, a slab's bytes
-    /// when it is at least [`SLAB_MIN`]; else an ordinary allocation.
+    /// adds at most a third (every buffer of 6 MiB or more: so a slab's buffer always fits
+    /// a fresh slab); on Linux, a slab's bytes when it is at least [`SLAB_MIN`]; else an
+    /// ordinary allocation.
     ///
     /// # Panics
     /// If the size does not fit the address space (as `vec!` would).
@@ -185,7 +179,7 @@ impl<T> HugeBuf<T> {
         let own = |size, align| {
             Place::Own(Layout::from_size_align(size, align).expect("HugeBuf: layout"))
         };
-        if whole - bytes <= bytes / 3 || bytes > SLAB / 8 {
+        if whole - bytes <= bytes / 3 {
             own(whole, HUGE_PAGE.max(align))
         } else if cfg!(target_os = "linux") && bytes >= SLAB_MIN && align <= HUGE_PAGE {
             Place::Slab(Layout::from_size_align(bytes, align.max(64)).expect("HugeBuf: layout"))
@@ -213,15 +207,16 @@ impl<T> DerefMut for HugeBuf<T> {
 
 impl<T> Drop for HugeBuf<T> {
     fn drop(&mut self) {
-        let bytes = self.len * std::mem::size_of::<T>();
-        match (&self.home, Self::place(bytes)) {
-            (Home::Own, Place::Own(layout)) if layout.size() > 0 => {
-                // SAFETY: allocated in `filled` with this layout (a function of the
+        // A slab's part is freed with the slab (its `Arc` drops with the buffer).
+        if self.slab.is_some() {
+            return;
+        }
+        if let Place::Own(layout) = Self::place(self.len * std::mem::size_of::<T>()) {
+            if layout.size() > 0 {
+                // SAFETY: allocated in `filled_for` with this layout (a function of the
                 // length); the values are `Copy` and need no drop.
                 unsafe { alloc::dealloc(self.ptr.as_ptr().cast(), layout) };
             }
-            // A slab's part is freed with the slab (its `Arc` drops with `home`).
-            _ => {}
         }
     }
 }
@@ -291,18 +286,39 @@ mod tests {
         }
     }
 
+    /// Slabs exist on Linux only (elsewhere every buffer is its own allocation).
+    #[cfg(target_os = "linux")]
     #[test]
     fn buffers_cut_from_a_slab_are_disjoint_and_outlive_each_other() {
-        let n = (SLAB_MIN + 100) / 4;
-        let mut a = HugeBuf::filled(n, 1u32);
-        let b = HugeBuf::filled(n, 2u32);
-        // Enough of them to need a second slab.
-        let many: Vec<HugeBuf<u8>> = (0..SLAB / (5 << 20) + 2)
-            .map(|i| HugeBuf::filled(5 << 20, i as u8))
+        // 4.3 MiB: cut from a slab, 14 to a slab, so 16 of them need at least two.
+        const BYTES: usize = 4400 << 10;
+        assert!(matches!(HugeBuf::<u8>::place(BYTES), Place::Slab(_)));
+        let mut a = HugeBuf::filled(BYTES, 1u8);
+        let b = HugeBuf::filled(BYTES, 2u8);
+        let many: Vec<HugeBuf<u8>> = (0..16).map(|i| HugeBuf::filled(BYTES, i as u8)).collect();
+        let cache = HugeBuf::filled_for(BYTES, 3u8, Lifetime::Cache);
+        let slab = |h: &HugeBuf<u8>| h.slab.clone().expect("cut from a slab");
+        // Every buffer has its own bytes, and a cache page never shares a weight's slab.
+        let mut spans: Vec<(usize, usize)> = [&a, &b, &cache]
+            .into_iter()
+            .chain(&many)
+            .map(|h| (h.as_ptr() as usize, h.as_ptr() as usize + h.len()))
             .collect();
+        spans.sort_unstable();
+        assert!(
+            spans.windows(2).all(|w| w[0].1 <= w[1].0),
+            "overlapping buffers"
+        );
+        assert!(many.iter().any(|m| !Arc::ptr_eq(&slab(m), &slab(&many[0]))));
+        assert!([&a, &b]
+            .into_iter()
+            .chain(&many)
+            .all(|h| !Arc::ptr_eq(&slab(h), &slab(&cache))));
+        // A buffer dropped leaves its neighbours' values as they were.
         a.iter_mut().for_each(|v| *v += 10);
         drop(b);
         assert!(a.iter().all(|&v| v == 11));
+        assert!(cache.iter().all(|&v| v == 3));
         for (i, m) in many.iter().enumerate() {
             assert!(m.iter().all(|&v| v == i as u8), "buffer {i}");
         }
