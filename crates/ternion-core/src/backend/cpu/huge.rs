@@ -77,6 +77,16 @@ pub(crate) enum Lifetime {
     Cache,
 }
 
+/// A new allocation of `layout` (non-zero size), asked to lie on huge pages.
+fn allocate(layout: Layout) -> NonNull<u8> {
+    // SAFETY: callers pass a layout of non-zero size.
+    let Some(p) = NonNull::new(unsafe { alloc::alloc(layout) }) else {
+        alloc::handle_alloc_error(layout)
+    };
+    advise_huge(p.as_ptr(), layout.size());
+    p
+}
+
 /// A slab being cut (while any buffer cut from it lives) and the bytes of it used.
 type Cursor = Option<(Weak<Slab>, usize)>;
 
@@ -97,13 +107,7 @@ fn cut(layout: Layout, life: Lifetime) -> (NonNull<u8>, Arc<Slab>) {
             return (unsafe { slab.base.add(at) }, slab);
         }
     }
-    let layout_slab = Slab::layout();
-    // SAFETY: the slab layout has a non-zero size.
-    let base = match NonNull::new(unsafe { alloc::alloc(layout_slab) }) {
-        Some(p) => p,
-        None => alloc::handle_alloc_error(layout_slab),
-    };
-    advise_huge(base.as_ptr(), SLAB);
+    let base = allocate(Slab::layout());
     let slab = Arc::new(Slab { base });
     *current = Some((Arc::downgrade(&slab), layout.size()));
     (base, slab)
@@ -138,15 +142,7 @@ impl<T: Copy> HugeBuf<T> {
                 (p.cast::<T>(), Some(slab))
             }
             Place::Own(layout) if layout.size() == 0 => (NonNull::dangling(), None),
-            Place::Own(layout) => {
-                // SAFETY: the layout has a non-zero size.
-                let p = match NonNull::new(unsafe { alloc::alloc(layout) }.cast::<T>()) {
-                    Some(p) => p,
-                    None => alloc::handle_alloc_error(layout),
-                };
-                advise_huge(p.as_ptr().cast(), layout.size());
-                (p, None)
-            }
+            Place::Own(layout) => (allocate(layout).cast::<T>(), None),
         };
         for i in 0..n {
             // SAFETY: i < n, inside the n values placed above.
