@@ -37,6 +37,28 @@ pub fn scratch_per_thread(capacity: usize, head_dim: usize) -> usize {
     simd::MAX_HEADS * (capacity + head_dim)
 }
 
+/// Floats of scratch, shared by every thread, that [`attention_rows`] needs beyond
+/// [`scratch_per_thread`] to split a lone decode row's long attention over both threads
+/// ([`long_row`]): every query head's rounded query and scores.
+pub fn shared_scratch(capacity: usize, n_head: usize, head_dim: usize) -> usize {
+    n_head * (capacity + head_dim)
+}
+
+/// Keys from which a lone decode row's attention is split by positions and output columns
+/// ([`long_row`]) instead of running as one task per group of query heads. With few kv
+/// heads on two threads (2B-4T: five tasks) one thread runs the odd task alone; split, a
+/// 2B-4T decode's attention took 12 % less time at 512 positions and 8–13 % less at
+/// 1,024–2,048, and the same at 256, where the two extra parallel ops cost what the
+/// balance saves (BENCHMARKS.md, session 33).
+const SPLIT_FROM: usize = 384;
+
+/// Positions of one scores task of [`long_row`] (two pages: every kv head's keys of a page
+/// lie one after another).
+const KEY_BLOCK: usize = 64;
+
+/// Output columns of one P·V task of [`long_row`].
+const DIM_BLOCK: usize = 64;
+
 /// Query heads per task: the largest divisor of the group (query heads per kv head) that
 /// is at most [`simd::MAX_HEADS`] — they read the same keys and values.
 fn heads_per_task(group: usize) -> usize {
@@ -251,7 +273,8 @@ pub fn attention(
 /// are those of [`attention`], each head's result the same bit for bit however the heads
 /// are grouped. `capacity` bounds every
 /// row's position + 1; `scratch` holds [`scratch_per_thread`]`(capacity, head_dim)` floats
-/// for each thread.
+/// for each thread, and may hold [`shared_scratch`] floats more: then a lone decode row over
+/// [`SPLIT_FROM`] keys or more of an F16 cache runs as [`long_row`] (the same results).
 pub fn attention_rows<C: KvRows>(
     q: &[f32],
     cache: impl Fn(usize) -> C + Sync,
@@ -271,6 +294,21 @@ pub fn attention_rows<C: KvRows>(
         scratch.len() >= per_thread * pool.n_threads(),
         "attention: scratch too small"
     );
+    if let [row] = *rows {
+        let n_keys = row.pos + 1;
+        let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
+        let shared = shared_scratch(capacity, s.n_head, hd);
+        if pool.n_threads() > 1
+            && n_keys - first >= SPLIT_FROM
+            && hd.is_multiple_of(DIM_BLOCK)
+            && scratch.len() >= per_thread * pool.n_threads() + shared
+        {
+            let c = cache(row.seq);
+            if c.ty() == KvType::F16 {
+                return long_row(q, &c, (row, first), s, out, (scratch, per_thread));
+            }
+        }
+    }
     let scratch = SharedMut(scratch.as_mut_ptr());
     let g = heads_per_task(group);
     // Each task: one row's g query heads of one kv head (contiguous in `out`).
@@ -322,6 +360,89 @@ pub fn attention_rows<C: KvRows>(
                     axpy(level, oj, w, cache.value(p, kvh));
                 }
             }
+        }
+    });
+}
+
+/// [`attention_rows`] for one decode row over a long F16 cache, in three parallel ops that
+/// keep both threads busy however few kv heads there are: the scores by blocks of
+/// [`KEY_BLOCK`] positions (all heads of a block: one stream through its pages), the
+/// softmax by groups of query heads, and P·V by blocks of [`DIM_BLOCK`] output columns.
+/// Each score, probability and output element is computed by the same operations in the
+/// same order as in one task per group of query heads, so the results are the same bit for
+/// bit. `scratch` holds the threads' regions of `per_thread` floats, then
+/// [`shared_scratch`] floats.
+fn long_row<C: KvRows>(
+    q: &[f32],
+    cache: &C,
+    (row, first): (QueryRow, usize),
+    s: Heads,
+    out: &mut [f32],
+    (scratch, per_thread): (&mut [f32], usize),
+) {
+    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
+    let g = heads_per_task(group);
+    let (n_keys, level, pool) = (row.pos + 1, simd::Level::detect(), pool::global());
+    let len = n_keys - first;
+    let (mine, shared) = scratch.split_at_mut(per_thread * pool.n_threads());
+    let (qr, scores) = shared.split_at_mut(s.n_head * hd);
+    qr.copy_from_slice(&q[..s.n_head * hd]);
+    simd::round_f16(level, qr);
+    let qr = &*qr;
+    let scores = &mut scores[..s.n_head * len];
+    let (mine, sp) = (SharedMut(mine.as_mut_ptr()), SharedMut(scores.as_mut_ptr()));
+    // Thread `thread`'s scratch region.
+    let region = |mine: &SharedMut<f32>, thread: usize| {
+        // SAFETY: thread `thread` alone uses floats [thread·per_thread, +per_thread) of the
+        // threads' scratch, and runs one task at a time.
+        unsafe { std::slice::from_raw_parts_mut(mine.0.add(thread * per_thread), per_thread) }
+    };
+    let units = s.n_head / g;
+    pool.run(len.div_ceil(KEY_BLOCK), &|b, thread| {
+        let (mine, sp) = (&mine, &sp);
+        let span = first + b * KEY_BLOCK..(first + (b + 1) * KEY_BLOCK).min(n_keys);
+        let tile = &mut region(mine, thread)[..g * KEY_BLOCK];
+        for u in 0..units {
+            let (qu, kvh) = (&qr[u * g * hd..(u + 1) * g * hd], u * g / group);
+            let keys = |p| cache.keys_from(p, kvh);
+            f16_runs(span.clone(), hd, keys, |i, k, stride, n| {
+                simd::f16_scores_heads(level, (qu, hd), (k, stride, n), &mut tile[i..], KEY_BLOCK)
+            });
+            for (j, t) in tile.chunks_exact(KEY_BLOCK).enumerate() {
+                let n = span.len();
+                // SAFETY: query head u·g + j's scores at positions `span` belong to this
+                // block's task alone, inside the n_head · len scores.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(sp.0.add((u * g + j) * len + b * KEY_BLOCK), n)
+                };
+                dst.copy_from_slice(&t[..n]);
+            }
+        }
+    });
+    let round = row.round_probs;
+    pool.for_each_chunk_mut(scores, g * len, |_, su, _| {
+        softmax_rows(level, su, len, 1.0 / (hd as f32).sqrt(), round)
+    });
+    let (scores, op) = (&*scores, SharedMut(out.as_mut_ptr()));
+    let blocks = hd / DIM_BLOCK;
+    pool.run(units * blocks, &|t, thread| {
+        let (mine, op) = (&mine, &op);
+        let (u, c0) = (t / blocks, t % blocks * DIM_BLOCK);
+        let (su, kvh) = (&scores[u * g * len..(u + 1) * g * len], u * g / group);
+        let acc = &mut region(mine, thread)[..g * DIM_BLOCK];
+        acc.fill(0.0);
+        let values = |p| cache.values_from(p, kvh);
+        f16_runs(first..n_keys, hd, values, |i, v, stride, n| {
+            let v = &v[c0..];
+            simd::f16_weighted_sum_heads(level, (&su[i..], len), (v, stride, n), acc, DIM_BLOCK)
+        });
+        for (j, a) in acc.chunks_exact(DIM_BLOCK).enumerate() {
+            // SAFETY: columns c0..c0 + DIM_BLOCK of query head u·g + j belong to this task
+            // alone, inside the n_head · hd outputs.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(op.0.add((u * g + j) * hd + c0), DIM_BLOCK)
+            };
+            dst.copy_from_slice(a);
         }
     });
 }
@@ -383,24 +504,29 @@ mod tests {
         assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
     }
 
+    /// An F16 cache's pages of 32 positions.
+    fn f16_pages(n_layer: usize, n_head_kv: usize, head_dim: usize) -> crate::kv::KvGeometry {
+        crate::kv::KvGeometry {
+            n_layer,
+            n_head_kv,
+            head_dim,
+            page_size: 32,
+            ty: KvType::F16,
+        }
+    }
+
     /// The paged cache (each head's rows of a page one run, several pages, a run prefetched
     /// ahead) gives the contiguous layout's results bit for bit, decode and prompt rows.
     #[test]
     fn paged_cache_equals_the_contiguous_one() {
-        use crate::kv::{KvGeometry, KvPool, KvSeq};
+        use crate::kv::{KvPool, KvSeq};
         use rand::{rngs::StdRng, Rng, SeedableRng};
         let mut rng = StdRng::seed_from_u64(9);
         let (n_head, n_head_kv, hd) = (8, 2, 64);
         let kv_dim = n_head_kv * hd;
         // 75 positions: two full pages of 32 and a partial one.
         let n = 75;
-        let geo = KvGeometry {
-            n_layer: 2,
-            n_head_kv,
-            head_dim: hd,
-            page_size: 32,
-            ty: KvType::F16,
-        };
+        let geo = f16_pages(2, n_head_kv, hd);
         let mut values = |len: usize| -> Vec<f32> {
             (0..len)
                 .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f32())
@@ -504,6 +630,69 @@ mod tests {
                     bits(&want),
                     "{n_head}/{n_head_kv} {round_probs}"
                 );
+            }
+        }
+    }
+
+    /// A lone decode row over a long paged cache, split by positions and output columns
+    /// ([`long_row`], given the shared scratch), gives what one task per group of query
+    /// heads gives (without it) bit for bit: 2B-4T's heads and other groupings, lengths
+    /// on and off page and block boundaries, a sliding window, rounded probabilities or
+    /// not.
+    #[test]
+    fn long_row_equals_tasks_by_heads() {
+        use crate::kv::{KvPool, KvSeq};
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(11);
+        let threads = pool::global().n_threads();
+        for (n_head, n_head_kv, hd) in [(20, 5, 128), (8, 2, 64), (6, 1, 128), (4, 4, 64)] {
+            let kv_dim = n_head_kv * hd;
+            let n = 1000;
+            let geo = f16_pages(1, n_head_kv, hd);
+            let mut values = |len: usize| -> Vec<f32> {
+                (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+            };
+            let (k, v, q) = (values(n * kv_dim), values(n * kv_dim), values(n_head * hd));
+            let mut seq = KvSeq::new(KvPool::new(geo, geo.pages_for(n)), n);
+            seq.reserve(n).unwrap();
+            seq.write(0, &k, &v);
+            seq.advance(n);
+            let layer = seq.layer(0);
+            let per_thread = scratch_per_thread(n, hd) * threads;
+            let cases = [
+                (255, None),
+                (256, None),
+                (300, None),
+                (999, None),
+                (999, Some(300)),
+            ];
+            for ((pos, window), round_probs) in
+                cases.into_iter().flat_map(|c| [(c, false), (c, true)])
+            {
+                let heads = Heads {
+                    n_head,
+                    n_head_kv,
+                    head_dim: hd,
+                    window,
+                };
+                let rows = [QueryRow {
+                    seq: 0,
+                    pos,
+                    round_probs,
+                }];
+                let run = |scratch_len: usize| {
+                    let mut out = vec![f32::NAN; n_head * hd];
+                    let mut scratch = vec![0.0; scratch_len];
+                    attention_rows(&q, |_| layer, &rows, heads, n, &mut out, &mut scratch);
+                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let split = run(per_thread + shared_scratch(n, n_head, hd));
+                assert_eq!(
+                    split,
+                    run(per_thread),
+                    "{n_head}/{n_head_kv}/{hd} at {pos}, window {window:?}, {round_probs}"
+                );
+                assert!(split.iter().all(|&b| !f32::from_bits(b).is_nan()));
             }
         }
     }
