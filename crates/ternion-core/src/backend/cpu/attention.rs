@@ -46,10 +46,10 @@ pub fn shared_scratch(capacity: usize, n_head: usize, head_dim: usize) -> usize 
 
 /// Keys from which a lone decode row's attention is split by positions and output columns
 /// ([`long_row`]) instead of running as one task per group of query heads. With few kv
-/// heads on two threads (2B-4T: five tasks) one thread runs the odd task alone; split, a
-/// 2B-4T decode's attention took 12 % less time at 512 positions and 8–13 % less at
-/// 1,024–2,048, and the same at 256, where the two extra parallel ops cost what the
-/// balance saves (BENCHMARKS.md, session 33).
+/// heads on two threads (2B-4T: five tasks) one thread runs the odd task alone. Split, a
+/// 2B-4T decode's attention took ~9 % less time at 512 positions and ~12 % less at 2,048,
+/// and the same at 256, where the two extra parallel ops cost what the balance saves
+/// (BENCHMARKS.md, session 33).
 const SPLIT_FROM: usize = 384;
 
 /// Positions of one scores task of [`long_row`] (two pages: every kv head's keys of a page
