@@ -22,7 +22,7 @@ use half::f16;
 use rand::Rng;
 
 use super::*;
-use crate::backend::cpu::{attention_rows, pool, rms_norm, rope_neox, scratch_per_thread};
+use crate::backend::cpu::{attention_rows, attention_scratch, rms_norm, rope_neox};
 use crate::backend::cpu::{Contiguous, Heads, KvRows, QueryRow};
 pub(super) use crate::kernel_checks::{
     cpu_act, cpu_ternary, cpu_topk, rng, ternary_tensor, variants,
@@ -522,8 +522,7 @@ pub(super) fn cpu_attention(
     n_ctx: usize,
 ) -> Vec<f32> {
     let mut out = vec![0f32; rows.len() * heads.n_head * heads.head_dim];
-    let mut scratch =
-        vec![0f32; scratch_per_thread(n_ctx, heads.head_dim) * pool::global().n_threads()];
+    let mut scratch = vec![0f32; attention_scratch(n_ctx, heads.n_head, heads.head_dim)];
     let kv_dim = heads.n_head_kv * heads.head_dim;
     match ty {
         KvType::F16 => {

@@ -31,17 +31,17 @@ pub struct AttnShape {
     pub capacity: usize,
 }
 
-/// Scratch floats one thread needs for a cache of `capacity` positions and heads of
-/// `head_dim` (a task runs up to [`simd::MAX_HEADS`] query heads).
-pub fn scratch_per_thread(capacity: usize, head_dim: usize) -> usize {
-    simd::MAX_HEADS * (capacity + head_dim)
+/// Scratch floats [`attention_rows`] needs on the global pool for a cache of `capacity`
+/// positions and `n_head` query heads of `head_dim`: each thread's region
+/// ([`per_thread`]), then the region [`long_row`] shares between them (every query head's
+/// rounded query and scores).
+pub fn attention_scratch(capacity: usize, n_head: usize, head_dim: usize) -> usize {
+    per_thread(capacity, head_dim) * pool::global().n_threads() + n_head * (capacity + head_dim)
 }
 
-/// Floats of scratch, shared by every thread, that [`attention_rows`] needs beyond
-/// [`scratch_per_thread`] to split a lone decode row's long attention over both threads
-/// ([`long_row`]): every query head's rounded query and scores.
-pub fn shared_scratch(capacity: usize, n_head: usize, head_dim: usize) -> usize {
-    n_head * (capacity + head_dim)
+/// Scratch floats one thread needs (a task runs up to [`simd::MAX_HEADS`] query heads).
+fn per_thread(capacity: usize, head_dim: usize) -> usize {
+    simd::MAX_HEADS * (capacity + head_dim)
 }
 
 /// Keys from which a lone decode row's attention is split by positions and output columns
@@ -234,7 +234,7 @@ pub struct Heads {
 
 /// `q` holds one row of `n_head · head_dim` per new token; `k`/`v` hold the cached rows for
 /// positions `0..pos0 + n_tokens`. Writes the concatenated head outputs to `out`.
-/// `scratch` holds [`scratch_per_thread`] floats for each thread of the global pool.
+/// `scratch` holds [`attention_scratch`] floats.
 pub fn attention(
     q: &[f32],
     k: &[f16],
@@ -271,10 +271,9 @@ pub fn attention(
 /// [`simd::MAX_HEADS`] at a time (the largest divisor of the group that fits), are one task
 /// of the global pool, which converts each F16 key and value row once for them; the numerics
 /// are those of [`attention`], each head's result the same bit for bit however the heads
-/// are grouped. `capacity` bounds every
-/// row's position + 1; `scratch` holds [`scratch_per_thread`]`(capacity, head_dim)` floats
-/// for each thread, and may hold [`shared_scratch`] floats more: then a lone decode row over
-/// [`SPLIT_FROM`] keys or more of an F16 cache runs as [`long_row`] (the same results).
+/// are grouped. A lone decode row over [`SPLIT_FROM`] keys or more of an F16 cache runs as
+/// [`long_row`] instead (the same results). `capacity` bounds every row's position + 1;
+/// `scratch` holds [`attention_scratch`] floats.
 pub fn attention_rows<C: KvRows>(
     q: &[f32],
     cache: impl Fn(usize) -> C + Sync,
@@ -284,31 +283,38 @@ pub fn attention_rows<C: KvRows>(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let hd = s.head_dim;
-    let group = s.n_head / s.n_head_kv;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let level = simd::Level::detect();
-    let per_thread = scratch_per_thread(capacity, hd);
-    let pool = pool::global();
     assert!(
-        scratch.len() >= per_thread * pool.n_threads(),
+        scratch.len() >= attention_scratch(capacity, s.n_head, s.head_dim),
         "attention: scratch too small"
     );
+    let per_thread = per_thread(capacity, s.head_dim);
     if let [row] = *rows {
         let n_keys = row.pos + 1;
         let first = s.window.map_or(0, |w| n_keys.saturating_sub(w));
-        let shared = shared_scratch(capacity, s.n_head, hd);
-        if pool.n_threads() > 1
+        let c = cache(row.seq);
+        if pool::global().n_threads() > 1
             && n_keys - first >= SPLIT_FROM
-            && hd.is_multiple_of(DIM_BLOCK)
-            && scratch.len() >= per_thread * pool.n_threads() + shared
+            && s.head_dim.is_multiple_of(DIM_BLOCK)
+            && c.ty() == KvType::F16
         {
-            let c = cache(row.seq);
-            if c.ty() == KvType::F16 {
-                return long_row(q, &c, (row, first), s, out, (scratch, per_thread));
-            }
+            return long_row(q, &c, (row, first), s, out, (scratch, per_thread));
         }
     }
+    by_head_groups(q, cache, rows, s, out, (scratch, per_thread));
+}
+
+/// [`attention_rows`] as one task per row and group of query heads that share a kv head;
+/// `scratch` holds the threads' regions of `per_thread` floats.
+fn by_head_groups<C: KvRows>(
+    q: &[f32],
+    cache: impl Fn(usize) -> C + Sync,
+    rows: &[QueryRow],
+    s: Heads,
+    out: &mut [f32],
+    (scratch, per_thread): (&mut [f32], usize),
+) {
+    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
+    let (scale, level, pool) = (scale(hd), simd::Level::detect(), pool::global());
     let scratch = SharedMut(scratch.as_mut_ptr());
     let g = heads_per_task(group);
     // Each task: one row's g query heads of one kv head (contiguous in `out`).
@@ -364,14 +370,19 @@ pub fn attention_rows<C: KvRows>(
     });
 }
 
+/// The scores' scale for heads of `hd`: 1/√hd.
+fn scale(hd: usize) -> f32 {
+    1.0 / (hd as f32).sqrt()
+}
+
 /// [`attention_rows`] for one decode row over a long F16 cache, in three parallel ops that
 /// keep both threads busy however few kv heads there are: the scores by blocks of
 /// [`KEY_BLOCK`] positions (all heads of a block: one stream through its pages), the
 /// softmax by groups of query heads, and P·V by blocks of [`DIM_BLOCK`] output columns.
 /// Each score, probability and output element is computed by the same operations in the
 /// same order as in one task per group of query heads, so the results are the same bit for
-/// bit. `scratch` holds the threads' regions of `per_thread` floats, then
-/// [`shared_scratch`] floats.
+/// bit. `scratch` holds the threads' regions of `per_thread` floats, then the shared
+/// region of [`attention_scratch`].
 fn long_row<C: KvRows>(
     q: &[f32],
     cache: &C,
@@ -421,7 +432,7 @@ fn long_row<C: KvRows>(
     });
     let round = row.round_probs;
     pool.for_each_chunk_mut(scores, g * len, |_, su, _| {
-        softmax_rows(level, su, len, 1.0 / (hd as f32).sqrt(), round)
+        softmax_rows(level, su, len, scale(hd), round)
     });
     let (scores, op) = (&*scores, SharedMut(out.as_mut_ptr()));
     let blocks = hd / DIM_BLOCK;
@@ -559,8 +570,7 @@ mod tests {
             pos,
             round_probs,
         });
-        let threads = pool::global().n_threads();
-        let mut scratch = vec![0.0; scratch_per_thread(n, hd) * threads];
+        let mut scratch = vec![0.0; attention_scratch(n, n_head, hd)];
         let mut got = vec![0.0; q.len()];
         let layer = seq.layer(1);
         attention_rows(&q, |_| layer, &rows, heads, n, &mut got, &mut scratch);
@@ -618,8 +628,7 @@ mod tests {
                     round_probs,
                     capacity: n,
                 };
-                let threads = pool::global().n_threads();
-                let mut scratch = vec![0.0; scratch_per_thread(n, hd) * threads];
+                let mut scratch = vec![0.0; attention_scratch(n, n_head, hd)];
                 let mut got = vec![0.0; t * n_head * hd];
                 attention(&q, &k, &v, &shape(n_head_kv), &mut got, &mut scratch);
                 let mut want = vec![0.0; t * n_head * hd];
@@ -635,20 +644,15 @@ mod tests {
     }
 
     /// A lone decode row over a long paged cache, split by positions and output columns
-    /// ([`long_row`], given the shared scratch), gives what one task per group of query
-    /// heads gives (without it) bit for bit: 2B-4T's heads and other groupings, lengths
-    /// on and off page and block boundaries, a sliding window, rounded probabilities or
-    /// not.
+    /// ([`long_row`]), gives what one task per group of query heads gives
+    /// ([`by_head_groups`]) bit for bit, and [`attention_rows`] the same: 2B-4T's heads and
+    /// other groupings, lengths on both sides of [`SPLIT_FROM`] and off page and block
+    /// boundaries, a sliding window, rounded probabilities or not.
     #[test]
     fn long_row_equals_tasks_by_heads() {
         use crate::kv::{KvPool, KvSeq};
         use rand::{rngs::StdRng, Rng, SeedableRng};
         let mut rng = StdRng::seed_from_u64(11);
-        let threads = pool::global().n_threads();
-        if threads == 1 {
-            eprintln!("skipped: the split runs only on a pool of two threads or more");
-            return;
-        }
         for (n_head, n_head_kv, hd) in [(20, 5, 128), (8, 2, 64), (6, 1, 128), (4, 4, 64)] {
             let kv_dim = n_head_kv * hd;
             let n = 1000;
@@ -662,8 +666,9 @@ mod tests {
             seq.write(0, &k, &v);
             seq.advance(n);
             let layer = seq.layer(0);
-            let per_thread = scratch_per_thread(n, hd) * threads;
+            let mut scratch = vec![0.0; attention_scratch(n, n_head, hd)];
             let cases = [
+                (70, None),
                 (SPLIT_FROM - 1, None),
                 (SPLIT_FROM, None),
                 (450, None),
@@ -684,19 +689,20 @@ mod tests {
                     pos,
                     round_probs,
                 }];
-                let run = |scratch_len: usize| {
-                    let mut out = vec![f32::NAN; n_head * hd];
-                    let mut scratch = vec![0.0; scratch_len];
-                    attention_rows(&q, |_| layer, &rows, heads, n, &mut out, &mut scratch);
-                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-                };
-                let split = run(per_thread + shared_scratch(n, n_head, hd));
-                assert_eq!(
-                    split,
-                    run(per_thread),
-                    "{n_head}/{n_head_kv}/{hd} at {pos}, window {window:?}, {round_probs}"
-                );
-                assert!(split.iter().all(|&b| !f32::from_bits(b).is_nan()));
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let scratch_pt = (&mut scratch[..], per_thread(n, hd));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let mut split = vec![f32::NAN; n_head * hd];
+                long_row(&q, &layer, (rows[0], first), heads, &mut split, scratch_pt);
+                let mut grouped = vec![f32::NAN; n_head * hd];
+                let scratch_pt = (&mut scratch[..], per_thread(n, hd));
+                by_head_groups(&q, |_| layer, &rows, heads, &mut grouped, scratch_pt);
+                let mut chosen = vec![f32::NAN; n_head * hd];
+                attention_rows(&q, |_| layer, &rows, heads, n, &mut chosen, &mut scratch);
+                let case = format!("{n_head}/{n_head_kv}/{hd} at {pos}, {window:?}, {round_probs}");
+                assert_eq!(bits(&split), bits(&grouped), "{case}");
+                assert_eq!(bits(&chosen), bits(&grouped), "{case}");
+                assert!(split.iter().all(|v| v.is_finite()), "{case}");
             }
         }
     }

@@ -18,8 +18,7 @@ mod ternary;
 mod unary;
 
 pub use attention::{
-    attention, attention_rows, scratch_per_thread, shared_scratch, AttnShape, Contiguous, Heads,
-    KvRows, QueryRow,
+    attention, attention_rows, attention_scratch, AttnShape, Contiguous, Heads, KvRows, QueryRow,
 };
 pub use bandwidth::{measure_read_bandwidth, ReadProbe};
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};

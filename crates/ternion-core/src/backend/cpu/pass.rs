@@ -5,8 +5,8 @@
 use super::acts::Acts;
 use super::exec::{CpuModel, SeqStep};
 use super::{
-    add_rows, attention_rows, gelu_ggml, layer_norm, pool, rms_norm, rotate_rows,
-    scratch_per_thread, shared_scratch, Heads, Linear, QuantInput, QueryRow, RopeAngles,
+    add_rows, attention_rows, attention_scratch, gelu_ggml, layer_norm, pool, rms_norm,
+    rotate_rows, Heads, Linear, QuantInput, QueryRow, RopeAngles,
 };
 use crate::model::graph::{ActId, GluAct, Graph, InNorm, Op, UnaryAct, WeightId};
 use crate::Result;
@@ -329,8 +329,7 @@ impl Pass<'_, '_> {
             head_dim: g.head_dim,
             window: g.window_of(layer),
         };
-        let need = scratch_per_thread(self.capacity, g.head_dim) * pool::global().n_threads()
-            + shared_scratch(self.capacity, g.n_head, g.head_dim);
+        let need = attention_scratch(self.capacity, g.n_head, g.head_dim);
         self.attn_scratch.resize(need, 0.0);
         let n = self.tokens.len();
         let qs = std::mem::take(&mut self.acts.bufs[q.0]);
