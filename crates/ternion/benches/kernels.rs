@@ -263,11 +263,22 @@ fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
 /// hold), as a decode step's matrix-vector product streams them (counter: weight bytes).
 #[divan::bench(args = [2560])]
 fn vnni_per_token_dot1_stream(bencher: Bencher, k: usize) {
+    dot1_groups(bencher, k, 6400);
+}
+
+/// The same product over 40 groups (400 KB, inside L2): the kernel's arithmetic rate,
+/// the ceiling a streamed product would meet if memory were free (counter: weight bytes).
+#[divan::bench(args = [2560])]
+fn vnni_per_token_dot1_l2(bencher: Bencher, k: usize) {
+    dot1_groups(bencher, k, 40);
+}
+
+/// One token against `groups` groups of 16 rows of width `k`, group after group.
+fn dot1_groups(bencher: Bencher, k: usize, groups: usize) {
     let Some(v) = simd::Vnni::get() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(1);
-    let groups = 6400;
     let (tile, q) = ternary_tile(&mut rng, k);
     let weights: Vec<simd::Chunk> = (0..groups).flat_map(|_| tile.iter().copied()).collect();
     let q = &q[..k];

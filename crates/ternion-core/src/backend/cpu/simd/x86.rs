@@ -9,13 +9,37 @@ use std::arch::x86_64::*;
 /// reading past a row's or a buffer's end is harmless.
 pub(super) const PREFETCH_AHEAD: usize = 4096;
 
-/// How far ahead [`f16_dot`] asks for its row: the exact F16 LM head (half of a 2B-4T
-/// token's bytes) does the most arithmetic per byte of the decode kernels, and at 4 KiB it
-/// streamed 70.5 GB/s where the probe read 77–83 (the host's fast state); 8 KiB took it to
-/// 74.2 and the step-by-step share from 85.8 to 87.5 % at 16 positions, 81.8 to 85.6 % at
-/// 128, for about 1–1.5 points less in the slow state (still 97–99 %; BENCHMARKS.md,
-/// session 30). The ternary kernels keep 4 KiB.
+/// How far ahead [`f16_dot`] asks for its row where it asks at all ([`f16_prefetch`]):
+/// the exact F16 LM head (half of a 2B-4T token's bytes) does the most arithmetic per byte
+/// of the decode kernels, and on a Zen 5 EPYC at 4 KiB it streamed 70.5 GB/s where the
+/// probe read 77–83 (the host's fast state); 8 KiB took it to 74.2 and the step-by-step
+/// share from 85.8 to 87.5 % at 16 positions, 81.8 to 85.6 % at 128, for about 1–1.5
+/// points less in the slow state (still 97–99 %; BENCHMARKS.md, session 30). The ternary
+/// kernels keep 4 KiB.
 const F16_PREFETCH_AHEAD: usize = 8192;
+
+/// Whether [`f16_dot`] prefetches (detected once): not on AMD family 19h with AVX-512
+/// (Zen 4), where the head streamed best on the hardware prefetchers alone — the head's
+/// share of the probe beside each decode step 85 → 97–98 % in the host's slow state, 64–68
+/// → 74–77 % in its fast one, the token's 86–89 → 90–95 % (BENCHMARKS.md, session 34) —
+/// and on every other CPU, where the same loop without it lost 13 points (Zen 5, session
+/// 30). `TERNION_F16_PREFETCH=0` or `=1` overrides the choice (for measuring).
+fn f16_prefetch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("TERNION_F16_PREFETCH").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => !is_zen4(),
+    })
+}
+
+/// An AMD family 19h CPU with AVX-512 F: Zen 4 (Zen 3, the same family, has no AVX-512).
+fn is_zen4() -> bool {
+    let (vendor, sig) = (__cpuid(0), __cpuid(1));
+    let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+    let family = ((sig.eax >> 8) & 0xf) + ((sig.eax >> 20) & 0xff);
+    amd && family == 0x19 && is_x86_feature_detected!("avx512f")
+}
 
 /// Asks for the cache line at `p` + [`PREFETCH_AHEAD`] (no effect on any value).
 #[inline]
@@ -132,12 +156,27 @@ pub unsafe fn i2s_dot4(row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i32; 4] {
 /// `w` must point at `2 · x.len()` readable bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
+    if f16_prefetch() {
+        f16_dot_ahead::<F16_PREFETCH_AHEAD>(w, x)
+    } else {
+        f16_dot_ahead::<0>(w, x)
+    }
+}
+
+/// [`f16_dot`] asking for the line `AHEAD` bytes past each one it reads (0: never).
+///
+/// # Safety
+/// As [`f16_dot`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_dot_ahead<const AHEAD: usize>(w: *const u8, x: &[f32]) -> f32 {
     let n = x.len();
     let w = w.cast::<u16>();
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= n {
-        prefetch_at::<F16_PREFETCH_AHEAD>(w.add(i).cast());
+        if AHEAD > 0 {
+            prefetch_at::<AHEAD>(w.add(i).cast());
+        }
         for (j, a) in acc.iter_mut().enumerate() {
             let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
             *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
