@@ -33,12 +33,31 @@ fn f16_prefetch() -> bool {
     })
 }
 
-/// An AMD family 19h CPU with AVX-512 F: Zen 4 (Zen 3, the same family, has no AVX-512).
+/// Whether this CPU is a Zen 4 ([`zen4_signature`] of its CPUID).
 fn is_zen4() -> bool {
     let (vendor, sig) = (__cpuid(0), __cpuid(1));
-    let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-    let family = ((sig.eax >> 8) & 0xf) + ((sig.eax >> 20) & 0xff);
-    amd && family == 0x19 && is_x86_feature_detected!("avx512f")
+    zen4_signature(
+        [vendor.ebx, vendor.edx, vendor.ecx],
+        sig.eax,
+        is_x86_feature_detected!("avx512f"),
+    )
+}
+
+/// Whether CPUID's vendor (leaf 0's EBX, EDX, ECX), signature (leaf 1's EAX) and AVX-512 F
+/// name a Zen 4: "AuthenticAMD", family 19h (base family 0Fh plus extended family 0Ah),
+/// with AVX-512 (Zen 3, the same family, has none).
+fn zen4_signature(vendor: [u32; 3], eax: u32, avx512f: bool) -> bool {
+    let mut name = [0u8; 12];
+    for (bytes, reg) in name.chunks_exact_mut(4).zip(vendor) {
+        bytes.copy_from_slice(&reg.to_le_bytes());
+    }
+    let base = (eax >> 8) & 0xf;
+    let family = if base == 0xf {
+        base + ((eax >> 20) & 0xff)
+    } else {
+        base
+    };
+    &name == b"AuthenticAMD" && family == 0x19 && avx512f
 }
 
 /// Asks for the cache line at `p` + [`PREFETCH_AHEAD`] (no effect on any value).
@@ -548,4 +567,74 @@ pub unsafe fn q8_0_dot4(row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f32; 4] {
         }
     }
     std::array::from_fn(|t| hsum_f32(acc[t]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::zen4_signature;
+
+    /// Leaf 0's EBX, EDX, ECX for a vendor name.
+    fn vendor(name: &[u8; 12]) -> [u32; 3] {
+        std::array::from_fn(|i| u32::from_le_bytes(name[4 * i..4 * i + 4].try_into().unwrap()))
+    }
+
+    /// Zen 4 by its signature (family 19h with AVX-512); not Zen 3 (family 19h without),
+    /// Zen 2, Zen 5 (family 1Ah), an Intel core or another vendor's family 19h.
+    #[test]
+    fn zen4_is_told_from_its_cpuid() {
+        let cases: [(&[u8; 12], u32, bool, bool, &str); 7] = [
+            (
+                b"AuthenticAMD",
+                0x00a1_0f11,
+                true,
+                true,
+                "EPYC 9004 (Genoa)",
+            ),
+            (
+                b"AuthenticAMD",
+                0x00a6_0f12,
+                true,
+                true,
+                "Ryzen 7000 (Raphael)",
+            ),
+            (
+                b"AuthenticAMD",
+                0x00a0_0f11,
+                false,
+                false,
+                "EPYC 7003 (Milan)",
+            ),
+            (
+                b"AuthenticAMD",
+                0x0083_0f10,
+                false,
+                false,
+                "EPYC 7002 (Rome)",
+            ),
+            (
+                b"AuthenticAMD",
+                0x00b0_0f21,
+                true,
+                false,
+                "EPYC 9005 (Turin)",
+            ),
+            (
+                b"GenuineIntel",
+                0x0008_06f8,
+                true,
+                false,
+                "Xeon (Sapphire Rapids)",
+            ),
+            (
+                b"GenuineIntel",
+                0x00a1_0f11,
+                true,
+                false,
+                "another vendor, Genoa's bits",
+            ),
+        ];
+        for (name, eax, avx512f, want, cpu) in cases {
+            assert_eq!(zen4_signature(vendor(name), eax, avx512f), want, "{cpu}");
+        }
+    }
 }
