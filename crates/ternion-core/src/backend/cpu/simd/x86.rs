@@ -20,10 +20,11 @@ const F16_PREFETCH_AHEAD: usize = 8192;
 
 /// Whether [`f16_dot`] prefetches (detected once): not on AMD family 19h with AVX-512
 /// (Zen 4), where the head streamed best on the hardware prefetchers alone — the head's
-/// share of the probe beside each decode step 85 → 97–98 % in the host's slow state, 64–68
-/// → 74–77 % in its fast one, the token's 86–89 → 90–95 % (BENCHMARKS.md, session 34) —
-/// and on every other CPU, where the same loop without it lost 13 points (Zen 5, session
-/// 30). `TERNION_F16_PREFETCH=0` or `=1` overrides the choice (for measuring).
+/// share of the probe beside each decode step 85–88 → 97 % in the host's slow state,
+/// 63–68 → 74–82 % in its fast one, the token's 86–89 → 94 % (slow; BENCHMARKS.md,
+/// session 34) — and on every other CPU, where the same loop without it lost 13 points
+/// (Zen 5, session 30). `TERNION_F16_PREFETCH=0` or `=1` overrides the choice (for
+/// measuring).
 fn f16_prefetch() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("TERNION_F16_PREFETCH").as_deref() {
@@ -579,59 +580,20 @@ mod tests {
     }
 
     /// Zen 4 by its signature (family 19h with AVX-512); not Zen 3 (family 19h without),
-    /// Zen 2, Zen 5 (family 1Ah), an Intel core or another vendor's family 19h.
+    /// Zen 2, Zen 5 (family 1Ah), an Intel core, another vendor's family 19h, or a base
+    /// family other than 0Fh whose extended-family bits would add up to 19h.
     #[test]
     fn zen4_is_told_from_its_cpuid() {
-        let cases: [(&[u8; 12], u32, bool, bool, &str); 7] = [
-            (
-                b"AuthenticAMD",
-                0x00a1_0f11,
-                true,
-                true,
-                "EPYC 9004 (Genoa)",
-            ),
-            (
-                b"AuthenticAMD",
-                0x00a6_0f12,
-                true,
-                true,
-                "Ryzen 7000 (Raphael)",
-            ),
-            (
-                b"AuthenticAMD",
-                0x00a0_0f11,
-                false,
-                false,
-                "EPYC 7003 (Milan)",
-            ),
-            (
-                b"AuthenticAMD",
-                0x0083_0f10,
-                false,
-                false,
-                "EPYC 7002 (Rome)",
-            ),
-            (
-                b"AuthenticAMD",
-                0x00b0_0f21,
-                true,
-                false,
-                "EPYC 9005 (Turin)",
-            ),
-            (
-                b"GenuineIntel",
-                0x0008_06f8,
-                true,
-                false,
-                "Xeon (Sapphire Rapids)",
-            ),
-            (
-                b"GenuineIntel",
-                0x00a1_0f11,
-                true,
-                false,
-                "another vendor, Genoa's bits",
-            ),
+        let (amd, intel) = (b"AuthenticAMD", b"GenuineIntel");
+        let cases = [
+            (amd, 0x00a1_0f11, true, true, "EPYC 9004 (Genoa)"),
+            (amd, 0x00a6_0f12, true, true, "Ryzen 7000 (Raphael)"),
+            (amd, 0x00a0_0f11, false, false, "EPYC 7003 (Milan)"),
+            (amd, 0x0083_0f10, false, false, "EPYC 7002 (Rome)"),
+            (amd, 0x00b0_0f21, true, false, "EPYC 9005 (Turin)"),
+            (amd, 0x0100_0900, true, false, "base 09h, ext 10h"),
+            (intel, 0x0008_06f8, true, false, "Xeon (Sapphire Rapids)"),
+            (intel, 0x00a1_0f11, true, false, "Intel, Genoa bits"),
         ];
         for (name, eax, avx512f, want, cpu) in cases {
             assert_eq!(zen4_signature(vendor(name), eax, avx512f), want, "{cpu}");
