@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use ternion::backend::cpu::{op_profile, ReadProbe};
+use ternion::backend::cpu::{handoff_ns, op_profile, ReadProbe};
 use ternion::backend::gpu::{
     measure_dispatch_latency, measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq,
     GpuSeqStep, KernelTime,
@@ -182,32 +182,85 @@ fn time_cpu(
     })
 }
 
+/// What the CPU bench says of its threads' placement, from the handoff times measured
+/// before and after the runs (`None` where neither was measured).
+fn handoff_line(before: Option<f64>, after: Option<f64>) -> Option<String> {
+    let ns = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.0} ns"));
+    (before.is_some() || after.is_some()).then(|| {
+        format!(
+            "the threads hand a cache line to each other in {} before the runs, {} after (tens of ns: one shared L3; 100+ ns: separate L3s, e.g. two CCDs, whose separate memory paths read more while every handoff of a step costs more)",
+            ns(before),
+            ns(after)
+        )
+    })
+}
+
+/// Where a decode step's threads ran, from the handoff times ([`handoff_ns`]) measured
+/// beside it.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Placement {
+    /// Both handoffs under [`SEPARATE_L3_NS`].
+    SharedL3,
+    /// Both at or over it.
+    SeparateL3,
+    /// One each side, or not measured.
+    Unknown,
+}
+
+/// Handoff time from which two threads count as on separate L3s: 31–34 ns within one
+/// Zen 4 CCD, 155–162 ns across two (BENCHMARKS.md, session 35).
+const SEPARATE_L3_NS: f64 = 80.0;
+
+/// The placement of a step between handoff measurements `a` and `b`.
+fn placement(a: Option<f64>, b: Option<f64>) -> Placement {
+    match (a, b) {
+        (Some(a), Some(b)) if a.max(b) < SEPARATE_L3_NS => Placement::SharedL3,
+        (Some(a), Some(b)) if a.min(b) >= SEPARATE_L3_NS => Placement::SeparateL3,
+        _ => Placement::Unknown,
+    }
+}
+
 /// Decode's share of the read bandwidth step by step, on the CPU: one probe pass
-/// ([`ReadProbe::pass`]) before the first step and one after every step, each step's
-/// weight rate (`bytes` a step) divided by the higher of the two passes beside it; sorted.
-/// A shared host's bandwidth changes within seconds (BENCHMARKS.md, session 26): passes a
-/// few milliseconds from a step measure what that step had.
+/// ([`ReadProbe::pass`]) and one handoff measurement before the first step and after every
+/// step, each step's weight rate (`bytes` a step) divided by the higher of the two passes
+/// beside it, with its [`placement`]; sorted by share. A shared host's bandwidth changes
+/// within seconds (BENCHMARKS.md, session 26): passes a few milliseconds from a step
+/// measure what that step had.
 fn paired_shares(
     model: &Model,
     probe: &ReadProbe,
     prompt: &[u32],
     (n_gen, n_ctx): (usize, usize),
     bytes: u64,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<(f64, Placement)>> {
     let mut s = Session::new(model, n_ctx);
     let mut next = argmax(s.prefill(prompt)?);
-    let mut before = probe.pass();
+    let mut before = (probe.pass(), handoff_ns());
     let mut shares = Vec::with_capacity(n_gen);
     for _ in 0..n_gen {
         let t = Instant::now();
         next = argmax(s.decode(next)?);
         let rate = bytes as f64 / t.elapsed().as_secs_f64() / 1e9;
-        let after = probe.pass();
-        shares.push(rate / before.max(after));
+        let after = (probe.pass(), handoff_ns());
+        shares.push((rate / before.0.max(after.0), placement(before.1, after.1)));
         before = after;
     }
-    shares.sort_by(f64::total_cmp);
+    shares.sort_by(|a, b| a.0.total_cmp(&b.0));
     Ok(shares)
+}
+
+/// Quartiles (in %) of the sorted shares of the steps `keep` selects, if any.
+fn share_quartiles(
+    shares: &[(f64, Placement)],
+    keep: impl Fn(Placement) -> bool,
+) -> Option<([f64; 3], usize)> {
+    let xs: Vec<f64> = shares.iter().filter(|s| keep(s.1)).map(|s| s.0).collect();
+    (!xs.is_empty()).then(|| {
+        (
+            [0.25, 0.5, 0.75].map(|q| 100.0 * quantile(&xs, q)),
+            xs.len(),
+        )
+    })
 }
 
 /// The `q` quantile (0..=1) of sorted, non-empty `xs` (the nearest rank).
@@ -506,6 +559,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let read_bw_before = gpu
         .is_none()
         .then(ternion::backend::cpu::measure_read_bandwidth);
+    // How far apart the threads run, beside each bandwidth measurement: the placement
+    // that explains a shared host's two bandwidth levels (BENCHMARKS.md, session 35).
+    let handoff_before = gpu.is_none().then(handoff_ns).flatten();
     let peak_counts_runs = read_bw_before.is_none() || reset_peak_rss();
     let mut runs = Vec::with_capacity(reps);
     for r in 0..reps {
@@ -566,6 +622,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ),
         (None, probe) => (probe.as_ref().map_or(0.0, ReadProbe::best), None),
     };
+    let handoff_after = gpu.is_none().then(handoff_ns).flatten();
     match launch_us {
         Some(us) => println!(
             "measured read bandwidth {read_bw:.0} GB/s: decode reaches {:.1}% of it; one dependent launch {us:.2} µs ({} per token: {:.2} ms)",
@@ -581,11 +638,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 100.0 * gb_s / high,
             );
             if high > 1.15 * before.min(read_bw) || gb_s > high {
+                let cause = match (handoff_before, handoff_after) {
+                    (Some(b), Some(a)) if b.max(a) > 2.0 * b.min(a) => {
+                        "the threads moved between L3s, below"
+                    }
+                    _ => "a neighbour's load?",
+                };
                 println!(
-                    "the machine's bandwidth moved during the runs (the two probes differ by more than 15%, or decode read faster than both; a neighbour's load?): the ratio is uncertain"
+                    "the machine's bandwidth moved during the runs (the two probes differ by more than 15%, or decode read faster than both; {cause}): the ratio is uncertain"
                 );
             }
         }
+    }
+    if let Some(line) = handoff_line(handoff_before, handoff_after) {
+        println!("{line}");
     }
     let paired = match (&cpu_probe, a.batch, a.n_gen) {
         (Some(probe), 1, 1..) => Some(paired_shares(
@@ -600,12 +666,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
     drop(cpu_probe);
     let paired_q = paired
         .as_ref()
-        .map(|p| [0.25, 0.5, 0.75].map(|q| 100.0 * quantile(p, q)));
+        .and_then(|p| share_quartiles(p, |_| true))
+        .map(|q| q.0);
     if let Some([q1, median, q3]) = paired_q {
         println!(
             "step by step, each decode step beside a probe pass: decode reaches {median:.1}% of the higher pass beside it (quartiles {q1:.1}–{q3:.1}%, {} steps)",
             a.n_gen
         );
+    }
+    let by_place = paired.as_ref().map(|p| {
+        [Placement::SharedL3, Placement::SeparateL3].map(|w| share_quartiles(p, |pl| pl == w))
+    });
+    if let Some([shared, separate]) = by_place {
+        let part = |name: &str, q: Option<([f64; 3], usize)>| {
+            q.map(|([q1, m, q3], n)| format!("{name} {m:.1}% ({q1:.1}–{q3:.1}%, {n} steps)"))
+        };
+        let parts: Vec<String> = [part("on one L3", shared), part("on separate L3s", separate)]
+            .into_iter()
+            .flatten()
+            .collect();
+        if !parts.is_empty() {
+            println!(
+                "  by the threads' placement beside the step: {}",
+                parts.join("; ")
+            );
+        }
     }
     if let Some(t) = runs.last() {
         if let Some(ops) = &t.cpu_ops {
@@ -660,9 +745,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,
             "read_bandwidth_before_gb_s": read_bw_before,
+            "thread_handoff_ns_before": handoff_before,
+            "thread_handoff_ns_after": handoff_after,
             "decode_share_per_step_pct": paired_q.map(|[q1, median, q3]| json!({
                 "q1": q1, "median": median, "q3": q3,
             })),
+            "decode_share_per_step_pct_by_placement": by_place.map(|qs| {
+                let j = |q: Option<([f64; 3], usize)>| q.map(|([q1, median, q3], n)| json!({
+                    "q1": q1, "median": median, "q3": q3, "steps": n,
+                }));
+                json!({ "shared_l3": j(qs[0]), "separate_l3": j(qs[1]) })
+            }),
             "dependent_launch_us": launch_us,
             "profile": profile.as_ref().map(|p| p.iter().map(|k| json!({
                 "kernel": k.label,
@@ -690,5 +783,48 @@ mod tests {
         assert_eq!([0.25, 0.5, 0.75].map(|q| quantile(&xs, q)), [2.0, 3.0, 4.0]);
         assert_eq!((quantile(&xs, 0.0), quantile(&xs, 1.0)), (1.0, 5.0));
         assert_eq!(quantile(&[7.0], 0.75), 7.0);
+    }
+
+    /// The placement line names both measurements, a missing one as "?", and is left out
+    /// when neither was made (one thread, or a GPU run).
+    #[test]
+    fn handoff_line_names_both_measurements() {
+        let line = handoff_line(Some(34.2), Some(161.6)).unwrap();
+        assert!(
+            line.contains("in 34 ns before the runs, 162 ns after"),
+            "{line}"
+        );
+        let line = handoff_line(None, Some(40.0)).unwrap();
+        assert!(line.contains("in ? before the runs, 40 ns after"), "{line}");
+        assert_eq!(handoff_line(None, None), None);
+    }
+
+    /// A step counts as on one L3 or on separate ones only when both handoffs beside it
+    /// agree; the quartiles of each class are those of its steps alone.
+    #[test]
+    fn steps_split_by_placement() {
+        assert_eq!(placement(Some(34.0), Some(40.0)), Placement::SharedL3);
+        assert_eq!(placement(Some(160.0), Some(80.0)), Placement::SeparateL3);
+        assert_eq!(placement(Some(34.0), Some(160.0)), Placement::Unknown);
+        assert_eq!(placement(None, Some(34.0)), Placement::Unknown);
+        let shares = [
+            (0.70, Placement::SeparateL3),
+            (0.80, Placement::SeparateL3),
+            (0.90, Placement::Unknown),
+            (0.94, Placement::SharedL3),
+            (0.96, Placement::SharedL3),
+            (0.98, Placement::SharedL3),
+        ];
+        let shared = share_quartiles(&shares, |p| p == Placement::SharedL3).unwrap();
+        assert_eq!(shared.1, 3);
+        assert!((shared.0[1] - 96.0).abs() < 1e-9, "{shared:?}");
+        let separate = share_quartiles(&shares, |p| p == Placement::SeparateL3).unwrap();
+        assert_eq!(separate.1, 2);
+        let all = share_quartiles(&shares, |_| true).unwrap();
+        assert_eq!(all.1, 6);
+        assert_eq!(
+            share_quartiles(&shares[..2], |p| p == Placement::SharedL3),
+            None
+        );
     }
 }

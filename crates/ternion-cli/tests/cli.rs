@@ -439,6 +439,22 @@ fn bench_json_reports_speeds() {
         .to_vec();
     assert!(q[0] > 0.0 && q[0] <= q[1] && q[1] <= q[2], "{v}");
     assert!(q[0] > 1.0 && q[2] < 1e4, "{v}");
+    // How far apart the threads run, before and after the runs: a time in nanoseconds, or
+    // null where the two threads did not run together (a busy CI machine). The steps split
+    // by that placement are at most the steps run.
+    for k in ["thread_handoff_ns_before", "thread_handoff_ns_after"] {
+        let ns = &v[k];
+        assert!(
+            ns.is_null() || ns.as_f64().is_some_and(|x| x > 0.0 && x < 1e6),
+            "{k}: {v}"
+        );
+    }
+    let by_place = &v["decode_share_per_step_pct_by_placement"];
+    let steps: u64 = ["shared_l3", "separate_l3"]
+        .iter()
+        .map(|k| by_place[k]["steps"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(by_place.is_object() && steps <= 4, "{v}");
     // As llama-bench: five timed runs by default, the figures their mean.
     assert_eq!(v["repetitions"], 5, "{v}");
     for k in ["prefill_tok_s", "decode_tok_s"] {

@@ -5,6 +5,7 @@ mod acts;
 mod attention;
 mod bandwidth;
 mod exec;
+mod handoff;
 mod huge;
 mod linear;
 mod norm;
@@ -22,6 +23,7 @@ pub use attention::{
 };
 pub use bandwidth::{measure_read_bandwidth, ReadProbe};
 pub use exec::{CpuModel, CpuState, SeqStep, Workspace};
+pub use handoff::handoff_ns;
 pub(crate) use huge::{HugeBuf, Lifetime};
 pub use linear::{requantize_rows, requantized_row_bytes, Linear};
 pub use norm::{layer_norm, rms_norm};
