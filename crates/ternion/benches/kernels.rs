@@ -158,6 +158,32 @@ fn q6_k_dot_q8k(bencher: Bencher, k: usize) {
         .bench(|| simd::q6_k_dot_q8k(level, black_box(&row), &q, &d));
 }
 
+/// Four Q6_K rows interleaved in a quad (as the LM head requantized where AVX-512 runs)
+/// against Q8_K activations, over 40 quads (336 KB, inside L2): the head kernel's
+/// arithmetic rate (counter: weight bytes).
+#[divan::bench(args = [2560])]
+fn q6_k_dot4_q8k_l2(bencher: Bencher, k: usize) {
+    let mut rng = StdRng::seed_from_u64(1);
+    let row_bytes = k / 256 * 210;
+    let mut rows = vec![0u8; 40 * 4 * row_bytes];
+    for row in rows.chunks_exact_mut(row_bytes) {
+        let w: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        quant::q6_k::quantize_row(&w, row);
+    }
+    simd::q6_k_interleave(&mut rows, row_bytes);
+    let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / 256]);
+    quant::act::quantize_q8k(&x, &mut q, &mut d);
+    let level = Level::detect();
+    bencher
+        .counter(divan::counter::BytesCount::new(rows.len()))
+        .bench(|| {
+            for quad in rows.chunks_exact(4 * row_bytes) {
+                black_box(simd::q6_k_dot4_q8k(level, black_box(quad), &q, &d));
+            }
+        });
+}
+
 #[divan::bench(args = SIZES)]
 fn quantize_per_token(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);

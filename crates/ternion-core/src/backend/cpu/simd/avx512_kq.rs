@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::prefetch_block;
+use super::x86::{head_prefetch, prefetch_block};
 
 /// Bytes of a Q6_K block (256 weights): 128 of low nibbles, 64 of high bit pairs, 16 int8
 /// scales (one per 16 weights) and the F16 block scale.
@@ -122,7 +122,7 @@ pub unsafe fn q6_k_dot_q8k(row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 /// the quad is read front to back, each activation block is loaded and its offsets
 /// summed once for the four rows, and the four rows' integer sums come out of one
 /// reduction, in the lanes of one vector whose float combination is the reference's
-/// operations lane by lane.
+/// operations lane by lane. Prefetches where [`head_prefetch`] says so.
 ///
 /// # Panics
 /// If `quad` does not hold `4 · d.len()` blocks or `q` `256 · d.len()` values.
@@ -136,10 +136,13 @@ pub unsafe fn q6_k_dot4_q8k(quad: &[u8], q: &[i8], d: &[f32]) -> [f32; 4] {
         "q6_k_dot4_q8k: lengths"
     );
     let mut sum = _mm_setzero_ps();
+    let prefetch = head_prefetch();
     for (b, &da) in d.iter().enumerate() {
         let (xv, off) = q8k_block(q.as_ptr().add(256 * b));
         let p = quad.as_ptr().add(4 * b * Q6_K_BYTES);
-        prefetch_block(p, b, 4 * Q6_K_BYTES);
+        if prefetch {
+            prefetch_block(p, b, 4 * Q6_K_BYTES);
+        }
         let mut groups = [_mm512_setzero_si512(); 4];
         for (r, g) in groups.iter_mut().enumerate() {
             *g = q6_k_groups(p.add(r * Q6_K_BYTES), &xv, off);

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 /// reading past a row's or a buffer's end is harmless.
 pub(super) const PREFETCH_AHEAD: usize = 4096;
 
-/// How far ahead [`f16_dot`] asks for its row where it asks at all ([`f16_prefetch`]):
+/// How far ahead [`f16_dot`] asks for its row where it asks at all ([`head_prefetch`]):
 /// the exact F16 LM head (half of a 2B-4T token's bytes) does the most arithmetic per byte
 /// of the decode kernels, and on a Zen 5 EPYC at 4 KiB it streamed 70.5 GB/s where the
 /// probe read 77–83 (the host's fast state); 8 KiB took it to 74.2 and the step-by-step
@@ -18,16 +18,18 @@ pub(super) const PREFETCH_AHEAD: usize = 4096;
 /// kernels keep 4 KiB.
 const F16_PREFETCH_AHEAD: usize = 8192;
 
-/// Whether [`f16_dot`] prefetches (detected once): not on AMD family 19h with AVX-512
-/// (Zen 4), where the head streamed best on the hardware prefetchers alone — the head's
-/// share of the probe beside each decode step 85–88 → 97 % in the host's slow state,
-/// 63–68 → 74–82 % in its fast one, the token's 86–89 → 94 % (slow; BENCHMARKS.md,
-/// session 34) — and on every other CPU, where the same loop without it lost 13 points
-/// (Zen 5, session 30). `TERNION_F16_PREFETCH=0` or `=1` overrides the choice (for
-/// measuring).
-fn f16_prefetch() -> bool {
+/// Whether the LM head's kernels prefetch (detected once): the F16 row ([`f16_dot`]) and
+/// the requantized Q6_K head's quads (`avx512_kq::q6_k_dot4_q8k`). Not on AMD family 19h
+/// with AVX-512 (Zen 4), where both heads streamed best on the hardware prefetchers alone:
+/// beside each decode step, the F16 head's share of the probe went 85–88 → 97 % in the
+/// host's slow state, 63–68 → 74–82 % in its fast one, the token's 86–89 → 94 % (slow;
+/// BENCHMARKS.md, session 34); with the Q6_K head the token's went 73–77 → 90–91 % with
+/// the threads on one L3, 54–62 → 58–77 % on two (session 35). Every other CPU
+/// prefetches: there the F16 loop without it lost 13 points (Zen 5, session 30).
+/// `TERNION_HEAD_PREFETCH=0` or `=1` overrides the choice (for measuring).
+pub(super) fn head_prefetch() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("TERNION_F16_PREFETCH").as_deref() {
+    *ON.get_or_init(|| match std::env::var("TERNION_HEAD_PREFETCH").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
         _ => !is_zen4(),
@@ -176,7 +178,7 @@ pub unsafe fn i2s_dot4(row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i32; 4] {
 /// `w` must point at `2 · x.len()` readable bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
-    if f16_prefetch() {
+    if head_prefetch() {
         f16_dot_ahead::<F16_PREFETCH_AHEAD>(w, x)
     } else {
         f16_dot_ahead::<0>(w, x)
