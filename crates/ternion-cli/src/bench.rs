@@ -634,7 +634,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let before = read_bw_before.unwrap_or(read_bw);
             let high = before.max(read_bw);
             println!(
-                "measured read bandwidth {before:.1} GB/s before the runs, {read_bw:.1} GB/s after ({threads} threads): decode reaches {:.1}% of the higher",
+                "measured read bandwidth {before:.1} GB/s before the runs, {read_bw:.1} GB/s after ({threads} threads, {}-byte loads): decode reaches {:.1}% of the higher",
+                cpu_probe.as_ref().map_or(0, ReadProbe::load_bytes),
                 100.0 * gb_s / high,
             );
             if high > 1.15 * before.min(read_bw) || gb_s > high {
@@ -663,6 +664,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         )?),
         _ => None,
     };
+    let cpu_probe_load_bytes = cpu_probe.as_ref().map(ReadProbe::load_bytes);
     drop(cpu_probe);
     let paired_q = paired
         .as_ref()
@@ -745,6 +747,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,
             "read_bandwidth_before_gb_s": read_bw_before,
+            "read_probe_load_bytes": cpu_probe_load_bytes,
             "thread_handoff_ns_before": handoff_before,
             "thread_handoff_ns_after": handoff_after,
             "decode_share_per_step_pct": paired_q.map(|[q1, median, q3]| json!({
