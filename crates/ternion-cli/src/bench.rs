@@ -211,13 +211,28 @@ enum Placement {
 /// Zen 4 CCD, 155–162 ns across two (BENCHMARKS.md, session 35).
 const SEPARATE_L3_NS: f64 = 80.0;
 
-/// The placement of a step between handoff measurements `a` and `b`.
+/// The placement of one handoff measurement.
+fn placement_of(ns: Option<f64>) -> Placement {
+    match ns {
+        Some(ns) if ns < SEPARATE_L3_NS => Placement::SharedL3,
+        Some(_) => Placement::SeparateL3,
+        None => Placement::Unknown,
+    }
+}
+
+/// The placement of a step between handoff measurements `a` and `b`: theirs where they
+/// agree.
 fn placement(a: Option<f64>, b: Option<f64>) -> Placement {
-    match (a, b) {
-        (Some(a), Some(b)) if a.max(b) < SEPARATE_L3_NS => Placement::SharedL3,
-        (Some(a), Some(b)) if a.min(b) >= SEPARATE_L3_NS => Placement::SeparateL3,
+    match (placement_of(a), placement_of(b)) {
+        (pa, pb) if pa == pb => pa,
         _ => Placement::Unknown,
     }
+}
+
+/// Whether the threads ran on one L3 at one measurement and on separate L3s at the other.
+fn moved_between_l3s(a: Option<f64>, b: Option<f64>) -> bool {
+    let (pa, pb) = (placement_of(a), placement_of(b));
+    pa != pb && pa != Placement::Unknown && pb != Placement::Unknown
 }
 
 /// Decode's share of the read bandwidth step by step, on the CPU: one probe pass
@@ -639,11 +654,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 100.0 * gb_s / high,
             );
             if high > 1.15 * before.min(read_bw) || gb_s > high {
-                let cause = match (handoff_before, handoff_after) {
-                    (Some(b), Some(a)) if b.max(a) > 2.0 * b.min(a) => {
-                        "the threads moved between L3s, below"
-                    }
-                    _ => "a neighbour's load?",
+                let cause = match moved_between_l3s(handoff_before, handoff_after) {
+                    true => "the threads moved between L3s, below",
+                    false => "a neighbour's load?",
                 };
                 println!(
                     "the machine's bandwidth moved during the runs (the two probes differ by more than 15%, or decode read faster than both; {cause}): the ratio is uncertain"
@@ -810,6 +823,13 @@ mod tests {
         assert_eq!(placement(Some(160.0), Some(80.0)), Placement::SeparateL3);
         assert_eq!(placement(Some(34.0), Some(160.0)), Placement::Unknown);
         assert_eq!(placement(None, Some(34.0)), Placement::Unknown);
+        assert_eq!(placement(None, None), Placement::Unknown);
+        // The "bandwidth moved" message names a move only across the same threshold.
+        assert!(moved_between_l3s(Some(34.0), Some(160.0)));
+        assert!(moved_between_l3s(Some(160.0), Some(79.0)));
+        assert!(!moved_between_l3s(Some(90.0), Some(190.0)));
+        assert!(!moved_between_l3s(Some(30.0), Some(70.0)));
+        assert!(!moved_between_l3s(None, Some(160.0)));
         let shares = [
             (0.70, Placement::SeparateL3),
             (0.80, Placement::SeparateL3),

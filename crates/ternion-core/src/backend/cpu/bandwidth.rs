@@ -5,7 +5,7 @@
 //! scheduling and work sharing), in parallel tasks over one buffer far larger than the
 //! last-level cache, on transparent huge pages like the repacked weights
 //! ([`super::huge`]), with whichever of the CPU's vector loads reads fastest there
-//! (measured when the probe is made: 32-byte loads read 1–3 % more than 64-byte ones on a
+//! (measured when the probe is made: 32-byte loads read 1–7 % more than 64-byte ones on a
 //! Zen 4 EPYC, BENCHMARKS.md, session 35); the best of several passes counts (a shared
 //! machine's neighbours only ever slow a pass down).
 
@@ -47,7 +47,8 @@ pub struct ReadProbe {
 /// load can be left out).
 type SumFn = fn(&[Line]) -> u64;
 
-/// The plain loop (eight u64 lanes, vectorized as the baseline target allows).
+/// The plain loop, written with u64 words (eight lanes, vectorized as far as the baseline
+/// target allows): its width is given as the word's 8 bytes.
 const PLAIN: (SumFn, usize) = (sum_lanes, 8);
 
 impl ReadProbe {

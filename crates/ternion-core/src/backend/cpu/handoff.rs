@@ -92,11 +92,13 @@ mod tests {
     #[test]
     fn two_threads_hand_a_line_over_or_say_they_could_not() {
         let pool = Pool::new(2);
-        // Whether the two tasks overlap depends on the machine's load: either a positive,
-        // finite time, or `None` after the patience ran out on the thread that waited.
+        // Whether the two tasks overlap depends on the machine's load: either a time
+        // between the fastest handoff hardware does (a few ns) and one that would mean the
+        // threads were descheduled mid-measurement, or `None` after the patience ran out
+        // on the thread that waited.
         let start = Instant::now();
         match handoff_round(&pool) {
-            Some(ns) => assert!(ns.is_finite() && ns > 0.0, "{ns}"),
+            Some(ns) => assert!((1.0..100_000.0).contains(&ns), "{ns}"),
             None => assert!(start.elapsed() >= PATIENCE),
         }
     }
