@@ -14,7 +14,7 @@ use ternion::backend::gpu::{
 };
 use ternion::generate::{BatchBackend, BatchStep, CpuBatch};
 use ternion::kv::KvSeq;
-use ternion::model::{self, Logits, Model};
+use ternion::model::{self, Logits, Model, Op};
 use ternion::quant::GgmlType;
 use ternion::sample::argmax;
 use ternion::session::Session;
@@ -237,7 +237,8 @@ fn moved_between_l3s(a: Option<f64>, b: Option<f64>) -> bool {
 
 /// Decode's share of the read bandwidth step by step, on the CPU: one probe pass
 /// ([`ReadProbe::pass`]) and one handoff measurement before the first step and after every
-/// step, each step's weight rate (`bytes` a step) divided by the higher of the two passes
+/// step, each step's read rate (`weight_bytes` plus the KV cache it reads,
+/// [`Model::kv_bytes_read`]) divided by the higher of the two passes
 /// beside it, with its [`placement`]; sorted by share. A shared host's bandwidth changes
 /// within seconds (BENCHMARKS.md, session 26): passes a few milliseconds from a step
 /// measure what that step had.
@@ -246,13 +247,14 @@ fn paired_shares(
     probe: &ReadProbe,
     prompt: &[u32],
     (n_gen, n_ctx): (usize, usize),
-    bytes: u64,
+    weight_bytes: u64,
 ) -> Result<Vec<(f64, Placement)>> {
     let mut s = Session::new(model, n_ctx);
     let mut next = argmax(s.prefill(prompt)?);
     let mut before = (probe.pass(), handoff_ns());
     let mut shares = Vec::with_capacity(n_gen);
-    for _ in 0..n_gen {
+    for i in 0..n_gen {
+        let bytes = weight_bytes + model.kv_bytes_read(prompt.len() + i + 1);
         let t = Instant::now();
         next = argmax(s.decode(next)?);
         let rate = bytes as f64 / t.elapsed().as_secs_f64() / 1e9;
@@ -476,9 +478,15 @@ fn print_profile(title: &str, p: &[KernelTime], n_gen: usize) {
 
 /// Prints the CPU decode profile: the graph's ops grouped by
 /// [`ternion::model::Op::label`] (every layer's instance together), per token, largest
-/// first, with the weights each reads and their rate, after the time the steps spent
+/// first, with the bytes each reads (weights; attention: its KV cache, the mean over the
+/// steps after an `n_prompt`-token prompt) and their rate, after the time the steps spent
 /// outside the ops (sampling, the step's set-up).
-fn print_cpu_profile(model: &Model, ops: &[(u64, f64)], n_gen: usize, decode_s: f64) {
+fn print_cpu_profile(
+    model: &Model,
+    ops: &[(u64, f64)],
+    (n_prompt, n_gen): (usize, usize),
+    decode_s: f64,
+) {
     let graph = model.graph();
     let per_tok = n_gen.max(1) as f64;
     // label → (instances a step, seconds, weight bytes a step)
@@ -488,7 +496,12 @@ fn print_cpu_profile(model: &Model, ops: &[(u64, f64)], n_gen: usize, decode_s: 
             true => format!("LM head: {}", op.label(&graph.weights)),
             false => op.label(&graph.weights),
         };
-        let bytes = model.op_weight_bytes(op);
+        let bytes = match op {
+            Op::SelfAttention { layer, .. } => mean_over_steps(n_prompt, n_gen, |positions| {
+                model.layer_kv_bytes_read(*layer, positions)
+            }),
+            _ => model.op_weight_bytes(op),
+        };
         match rows.iter_mut().find(|r| r.0 == label) {
             Some(r) => (r.1, r.2, r.3) = (r.1 + calls, r.2 + secs, r.3 + bytes),
             None => rows.push((label, calls, secs, bytes)),
@@ -517,6 +530,13 @@ fn print_cpu_profile(model: &Model, ops: &[(u64, f64)], n_gen: usize, decode_s: 
             100.0 * secs / decode_s.max(1e-12),
         );
     }
+}
+
+/// The mean of `bytes(positions)` over `n_gen` decode steps after an `n_prompt`-token
+/// prompt (step i attends `n_prompt + i + 1` positions); 0 without steps.
+fn mean_over_steps(n_prompt: usize, n_gen: usize, bytes: impl Fn(usize) -> u64) -> u64 {
+    let total: u64 = (0..n_gen).map(|i| bytes(n_prompt + i + 1)).sum();
+    total / n_gen.max(1) as u64
 }
 
 /// Runs `ternion bench`.
@@ -606,8 +626,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // For a batch: the step time shared out over its sequences (1000 / decode tok/s).
     let ms_per_token = 1e3 / decode_tok_s.max(1e-9);
     let bytes = model.weight_bytes_per_token();
-    // Weights are read once per step, whatever the batch.
-    let gb_s = bytes as f64 * (decode_tok_s / a.batch as f64) / 1e9;
+    // Weights are read once per step, whatever the batch; each sequence reads its own KV
+    // cache (1 % of a 2B-4T step's bytes at 128 positions, 7 % at 1,024).
+    let kv_bytes = a.batch as u64
+        * mean_over_steps(a.n_prompt, a.n_gen, |positions| {
+            model.kv_bytes_read(positions)
+        });
+    let gb_s = (bytes + kv_bytes) as f64 * (decode_tok_s / a.batch as f64) / 1e9;
     let rss = peak_rss().filter(|_| peak_counts_runs);
     println!(
         "{}: {} layers, width {}, vocab {}",
@@ -618,13 +643,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let dispatches = gpu.as_ref().map(|g| g.dispatches_per_token());
     println!(
-        "{backend}, {threads} threads, batch {} | load {load_s:.2} s | pp{}: {prefill_tok_s:.1}{} tok/s | tg{}: {decode_tok_s:.2}{} tok/s, {ms_per_token:.1} ms/token | weights {:.0} MB/token, {gb_s:.1} GB/s | peak RSS {}",
+        "{backend}, {threads} threads, batch {} | load {load_s:.2} s | pp{}: {prefill_tok_s:.1}{} tok/s | tg{}: {decode_tok_s:.2}{} tok/s, {ms_per_token:.1} ms/token | a step reads {:.0} MB of weights + {:.1} MB of KV cache (mean), {gb_s:.1} GB/s | peak RSS {}",
         a.batch,
         a.n_prompt,
         spread(reps, prefill_sd, 1),
         a.n_gen,
         spread(reps, decode_sd, 2),
         bytes as f64 / 1e6,
+        kv_bytes as f64 / 1e6,
         rss.map_or("?".into(), |r| format!("{:.0} MB", r as f64 / 1e6)),
     );
     // On the CPU one probe buffer serves the bandwidth after the runs and the step-by-step
@@ -709,7 +735,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if let Some(t) = runs.last() {
         if let Some(ops) = &t.cpu_ops {
-            print_cpu_profile(&model, ops, a.n_gen, t.decode_s);
+            print_cpu_profile(&model, ops, (a.n_prompt, a.n_gen), t.decode_s);
         }
     }
     let profile = gpu.as_ref().and_then(|g| g.profile());
@@ -757,6 +783,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "decode_cpu_s": decode_cpu_s,
             "decode_tok_per_cpu_s": decode_cpu_s.map(|c| (a.batch * a.n_gen) as f64 / c),
             "weight_bytes_per_token": bytes,
+            "kv_bytes_per_step": kv_bytes,
             "achieved_gb_s": gb_s,
             "read_bandwidth_gb_s": read_bw,
             "read_bandwidth_before_gb_s": read_bw_before,

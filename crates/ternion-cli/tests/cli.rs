@@ -482,6 +482,17 @@ fn bench_json_reports_speeds() {
     // A batch's step reads the weights for several sequences: no per-step share.
     let batched = bench(&["-r", "1", "--batch", "2"]);
     assert!(batched["decode_share_per_step_pct"].is_null(), "{batched}");
+    // The KV cache a step reads, counted in the achieved rate: the mean over the 4 steps
+    // (step i of a 16-token prompt sees 17 + i positions, 18.5 on average; of a 32-token
+    // one 34.5), once for each sequence of a batch.
+    let kv = |v: &serde_json::Value| v["kv_bytes_per_step"].as_u64().unwrap_or(0);
+    assert!(kv(&one) > 0, "{one}");
+    assert_eq!(kv(&batched), 2 * kv(&one), "{batched}");
+    let m = model.to_str().unwrap();
+    let longer = last_json(&ok(&[
+        "bench", "--model", m, "-P", "32", "-n", "4", "--json", "-r", "1",
+    ]));
+    assert_eq!(kv(&longer) * 185, kv(&one) * 345, "{longer}");
 }
 
 /// `bench --profile` on the CPU breaks a decode token down by graph op: every layer's
@@ -524,6 +535,11 @@ fn cpu_bench_profiles_decode_op_by_op() {
     };
     let attention = row("attention (rope, kv store)");
     assert_eq!(calls(&attention), layers, "{out}");
+    // Attention's bytes are the KV cache it reads.
+    assert!(
+        attention.iter().any(|w| w == "GB/s"),
+        "attention's rate: {out}"
+    );
     let head = row("LM head:");
     assert_eq!(calls(&head), 1, "{out}");
     assert!(head.iter().any(|w| w == "GB/s"), "the head's rate: {out}");

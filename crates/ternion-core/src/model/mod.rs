@@ -135,6 +135,24 @@ impl Model {
         self.cpu.weight_bytes_per_token(&self.graph)
     }
 
+    /// Bytes of KV cache one sequence's decode step reads when the sequence holds
+    /// `positions` positions (the new token's included): every layer's
+    /// ([`Model::layer_kv_bytes_read`]).
+    pub fn kv_bytes_read(&self, positions: usize) -> u64 {
+        (0..self.graph.n_layer)
+            .map(|l| self.layer_kv_bytes_read(l, positions))
+            .sum()
+    }
+
+    /// Bytes of KV cache layer `layer`'s attention reads in one sequence's decode step
+    /// when the sequence holds `positions` positions: its keys and values over the
+    /// positions it sees (a sliding-window layer's window at most).
+    pub fn layer_kv_bytes_read(&self, layer: usize, positions: usize) -> u64 {
+        let attn = &self.graph.attn;
+        let seen = positions.min(attn.window_of(layer).unwrap_or(usize::MAX));
+        (seen * 2 * attn.n_head_kv * attn.head_dim * self.kv_type.bytes()) as u64
+    }
+
     /// Bytes of weights the CPU reads for graph op `op` in a decode step.
     pub fn op_weight_bytes(&self, op: &Op) -> u64 {
         self.cpu.op_weight_bytes(&self.graph, op)

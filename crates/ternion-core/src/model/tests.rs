@@ -66,6 +66,28 @@ fn gemma3_local_layers_window_and_bases() {
     assert!(matches!(g.ops[1], Op::Scale { s, .. } if s == 8.0));
 }
 
+/// The KV cache a decode step reads: each layer's keys and values over the positions it
+/// sees, a local layer's window at most, at the cache's element size.
+#[test]
+fn kv_bytes_read_follow_each_layers_window() {
+    let path = shared_path("golden2-extra/models/gemma3-d64-f16.gguf");
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let model = Model::from_file(file, &LoadOptions::default()).unwrap();
+    let g = model.graph();
+    let per_position = (2 * g.attn.n_head_kv * g.attn.head_dim * 2) as u64;
+    // Layer 0 is local (window 16), layer 1 global.
+    assert_eq!(model.layer_kv_bytes_read(0, 10), 10 * per_position);
+    assert_eq!(model.layer_kv_bytes_read(0, 40), 16 * per_position);
+    assert_eq!(model.layer_kv_bytes_read(1, 40), 40 * per_position);
+    let layers: u64 = (0..g.n_layer)
+        .map(|l| model.layer_kv_bytes_read(l, 40))
+        .sum();
+    assert_eq!(model.kv_bytes_read(40), layers);
+    // An F32 cache reads twice the bytes.
+    let f32_cache = model.with_kv_type(crate::kv::KvType::F32);
+    assert_eq!(f32_cache.layer_kv_bytes_read(1, 40), 80 * per_position);
+}
+
 #[test]
 fn unknown_architecture_lists_the_supported_ones() {
     let mut w = GgufWriter::new();
