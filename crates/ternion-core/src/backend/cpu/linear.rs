@@ -22,8 +22,30 @@ use crate::{Error, FormatError, Result};
 
 mod quads;
 
-/// Weight rows handled by one parallel task.
+/// Weight rows handled by one parallel task at least (see [`rows_per_task`]).
 const ROWS_PER_TASK: usize = 16;
+
+/// Weight bytes one parallel task of a row-parallel product reads at least, where the
+/// product has rows enough ([`rows_per_task`]).
+const TASK_BYTES: usize = 256 << 10;
+
+/// Tasks each thread gets at least, so that the threads' shares stay even.
+const TASKS_PER_THREAD: usize = 8;
+
+/// Rows of one parallel task of a product of `m` rows of `row_bytes` on `threads`: enough
+/// for [`TASK_BYTES`] of weights (64 rows of a 2B-4T F16 head, 128 of its Q6_K one) but
+/// no more than leave every thread [`TASKS_PER_THREAD`] tasks, a whole number of
+/// [`ROWS_PER_TASK`] and at least one. Against tasks of 16 rows, a 2B-4T decode step read
+/// 0.0–0.7 points more of the probe with the threads on one L3 and 0.8–3.3 on separate
+/// L3s, F16 and Q6_K heads, alternated step by step (BENCHMARKS.md, session 36).
+fn rows_per_task(m: usize, row_bytes: usize, threads: usize) -> usize {
+    let most = m / (TASKS_PER_THREAD * threads.max(1));
+    TASK_BYTES
+        .div_ceil(row_bytes.max(1))
+        .min(most)
+        .max(1)
+        .next_multiple_of(ROWS_PER_TASK)
+}
 
 /// A weight matrix `[out_features × in_features]` left in its file format (or, on request,
 /// requantized once at load, e.g. an F16 LM head to Q8_0).
@@ -302,10 +324,18 @@ impl Linear {
         }
         if self.quads {
             qi.ensure_q8k(x, k);
-            quads::forward(data, (k, m), (&qi.q8k, &qi.q8k_d), self.post_scale, out);
+            let task_rows = rows_per_task(m, self.row_bytes, pool::global().n_threads());
+            quads::forward(
+                data,
+                (k, m, task_rows),
+                (&qi.q8k, &qi.q8k_d),
+                self.post_scale,
+                out,
+            );
             return;
         }
         let level = simd::Level::detect();
+        let task_rows = rows_per_task(m, self.row_bytes, pool::global().n_threads());
         let fmt = quant::format(self.ty).expect("format checked in Linear::load");
         let post_scale = self.post_scale;
         match fmt.dot {
@@ -313,7 +343,7 @@ impl Linear {
                 qi.ensure_per_token(x, k);
                 let (q, s, sums) = (&qi.q, &qi.token_scale, &qi.token_sum);
                 let qrow = |t: usize| &q[t * k..(t + 1) * k];
-                par_rows(out, m, |j, t0, n| {
+                par_rows(out, (m, task_rows), |j, t0, n| {
                     let w = self.row(data, j);
                     let d = if n == 4 {
                         let ts: [usize; 4] = std::array::from_fn(|i| t0 + i);
@@ -335,7 +365,7 @@ impl Linear {
                 let (q, d, bs) = (&qi.q8k, &qi.q8k_d, &qi.q8k_bsum);
                 let nb = k / act::Q8K_BLOCK;
                 let fast = simd_q8k(self.ty);
-                par_rows_each(out, m, |j, t| {
+                par_rows_each(out, (m, task_rows), |j, t| {
                     let (qt, dt) = (&q[t * k..(t + 1) * k], &d[t * nb..(t + 1) * nb]);
                     let w = self.row(data, j);
                     let y = match fast {
@@ -358,7 +388,7 @@ impl Linear {
                     GgmlType::Q1_0 => (simd::q1_0_dots, simd::q1_0_dots),
                     _ => (simd::q2_0_dots, simd::q2_0_dots),
                 };
-                par_rows(out, m, |j, t0, n| {
+                par_rows(out, (m, task_rows), |j, t0, n| {
                     let w = self.row(data, j);
                     let y = if n == 4 {
                         dot4(level, w, std::array::from_fn(|i| token(t0 + i)))
@@ -382,7 +412,7 @@ impl Linear {
                 let dt = |t: usize| &d[t * nb..(t + 1) * nb];
                 let four = self.ty == GgmlType::Q8_0;
                 let fast = simd_q8_0(self.ty);
-                par_rows(out, m, |j, t0, n| {
+                par_rows(out, (m, task_rows), |j, t0, n| {
                     let w = self.row(data, j);
                     let y = if four && n == 4 {
                         let ts: [usize; 4] = std::array::from_fn(|i| t0 + i);
@@ -402,7 +432,7 @@ impl Linear {
                 let (q, d, s) = (&qi.q81, &qi.q81_d, &qi.q81_s);
                 let nb = k / act::Q8_0_BLOCK;
                 let fast = simd_q8_1(self.ty);
-                par_rows_each(out, m, |j, t| {
+                par_rows_each(out, (m, task_rows), |j, t| {
                     let (w, qt) = (self.row(data, j), &q[t * k..(t + 1) * k]);
                     let bt = t * nb..(t + 1) * nb;
                     let (dt, st) = (&d[bt.clone()], &s[bt]);
@@ -416,7 +446,7 @@ impl Linear {
             RefDot::BF16(_) => {
                 qi.ensure_bf16(x);
                 let xs = &qi.xbf;
-                par_rows_each(out, m, |j, t| {
+                par_rows_each(out, (m, task_rows), |j, t| {
                     simd::bf16_dot(level, self.row(data, j), &xs[t * k..(t + 1) * k]) * post_scale
                 });
             }
@@ -428,7 +458,7 @@ impl Linear {
                     x
                 };
                 let xt = |t: usize| &xs[t * k..(t + 1) * k];
-                par_rows(out, m, |j, t0, n| {
+                par_rows(out, (m, task_rows), |j, t0, n| {
                     let w = self.row(data, j);
                     let y = if n == 4 {
                         simd::f16_dot4(level, w, std::array::from_fn(|i| xt(t0 + i)))
@@ -444,7 +474,7 @@ impl Linear {
                     y.map(|v| v * post_scale)
                 });
             }
-            RefDot::F32(_) => par_rows_each(out, m, |j, t| {
+            RefDot::F32(_) => par_rows_each(out, (m, task_rows), |j, t| {
                 simd::f32_dot(level, self.row(data, j), &x[t * k..(t + 1) * k]) * post_scale
             }),
         }
@@ -519,13 +549,17 @@ pub(super) fn simd_q8_1(ty: GgmlType) -> Option<Q8_1Kernel> {
 /// Fills `out` (`rows × m`, row-major) in parallel over blocks of weight rows: each weight
 /// row is read once for all tokens. `f(j, t0, n)` returns output column `j` for the `n ≤ 4`
 /// input rows starting at `t0` (entries past `n` are ignored).
-fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize, usize) -> [f32; 4] + Sync) {
+fn par_rows(
+    out: &mut [f32],
+    (m, task_rows): (usize, usize),
+    f: impl Fn(usize, usize, usize) -> [f32; 4] + Sync,
+) {
     let rows = out.len() / m;
     let ptr = SharedMut(out.as_mut_ptr());
-    pool::global().run(m.div_ceil(ROWS_PER_TASK), &|blk, _| {
+    pool::global().run(m.div_ceil(task_rows), &|blk, _| {
         let ptr = &ptr;
-        let j0 = blk * ROWS_PER_TASK;
-        for j in j0..(j0 + ROWS_PER_TASK).min(m) {
+        let j0 = blk * task_rows;
+        for j in j0..(j0 + task_rows).min(m) {
             for t0 in (0..rows).step_by(4) {
                 let n = (rows - t0).min(4);
                 let v = f(j, t0, n);
@@ -540,8 +574,12 @@ fn par_rows(out: &mut [f32], m: usize, f: impl Fn(usize, usize, usize) -> [f32; 
 }
 
 /// [`par_rows`] for kernels that take one input row at a time: `f(j, t)`.
-fn par_rows_each(out: &mut [f32], m: usize, f: impl Fn(usize, usize) -> f32 + Sync) {
-    par_rows(out, m, |j, t0, n| {
+fn par_rows_each(
+    out: &mut [f32],
+    (m, task_rows): (usize, usize),
+    f: impl Fn(usize, usize) -> f32 + Sync,
+) {
+    par_rows(out, (m, task_rows), |j, t0, n| {
         std::array::from_fn(|i| if i < n { f(j, t0 + i) } else { 0.0 })
     });
 }

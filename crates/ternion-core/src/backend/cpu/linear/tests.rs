@@ -30,7 +30,16 @@ fn f16_file(rng: &mut StdRng, k: usize, m: usize) -> Arc<GgufFile> {
 #[test]
 fn q6_k_head_rows_equal_the_reference_dot() {
     let mut rng = StdRng::seed_from_u64(17);
-    for (k, m, tokens) in [(256, 1, 1), (512, 37, 1), (768, 16, 3), (2560, 53, 2)] {
+    // 333 rows of 256: tasks of more than 16 rows on two or more threads
+    // ([`rows_per_task`]), the last one partial and ending in a partial quad.
+    let shapes = [
+        (256, 1, 1),
+        (512, 37, 1),
+        (768, 16, 3),
+        (2560, 53, 2),
+        (256, 333, 1),
+    ];
+    for (k, m, tokens) in shapes {
         let file = f16_file(&mut rng, k, m);
         let head = Linear::load(&file, "w")
             .unwrap()
@@ -66,6 +75,24 @@ fn q6_k_head_rows_equal_the_reference_dot() {
             }
         }
     }
+}
+
+/// A task reads at least 256 KiB of weights where the product has rows enough: the 2B-4T
+/// heads' 64 (F16) and 128 (Q6_K) rows on 2 threads; never fewer than 16 rows, never so
+/// many that a thread gets fewer than 8 tasks (unless 16 rows already leave fewer), and
+/// always a whole number of 16.
+#[test]
+fn tasks_read_enough_weights_and_stay_shared_out() {
+    assert_eq!(rows_per_task(128_256, 5_120, 2), 64);
+    assert_eq!(rows_per_task(128_256, 2_100, 2), 128);
+    // Short rows, few of them: 8 tasks a thread bound the task (333 / 16 = 20 → 32).
+    assert_eq!(rows_per_task(333, 210, 2), 32);
+    assert_eq!(rows_per_task(2_560, 640, 4), 80);
+    // Too few rows for 8 tasks a thread, or rows longer than the bytes: 16.
+    for (m, row_bytes, threads) in [(8, 64, 2), (53, 5_120, 1), (1_000, 1 << 20, 2)] {
+        assert_eq!(rows_per_task(m, row_bytes, threads), ROWS_PER_TASK);
+    }
+    assert_eq!(rows_per_task(0, 0, 0), ROWS_PER_TASK);
 }
 
 #[test]
