@@ -19,8 +19,8 @@ use super::simd::Level;
 /// Bytes of the probe buffer: 16 times a 32 MiB last-level cache.
 const PROBE_BYTES: usize = 512 << 20;
 
-/// Bytes one parallel task reads (a decode task reads 16 rows: 10–40 KiB of ternary rows,
-/// 33 KiB of a Q6_K head; larger tasks here only cut the scheduling cost).
+/// Bytes one parallel task reads (a 2B-4T decode task reads 80–220 KiB of ternary rows,
+/// 256–320 KiB of the LM head; larger tasks here only cut the scheduling cost).
 const TASK_BYTES: usize = 1 << 20;
 
 /// Passes over the buffer; the best counts.
