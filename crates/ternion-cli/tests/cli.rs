@@ -493,6 +493,18 @@ fn bench_json_reports_speeds() {
         "bench", "--model", m, "-P", "32", "-n", "4", "--json", "-r", "1",
     ]));
     assert_eq!(kv(&longer) * 185, kv(&one) * 345, "{longer}");
+    // The achieved rate is those bytes (weights once a step, each sequence's KV cache) at
+    // the decode speed.
+    for r in [&one, &batched, &longer] {
+        let per_step = (r["weight_bytes_per_token"].as_u64().unwrap() + kv(r)) as f64;
+        let steps_s = r["decode_tok_s"].as_f64().unwrap() / r["batch"].as_f64().unwrap();
+        let want = per_step * steps_s / 1e9;
+        let got = r["achieved_gb_s"].as_f64().unwrap();
+        assert!(
+            (got - want).abs() <= 1e-9 * want,
+            "{got} against {want}: {r}"
+        );
+    }
 }
 
 /// `bench --profile` on the CPU breaks a decode token down by graph op: every layer's

@@ -148,9 +148,9 @@ impl Model {
     /// when the sequence holds `positions` positions: its keys and values over the
     /// positions it sees (a sliding-window layer's window at most).
     pub fn layer_kv_bytes_read(&self, layer: usize, positions: usize) -> u64 {
-        let attn = &self.graph.attn;
-        let seen = positions.min(attn.window_of(layer).unwrap_or(usize::MAX));
-        (seen * 2 * attn.n_head_kv * attn.head_dim * self.kv_type.bytes()) as u64
+        let geo = self.kv_geometry();
+        let window = self.graph.attn.window_of(layer).unwrap_or(usize::MAX);
+        (positions.min(window) * 2 * geo.kv_dim() * geo.ty.bytes()) as u64
     }
 
     /// Bytes of weights the CPU reads for graph op `op` in a decode step.

@@ -322,9 +322,9 @@ impl Linear {
             p.forward(pack_input(form, x, k, qi), post, out);
             return;
         }
+        let task_rows = rows_per_task(m, self.row_bytes, pool::global().n_threads());
         if self.quads {
             qi.ensure_q8k(x, k);
-            let task_rows = rows_per_task(m, self.row_bytes, pool::global().n_threads());
             quads::forward(
                 data,
                 (k, m, task_rows),
@@ -335,7 +335,6 @@ impl Linear {
             return;
         }
         let level = simd::Level::detect();
-        let task_rows = rows_per_task(m, self.row_bytes, pool::global().n_threads());
         let fmt = quant::format(self.ty).expect("format checked in Linear::load");
         let post_scale = self.post_scale;
         match fmt.dot {
