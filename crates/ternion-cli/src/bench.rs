@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use ternion::backend::cpu::pool::{self, PoolStats};
 use ternion::backend::cpu::{handoff_ns, op_profile, ReadProbe};
 use ternion::backend::gpu::{
     measure_dispatch_latency, measure_read_bandwidth, GpuModel, GpuModelOptions, GpuSeq,
@@ -169,6 +170,7 @@ fn time_cpu(
     let prefill_s = t.elapsed().as_secs_f64();
     if profile {
         op_profile::start();
+        pool::global().stats_start();
     }
     let (t, cpu) = (Instant::now(), cpu_seconds());
     for _ in 0..n_gen {
@@ -178,7 +180,7 @@ fn time_cpu(
         prefill_s,
         decode_s: t.elapsed().as_secs_f64(),
         decode_cpu_s: Some(cpu_seconds() - cpu),
-        cpu_ops: profile.then(op_profile::stop),
+        cpu_ops: profile.then(|| (op_profile::stop(), pool::global().stats_stop())),
     })
 }
 
@@ -291,7 +293,7 @@ struct Timings {
     decode_s: f64,
     decode_cpu_s: Option<f64>,
     /// CPU `--profile`: per graph op, the calls and seconds of the decode steps.
-    cpu_ops: Option<Vec<(u64, f64)>>,
+    cpu_ops: Option<(Vec<(u64, f64)>, PoolStats)>,
 }
 
 /// Prefill and decode seconds of `prompts.len()` sequences run together on the CPU: one
@@ -532,6 +534,24 @@ fn print_cpu_profile(
     }
 }
 
+/// The CPU pool's share of the decode steps ([`PoolStats`]): its parallel ops, the
+/// threads' idle time inside them, and the time between them, when the caller works alone
+/// and the memory bus idles.
+fn print_pool_stats(s: &PoolStats, n_gen: usize, decode_s: f64) {
+    let per_tok = n_gen.max(1) as f64;
+    let between = (decode_s - s.parallel_s).max(0.0);
+    println!(
+        "CPU pool: {:.0} parallel ops a token, {:.2} ms, the threads idle {:.1}% of it (waiting for the last chunk); between them the caller alone: {:.2} ms ({:.1}% of the token; {:.0} single-task ops of {:.2} ms among it)",
+        s.parallel_ops as f64 / per_tok,
+        1e3 * s.parallel_s / per_tok,
+        100.0 * s.idle_share(),
+        1e3 * between / per_tok,
+        100.0 * between / decode_s.max(1e-12),
+        s.inline_ops as f64 / per_tok,
+        1e3 * s.inline_s / per_tok,
+    );
+}
+
 /// The mean of `bytes(positions)` over `n_gen` decode steps after an `n_prompt`-token
 /// prompt (step i attends `n_prompt + i + 1` positions); 0 without steps.
 fn mean_over_steps(n_prompt: usize, n_gen: usize, bytes: impl Fn(usize) -> u64) -> u64 {
@@ -734,7 +754,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     if let Some(t) = runs.last() {
-        if let Some(ops) = &t.cpu_ops {
+        if let Some((ops, pool)) = &t.cpu_ops {
+            print_pool_stats(pool, a.n_gen, t.decode_s);
             print_cpu_profile(&model, ops, (a.n_prompt, a.n_gen), t.decode_s);
         }
     }

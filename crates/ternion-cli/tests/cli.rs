@@ -552,6 +552,20 @@ fn cpu_bench_profiles_decode_op_by_op() {
         attention.iter().any(|w| w == "GB/s"),
         "attention's rate: {out}"
     );
+    // The pool's line: its ops a token, parallel or on the caller alone, at least one a
+    // layer's product.
+    let pool = row("CPU pool:");
+    let count_before = |word: &str| -> f64 {
+        let i = pool
+            .iter()
+            .position(|w| w == word)
+            .unwrap_or_else(|| panic!("no '{word}' in the pool line: {out}"));
+        pool[i - 1].trim_start_matches('(').parse().expect("a count")
+    };
+    assert!(
+        count_before("parallel") + count_before("single-task") >= layers as f64,
+        "{out}"
+    );
     let head = row("LM head:");
     assert_eq!(calls(&head), 1, "{out}");
     assert!(head.iter().any(|w| w == "GB/s"), "the head's rate: {out}");

@@ -19,6 +19,7 @@
 //!   scheduler runs it again), probing again now and then.
 
 mod adapt;
+mod stats;
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -27,6 +28,8 @@ use std::thread::Thread;
 use std::time::Instant;
 
 use adapt::{Adapt, Sample};
+pub use stats::PoolStats;
+use stats::Stats;
 
 /// Spins before a waiting worker parks (each spin is one `spin_loop` hint).
 const SPINS_BEFORE_PARK: u32 = 20_000;
@@ -61,6 +64,8 @@ struct Shared {
     workers: OnceLock<Vec<Thread>>,
     /// The caller sleeping until the joined workers finish (see `SLEEPER`).
     sleeper: Mutex<Option<Thread>>,
+    /// The opt-in counters of [`Pool::stats_start`].
+    stats: Stats,
 }
 
 // SAFETY: `job` is written only by the thread inside `Pool::run` while no worker reads it
@@ -119,6 +124,7 @@ impl Pool {
             panicked: AtomicBool::new(false),
             workers: OnceLock::new(),
             sleeper: Mutex::new(None),
+            stats: Stats::default(),
         });
         // Every worker has started (and made its thread's own allocations) before `new`
         // returns: nothing of their start-up lands in a later op.
@@ -146,6 +152,16 @@ impl Pool {
         }
     }
 
+    /// Starts counting this pool's ops ([`PoolStats`]), from zero.
+    pub fn stats_start(&self) {
+        self.shared.stats.start();
+    }
+
+    /// Stops counting; what the ops took since [`Pool::stats_start`].
+    pub fn stats_stop(&self) -> PoolStats {
+        self.shared.stats.stop(self.n_threads)
+    }
+
     /// Threads that work on an op (workers plus the caller).
     pub fn n_threads(&self) -> usize {
         self.n_threads
@@ -155,19 +171,25 @@ impl Pool {
     /// when all are done; `thread` (in `0..n_threads()`) names the thread running the chunk,
     /// so callers can give each thread its own scratch. A panic inside `f` is re-raised here.
     pub fn run(&self, n_chunks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        let stats = &self.shared.stats;
         if self.n_threads == 1 || n_chunks <= 1 {
+            let t = stats.clock();
             (0..n_chunks).for_each(|c| f(c, 0));
+            stats.inline(t);
             return;
         }
         // One op at a time (sessions on several threads share the pool).
         let mut adapt = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         if adapt.solo() {
+            let t = stats.clock();
             (0..n_chunks).for_each(|c| f(c, 0));
+            stats.inline(t);
             return;
         }
         let start = Instant::now();
         let (mine, own_chunks, own_end) = self.parallel(n_chunks, f);
         let end = Instant::now();
+        stats.parallel(end - start);
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
         }
@@ -285,7 +307,9 @@ fn claim(s: &Shared, f: &(dyn Fn(usize, usize) + Sync), thread: usize) -> usize 
             if c >= end {
                 break;
             }
+            let t = s.stats.clock();
             f(c, thread);
+            s.stats.chunk(t);
             ran += 1;
         }
     }

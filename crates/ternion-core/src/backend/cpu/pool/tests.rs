@@ -133,3 +133,33 @@ fn a_caller_waiting_for_a_slow_worker_sleeps_and_is_woken() {
     });
     assert_eq!(n.load(Ordering::Relaxed), 100);
 }
+
+/// The opt-in counters count only between start and stop: parallel ops with their wall
+/// and busy time, ops of one chunk as run on the caller alone.
+#[test]
+fn stats_count_parallel_and_inline_ops_between_start_and_stop() {
+    let pool = Pool::new(2);
+    let sleep = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+    pool.run(8, &|_, _| sleep(1));
+    pool.stats_start();
+    pool.run(4, &|_, _| sleep(2));
+    pool.run(1, &|_, _| sleep(1));
+    let s = pool.stats_stop();
+    assert_eq!(
+        (s.parallel_ops, s.inline_ops, s.threads),
+        (1, 1, 2),
+        "{s:?}"
+    );
+    // Four chunks of 2 ms: at least 8 ms of chunks, at least 4 ms of wall on two threads,
+    // and the chunks fit in the threads' time.
+    assert!(s.busy_s >= 0.008, "{s:?}");
+    assert!(s.parallel_s >= 0.004, "{s:?}");
+    assert!(s.busy_s <= 2.0 * s.parallel_s, "{s:?}");
+    assert!((0.0..=1.0).contains(&s.idle_share()), "{s:?}");
+    assert!(s.inline_s >= 0.001, "{s:?}");
+    // Stopped: nothing more is counted.
+    pool.run(4, &|_, _| sleep(1));
+    let none = pool.stats_stop();
+    assert_eq!((none.parallel_ops, none.inline_ops), (0, 0), "{none:?}");
+    assert_eq!(PoolStats::default().idle_share(), 0.0);
+}
