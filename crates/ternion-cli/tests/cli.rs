@@ -560,7 +560,10 @@ fn cpu_bench_profiles_decode_op_by_op() {
             .iter()
             .position(|w| w == word)
             .unwrap_or_else(|| panic!("no '{word}' in the pool line: {out}"));
-        pool[i - 1].trim_start_matches('(').parse().expect("a count")
+        pool[i - 1]
+            .trim_start_matches('(')
+            .parse()
+            .expect("a count")
     };
     assert!(
         count_before("parallel") + count_before("single-task") >= layers as f64,

@@ -18,6 +18,42 @@ fn logits(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| rng.random::<f32>() * 10.0 - 5.0).collect()
 }
 
+/// The first index holding the largest non-NaN value (0 when all are NaN), one element
+/// at a time: what [`argmax`] must equal.
+fn argmax_one_pass(logits: &[f32]) -> u32 {
+    let mut best = (0, f32::NAN);
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best.1 || (best.1.is_nan() && !v.is_nan()) {
+            best = (i, v);
+        }
+    }
+    best.0 as u32
+}
+
+/// Random lengths across the lanes' block boundaries, values drawn from a few levels (many
+/// ties), NaNs and infinities sprinkled in, the maximum placed anywhere.
+#[test]
+fn argmax_equals_the_one_pass_reference() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let levels = [
+        f32::NEG_INFINITY,
+        -3.0,
+        -0.0,
+        0.0,
+        1.5,
+        2.0,
+        f32::INFINITY,
+        f32::NAN,
+    ];
+    for n in (1..300).chain([4096, 4097, 128_256]) {
+        for _ in 0..4 {
+            let top = rng.random_range(2..=levels.len());
+            let l: Vec<f32> = (0..n).map(|_| levels[rng.random_range(0..top)]).collect();
+            assert_eq!(argmax(&l), argmax_one_pass(&l), "n={n}: {l:?}");
+        }
+    }
+}
+
 #[test]
 fn argmax_ties_and_nan() {
     assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
@@ -25,6 +61,10 @@ fn argmax_ties_and_nan() {
     assert_eq!(argmax(&[-1.0, f32::NAN]), 0);
     assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
     assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY, -1e30]), 2);
+    assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN]), 0);
+    assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 1);
+    assert_eq!(argmax(&[-0.0, 0.0]), 0);
+    assert_eq!(argmax(&[0.0, -0.0]), 0);
     let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
     assert_eq!(s.sample(&[0.5, 2.0, 2.0, f32::NAN], &[]), 1);
 }
