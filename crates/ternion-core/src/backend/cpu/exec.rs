@@ -42,7 +42,7 @@ pub struct CpuModel {
     lm_head: OnceLock<std::result::Result<Linear, String>>,
     /// Otherwise the stored LM head copied onto huge pages ([`Linear::resident`]) at its
     /// first CPU product (GPU sessions never pay for it), where it is streamed as stored.
-    resident_head: OnceLock<Option<Linear>>,
+    resident_head: OnceLock<Option<(usize, Linear)>>,
     /// What the last private sequence given back left: its KV pool (with the pages it
     /// allocated, free again) and its workspace, for the next private sequence.
     spare: Mutex<Option<(Arc<KvPool>, Workspace)>>,
@@ -210,8 +210,22 @@ impl CpuModel {
             return head.as_ref().map_err(|e| Error::Model(e.clone()));
         }
         let stored = self.matrix(i)?;
-        let copy = self.resident_head.get_or_init(|| stored.resident());
-        Ok(copy.as_ref().unwrap_or(stored))
+        match self
+            .resident_head
+            .get_or_init(|| Some((i, stored.resident()?)))
+        {
+            Some((w, copy)) if *w == i => Ok(copy),
+            _ => Ok(stored),
+        }
+    }
+
+    /// The matrix of an embedding lookup (weight `i`): the LM head's resident copy where
+    /// the head is that weight (tied embeddings) and has been copied, else the stored one.
+    pub(super) fn embedding(&self, i: usize) -> Result<&Linear> {
+        match self.resident_head.get() {
+            Some(Some((w, copy))) if *w == i => Ok(copy),
+            _ => self.matrix(i),
+        }
     }
 
     pub(super) fn vector(&self, i: usize) -> Result<&[f32]> {

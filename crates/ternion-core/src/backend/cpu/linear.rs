@@ -54,8 +54,11 @@ pub struct Linear {
     info: TensorInfo,
     /// Storage format of the rows used (the file's, unless requantized).
     ty: GgmlType,
-    /// Requantized rows, when not reading the file's.
+    /// Requantized rows, or a resident copy of the file's ([`Linear::resident`]), when
+    /// not reading the file's.
     owned: Option<HugeBuf<u8>>,
+    /// `owned` holds the file's rows byte for byte (a resident copy).
+    owned_is_copy: bool,
     in_features: usize,
     out_features: usize,
     row_bytes: usize,
@@ -110,6 +113,7 @@ impl Linear {
             file: file.clone(),
             ty: info.ty,
             owned: None,
+            owned_is_copy: false,
             info,
             in_features: k,
             out_features: m,
@@ -159,6 +163,7 @@ impl Linear {
             info: self.info.clone(),
             ty,
             owned: Some(out),
+            owned_is_copy: false,
             in_features: k,
             out_features: m,
             row_bytes,
@@ -190,6 +195,7 @@ impl Linear {
             info: self.info.clone(),
             ty: self.ty,
             owned: Some(copy),
+            owned_is_copy: true,
             in_features: self.in_features,
             out_features: self.out_features,
             row_bytes: self.row_bytes,
@@ -200,9 +206,14 @@ impl Linear {
         })
     }
 
-    /// Row `r` of the matrix as stored in the file, as f32 (embedding lookups).
+    /// Row `r` of the matrix as stored in the file, as f32 (embedding lookups): read from
+    /// the resident copy where this is one (whose file pages were released: reading them
+    /// would fault a page in again), else from the file.
     pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) -> Result<()> {
-        let data = self.file.tensor_data(&self.info);
+        let data = match &self.owned {
+            Some(copy) if self.owned_is_copy => copy,
+            _ => self.file.tensor_data(&self.info),
+        };
         Ok(quant::dequantize_row(
             self.info.ty,
             &self.info.name,

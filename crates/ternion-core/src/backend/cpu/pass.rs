@@ -180,7 +180,7 @@ impl Pass<'_, '_> {
     }
 
     fn embed(&mut self, table: WeightId, out: ActId) -> Result<()> {
-        let t = self.model.matrix(table.0)?;
+        let t = self.model.embedding(table.0)?;
         let d = t.in_features();
         let o = self.acts.write(out, self.tokens.len(), d);
         for (&id, row) in self.tokens.iter().zip(o.chunks_exact_mut(d)) {

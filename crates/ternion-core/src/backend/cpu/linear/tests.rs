@@ -1,7 +1,7 @@
 //! A requantized Q6_K LM head (interleaved in quads where AVX-512 runs) against the scalar
 //! reference dot of its rows, bit for bit, at row counts that leave partial quads and
 //! partial tasks, for one and several tokens; a resident copy of a stored matrix against
-//! the stored one.
+//! the stored one, products and embedding rows.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -112,10 +112,18 @@ fn a_resident_copy_gives_the_stored_products() {
         a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
+    // Embedding lookups: the copy's rows (read from the copy) are the stored ones, and a
+    // requantized matrix still gives the file's rows, not its requantized values.
+    let requantized = stored.requantized(GgmlType::Q6_K).unwrap();
+    let row = |l: &Linear, r: usize| {
+        let mut v = vec![f32::NAN; k];
+        l.dequantize_row(r, &mut v).unwrap();
+        v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    for r in [0, 1, m - 1] {
+        assert_eq!(row(&copy, r), row(&stored, r), "row {r}");
+        assert_eq!(row(&requantized, r), row(&stored, r), "row {r}");
+    }
     // A requantized matrix is already in memory.
-    assert!(stored
-        .requantized(GgmlType::Q6_K)
-        .unwrap()
-        .resident()
-        .is_none());
+    assert!(requantized.resident().is_none());
 }
