@@ -41,7 +41,9 @@ pub struct CpuModel {
     /// token table itself stays as stored), or why it could not be.
     lm_head: OnceLock<std::result::Result<Linear, String>>,
     /// Otherwise the stored LM head copied onto huge pages ([`Linear::resident`]) at its
-    /// first CPU product (GPU sessions never pay for it), where it is streamed as stored.
+    /// first CPU product (GPU sessions never pay for it), where it is streamed as stored;
+    /// with the head's weight index, so that embedding lookups of a tied head read the
+    /// copy too.
     resident_head: OnceLock<Option<(usize, Linear)>>,
     /// What the last private sequence given back left: its KV pool (with the pages it
     /// allocated, free again) and its workspace, for the next private sequence.
