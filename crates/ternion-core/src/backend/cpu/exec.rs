@@ -25,8 +25,8 @@ use crate::{Error, Result};
 
 /// A weight prepared for the CPU.
 enum CpuWeight {
-    /// A matrix left in its file format.
-    Matrix(Linear),
+    /// A matrix left in its file format (boxed: a `Linear` is far larger than a vector).
+    Matrix(Box<Linear>),
     /// A small vector, converted to f32 once.
     Vector(Vec<f32>),
 }
@@ -164,7 +164,7 @@ impl CpuModel {
                     if let Some(s) = scale {
                         l = l.with_post_scale(load_vector(file, s, 1)?[0]);
                     }
-                    CpuWeight::Matrix(l)
+                    CpuWeight::Matrix(Box::new(l))
                 }
             });
         }

@@ -47,6 +47,16 @@ fn rows_per_task(m: usize, row_bytes: usize, threads: usize) -> usize {
         .next_multiple_of(ROWS_PER_TASK)
 }
 
+/// Where a [`Linear`]'s rows are read from.
+enum Rows {
+    /// The file (mapped, or in memory).
+    File,
+    /// The file's rows copied byte for byte onto huge pages ([`Linear::resident`]).
+    Copy(HugeBuf<u8>),
+    /// The rows requantized to the matrix's `ty` ([`Linear::requantized`]).
+    Requantized(HugeBuf<u8>),
+}
+
 /// A weight matrix `[out_features × in_features]` left in its file format (or, on request,
 /// requantized once at load, e.g. an F16 LM head to Q8_0).
 pub struct Linear {
@@ -54,11 +64,8 @@ pub struct Linear {
     info: TensorInfo,
     /// Storage format of the rows used (the file's, unless requantized).
     ty: GgmlType,
-    /// Requantized rows, or a resident copy of the file's ([`Linear::resident`]), when
-    /// not reading the file's.
-    owned: Option<HugeBuf<u8>>,
-    /// `owned` holds the file's rows byte for byte (a resident copy).
-    owned_is_copy: bool,
+    /// Where the rows used are read from.
+    rows: Rows,
     in_features: usize,
     out_features: usize,
     row_bytes: usize,
@@ -69,7 +76,7 @@ pub struct Linear {
     /// Ternary weights repacked for the AVX-512 kernels (used instead of the rows), built
     /// by the first CPU product (sessions on other backends never pay for it).
     pack: OnceLock<Option<TernaryPack>>,
-    /// The owned rows are Q6_K interleaved in quads ([`simd::q6_k_interleave`]; a head
+    /// The requantized rows are Q6_K interleaved in quads ([`simd::q6_k_interleave`]; a head
     /// requantized where AVX-512 runs).
     quads: bool,
 }
@@ -112,8 +119,7 @@ impl Linear {
         Ok(Linear {
             file: file.clone(),
             ty: info.ty,
-            owned: None,
-            owned_is_copy: false,
+            rows: Rows::File,
             info,
             in_features: k,
             out_features: m,
@@ -153,7 +159,7 @@ impl Linear {
                 simd::q6_k_interleave(dst, row_bytes);
             });
         }
-        if self.owned.is_none() {
+        if matches!(self.rows, Rows::File) {
             // The mapped rows were all read once; the few an embedding lookup reads again
             // come back from the file.
             self.file.release(&self.info);
@@ -162,8 +168,7 @@ impl Linear {
             file: self.file.clone(),
             info: self.info.clone(),
             ty,
-            owned: Some(out),
-            owned_is_copy: false,
+            rows: Rows::Requantized(out),
             in_features: k,
             out_features: m,
             row_bytes,
@@ -178,7 +183,7 @@ impl Linear {
     /// released: for a matrix streamed as stored (not repacked, not requantized) every
     /// product, such as an exact LM head. None for the others. Same rows, same products.
     pub fn resident(&self) -> Option<Linear> {
-        if self.owned.is_some() || self.pack().is_some() {
+        if !matches!(self.rows, Rows::File) || self.pack().is_some() {
             return None;
         }
         let data = self.data();
@@ -194,8 +199,7 @@ impl Linear {
             file: self.file.clone(),
             info: self.info.clone(),
             ty: self.ty,
-            owned: Some(copy),
-            owned_is_copy: true,
+            rows: Rows::Copy(copy),
             in_features: self.in_features,
             out_features: self.out_features,
             row_bytes: self.row_bytes,
@@ -210,9 +214,9 @@ impl Linear {
     /// the resident copy where this is one (whose file pages were released: reading them
     /// would fault a page in again), else from the file.
     pub fn dequantize_row(&self, r: usize, dst: &mut [f32]) -> Result<()> {
-        let data = match &self.owned {
-            Some(copy) if self.owned_is_copy => copy,
-            _ => self.file.tensor_data(&self.info),
+        let data = match &self.rows {
+            Rows::Copy(copy) => copy,
+            Rows::File | Rows::Requantized(_) => self.file.tensor_data(&self.info),
         };
         Ok(quant::dequantize_row(
             self.info.ty,
@@ -226,9 +230,9 @@ impl Linear {
 
     /// The bytes of the rows used.
     fn data(&self) -> &[u8] {
-        match &self.owned {
-            Some(v) => v,
-            None => self.file.tensor_data(&self.info),
+        match &self.rows {
+            Rows::Copy(v) | Rows::Requantized(v) => v,
+            Rows::File => self.file.tensor_data(&self.info),
         }
     }
 
