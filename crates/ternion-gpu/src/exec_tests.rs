@@ -18,6 +18,7 @@ use super::*;
 use crate::kv::KvType;
 use crate::model::{self, Logits, Model};
 use crate::Error;
+use ternion_core::sample::argmax;
 
 /// File `name` of the golden BitNet set: in `$TERNION_GOLDEN_BITNET` when set, else in
 /// `../shared/golden-bitnet`; a missing file fails the test.
@@ -80,16 +81,6 @@ fn gpu_model_with(f: &Fixture, n_ctx: usize, numerics: Numerics) -> GpuModel {
         ..GpuModelOptions::default()
     };
     GpuModel::from_model(f.ctx.clone(), &f.cpu, opts).expect("GPU load")
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[test]
