@@ -179,18 +179,26 @@ pub unsafe fn i2s_dot4(row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i32; 4] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16_dot(w: *const u8, x: &[f32]) -> f32 {
     if head_prefetch() {
-        f16_dot_ahead::<F16_PREFETCH_AHEAD>(w, x)
+        f16_dot_ahead::<F16_PREFETCH_AHEAD, false>(w, x)
     } else {
-        f16_dot_ahead::<0>(w, x)
+        f16_dot_ahead::<0, true>(w, x)
     }
 }
 
-/// [`f16_dot`] asking for the line `AHEAD` bytes past each one it reads (0: never).
+/// [`f16_dot`] asking for the line `AHEAD` bytes past each one it reads (0: never), its
+/// halves loaded 16 bytes at a time, or (`WIDE`) 32 bytes at a time, each load's two
+/// halves converted apart: the same conversions and fused multiply-adds in the same order
+/// either way, so the same sum bit for bit. The exact LM head (half of a 2B-4T decode
+/// token's bytes) streams on the hardware prefetchers alone on Zen 4 ([`head_prefetch`]),
+/// and there the wide loads raised the token's share of the probe by 0.37 points with the
+/// threads on one L3 and by 1.98 on separate L3s, where each core's own streaming rate is
+/// the limit (28 runs switched step by step; loads of 64 bytes, or 64 halves a step, read
+/// less: BENCHMARKS.md, session 38).
 ///
 /// # Safety
 /// As [`f16_dot`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_dot_ahead<const AHEAD: usize>(w: *const u8, x: &[f32]) -> f32 {
+unsafe fn f16_dot_ahead<const AHEAD: usize, const WIDE: bool>(w: *const u8, x: &[f32]) -> f32 {
     let n = x.len();
     let w = w.cast::<u16>();
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -199,9 +207,25 @@ unsafe fn f16_dot_ahead<const AHEAD: usize>(w: *const u8, x: &[f32]) -> f32 {
         if AHEAD > 0 {
             prefetch_at::<AHEAD>(w.add(i).cast());
         }
-        for (j, a) in acc.iter_mut().enumerate() {
-            let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
-            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
+        if WIDE {
+            let (a, b) = (
+                _mm256_loadu_si256(w.add(i).cast()),
+                _mm256_loadu_si256(w.add(i + 16).cast()),
+            );
+            let wv = [
+                _mm256_cvtph_ps(_mm256_castsi256_si128(a)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(a)),
+                _mm256_cvtph_ps(_mm256_castsi256_si128(b)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(b)),
+            ];
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
+            }
+        } else {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
+                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
+            }
         }
         i += 32;
     }
@@ -574,7 +598,49 @@ pub unsafe fn q8_0_dot4(row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f32; 4] {
 
 #[cfg(test)]
 mod tests {
-    use super::zen4_signature;
+    use super::{f16_dot_ahead, zen4_signature};
+
+    /// The F16 row dot with 32-byte loads equals the 16-byte one bit for bit (with and
+    /// without the prefetch), for widths ending after whole 32-half steps, 8-wide steps or
+    /// single halves.
+    #[test]
+    fn wide_f16_loads_give_the_same_sums() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("skipped: this CPU has no AVX2/FMA/F16C, which the kernels need");
+            return;
+        }
+        let mut s = 0x2545_f491_u32;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        for n in [0, 1, 7, 8, 31, 32, 33, 40, 64, 150, 2560, 2563, 2600] {
+            let w: Vec<u8> = (0..n)
+                .flat_map(|_| {
+                    let v = (next() % 20_001) as f32 / 10_000.0 - 1.0;
+                    half::f16::from_f32(v).to_le_bytes()
+                })
+                .collect();
+            let x: Vec<f32> = (0..n)
+                .map(|_| (next() % 60_001) as f32 / 10_000.0 - 3.0)
+                .collect();
+            // SAFETY: the features are detected above; `w` holds n halves.
+            let (narrow, wide, ahead) = unsafe {
+                (
+                    f16_dot_ahead::<0, false>(w.as_ptr(), &x),
+                    f16_dot_ahead::<0, true>(w.as_ptr(), &x),
+                    f16_dot_ahead::<4096, false>(w.as_ptr(), &x),
+                )
+            };
+            assert_eq!(wide.to_bits(), narrow.to_bits(), "n={n}");
+            assert_eq!(ahead.to_bits(), narrow.to_bits(), "n={n}");
+        }
+    }
 
     /// Leaf 0's EBX, EDX, ECX for a vendor name.
     fn vendor(name: &[u8; 12]) -> [u32; 3] {
