@@ -358,10 +358,10 @@ fn best(candidates: &[Candidate]) -> u32 {
 pub fn argmax(logits: &[f32]) -> u32 {
     assert!(!logits.is_empty(), "argmax: empty logits");
     // Two passes the compiler vectorizes (2B-4T's 128,256 logits after a decode step:
-    // 32–34 µs where the one-pass branchy loop took 74–108): the largest value in independent lanes (comparisons with
-    // NaN are false, so NaNs never win; the maximum is exact, so the lanes' order does not
-    // matter; −0 and +0 compare equal below), then the first block holding it and the
-    // first index in that block.
+    // 32–34 µs where the one-pass branchy loop took 74–108): the largest value in
+    // independent lanes (comparisons with NaN are false, so NaNs never win; the maximum is
+    // exact, so the lanes' order does not matter; −0 and +0 compare equal below), then the
+    // first block holding it and the first index in that block.
     let mut lanes = [f32::NEG_INFINITY; ARGMAX_LANES];
     let mut blocks = logits.chunks_exact(ARGMAX_LANES);
     for block in &mut blocks {

@@ -212,21 +212,22 @@ impl CpuModel {
             return head.as_ref().map_err(|e| Error::Model(e.clone()));
         }
         let stored = self.matrix(i)?;
-        match self
-            .resident_head
-            .get_or_init(|| Some((i, stored.resident()?)))
-        {
-            Some((w, copy)) if *w == i => Ok(copy),
-            _ => Ok(stored),
-        }
+        self.resident_head
+            .get_or_init(|| Some((i, stored.resident()?)));
+        Ok(self.resident_copy(i).unwrap_or(stored))
     }
 
     /// The matrix of an embedding lookup (weight `i`): the LM head's resident copy where
     /// the head is that weight (tied embeddings) and has been copied, else the stored one.
     pub(super) fn embedding(&self, i: usize) -> Result<&Linear> {
+        self.resident_copy(i).map_or_else(|| self.matrix(i), Ok)
+    }
+
+    /// The LM head's resident copy, if it has been made and is of weight `i`.
+    fn resident_copy(&self, i: usize) -> Option<&Linear> {
         match self.resident_head.get() {
-            Some(Some((w, copy))) if *w == i => Ok(copy),
-            _ => self.matrix(i),
+            Some(Some((w, copy))) if *w == i => Some(copy),
+            _ => None,
         }
     }
 

@@ -598,10 +598,10 @@ pub unsafe fn q8_0_dot4(row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f32; 4] {
 
 #[cfg(test)]
 mod tests {
-    use super::{f16_dot_ahead, zen4_signature};
+    use super::{f16_dot_ahead, zen4_signature, F16_PREFETCH_AHEAD};
 
-    /// The F16 row dot with 32-byte loads equals the 16-byte one bit for bit (with and
-    /// without the prefetch), for widths ending after whole 32-half steps, 8-wide steps or
+    /// The F16 row dot with 32-byte loads (Zen 4's) equals the 16-byte one with the
+    /// prefetch (the other CPUs') and without it, bit for bit, for widths ending after whole 32-half steps, 8-wide steps or
     /// single halves.
     #[test]
     fn wide_f16_loads_give_the_same_sums() {
@@ -634,7 +634,7 @@ mod tests {
                 (
                     f16_dot_ahead::<0, false>(w.as_ptr(), &x),
                     f16_dot_ahead::<0, true>(w.as_ptr(), &x),
-                    f16_dot_ahead::<4096, false>(w.as_ptr(), &x),
+                    f16_dot_ahead::<F16_PREFETCH_AHEAD, false>(w.as_ptr(), &x),
                 )
             };
             assert_eq!(wide.to_bits(), narrow.to_bits(), "n={n}");
