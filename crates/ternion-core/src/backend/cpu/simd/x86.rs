@@ -207,25 +207,24 @@ unsafe fn f16_dot_ahead<const AHEAD: usize, const WIDE: bool>(w: *const u8, x: &
         if AHEAD > 0 {
             prefetch_at::<AHEAD>(w.add(i).cast());
         }
-        if WIDE {
+        // The step's 32 halves as four vectors of eight, however they were loaded.
+        let halves = if WIDE {
             let (a, b) = (
                 _mm256_loadu_si256(w.add(i).cast()),
                 _mm256_loadu_si256(w.add(i + 16).cast()),
             );
-            let wv = [
-                _mm256_cvtph_ps(_mm256_castsi256_si128(a)),
-                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(a)),
-                _mm256_cvtph_ps(_mm256_castsi256_si128(b)),
-                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(b)),
-            ];
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
-            }
+            [
+                _mm256_castsi256_si128(a),
+                _mm256_extracti128_si256::<1>(a),
+                _mm256_castsi256_si128(b),
+                _mm256_extracti128_si256::<1>(b),
+            ]
         } else {
-            for (j, a) in acc.iter_mut().enumerate() {
-                let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.add(i + 8 * j).cast()));
-                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
-            }
+            [0, 8, 16, 24].map(|o| _mm_loadu_si128(w.add(i + o).cast()))
+        };
+        for (j, (a, h)) in acc.iter_mut().zip(halves).enumerate() {
+            let wv = _mm256_cvtph_ps(h);
+            *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i + 8 * j)), *a);
         }
         i += 32;
     }
@@ -601,8 +600,8 @@ mod tests {
     use super::{f16_dot_ahead, zen4_signature, F16_PREFETCH_AHEAD};
 
     /// The F16 row dot with 32-byte loads (Zen 4's) equals the 16-byte one with the
-    /// prefetch (the other CPUs') and without it, bit for bit, for widths ending after whole 32-half steps, 8-wide steps or
-    /// single halves.
+    /// prefetch (the other CPUs') and without it, bit for bit, for widths ending after
+    /// whole 32-half steps, 8-wide steps or single halves.
     #[test]
     fn wide_f16_loads_give_the_same_sums() {
         if !(is_x86_feature_detected!("avx2")
