@@ -211,10 +211,11 @@ fn ternary_tile(rng: &mut StdRng, k: usize) -> (Vec<simd::Chunk>, Vec<i8>) {
     (group, q_row(rng, 16 * k))
 }
 
-/// One 16-row group against 16 tokens with the AVX-512 VNNI kernel (counter: multiply-adds).
+/// One 16-row group against 16 tokens with the interleaved-layout kernel of the chosen
+/// level (AVX-512 VNNI; AVX2 under `TERNION_SIMD=avx2`; counter: multiply-adds).
 #[divan::bench(args = SIZES)]
-fn vnni_per_token_dots_16x16(bencher: Bencher, k: usize) {
-    let Some(v) = simd::Vnni::get() else {
+fn tiles_per_token_dots_16x16(bencher: Bencher, k: usize) {
+    let Some(v) = simd::Tiles::get() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(1);
@@ -288,20 +289,20 @@ fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
 /// One token against 6400 groups of 16 rows (64 MB of weights, far more than the caches
 /// hold), as a decode step's matrix-vector product streams them (counter: weight bytes).
 #[divan::bench(args = [2560])]
-fn vnni_per_token_dot1_stream(bencher: Bencher, k: usize) {
+fn tiles_per_token_dot1_stream(bencher: Bencher, k: usize) {
     dot1_groups(bencher, k, 6400);
 }
 
 /// The same product over 40 groups (400 KB, inside L2): the kernel's arithmetic rate,
 /// the ceiling a streamed product would meet if memory were free (counter: weight bytes).
 #[divan::bench(args = [2560])]
-fn vnni_per_token_dot1_l2(bencher: Bencher, k: usize) {
+fn tiles_per_token_dot1_l2(bencher: Bencher, k: usize) {
     dot1_groups(bencher, k, 40);
 }
 
 /// One token against `groups` groups of 16 rows of width `k`, group after group.
 fn dot1_groups(bencher: Bencher, k: usize, groups: usize) {
-    let Some(v) = simd::Vnni::get() else {
+    let Some(v) = simd::Tiles::get() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(1);

@@ -261,21 +261,21 @@ impl Linear {
     }
 
     /// The repacked weights (ternary, Q8_0, Q4_0), built on first use where the AVX-512
-    /// kernels run. The copy replaces the mapped rows, released part by part as packed:
-    /// one copy stays resident.
+    /// kernels run (I2_S also where AVX2 does: [`simd::Tiles`]). The copy replaces the
+    /// mapped rows, released part by part as packed: one copy stays resident.
     fn pack(&self) -> Option<&TernaryPack> {
         self.pack
             .get_or_init(|| {
                 let data = self.file.tensor_data(&self.info);
                 let (k, m) = (self.in_features, self.out_features);
                 let release = |part| self.file.release_part(&self.info, part);
-                TernaryPack::new(simd::Vnni::get()?, self.ty, data, (k, m), &release)
+                TernaryPack::new(simd::Tiles::get()?, self.ty, data, (k, m), &release)
             })
             .as_ref()
     }
 
     /// The repacked weights, the activation form they multiply and the scale multiplied
-    /// into their outputs, where the AVX-512 kernels run.
+    /// into their outputs, where they are repacked.
     fn packed(&self) -> Option<(&TernaryPack, PackForm, f32)> {
         let p = self.pack()?;
         match quant::format(self.ty)?.dot {

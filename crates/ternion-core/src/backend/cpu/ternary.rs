@@ -1,8 +1,8 @@
 //! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0), Q8_0 and Q4_0, repacked
 //! once (by [`super::Linear`], at the matrix's first CPU product) into the 16-row
-//! interleaved layout of the AVX-512 VNNI kernels ([`Vnni`]; docs/FORMATS.md, "CPU
-//! ternary layout"). The repacking is lossless: every product equals the file format's
-//! reference dot bit for bit.
+//! interleaved layout of the AVX-512 VNNI kernels, and I2_S also where only AVX2 runs
+//! ([`Tiles`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is lossless: every
+//! product equals the file format's reference dot bit for bit.
 //!
 //! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
 //! chunk are unpacked once per tile of up to 16 tokens (prompt processing) or once for the
@@ -15,12 +15,12 @@ use half::f16;
 
 use super::huge::HugeBuf;
 use super::pool::{self, SharedMut};
-use super::simd::{Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni, CHUNK_ELEMS, GROUP_ROWS};
+use super::simd::{Chunk, Codes, OutCols, Q80Rows, Q8kRows, Tiles, CHUNK_ELEMS, GROUP_ROWS};
 use crate::quant::{self, GgmlType};
 
 /// A ternary weight matrix in the interleaved layout.
 pub struct TernaryPack {
-    vnni: Vnni,
+    tiles: Tiles,
     /// Groups of 16 rows one after the other, `k / 16` chunks each (the last group padded
     /// with code 1, i.e. zeros).
     chunks: HugeBuf<Chunk>,
@@ -46,16 +46,19 @@ type RowCodes = fn(&[u8], &mut [u8], &mut [f32]);
 
 impl TernaryPack {
     /// `data` (the tensor's rows, `m` of `k` elements, stored as `ty`) repacked, when `ty`
-    /// is a format the layout takes at this width; None otherwise. `release` is told each
+    /// is a format the layout and `tiles` take at this width; None otherwise. `release` is told each
     /// byte range of `data` once it has been packed (a mapped file drops those pages), so
     /// that the rows and their copy are never both resident whole.
     pub fn new(
-        vnni: Vnni,
+        tiles: Tiles,
         ty: GgmlType,
         data: &[u8],
         (k, m): (usize, usize),
         release: &dyn Fn(Range<usize>),
     ) -> Option<TernaryPack> {
+        if !tiles.take(ty) {
+            return None;
+        }
         let (codes, scale_block): (RowCodes, usize) = match ty {
             GgmlType::I2_S => (|row, c, _| quant::i2s::codes_row(row, c), 0),
             GgmlType::TQ2_0 => (quant::tq2_0::codes_row, quant::tq2_0::BLOCK_ELEMS),
@@ -124,7 +127,7 @@ impl TernaryPack {
             release(rows.start * row_bytes..rows.end * row_bytes);
         }
         Some(TernaryPack {
-            vnni,
+            tiles,
             chunks,
             scales,
             // At most 256 (the match above).
@@ -147,6 +150,14 @@ impl TernaryPack {
 
     fn scale_block(&self) -> usize {
         self.scale_block as usize
+    }
+
+    /// The AVX-512 kernels: every format but I2_S is packed only where they run
+    /// ([`Tiles::take`]).
+    fn vnni(&self) -> super::simd::Vnni {
+        self.tiles
+            .vnni()
+            .expect("only I2_S is repacked for the AVX2 kernels")
     }
 
     /// The chunks of group `g`.
@@ -212,18 +223,18 @@ impl TernaryPack {
         let o = unsafe { OutCols::new(out.0.add(j0), self.m, rows, GROUP_ROWS.min(self.m - j0)) };
         match x {
             PackInput::PerToken { q, scale, sum } => {
-                self.vnni.per_token_dots(codes, q, sum, scale, post, o);
+                self.tiles.per_token_dots(codes, q, sum, scale, post, o);
             }
             PackInput::Q8K(x) => {
                 let per_group = k / self.scale_block() * GROUP_ROWS;
                 let scales = &self.scales[g * per_group..(g + 1) * per_group];
-                self.vnni.block_dots(codes, scales, x, post, o);
+                self.vnni().block_dots(codes, scales, x, post, o);
             }
             PackInput::Q8_0(x) => {
                 let per_group = k / self.scale_block() * GROUP_ROWS;
                 let scales = &self.scales[g * per_group..(g + 1) * per_group];
                 let shape = (self.layout, self.scale_block());
-                self.vnni.q8_0_dots(codes, shape, scales, x, post, o);
+                self.vnni().q8_0_dots(codes, shape, scales, x, post, o);
             }
         }
     }

@@ -11,6 +11,8 @@ use half::f16;
 use crate::quant;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2_tile;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_act;
@@ -53,8 +55,8 @@ pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
 pub use q6_k::{q6_k_dot4_q8k, q6_k_dot_q8k, q6_k_interleave, QUAD_ROWS};
 pub use squares::{mean_squares, SQUARE_ROWS};
 pub use vnni::{
-    interleave_blocks, interleave_tokens, Chunk, Codes, OutCols, Q80Rows, Q8kRows, Vnni,
-    CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK, SUB_TILE, TOKEN_TILE,
+    interleave_blocks, interleave_tokens, Avx2, Chunk, Codes, OutCols, Q80Rows, Q8kRows, Tiles,
+    Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK, SUB_TILE, TOKEN_TILE,
 };
 
 /// The instruction set the kernels use on this machine.

@@ -633,34 +633,39 @@ mod neon;
 /// scalar sum: bit 2s of byte 4r + i of chunk c holds row r's code at element 16c + 4s + i.
 #[test]
 fn one_token_group_products_are_exact_for_any_chunk_count() {
-    let Some(v) = Vnni::get() else { return };
-    let mut rng = StdRng::seed_from_u64(21);
-    for chunks in [1, 2, 3, 16, 161] {
-        let k = chunks * CHUNK_ELEMS;
-        let codes: Vec<[u8; 16]> = (0..k)
-            .map(|_| std::array::from_fn(|_| rng.random_range(0..3u8)))
-            .collect();
-        let group: Vec<Chunk> = (0..chunks)
-            .map(|c| {
-                Chunk(std::array::from_fn(|b| {
-                    let (r, i) = (b / 4, b % 4);
-                    (0..4).fold(0u8, |w, s| w | codes[16 * c + 4 * s + i][r] << (2 * s))
-                }))
-            })
-            .collect();
-        let q = random_q(&mut rng, k);
-        let sum: i32 = q.iter().map(|&x| i32::from(x)).sum();
-        let mut out = [[f32::NAN; 16]; 1];
-        v.per_token_dots(&group, &q, &[sum], &[1.0], 1.0, OutCols::tile(&mut out));
-        for (r, got) in out[0].iter().enumerate() {
-            let dot: i32 = (0..k)
-                .map(|e| i32::from(codes[e][r]) * i32::from(q[e]))
-                .sum();
-            assert_eq!(
-                got.to_bits(),
-                ((dot - sum) as f32).to_bits(),
-                "chunks={chunks} row={r}"
-            );
+    let tiles = Vnni::get()
+        .map(Tiles::Vnni)
+        .into_iter()
+        .chain(Tiles::avx2_present());
+    for v in tiles {
+        let mut rng = StdRng::seed_from_u64(21);
+        for chunks in [1, 2, 3, 16, 161] {
+            let k = chunks * CHUNK_ELEMS;
+            let codes: Vec<[u8; 16]> = (0..k)
+                .map(|_| std::array::from_fn(|_| rng.random_range(0..3u8)))
+                .collect();
+            let group: Vec<Chunk> = (0..chunks)
+                .map(|c| {
+                    Chunk(std::array::from_fn(|b| {
+                        let (r, i) = (b / 4, b % 4);
+                        (0..4).fold(0u8, |w, s| w | codes[16 * c + 4 * s + i][r] << (2 * s))
+                    }))
+                })
+                .collect();
+            let q = random_q(&mut rng, k);
+            let sum: i32 = q.iter().map(|&x| i32::from(x)).sum();
+            let mut out = [[f32::NAN; 16]; 1];
+            v.per_token_dots(&group, &q, &[sum], &[1.0], 1.0, OutCols::tile(&mut out));
+            for (r, got) in out[0].iter().enumerate() {
+                let dot: i32 = (0..k)
+                    .map(|e| i32::from(codes[e][r]) * i32::from(q[e]))
+                    .sum();
+                assert_eq!(
+                    got.to_bits(),
+                    ((dot - sum) as f32).to_bits(),
+                    "{v:?} chunks={chunks} row={r}"
+                );
+            }
         }
     }
 }

@@ -12,7 +12,8 @@
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
-use super::{avx512, avx512_bits, avx512_q8, Level};
+use super::{avx2_tile, avx512, avx512_bits, avx512_q8, Level};
+use crate::quant::GgmlType;
 
 /// Rows per interleaved group.
 pub const GROUP_ROWS: usize = 16;
@@ -160,6 +161,21 @@ impl<'a> OutCols<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct Vnni(Features);
 
+/// Proof that the AVX2 kernels were chosen ([`Level::Avx2`]: AVX2, FMA and F16C).
+#[derive(Clone, Copy, Debug)]
+pub struct Avx2(Features);
+
+/// The kernels that read the interleaved layout on this CPU: the AVX-512 VNNI ones (every
+/// format of [`Codes`]), or where only AVX2 runs, the AVX2 one of I2_S (2-bit codes
+/// against per-token activations; the other formats keep their row kernels there).
+#[derive(Clone, Copy, Debug)]
+pub enum Tiles {
+    /// AVX-512 F/BW/VNNI.
+    Vnni(Vnni),
+    /// AVX2, I2_S only.
+    Avx2(Avx2),
+}
+
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug)]
 struct Features;
@@ -169,7 +185,7 @@ struct Features;
 #[derive(Clone, Copy, Debug)]
 enum Features {}
 
-/// Largest token tile of [`Vnni::per_token_dots`] and [`Vnni::block_dots`] (accumulators
+/// Largest token tile of [`Tiles::per_token_dots`] and [`Vnni::block_dots`] (accumulators
 /// held in registers; for the block dots' float sums, touched once per 256-element block,
 /// 16 measured ~5 % faster than 8, and no slower since the broadcasts were made
 /// unindexed).
@@ -190,7 +206,7 @@ fn tile(n: usize, cap: usize) -> usize {
 
 /// The token tiles `(first, len)` that the prompt kernels take `n` tokens in, as
 /// [`interleave_tokens`] lays them out: runs of `cap` ([`TOKEN_TILE`] for
-/// [`Vnni::per_token_dots`] and [`Vnni::block_dots`], [`SUB_TILE`] for
+/// [`Tiles::per_token_dots`] and [`Vnni::block_dots`], [`SUB_TILE`] for
 /// [`Vnni::q8_0_dots`]) from token 0, each split into tiles of the largest power of
 /// two left.
 fn token_tiles(n: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -258,25 +274,55 @@ pub fn interleave_tokens(q: &[i8], k: usize, cap: usize, out: &mut [i8]) {
     }
 }
 
-impl Vnni {
-    /// The token, when [`Level::detect`] chose the AVX-512 kernels.
-    pub fn get() -> Option<Vnni> {
+impl Tiles {
+    /// The kernels of the level [`Level::detect`] chose, if it has any.
+    pub fn get() -> Option<Tiles> {
         #[cfg(target_arch = "x86_64")]
-        if Level::detect() == Level::Avx512 {
-            return Some(Vnni(Features));
+        if Level::detect() == Level::Avx2 {
+            return Some(Tiles::Avx2(Avx2(Features)));
+        }
+        Vnni::get().map(Tiles::Vnni)
+    }
+
+    /// The AVX2 kernels wherever the CPU has AVX2, FMA and F16C, whatever level was chosen
+    /// (so that tests compare them with the others on an AVX-512 machine).
+    #[cfg(test)]
+    pub(crate) fn avx2_present() -> Option<Tiles> {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Some(Tiles::Avx2(Avx2(Features)));
         }
         None
+    }
+
+    /// Whether these kernels read weights of type `ty` (the AVX2 ones: I2_S only).
+    pub fn take(self, ty: GgmlType) -> bool {
+        match self {
+            Tiles::Vnni(_) => true,
+            Tiles::Avx2(_) => ty == GgmlType::I2_S,
+        }
+    }
+
+    /// The AVX-512 kernels, if these are they.
+    pub fn vnni(self) -> Option<Vnni> {
+        match self {
+            Tiles::Vnni(v) => Some(v),
+            Tiles::Avx2(_) => None,
+        }
     }
 
     /// I2_S products of the 16 rows of `group` with the token rows q_t of `q` (one per
     /// row of `out`, each `16 · group.len()` values, laid out by [`interleave_tokens`];
     /// `sum[t]` = Σq_t, `scale[t]` their per-token scale):
     /// `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) · post`, with the
-    /// exact integer sum.
+    /// exact integer sum, whichever the kernels.
     ///
     /// # Panics
     /// If `q`, `sum` or `scale` do not hold `out.rows()` tokens of the group's width.
-    // Off x86-64 the token cannot exist: the body ends at `match self.0 {}`.
+    // Off x86-64 no token can exist: the body ends at the empty matches.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     pub fn per_token_dots(
         self,
@@ -293,28 +339,64 @@ impl Vnni {
         assert_eq!(sum.len(), n, "per_token_dots: token sums");
         assert_eq!(scale.len(), n, "per_token_dots: token scales");
         #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
+        match self {
+            Tiles::Vnni(v) => match v.0 {},
+            Tiles::Avx2(a) => match a.0 {},
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let (w, nc) = (group.as_ptr(), group.len());
             for (t0, tn) in token_tiles(n, TOKEN_TILE) {
                 let qt = q[t0 * k..].as_ptr();
-                let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
-                let o = out.dst(t0);
-                // SAFETY: the token proves the features; `q`, `sum`, `scale` and `out` hold
-                // `n` tokens (asserted; `out` by its construction) and tokens t0..t0+tn are
-                // among them.
-                unsafe {
-                    match tn {
-                        16 => avx512::per_token_dots::<16>(w, nc, qt, st, ct, post, o),
-                        8 => avx512::per_token_dots::<8>(w, nc, qt, st, ct, post, o),
-                        4 => avx512::per_token_dots::<4>(w, nc, qt, st, ct, post, o),
-                        2 => avx512::per_token_dots::<2>(w, nc, qt, st, ct, post, o),
-                        _ => avx512::per_token_dot1(w, nc, qt, *st, *ct, post, o),
+                if let Tiles::Vnni(_) = self {
+                    let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
+                    let o = out.dst(t0);
+                    // SAFETY: the token proves the features; `q`, `sum`, `scale` and `out`
+                    // hold `n` tokens (asserted; `out` by its construction) and tokens
+                    // t0..t0+tn are among them.
+                    unsafe {
+                        match tn {
+                            16 => avx512::per_token_dots::<16>(w, nc, qt, st, ct, post, o),
+                            8 => avx512::per_token_dots::<8>(w, nc, qt, st, ct, post, o),
+                            4 => avx512::per_token_dots::<4>(w, nc, qt, st, ct, post, o),
+                            2 => avx512::per_token_dots::<2>(w, nc, qt, st, ct, post, o),
+                            _ => avx512::per_token_dot1(w, nc, qt, *st, *ct, post, o),
+                        }
                     }
+                    continue;
+                }
+                // AVX2: the tile's tokens in runs of at most `avx2_tile::RUN_TOKENS`, each
+                // a whole pass over the group.
+                let mut t = t0;
+                while t < t0 + tn {
+                    let run = (t0 + tn - t).min(avx2_tile::RUN_TOKENS);
+                    let qr = qt.wrapping_add(16 * (t - t0));
+                    let (st, ct) = (sum[t..].as_ptr(), scale[t..].as_ptr());
+                    let o = out.dst(t);
+                    // SAFETY: the token proves AVX2; as above, and tokens t..t + run lie in
+                    // the tile, whose activations hold 16·tn bytes a chunk from `qt`.
+                    unsafe {
+                        match run {
+                            4 => avx2_tile::per_token_dots::<4>(w, nc, qr, tn, st, ct, post, &o),
+                            2 => avx2_tile::per_token_dots::<2>(w, nc, qr, tn, st, ct, post, &o),
+                            _ => avx2_tile::per_token_dots::<1>(w, nc, qr, tn, st, ct, post, &o),
+                        }
+                    }
+                    t += run;
                 }
             }
         }
+    }
+}
+
+impl Vnni {
+    /// The token, when [`Level::detect`] chose the AVX-512 kernels.
+    pub fn get() -> Option<Vnni> {
+        #[cfg(target_arch = "x86_64")]
+        if Level::detect() == Level::Avx512 {
+            return Some(Vnni(Features));
+        }
+        None
     }
 
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`

@@ -11,10 +11,26 @@ use crate::quant::act;
 
 /// The token, or None after checking that this CPU indeed lacks (or was told not to use)
 /// the AVX-512 kernels.
-fn vnni() -> Option<Vnni> {
-    let v = Vnni::get();
+fn vnni() -> Option<simd::Vnni> {
+    let v = simd::Vnni::get();
     assert_eq!(v.is_some(), Level::detect() == Level::Avx512);
     v
+}
+
+/// Every set of interleaved-layout kernels this CPU runs (AVX-512 VNNI, AVX2), whichever
+/// level was chosen.
+fn all_tiles() -> Vec<Tiles> {
+    let tiles: Vec<Tiles> = vnni()
+        .map(Tiles::Vnni)
+        .into_iter()
+        .chain(Tiles::avx2_present())
+        .collect();
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        !tiles.is_empty() || !is_x86_feature_detected!("avx2"),
+        "an AVX2 CPU runs the AVX2 tiles"
+    );
+    tiles
 }
 
 fn random_x(rng: &mut StdRng, n: usize) -> Vec<f32> {
@@ -82,7 +98,13 @@ fn per_token(x: &[f32], k: usize) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
 
 #[test]
 fn i2s_products_equal_the_reference() {
-    let Some(v) = vnni() else { return };
+    for tiles in all_tiles() {
+        i2s_products(tiles);
+    }
+}
+
+/// [`i2s_products_equal_the_reference`] with one set of kernels.
+fn i2s_products(v: Tiles) {
     let mut rng = StdRng::seed_from_u64(16);
     // 2100 rows: 132 groups, the last one partial; a decode step runs them several groups a
     // task (8 on 2 threads, the last task 4 groups).
@@ -103,7 +125,35 @@ fn i2s_products_equal_the_reference() {
                 let dot = quant::i2s::dot(&data[j * k / 4..(j + 1) * k / 4], &q[t * k..][..k]);
                 (dot as f32 / scale[t]) * post
             };
-            assert_bits(&out, m, want, &format!("k={k} m={m} rows={rows}"));
+            assert_bits(&out, m, want, &format!("{v:?} k={k} m={m} rows={rows}"));
+        }
+    }
+}
+
+/// The largest sums the kernels meet: every code 3 (read as +2) against activations of
+/// −128 and 127, over a width whose 16-bit partial sums would overflow if they ran too
+/// long before widening.
+#[test]
+fn i2s_extreme_sums_are_exact() {
+    let (k, m) = (6912, 16);
+    let data = vec![0xFFu8; k * m / 4 + quant::i2s::TAIL_BYTES];
+    for v in all_tiles() {
+        let pack = TernaryPack::new(v, GgmlType::I2_S, &data, (k, m), &|_| {}).expect("I2_S packs");
+        for (rows, fill) in [(1, -128i8), (4, -128), (16, 127), (5, -128)] {
+            let q = vec![fill; rows * k];
+            let sum = vec![i32::from(fill) * k as i32; rows];
+            let scale = vec![1.0f32; rows];
+            let mut out = vec![f32::NAN; rows * m];
+            let x = PackInput::PerToken {
+                q: &tiled(&q, k, simd::TOKEN_TILE),
+                scale: &scale,
+                sum: &sum,
+            };
+            pack.forward(x, 1.0, &mut out);
+            let want = |t: usize, j: usize| {
+                quant::i2s::dot(&data[j * k / 4..(j + 1) * k / 4], &q[t * k..][..k]) as f32
+            };
+            assert_bits(&out, m, want, &format!("{v:?} rows={rows} q={fill}"));
         }
     }
 }
@@ -123,7 +173,13 @@ fn decode_tasks_take_several_groups() {
 
 #[test]
 fn fused_products_equal_the_single_ones() {
-    let Some(v) = vnni() else { return };
+    for tiles in all_tiles() {
+        fused_products(tiles);
+    }
+}
+
+/// [`fused_products_equal_the_single_ones`] with one set of kernels.
+fn fused_products(v: Tiles) {
     let mut rng = StdRng::seed_from_u64(18);
     let k = 640;
     // Q, K, V-like shapes: partial groups, and a product whose chunks sit between others.
@@ -185,7 +241,8 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
     for (k, m) in [(256, 16), (768, 21), (2560, 35)] {
         let data = random_tensor(&mut rng, ty, k, m);
         let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
-        let pack = TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("ternary packs");
+        let pack =
+            TernaryPack::new(Tiles::Vnni(v), ty, &data, (k, m), &|_| {}).expect("ternary packs");
         let nb = k / 256;
         for rows in [1, 2, 7, 8, 19] {
             let x = random_x(&mut rng, rows * k);
@@ -255,8 +312,8 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
                 t
             }
         };
-        let pack =
-            TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("1- and 2-bit formats pack");
+        let pack = TernaryPack::new(Tiles::Vnni(v), ty, &data, (k, m), &|_| {})
+            .expect("1- and 2-bit formats pack");
         let ns = k / 32;
         for rows in [1, 2, 3, 7, 8, 9, 19, 30, 40] {
             let x = random_x(&mut rng, rows * k);
@@ -314,11 +371,35 @@ fn q4_0_products_equal_the_reference() {
 #[test]
 fn other_formats_and_widths_are_not_packed() {
     let Some(v) = vnni() else { return };
-    assert!(TernaryPack::new(v, GgmlType::Q4_1, &[0; 20], (32, 1), &|_| {}).is_none());
+    assert!(TernaryPack::new(Tiles::Vnni(v), GgmlType::Q4_1, &[0; 20], (32, 1), &|_| {}).is_none());
     // TQ2_0 rows must be whole 256-element blocks.
-    assert!(TernaryPack::new(v, GgmlType::TQ2_0, &[0; 66], (128, 1), &|_| {}).is_none());
+    assert!(
+        TernaryPack::new(Tiles::Vnni(v), GgmlType::TQ2_0, &[0; 66], (128, 1), &|_| {}).is_none()
+    );
     // Q1_0 rows must be whole 128-element blocks.
-    assert!(TernaryPack::new(v, GgmlType::Q1_0, &[0; 18], (64, 1), &|_| {}).is_none());
+    assert!(TernaryPack::new(Tiles::Vnni(v), GgmlType::Q1_0, &[0; 18], (64, 1), &|_| {}).is_none());
+}
+
+/// The AVX2 kernels take I2_S only: the other formats keep their row kernels there.
+#[test]
+fn avx2_tiles_take_i2s_only() {
+    let Some(v) = Tiles::avx2_present() else {
+        return;
+    };
+    let i2s = vec![0x55u8; 256 * 16 / 4 + quant::i2s::TAIL_BYTES];
+    assert!(TernaryPack::new(v, GgmlType::I2_S, &i2s, (256, 16), &|_| {}).is_some());
+    for ty in [
+        GgmlType::TQ2_0,
+        GgmlType::TQ1_0,
+        GgmlType::Q2_0,
+        GgmlType::Q8_0,
+    ] {
+        let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
+        assert!(
+            TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_none(),
+            "{ty:?}"
+        );
+    }
 }
 
 #[test]
@@ -328,7 +409,8 @@ fn packed_codes_sit_where_the_layout_says() {
     let mut rng = StdRng::seed_from_u64(18);
     let (k, m) = (256, 19);
     let data = random_tensor(&mut rng, GgmlType::I2_S, k, m);
-    let pack = TernaryPack::new(v, GgmlType::I2_S, &data, (k, m), &|_| {}).expect("I2_S packs");
+    let pack = TernaryPack::new(Tiles::Vnni(v), GgmlType::I2_S, &data, (k, m), &|_| {})
+        .expect("I2_S packs");
     let mut codes = vec![0u8; k];
     for j in 0..32 {
         let (g, r) = (j / 16, j % 16);
@@ -356,7 +438,8 @@ fn q1_0_bits_sit_where_the_layout_says() {
     for (src, dst) in w.chunks_exact(k).zip(data.chunks_exact_mut(rb)) {
         quant::q1_0::quantize_row(src, dst);
     }
-    let pack = TernaryPack::new(v, GgmlType::Q1_0, &data, (k, m), &|_| {}).expect("Q1_0 packs");
+    let pack = TernaryPack::new(Tiles::Vnni(v), GgmlType::Q1_0, &data, (k, m), &|_| {})
+        .expect("Q1_0 packs");
     let (mut codes, mut scales) = (vec![0u8; k], vec![0f32; k / 128]);
     for j in 0..m {
         let (g, r) = (j / 16, j % 16);

@@ -1,0 +1,135 @@
+//! AVX2 kernel of I2_S weights in the interleaved ternary layout of [`super::vnni`]
+//! (2-bit codes, 16 rows a group), against per-token int8 activations, for CPUs without
+//! AVX-512. Callers guarantee the features and the lengths (see
+//! [`super::vnni::Tiles::per_token_dots`]).
+//!
+//! A chunk (16 elements of each of 16 rows) is two 32-byte halves, rows 0..7 and 8..15.
+//! Its four code planes (bits 2s..2s+1 of each byte: byte 4r + i of plane s is row r's code
+//! at element 4s + i) are unpacked once for up to [`RUN_TOKENS`] tokens; `vpmaddubsw`
+//! multiplies a plane by four activations of one token broadcast to every lane, giving
+//! each row two 16-bit sums of two products (it saturates, but |2 · 3 · 128| cannot).
+//! Those sums add up in 16 bits for [`RUN_CHUNKS`] chunks, then widen into one 32-bit lane
+//! a row (`vpmaddwd` by ones). All sums are exact integers, so every output equals the
+//! reference dot's.
+
+use std::arch::x86_64::*;
+
+use super::avx512::Dst;
+use super::vnni::Chunk;
+use super::x86::prefetch_ahead;
+
+/// Tokens whose accumulators one pass over a group keeps in registers (AVX2 has 16
+/// vector registers: four tokens take eight 16-bit and eight 32-bit accumulators).
+pub(super) const RUN_TOKENS: usize = 4;
+
+/// Chunks whose products add up in 16 bits before they widen: a lane gains at most
+/// 4 planes · 2 products · 3 · 128 = 3,072 a chunk (codes ≤ 3: I2_S reads code 3 as +2;
+/// |q| ≤ 128), and 10 · 3,072 = 30,720 stays under 2^15.
+const RUN_CHUNKS: usize = 10;
+
+/// Four activations at `q`, broadcast to every lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn quad(q: *const i8) -> __m256i {
+    _mm256_set1_epi32(q.cast::<i32>().read_unaligned())
+}
+
+/// Plane `S` of a chunk half: bits 2S..2S+1 of each byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn plane<const S: i32>(w: __m256i) -> __m256i {
+    _mm256_and_si256(_mm256_srli_epi16::<S>(w), _mm256_set1_epi8(3))
+}
+
+/// `acc[t][h] += plane_s(half h) · q_t[4s..4s+4]` over the four planes of the chunk at
+/// `p`, token t's 16 activations of the chunk at `q + t·16`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn chunk_sums<const T: usize>(p: *const Chunk, q: *const i8, acc: &mut [[__m256i; 2]; T]) {
+    let lo = _mm256_load_si256(p.cast());
+    let hi = _mm256_load_si256(p.cast::<__m256i>().add(1));
+    let planes = [
+        (plane::<0>(lo), plane::<0>(hi)),
+        (plane::<2>(lo), plane::<2>(hi)),
+        (plane::<4>(lo), plane::<4>(hi)),
+        (plane::<6>(lo), plane::<6>(hi)),
+    ];
+    for (s, (pl, ph)) in planes.into_iter().enumerate() {
+        for (t, a) in acc.iter_mut().enumerate() {
+            let x = quad(q.add(16 * t + 4 * s));
+            a[0] = _mm256_add_epi16(a[0], _mm256_maddubs_epi16(pl, x));
+            a[1] = _mm256_add_epi16(a[1], _mm256_maddubs_epi16(ph, x));
+        }
+    }
+}
+
+/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with T tokens of a token
+/// tile of `tn` laid out by [`super::vnni::interleave_tokens`] (token t's 16 activations
+/// of chunk c at `q + c·16·tn + t·16`; `q` points at the first of the T), token t's Σq at
+/// `sum[t]` and scale at `scale[t]`:
+/// `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) · post`, the AVX-512
+/// kernel's operations. With one token (decode) each chunk's line 4 KiB ahead is asked for.
+///
+/// # Safety
+/// AVX2; `w` points at `n_chunks` chunks, `q` at the tile's activations, `sum` and `scale`
+/// at T values, `out` T token rows.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+pub unsafe fn per_token_dots<const T: usize>(
+    w: *const Chunk,
+    n_chunks: usize,
+    q: *const i8,
+    tn: usize,
+    sum: *const i32,
+    scale: *const f32,
+    post: f32,
+    out: &Dst,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut wide = [[_mm256_setzero_si256(); 2]; T];
+    let mut c = 0;
+    while c < n_chunks {
+        let end = (c + RUN_CHUNKS).min(n_chunks);
+        let mut narrow = [[_mm256_setzero_si256(); 2]; T];
+        for c in c..end {
+            if T == 1 {
+                prefetch_ahead(w.add(c).cast());
+            }
+            chunk_sums(w.add(c), q.add(16 * tn * c), &mut narrow);
+        }
+        for (wt, nt) in wide.iter_mut().zip(&narrow) {
+            for (a, n) in wt.iter_mut().zip(nt) {
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(*n, ones));
+            }
+        }
+        c = end;
+    }
+    for (t, halves) in wide.iter().enumerate() {
+        let (s, d) = (
+            _mm256_set1_epi32(*sum.add(t)),
+            _mm256_set1_ps(*scale.add(t)),
+        );
+        let v = halves.map(|h| {
+            let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(h, s));
+            _mm256_mul_ps(_mm256_div_ps(v, d), _mm256_set1_ps(post))
+        });
+        store(out, t, v);
+    }
+}
+
+/// Stores token t's 16 lanes (two halves of 8) into the masked columns of `out`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store(out: &Dst, t: usize, v: [__m256; 2]) {
+    let dst = out.ptr.add(t * out.stride);
+    if out.mask == u16::MAX {
+        _mm256_storeu_ps(dst, v[0]);
+        _mm256_storeu_ps(dst.add(8), v[1]);
+        return;
+    }
+    let mut all = [0f32; 16];
+    _mm256_storeu_ps(all.as_mut_ptr(), v[0]);
+    _mm256_storeu_ps(all.as_mut_ptr().add(8), v[1]);
+    let cols = out.mask.trailing_ones() as usize;
+    std::ptr::copy_nonoverlapping(all.as_ptr(), dst, cols);
+}
