@@ -237,10 +237,10 @@ fn tiles_per_token_dots_16x16(bencher: Bencher, k: usize) {
 }
 
 /// One 16-row group against 16 tokens of Q8_K activations with per-block weight scales
-/// (TQ2_0 / TQ1_0 prompts; counter: multiply-adds).
+/// (TQ2_0 / TQ1_0 prompts; the chosen level's kernel, as above; counter: multiply-adds).
 #[divan::bench(args = SIZES)]
-fn vnni_block_dots_16x16(bencher: Bencher, k: usize) {
-    let Some(v) = simd::Vnni::get() else {
+fn tiles_block_dots_16x16(bencher: Bencher, k: usize) {
+    let Some(v) = simd::Tiles::get() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(1);

@@ -1,7 +1,7 @@
-//! AVX2 kernel of I2_S weights in the interleaved ternary layout of [`super::vnni`]
-//! (2-bit codes, 16 rows a group), against per-token int8 activations, for CPUs without
-//! AVX-512. Callers guarantee the features and the lengths (see
-//! [`super::vnni::Tiles::per_token_dots`]).
+//! AVX2 kernels of 2-bit weights in the interleaved ternary layout of [`super::vnni`]
+//! (16 rows a group), for CPUs without AVX-512: I2_S against per-token int8 activations,
+//! TQ2_0 / TQ1_0 against Q8_K ones. Callers guarantee the features and the lengths (see
+//! [`super::vnni::Tiles`]).
 //!
 //! A chunk (16 elements of each of 16 rows) is two 32-byte halves, rows 0..7 and 8..15.
 //! Its four code planes (bits 2s..2s+1 of each byte: byte 4r + i of plane s is row r's code
@@ -63,12 +63,45 @@ unsafe fn chunk_sums<const T: usize>(p: *const Chunk, q: *const i8, acc: &mut [[
     }
 }
 
-/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with T tokens of a token
-/// tile of `tn` laid out by [`super::vnni::interleave_tokens`] (token t's 16 activations
-/// of chunk c at `q + c·16·tn + t·16`; `q` points at the first of the T), token t's Σq at
-/// `sum[t]` and scale at `scale[t]`:
+/// `Σ code·q` over chunks `run` of the 16 rows at `w` for T tokens of a token tile of `tn`
+/// laid out by [`super::vnni::interleave_tokens`] (token t's 16 activations of chunk c at
+/// `q + c·16·tn + t·16`; `q` points at the first of the T): per token, rows 0..7 and
+/// 8..15, one 32-bit lane a row, exact. With one token (decode) each chunk's line 4 KiB
+/// ahead is asked for.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn run_sums<const T: usize>(
+    w: *const Chunk,
+    q: *const i8,
+    tn: usize,
+    run: std::ops::Range<usize>,
+) -> [[__m256i; 2]; T] {
+    let ones = _mm256_set1_epi16(1);
+    let mut wide = [[_mm256_setzero_si256(); 2]; T];
+    let mut c = run.start;
+    while c < run.end {
+        let end = (c + RUN_CHUNKS).min(run.end);
+        let mut narrow = [[_mm256_setzero_si256(); 2]; T];
+        for c in c..end {
+            if T == 1 {
+                prefetch_ahead(w.add(c).cast());
+            }
+            chunk_sums(w.add(c), q.add(16 * tn * c), &mut narrow);
+        }
+        for (wt, nt) in wide.iter_mut().zip(&narrow) {
+            for (a, n) in wt.iter_mut().zip(nt) {
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(*n, ones));
+            }
+        }
+        c = end;
+    }
+    wide
+}
+
+/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with T tokens (laid out as
+/// [`run_sums`] reads them), token t's Σq at `sum[t]` and scale at `scale[t]`:
 /// `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) · post`, the AVX-512
-/// kernel's operations. With one token (decode) each chunk's line 4 KiB ahead is asked for.
+/// kernel's operations.
 ///
 /// # Safety
 /// AVX2; `w` points at `n_chunks` chunks, `q` at the tile's activations, `sum` and `scale`
@@ -85,25 +118,7 @@ pub unsafe fn per_token_dots<const T: usize>(
     post: f32,
     out: &Dst,
 ) {
-    let ones = _mm256_set1_epi16(1);
-    let mut wide = [[_mm256_setzero_si256(); 2]; T];
-    let mut c = 0;
-    while c < n_chunks {
-        let end = (c + RUN_CHUNKS).min(n_chunks);
-        let mut narrow = [[_mm256_setzero_si256(); 2]; T];
-        for c in c..end {
-            if T == 1 {
-                prefetch_ahead(w.add(c).cast());
-            }
-            chunk_sums(w.add(c), q.add(16 * tn * c), &mut narrow);
-        }
-        for (wt, nt) in wide.iter_mut().zip(&narrow) {
-            for (a, n) in wt.iter_mut().zip(nt) {
-                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(*n, ones));
-            }
-        }
-        c = end;
-    }
+    let wide = run_sums::<T>(w, q, tn, 0..n_chunks);
     for (t, halves) in wide.iter().enumerate() {
         let (s, d) = (
             _mm256_set1_epi32(*sum.add(t)),
@@ -114,6 +129,49 @@ pub unsafe fn per_token_dots<const T: usize>(
             _mm256_mul_ps(_mm256_div_ps(v, d), _mm256_set1_ps(post))
         });
         store(out, t, v);
+    }
+}
+
+/// Per-block scaled dots against Q8_K activations (TQ2_0, TQ1_0): for every 256-element
+/// block b, `sum_t += ((Σ code·q − bsum[t][b]) as f32) · (d[t][b] · scale[b][r])`, block
+/// after block (a product, then a sum: the reference dots' roundings); `out[t] = sum_t ·
+/// post`. Token t's block values sit at `d + b·tn + t` and `bsum + b·tn + t` (laid out
+/// by [`super::vnni::interleave_blocks`]; the pointers at the first of the T).
+///
+/// # Safety
+/// AVX2 and F16C; `w` points at `16 · n_blocks` chunks, `scales` at `16 · n_blocks` F16
+/// values, `q`, `d` and `bsum` at the tile's values, `out` T token rows.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn block_dots<const T: usize>(
+    w: *const Chunk,
+    scales: *const half::f16,
+    n_blocks: usize,
+    q: *const i8,
+    tn: usize,
+    (d, bsum): (*const f32, *const i32),
+    post: f32,
+    out: &Dst,
+) {
+    let mut sum = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..n_blocks {
+        let wide = run_sums::<T>(w, q, tn, 16 * b..16 * (b + 1));
+        let sb = scales.add(16 * b).cast::<__m128i>();
+        let dw = [
+            _mm256_cvtph_ps(_mm_loadu_si128(sb)),
+            _mm256_cvtph_ps(_mm_loadu_si128(sb.add(1))),
+        ];
+        for (t, (st, wt)) in sum.iter_mut().zip(&wide).enumerate() {
+            let (db, bb) = (*d.add(b * tn + t), _mm256_set1_epi32(*bsum.add(b * tn + t)));
+            for ((s, h), dw) in st.iter_mut().zip(wt).zip(dw) {
+                let scale = _mm256_mul_ps(_mm256_set1_ps(db), dw);
+                let sumi = _mm256_cvtepi32_ps(_mm256_sub_epi32(*h, bb));
+                *s = _mm256_add_ps(*s, _mm256_mul_ps(sumi, scale));
+            }
+        }
+    }
+    for (t, st) in sum.iter().enumerate() {
+        store(out, t, st.map(|s| _mm256_mul_ps(s, _mm256_set1_ps(post))));
     }
 }
 

@@ -166,13 +166,14 @@ pub struct Vnni(Features);
 pub struct Avx2(Features);
 
 /// The kernels that read the interleaved layout on this CPU: the AVX-512 VNNI ones (every
-/// format of [`Codes`]), or where only AVX2 runs, the AVX2 one of I2_S (2-bit codes
-/// against per-token activations; the other formats keep their row kernels there).
+/// format of [`Codes`]), or where only AVX2 runs, the AVX2 ones of the 2-bit codes (I2_S
+/// against per-token activations, TQ2_0 / TQ1_0 against Q8_K ones; the other formats keep
+/// their row kernels there).
 #[derive(Clone, Copy, Debug)]
 pub enum Tiles {
     /// AVX-512 F/BW/VNNI.
     Vnni(Vnni),
-    /// AVX2, I2_S only.
+    /// AVX2, I2_S, TQ2_0 and TQ1_0 only.
     Avx2(Avx2),
 }
 
@@ -185,7 +186,7 @@ struct Features;
 #[derive(Clone, Copy, Debug)]
 enum Features {}
 
-/// Largest token tile of [`Tiles::per_token_dots`] and [`Vnni::block_dots`] (accumulators
+/// Largest token tile of [`Tiles::per_token_dots`] and [`Tiles::block_dots`] (accumulators
 /// held in registers; for the block dots' float sums, touched once per 256-element block,
 /// 16 measured ~5 % faster than 8, and no slower since the broadcasts were made
 /// unindexed).
@@ -206,7 +207,7 @@ fn tile(n: usize, cap: usize) -> usize {
 
 /// The token tiles `(first, len)` that the prompt kernels take `n` tokens in, as
 /// [`interleave_tokens`] lays them out: runs of `cap` ([`TOKEN_TILE`] for
-/// [`Tiles::per_token_dots`] and [`Vnni::block_dots`], [`SUB_TILE`] for
+/// [`Tiles::per_token_dots`] and [`Tiles::block_dots`], [`SUB_TILE`] for
 /// [`Vnni::q8_0_dots`]) from token 0, each split into tiles of the largest power of
 /// two left.
 fn token_tiles(n: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -298,11 +299,12 @@ impl Tiles {
         None
     }
 
-    /// Whether these kernels read weights of type `ty` (the AVX2 ones: I2_S only).
+    /// Whether these kernels read weights of type `ty` (the AVX2 ones: the 2-bit I2_S,
+    /// TQ2_0 and TQ1_0 only).
     pub fn take(self, ty: GgmlType) -> bool {
         match self {
             Tiles::Vnni(_) => true,
-            Tiles::Avx2(_) => ty == GgmlType::I2_S,
+            Tiles::Avx2(_) => matches!(ty, GgmlType::I2_S | GgmlType::TQ2_0 | GgmlType::TQ1_0),
         }
     }
 
@@ -365,11 +367,7 @@ impl Tiles {
                     }
                     continue;
                 }
-                // AVX2: the tile's tokens in runs of at most `avx2_tile::RUN_TOKENS`, each
-                // a whole pass over the group.
-                let mut t = t0;
-                while t < t0 + tn {
-                    let run = (t0 + tn - t).min(avx2_tile::RUN_TOKENS);
+                for (t, run) in avx2_runs(t0, tn) {
                     let qr = qt.wrapping_add(16 * (t - t0));
                     let (st, ct) = (sum[t..].as_ptr(), scale[t..].as_ptr());
                     let o = out.dst(t);
@@ -382,29 +380,16 @@ impl Tiles {
                             _ => avx2_tile::per_token_dots::<1>(w, nc, qr, tn, st, ct, post, &o),
                         }
                     }
-                    t += run;
                 }
             }
         }
     }
-}
-
-impl Vnni {
-    /// The token, when [`Level::detect`] chose the AVX-512 kernels.
-    pub fn get() -> Option<Vnni> {
-        #[cfg(target_arch = "x86_64")]
-        if Level::detect() == Level::Avx512 {
-            return Some(Vnni(Features));
-        }
-        None
-    }
-
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
     /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against the Q8_K
     /// activations `x` (one token per row of `out`, `x.q` laid out by
     /// [`interleave_tokens`] and `x.d`, `x.bsum` by [`interleave_blocks`], in tiles of
     /// [`TOKEN_TILE`]; `scales`: the group's weight scales, block-major, 16 per block),
-    /// times `post`.
+    /// times `post`, whichever the kernels.
     ///
     /// # Panics
     /// If the lengths do not agree with the group's width and `out.rows()` tokens.
@@ -427,27 +412,74 @@ impl Vnni {
         assert_eq!(d.len(), n * nb, "block_dots: activation scales");
         assert_eq!(bsum.len(), n * nb, "block_dots: block sums");
         #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
+        match self {
+            Tiles::Vnni(v) => match v.0 {},
+            Tiles::Avx2(a) => match a.0 {},
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let (w, s) = (group.as_ptr(), scales.as_ptr());
             for (t0, tn) in token_tiles(n, TOKEN_TILE) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, bt) = (d[t0 * nb..].as_ptr(), bsum[t0 * nb..].as_ptr());
-                let o = out.dst(t0);
-                // SAFETY: the token proves the features; every length was asserted above
-                // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
-                unsafe {
-                    match tn {
-                        16 => avx512::block_dots::<16>(w, s, nb, qt, dt, bt, post, o),
-                        8 => avx512::block_dots::<8>(w, s, nb, qt, dt, bt, post, o),
-                        4 => avx512::block_dots::<4>(w, s, nb, qt, dt, bt, post, o),
-                        2 => avx512::block_dots::<2>(w, s, nb, qt, dt, bt, post, o),
-                        _ => avx512::block_dot1(w, s, nb, qt, dt, bt, post, o),
+                if let Tiles::Vnni(_) = self {
+                    let o = out.dst(t0);
+                    // SAFETY: the token proves the features; every length was asserted
+                    // above (`out`'s by its construction) and tokens t0..t0+tn are among
+                    // the `n` rows.
+                    unsafe {
+                        match tn {
+                            16 => avx512::block_dots::<16>(w, s, nb, qt, dt, bt, post, o),
+                            8 => avx512::block_dots::<8>(w, s, nb, qt, dt, bt, post, o),
+                            4 => avx512::block_dots::<4>(w, s, nb, qt, dt, bt, post, o),
+                            2 => avx512::block_dots::<2>(w, s, nb, qt, dt, bt, post, o),
+                            _ => avx512::block_dot1(w, s, nb, qt, dt, bt, post, o),
+                        }
+                    }
+                    continue;
+                }
+                for (t, run) in avx2_runs(t0, tn) {
+                    let i = t - t0;
+                    let (qr, db) = (
+                        qt.wrapping_add(16 * i),
+                        (dt.wrapping_add(i), bt.wrapping_add(i)),
+                    );
+                    let o = out.dst(t);
+                    // SAFETY: the token proves AVX2 and F16C; as above, and tokens t..t + run
+                    // lie in the tile, whose activations hold 16·tn bytes a chunk from `qt`
+                    // and whose block values tn a block from `dt` and `bt`.
+                    unsafe {
+                        match run {
+                            4 => avx2_tile::block_dots::<4>(w, s, nb, qr, tn, db, post, &o),
+                            2 => avx2_tile::block_dots::<2>(w, s, nb, qr, tn, db, post, &o),
+                            _ => avx2_tile::block_dots::<1>(w, s, nb, qr, tn, db, post, &o),
+                        }
                     }
                 }
             }
         }
+    }
+}
+
+/// The runs `(first token, length)` that the AVX2 kernels take the token tile `t0..t0 +
+/// tn` in: at most [`avx2_tile::RUN_TOKENS`] tokens each (their accumulators fill AVX2's
+/// registers), each a whole pass over the group.
+#[cfg(target_arch = "x86_64")]
+fn avx2_runs(t0: usize, tn: usize) -> impl Iterator<Item = (usize, usize)> {
+    let end = t0 + tn;
+    (t0..end)
+        .step_by(avx2_tile::RUN_TOKENS)
+        .map(move |t| (t, (end - t).min(avx2_tile::RUN_TOKENS)))
+}
+
+impl Vnni {
+    /// The token, when [`Level::detect`] chose the AVX-512 kernels.
+    pub fn get() -> Option<Vnni> {
+        #[cfg(target_arch = "x86_64")]
+        if Level::detect() == Level::Avx512 {
+            return Some(Vnni(Features));
+        }
+        None
     }
 
     /// The dots of the group's rows against the Q8_0 activations `x` (one token per row of

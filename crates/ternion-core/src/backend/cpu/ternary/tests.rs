@@ -235,14 +235,20 @@ fn fused_products(v: Tiles) {
     }
 }
 
+/// The packed products of `ty` (TQ2_0, TQ1_0) against `reference`, with every set of
+/// kernels.
 fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
-    let Some(v) = vnni() else { return };
+    for tiles in all_tiles() {
+        check_q8k_with(tiles, ty, reference);
+    }
+}
+
+fn check_q8k_with(v: Tiles, ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
     let mut rng = StdRng::seed_from_u64(17);
     for (k, m) in [(256, 16), (768, 21), (2560, 35)] {
         let data = random_tensor(&mut rng, ty, k, m);
         let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
-        let pack =
-            TernaryPack::new(Tiles::Vnni(v), ty, &data, (k, m), &|_| {}).expect("ternary packs");
+        let pack = TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("ternary packs");
         let nb = k / 256;
         for rows in [1, 2, 7, 8, 19] {
             let x = random_x(&mut rng, rows * k);
@@ -271,7 +277,12 @@ fn check_q8k(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32) {
             let want = |t: usize, j: usize| {
                 reference(&data[j * rb..][..rb], &q[t * k..][..k], &d[t * nb..][..nb]) * 1.5
             };
-            assert_bits(&out, m, want, &format!("{ty} k={k} m={m} rows={rows}"));
+            assert_bits(
+                &out,
+                m,
+                want,
+                &format!("{v:?} {ty} k={k} m={m} rows={rows}"),
+            );
         }
     }
 }
@@ -380,19 +391,27 @@ fn other_formats_and_widths_are_not_packed() {
     assert!(TernaryPack::new(Tiles::Vnni(v), GgmlType::Q1_0, &[0; 18], (64, 1), &|_| {}).is_none());
 }
 
-/// The AVX2 kernels take I2_S only: the other formats keep their row kernels there.
+/// The AVX2 kernels take the 2-bit I2_S, TQ2_0 and TQ1_0 only: the other formats keep
+/// their row kernels there.
 #[test]
-fn avx2_tiles_take_i2s_only() {
+fn avx2_tiles_take_two_bit_codes_only() {
     let Some(v) = Tiles::avx2_present() else {
         return;
     };
     let i2s = vec![0x55u8; 256 * 16 / 4 + quant::i2s::TAIL_BYTES];
     assert!(TernaryPack::new(v, GgmlType::I2_S, &i2s, (256, 16), &|_| {}).is_some());
+    for ty in [GgmlType::TQ2_0, GgmlType::TQ1_0] {
+        let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
+        assert!(
+            TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_some(),
+            "{ty:?}"
+        );
+    }
     for ty in [
-        GgmlType::TQ2_0,
-        GgmlType::TQ1_0,
+        GgmlType::Q1_0,
         GgmlType::Q2_0,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
     ] {
         let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
         assert!(
