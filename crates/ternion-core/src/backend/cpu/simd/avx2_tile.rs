@@ -9,13 +9,14 @@
 //! multiplies a plane by four activations of one token broadcast to every lane, giving
 //! each row two 16-bit sums of two products (it saturates, but |2 · 3 · 128| cannot).
 //! Those sums add up in 16 bits for [`RUN_CHUNKS`] chunks, then widen into one 32-bit lane
-//! a row (`vpmaddwd` by ones). All sums are exact integers, so every output equals the
-//! reference dot's.
+//! a row (`vpmaddwd` by ones). Where the CPU has AVX-VNNI ([`Dot`]), `vpdpbusd` on 256-bit
+//! vectors does the same in one instruction, into 32-bit lanes. All sums are exact
+//! integers, so every output equals the reference dot's.
 
 use std::arch::x86_64::*;
 
 use super::avx512::Dst;
-use super::vnni::Chunk;
+use super::vnni::{Chunk, Dot};
 use super::x86::prefetch_ahead;
 
 /// Tokens whose accumulators one pass over a group keeps in registers (AVX2 has 16
@@ -63,6 +64,76 @@ unsafe fn chunk_sums<const T: usize>(p: *const Chunk, q: *const i8, acc: &mut [[
     }
 }
 
+/// `Σ code·q` over chunks `run` of the 16 rows at `w` for T tokens, by `dot` (see
+/// [`run_sums`]).
+///
+/// # Safety
+/// AVX2, and the extension `dot` names; the pointers as [`run_sums`].
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn sums<const T: usize>(
+    dot: Dot,
+    w: *const Chunk,
+    q: *const i8,
+    tn: usize,
+    run: std::ops::Range<usize>,
+) -> [[__m256i; 2]; T] {
+    match dot {
+        Dot::Maddubs => run_sums(w, q, tn, run),
+        Dot::AvxVnni => vex_sums(w, q, tn, run),
+        Dot::Evex => evex_sums(w, q, tn, run),
+    }
+}
+
+/// Defines a `vpdpbusd` variant of [`run_sums`]: per token and half, 4 / T accumulators
+/// taking the planes in turn (one token: four independent chains per half, which hide the
+/// instruction's latency, as the AVX-512 one-token kernel does), added up at the end.
+macro_rules! dpbusd_sums {
+    ($name:ident, $features:literal, $dpbusd:ident) => {
+        /// [`run_sums`] with `vpdpbusd` (exact 32-bit sums, nothing to widen).
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const T: usize>(
+            w: *const Chunk,
+            q: *const i8,
+            tn: usize,
+            run: std::ops::Range<usize>,
+        ) -> [[__m256i; 2]; T] {
+            let chains = 4 / T.clamp(1, 4);
+            let mut acc = [[[_mm256_setzero_si256(); 4]; 2]; T];
+            for c in run {
+                if T == 1 {
+                    prefetch_ahead(w.add(c).cast());
+                }
+                let p = w.add(c).cast::<__m256i>();
+                let (lo, hi) = (_mm256_load_si256(p), _mm256_load_si256(p.add(1)));
+                let planes = [
+                    (plane::<0>(lo), plane::<0>(hi)),
+                    (plane::<2>(lo), plane::<2>(hi)),
+                    (plane::<4>(lo), plane::<4>(hi)),
+                    (plane::<6>(lo), plane::<6>(hi)),
+                ];
+                let qc = q.add(16 * tn * c);
+                for (s, (pl, ph)) in planes.into_iter().enumerate() {
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let x = quad(qc.add(16 * t + 4 * s));
+                        let k = s % chains;
+                        a[0][k] = $dpbusd(a[0][k], pl, x);
+                        a[1][k] = $dpbusd(a[1][k], ph, x);
+                    }
+                }
+            }
+            acc.map(|halves| {
+                halves.map(|[a, b, c, d]| {
+                    _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d))
+                })
+            })
+        }
+    };
+}
+
+dpbusd_sums!(vex_sums, "avx2,avxvnni", _mm256_dpbusd_avx_epi32);
+dpbusd_sums!(evex_sums, "avx2,avx512vl,avx512vnni", _mm256_dpbusd_epi32);
+
 /// `Σ code·q` over chunks `run` of the 16 rows at `w` for T tokens of a token tile of `tn`
 /// laid out by [`super::vnni::interleave_tokens`] (token t's 16 activations of chunk c at
 /// `q + c·16·tn + t·16`; `q` points at the first of the T): per token, rows 0..7 and
@@ -104,11 +175,12 @@ unsafe fn run_sums<const T: usize>(
 /// kernel's operations.
 ///
 /// # Safety
-/// AVX2; `w` points at `n_chunks` chunks, `q` at the tile's activations, `sum` and `scale`
-/// at T values, `out` T token rows.
+/// AVX2 and the extension `dot` names; `w` points at `n_chunks` chunks, `q` at the tile's
+/// activations, `sum` and `scale` at T values, `out` T token rows.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
 pub unsafe fn per_token_dots<const T: usize>(
+    dot: Dot,
     w: *const Chunk,
     n_chunks: usize,
     q: *const i8,
@@ -118,7 +190,7 @@ pub unsafe fn per_token_dots<const T: usize>(
     post: f32,
     out: &Dst,
 ) {
-    let wide = run_sums::<T>(w, q, tn, 0..n_chunks);
+    let wide = sums::<T>(dot, w, q, tn, 0..n_chunks);
     for (t, halves) in wide.iter().enumerate() {
         let (s, d) = (
             _mm256_set1_epi32(*sum.add(t)),
@@ -139,11 +211,13 @@ pub unsafe fn per_token_dots<const T: usize>(
 /// by [`super::vnni::interleave_blocks`]; the pointers at the first of the T).
 ///
 /// # Safety
-/// AVX2 and F16C; `w` points at `16 · n_blocks` chunks, `scales` at `16 · n_blocks` F16
-/// values, `q`, `d` and `bsum` at the tile's values, `out` T token rows.
+/// AVX2, F16C and the extension `dot` names; `w` points at `16 · n_blocks` chunks,
+/// `scales` at `16 · n_blocks` F16 values, `q`, `d` and `bsum` at the tile's values, `out`
+/// T token rows.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn block_dots<const T: usize>(
+    dot: Dot,
     w: *const Chunk,
     scales: *const half::f16,
     n_blocks: usize,
@@ -155,7 +229,7 @@ pub unsafe fn block_dots<const T: usize>(
 ) {
     let mut sum = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..n_blocks {
-        let wide = run_sums::<T>(w, q, tn, 16 * b..16 * (b + 1));
+        let wide = sums::<T>(dot, w, q, tn, 16 * b..16 * (b + 1));
         let sb = scales.add(16 * b).cast::<__m128i>();
         let dw = [
             _mm256_cvtph_ps(_mm_loadu_si128(sb)),

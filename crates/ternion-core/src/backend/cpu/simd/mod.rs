@@ -55,8 +55,8 @@ pub use heads::{f16_scores_heads, f16_weighted_sum_heads, MAX_HEADS};
 pub use q6_k::{q6_k_dot4_q8k, q6_k_dot_q8k, q6_k_interleave, QUAD_ROWS};
 pub use squares::{mean_squares, SQUARE_ROWS};
 pub use vnni::{
-    interleave_blocks, interleave_tokens, Avx2, Chunk, Codes, OutCols, Q80Rows, Q8kRows, Tiles,
-    Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK, SUB_TILE, TOKEN_TILE,
+    interleave_blocks, interleave_tokens, Avx2, Chunk, Codes, Dot, OutCols, Q80Rows, Q8kRows,
+    Tiles, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK, SUB_TILE, TOKEN_TILE,
 };
 
 /// The instruction set the kernels use on this machine.
@@ -75,8 +75,10 @@ pub enum Level {
 
 impl Level {
     /// The best level this CPU supports (detected once). `TERNION_SIMD=scalar` forces the
-    /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones, `TERNION_SIMD=neon` the NEON
-    /// ones without the `dotprod` extension (for testing and comparison).
+    /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones (without AVX-VNNI),
+    /// `TERNION_SIMD=avxvnni` the AVX2 ones with 256-bit `vpdpbusd` ([`Dot`]),
+    /// `TERNION_SIMD=neon` the NEON ones without the `dotprod` extension (for testing and
+    /// comparison).
     pub fn detect() -> Level {
         static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
         *LEVEL.get_or_init(|| {
@@ -90,6 +92,7 @@ impl Level {
                 && is_x86_feature_detected!("f16c")
             {
                 if cap != "avx2"
+                    && cap != "avxvnni"
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")

@@ -161,9 +161,26 @@ impl<'a> OutCols<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct Vnni(Features);
 
-/// Proof that the AVX2 kernels were chosen ([`Level::Avx2`]: AVX2, FMA and F16C).
+/// Proof that the AVX2 kernels were chosen ([`Level::Avx2`]: AVX2, FMA and F16C), and
+/// the [`Dot`] this CPU runs them with.
+// Off x86-64 no kernel reads the dot (the token cannot exist there).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
-pub struct Avx2(Features);
+pub struct Avx2(Features, Dot);
+
+/// How the AVX2 kernels multiply a code plane by four broadcast activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dot {
+    /// `vpmaddubsw` into 16-bit sums, widened every `RUN_CHUNKS` chunks (plain AVX2).
+    Maddubs,
+    /// AVX-VNNI's `vpdpbusd` on 256-bit vectors: four products added into a 32-bit lane
+    /// by one instruction (Intel from Alder Lake, AMD from Zen 5, without AVX-512).
+    AvxVnni,
+    /// The same instruction in its AVX-512 VL encoding, on a CPU with AVX-512 VNNI whose
+    /// AVX2 level was asked for (`TERNION_SIMD=avxvnni`): the AVX-VNNI kernel measured and
+    /// tested where AVX-VNNI itself is missing.
+    Evex,
+}
 
 /// The kernels that read the interleaved layout on this CPU: the AVX-512 VNNI ones (every
 /// format of [`Codes`]), or where only AVX2 runs, the AVX2 ones of the 2-bit codes (I2_S
@@ -275,28 +292,63 @@ pub fn interleave_tokens(q: &[i8], k: usize, cap: usize, out: &mut [i8]) {
     }
 }
 
+impl Dot {
+    /// The dot step of this CPU's AVX2 kernels: AVX-VNNI where it has it, unless
+    /// `TERNION_SIMD=avx2` asks for plain AVX2; under `TERNION_SIMD=avxvnni` on a CPU
+    /// with AVX-512 VNNI and VL but no AVX-VNNI, [`Dot::Evex`].
+    #[cfg(target_arch = "x86_64")]
+    fn detect() -> Dot {
+        static DOT: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
+        *DOT.get_or_init(|| {
+            let cap = std::env::var("TERNION_SIMD").unwrap_or_default();
+            if cap == "avx2" {
+                Dot::Maddubs
+            } else if is_x86_feature_detected!("avxvnni") {
+                Dot::AvxVnni
+            } else if cap == "avxvnni"
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                Dot::Evex
+            } else {
+                Dot::Maddubs
+            }
+        })
+    }
+}
+
 impl Tiles {
     /// The kernels of the level [`Level::detect`] chose, if it has any.
     pub fn get() -> Option<Tiles> {
         #[cfg(target_arch = "x86_64")]
         if Level::detect() == Level::Avx2 {
-            return Some(Tiles::Avx2(Avx2(Features)));
+            return Some(Tiles::Avx2(Avx2(Features, Dot::detect())));
         }
         Vnni::get().map(Tiles::Vnni)
     }
 
-    /// The AVX2 kernels wherever the CPU has AVX2, FMA and F16C, whatever level was chosen
-    /// (so that tests compare them with the others on an AVX-512 machine).
+    /// The AVX2 kernels with every [`Dot`] this CPU runs, wherever it has AVX2, FMA and
+    /// F16C, whatever level was chosen (so that tests compare them with the others on an
+    /// AVX-512 machine).
     #[cfg(test)]
-    pub(crate) fn avx2_present() -> Option<Tiles> {
+    pub(crate) fn avx2_present() -> Vec<Tiles> {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            return Some(Tiles::Avx2(Avx2(Features)));
+            let vl = is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512vnni");
+            return [
+                (Dot::Maddubs, true),
+                (Dot::AvxVnni, is_x86_feature_detected!("avxvnni")),
+                (Dot::Evex, vl),
+            ]
+            .into_iter()
+            .filter(|&(_, runs)| runs)
+            .map(|(dot, _)| Tiles::Avx2(Avx2(Features, dot)))
+            .collect();
         }
-        None
+        Vec::new()
     }
 
     /// Whether these kernels read weights of type `ty` (the AVX2 ones: the 2-bit I2_S,
@@ -350,23 +402,26 @@ impl Tiles {
             let (w, nc) = (group.as_ptr(), group.len());
             for (t0, tn) in token_tiles(n, TOKEN_TILE) {
                 let qt = q[t0 * k..].as_ptr();
-                if let Tiles::Vnni(_) = self {
-                    let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
-                    let o = out.dst(t0);
-                    // SAFETY: the token proves the features; `q`, `sum`, `scale` and `out`
-                    // hold `n` tokens (asserted; `out` by its construction) and tokens
-                    // t0..t0+tn are among them.
-                    unsafe {
-                        match tn {
-                            16 => avx512::per_token_dots::<16>(w, nc, qt, st, ct, post, o),
-                            8 => avx512::per_token_dots::<8>(w, nc, qt, st, ct, post, o),
-                            4 => avx512::per_token_dots::<4>(w, nc, qt, st, ct, post, o),
-                            2 => avx512::per_token_dots::<2>(w, nc, qt, st, ct, post, o),
-                            _ => avx512::per_token_dot1(w, nc, qt, *st, *ct, post, o),
+                let dot = match self {
+                    Tiles::Vnni(_) => {
+                        let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
+                        let o = out.dst(t0);
+                        // SAFETY: the token proves the features; `q`, `sum`, `scale` and `out`
+                        // hold `n` tokens (asserted; `out` by its construction) and tokens
+                        // t0..t0+tn are among them.
+                        unsafe {
+                            match tn {
+                                16 => avx512::per_token_dots::<16>(w, nc, qt, st, ct, post, o),
+                                8 => avx512::per_token_dots::<8>(w, nc, qt, st, ct, post, o),
+                                4 => avx512::per_token_dots::<4>(w, nc, qt, st, ct, post, o),
+                                2 => avx512::per_token_dots::<2>(w, nc, qt, st, ct, post, o),
+                                _ => avx512::per_token_dot1(w, nc, qt, *st, *ct, post, o),
+                            }
                         }
+                        continue;
                     }
-                    continue;
-                }
+                    Tiles::Avx2(Avx2(_, dot)) => dot,
+                };
                 for (t, run) in avx2_runs(t0, tn) {
                     let qr = qt.wrapping_add(16 * (t - t0));
                     let (st, ct) = (sum[t..].as_ptr(), scale[t..].as_ptr());
@@ -375,9 +430,15 @@ impl Tiles {
                     // the tile, whose activations hold 16·tn bytes a chunk from `qt`.
                     unsafe {
                         match run {
-                            4 => avx2_tile::per_token_dots::<4>(w, nc, qr, tn, st, ct, post, &o),
-                            2 => avx2_tile::per_token_dots::<2>(w, nc, qr, tn, st, ct, post, &o),
-                            _ => avx2_tile::per_token_dots::<1>(w, nc, qr, tn, st, ct, post, &o),
+                            4 => {
+                                avx2_tile::per_token_dots::<4>(dot, w, nc, qr, tn, st, ct, post, &o)
+                            }
+                            2 => {
+                                avx2_tile::per_token_dots::<2>(dot, w, nc, qr, tn, st, ct, post, &o)
+                            }
+                            _ => {
+                                avx2_tile::per_token_dots::<1>(dot, w, nc, qr, tn, st, ct, post, &o)
+                            }
                         }
                     }
                 }
@@ -422,22 +483,25 @@ impl Tiles {
             for (t0, tn) in token_tiles(n, TOKEN_TILE) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, bt) = (d[t0 * nb..].as_ptr(), bsum[t0 * nb..].as_ptr());
-                if let Tiles::Vnni(_) = self {
-                    let o = out.dst(t0);
-                    // SAFETY: the token proves the features; every length was asserted
-                    // above (`out`'s by its construction) and tokens t0..t0+tn are among
-                    // the `n` rows.
-                    unsafe {
-                        match tn {
-                            16 => avx512::block_dots::<16>(w, s, nb, qt, dt, bt, post, o),
-                            8 => avx512::block_dots::<8>(w, s, nb, qt, dt, bt, post, o),
-                            4 => avx512::block_dots::<4>(w, s, nb, qt, dt, bt, post, o),
-                            2 => avx512::block_dots::<2>(w, s, nb, qt, dt, bt, post, o),
-                            _ => avx512::block_dot1(w, s, nb, qt, dt, bt, post, o),
+                let dot = match self {
+                    Tiles::Vnni(_) => {
+                        let o = out.dst(t0);
+                        // SAFETY: the token proves the features; every length was asserted
+                        // above (`out`'s by its construction) and tokens t0..t0+tn are among
+                        // the `n` rows.
+                        unsafe {
+                            match tn {
+                                16 => avx512::block_dots::<16>(w, s, nb, qt, dt, bt, post, o),
+                                8 => avx512::block_dots::<8>(w, s, nb, qt, dt, bt, post, o),
+                                4 => avx512::block_dots::<4>(w, s, nb, qt, dt, bt, post, o),
+                                2 => avx512::block_dots::<2>(w, s, nb, qt, dt, bt, post, o),
+                                _ => avx512::block_dot1(w, s, nb, qt, dt, bt, post, o),
+                            }
                         }
+                        continue;
                     }
-                    continue;
-                }
+                    Tiles::Avx2(Avx2(_, dot)) => dot,
+                };
                 for (t, run) in avx2_runs(t0, tn) {
                     let i = t - t0;
                     let (qr, db) = (
@@ -450,9 +514,9 @@ impl Tiles {
                     // and whose block values tn a block from `dt` and `bt`.
                     unsafe {
                         match run {
-                            4 => avx2_tile::block_dots::<4>(w, s, nb, qr, tn, db, post, &o),
-                            2 => avx2_tile::block_dots::<2>(w, s, nb, qr, tn, db, post, &o),
-                            _ => avx2_tile::block_dots::<1>(w, s, nb, qr, tn, db, post, &o),
+                            4 => avx2_tile::block_dots::<4>(dot, w, s, nb, qr, tn, db, post, &o),
+                            2 => avx2_tile::block_dots::<2>(dot, w, s, nb, qr, tn, db, post, &o),
+                            _ => avx2_tile::block_dots::<1>(dot, w, s, nb, qr, tn, db, post, &o),
                         }
                     }
                 }

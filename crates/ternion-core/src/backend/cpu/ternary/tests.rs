@@ -395,29 +395,28 @@ fn other_formats_and_widths_are_not_packed() {
 /// their row kernels there.
 #[test]
 fn avx2_tiles_take_two_bit_codes_only() {
-    let Some(v) = Tiles::avx2_present() else {
-        return;
-    };
-    let i2s = vec![0x55u8; 256 * 16 / 4 + quant::i2s::TAIL_BYTES];
-    assert!(TernaryPack::new(v, GgmlType::I2_S, &i2s, (256, 16), &|_| {}).is_some());
-    for ty in [GgmlType::TQ2_0, GgmlType::TQ1_0] {
-        let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
-        assert!(
-            TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_some(),
-            "{ty:?}"
-        );
-    }
-    for ty in [
-        GgmlType::Q1_0,
-        GgmlType::Q2_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-    ] {
-        let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
-        assert!(
-            TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_none(),
-            "{ty:?}"
-        );
+    for v in Tiles::avx2_present() {
+        let i2s = vec![0x55u8; 256 * 16 / 4 + quant::i2s::TAIL_BYTES];
+        assert!(TernaryPack::new(v, GgmlType::I2_S, &i2s, (256, 16), &|_| {}).is_some());
+        for ty in [GgmlType::TQ2_0, GgmlType::TQ1_0] {
+            let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
+            assert!(
+                TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_some(),
+                "{ty:?}"
+            );
+        }
+        for ty in [
+            GgmlType::Q1_0,
+            GgmlType::Q2_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+        ] {
+            let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
+            assert!(
+                TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_none(),
+                "{ty:?}"
+            );
+        }
     }
 }
 
