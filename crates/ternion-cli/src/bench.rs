@@ -789,6 +789,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "dispatches_per_token": dispatches,
             "threads": threads,
             "simd": ternion::backend::cpu::simd::Level::detect().name(),
+            "ternary_tiles": ternion::backend::cpu::simd::Tiles::get().map(|t| t.name()),
             "lm_head": format!("{:?}", a.lm_head),
             "n_prompt": a.n_prompt,
             "n_gen": a.n_gen,

@@ -42,20 +42,26 @@ unsafe fn plane<const S: i32>(w: __m256i) -> __m256i {
     _mm256_and_si256(_mm256_srli_epi16::<S>(w), _mm256_set1_epi8(3))
 }
 
+/// The four code planes of the chunk at `p`, each as its halves (rows 0..7, 8..15).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn planes(p: *const Chunk) -> [(__m256i, __m256i); 4] {
+    let p = p.cast::<__m256i>();
+    let (lo, hi) = (_mm256_load_si256(p), _mm256_load_si256(p.add(1)));
+    [
+        (plane::<0>(lo), plane::<0>(hi)),
+        (plane::<2>(lo), plane::<2>(hi)),
+        (plane::<4>(lo), plane::<4>(hi)),
+        (plane::<6>(lo), plane::<6>(hi)),
+    ]
+}
+
 /// `acc[t][h] += plane_s(half h) · q_t[4s..4s+4]` over the four planes of the chunk at
 /// `p`, token t's 16 activations of the chunk at `q + t·16`.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn chunk_sums<const T: usize>(p: *const Chunk, q: *const i8, acc: &mut [[__m256i; 2]; T]) {
-    let lo = _mm256_load_si256(p.cast());
-    let hi = _mm256_load_si256(p.cast::<__m256i>().add(1));
-    let planes = [
-        (plane::<0>(lo), plane::<0>(hi)),
-        (plane::<2>(lo), plane::<2>(hi)),
-        (plane::<4>(lo), plane::<4>(hi)),
-        (plane::<6>(lo), plane::<6>(hi)),
-    ];
-    for (s, (pl, ph)) in planes.into_iter().enumerate() {
+    for (s, (pl, ph)) in planes(p).into_iter().enumerate() {
         for (t, a) in acc.iter_mut().enumerate() {
             let x = quad(q.add(16 * t + 4 * s));
             a[0] = _mm256_add_epi16(a[0], _mm256_maddubs_epi16(pl, x));
@@ -104,16 +110,8 @@ macro_rules! dpbusd_sums {
                 if T == 1 {
                     prefetch_ahead(w.add(c).cast());
                 }
-                let p = w.add(c).cast::<__m256i>();
-                let (lo, hi) = (_mm256_load_si256(p), _mm256_load_si256(p.add(1)));
-                let planes = [
-                    (plane::<0>(lo), plane::<0>(hi)),
-                    (plane::<2>(lo), plane::<2>(hi)),
-                    (plane::<4>(lo), plane::<4>(hi)),
-                    (plane::<6>(lo), plane::<6>(hi)),
-                ];
                 let qc = q.add(16 * tn * c);
-                for (s, (pl, ph)) in planes.into_iter().enumerate() {
+                for (s, (pl, ph)) in planes(w.add(c)).into_iter().enumerate() {
                     for (t, a) in acc.iter_mut().enumerate() {
                         let x = quad(qc.add(16 * t + 4 * s));
                         let k = s % chains;

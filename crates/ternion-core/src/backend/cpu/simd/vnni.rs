@@ -351,6 +351,17 @@ impl Tiles {
         Vec::new()
     }
 
+    /// A short name for reports: `avx512-vnni`, `avx2`, `avx-vnni`, or `avx-vnni-evex` (its
+    /// AVX-512 VL encoding, [`Dot::Evex`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tiles::Vnni(_) => "avx512-vnni",
+            Tiles::Avx2(Avx2(_, Dot::Maddubs)) => "avx2",
+            Tiles::Avx2(Avx2(_, Dot::AvxVnni)) => "avx-vnni",
+            Tiles::Avx2(Avx2(_, Dot::Evex)) => "avx-vnni-evex",
+        }
+    }
+
     /// Whether these kernels read weights of type `ty` (the AVX2 ones: the 2-bit I2_S,
     /// TQ2_0 and TQ1_0 only).
     pub fn take(self, ty: GgmlType) -> bool {
@@ -426,8 +437,9 @@ impl Tiles {
                     let qr = qt.wrapping_add(16 * (t - t0));
                     let (st, ct) = (sum[t..].as_ptr(), scale[t..].as_ptr());
                     let o = out.dst(t);
-                    // SAFETY: the token proves AVX2; as above, and tokens t..t + run lie in
-                    // the tile, whose activations hold 16·tn bytes a chunk from `qt`.
+                    // SAFETY: the token proves AVX2 and its dot's extension (chosen where
+                    // detected); as above, and tokens t..t + run lie in the tile, whose
+                    // activations hold 16·tn bytes a chunk from `qt`.
                     unsafe {
                         match run {
                             4 => {
@@ -445,6 +457,7 @@ impl Tiles {
             }
         }
     }
+
     /// `out[t][r] = Σ_b ((Σ_{e∈b} code(r, e)·q_t[e]) − bsum[t][b]) · (d[t][b] · scales[b][r])`
     /// over the 256-element blocks b in order: the TQ2_0 / TQ1_0 dot against the Q8_K
     /// activations `x` (one token per row of `out`, `x.q` laid out by
@@ -509,9 +522,10 @@ impl Tiles {
                         (dt.wrapping_add(i), bt.wrapping_add(i)),
                     );
                     let o = out.dst(t);
-                    // SAFETY: the token proves AVX2 and F16C; as above, and tokens t..t + run
-                    // lie in the tile, whose activations hold 16·tn bytes a chunk from `qt`
-                    // and whose block values tn a block from `dt` and `bt`.
+                    // SAFETY: the token proves AVX2, F16C and its dot's extension; as above,
+                    // and tokens t..t + run lie in the tile, whose activations hold 16·tn
+                    // bytes a chunk from `qt` and whose block values tn a block from `dt`
+                    // and `bt`.
                     unsafe {
                         match run {
                             4 => avx2_tile::block_dots::<4>(dot, w, s, nb, qr, tn, db, post, &o),
