@@ -261,7 +261,7 @@ impl Linear {
     }
 
     /// The repacked weights (ternary, Q8_0, Q4_0), built on first use where the AVX-512
-    /// kernels run (I2_S, TQ2_0 and TQ1_0 also where AVX2 does: [`simd::Tiles`]). The
+    /// kernels run (the 2-bit formats also where AVX2 does: [`simd::Tiles`]). The
     /// copy replaces the mapped rows, released part by part as packed: one copy stays
     /// resident.
     fn pack(&self) -> Option<&TernaryPack> {

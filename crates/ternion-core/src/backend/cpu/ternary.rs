@@ -1,7 +1,7 @@
 //! Ternary and 1-bit weights (I2_S, TQ2_0, TQ1_0, Q2_0, Q1_0), Q8_0 and Q4_0, repacked
 //! once (by [`super::Linear`], at the matrix's first CPU product) into the 16-row
-//! interleaved layout of the AVX-512 VNNI kernels, and I2_S, TQ2_0 and TQ1_0 also where
-//! only AVX2 runs ([`Tiles`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is lossless: every
+//! interleaved layout of the AVX-512 VNNI kernels, and the 2-bit I2_S, TQ2_0, TQ1_0 and
+//! Q2_0 also where only AVX2 runs ([`Tiles`]; docs/FORMATS.md, "CPU ternary layout"). The repacking is lossless: every
 //! product equals the file format's reference dot bit for bit.
 //!
 //! A product walks groups of 16 weight rows in parallel; within a group, the codes of a
@@ -152,14 +152,6 @@ impl TernaryPack {
         self.scale_block as usize
     }
 
-    /// The AVX-512 kernels: the 1-bit and byte formats are packed only where they run
-    /// ([`Tiles::take`]).
-    fn vnni(&self) -> super::simd::Vnni {
-        self.tiles
-            .vnni()
-            .expect("the AVX2 kernels take only 2-bit codes")
-    }
-
     /// The chunks of group `g`.
     fn codes(&self, g: usize) -> &[Chunk] {
         let n = self.k / self.layout.chunk_elems();
@@ -234,7 +226,7 @@ impl TernaryPack {
                 let per_group = k / self.scale_block() * GROUP_ROWS;
                 let scales = &self.scales[g * per_group..(g + 1) * per_group];
                 let shape = (self.layout, self.scale_block());
-                self.vnni().q8_0_dots(codes, shape, scales, x, post, o);
+                self.tiles.q8_0_dots(codes, shape, scales, x, post, o);
             }
         }
     }

@@ -1,6 +1,6 @@
 //! AVX2 kernels of 2-bit weights in the interleaved ternary layout of [`super::vnni`]
 //! (16 rows a group), for CPUs without AVX-512: I2_S against per-token int8 activations,
-//! TQ2_0 / TQ1_0 against Q8_K ones. Callers guarantee the features and the lengths (see
+//! TQ2_0 / TQ1_0 against Q8_K ones, Q2_0 against Q8_0 ones. Callers guarantee the features and the lengths (see
 //! [`super::vnni::Tiles`]).
 //!
 //! A chunk (16 elements of each of 16 rows) is two 32-byte halves, rows 0..7 and 8..15.
@@ -228,11 +228,7 @@ pub unsafe fn block_dots<const T: usize>(
     let mut sum = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..n_blocks {
         let wide = sums::<T>(dot, w, q, tn, 16 * b..16 * (b + 1));
-        let sb = scales.add(16 * b).cast::<__m128i>();
-        let dw = [
-            _mm256_cvtph_ps(_mm_loadu_si128(sb)),
-            _mm256_cvtph_ps(_mm_loadu_si128(sb.add(1))),
-        ];
+        let dw = scales16(scales.add(16 * b));
         for (t, (st, wt)) in sum.iter_mut().zip(&wide).enumerate() {
             let (db, bb) = (*d.add(b * tn + t), _mm256_set1_epi32(*bsum.add(b * tn + t)));
             for ((s, h), dw) in st.iter_mut().zip(wt).zip(dw) {
@@ -245,6 +241,66 @@ pub unsafe fn block_dots<const T: usize>(
     for (t, st) in sum.iter().enumerate() {
         store(out, t, st.map(|s| _mm256_mul_ps(s, _mm256_set1_ps(post))));
     }
+}
+
+/// Q2_0 products against Q8_0 activations: per weight block b (`subs` 32-element
+/// sub-blocks of two chunks), `s_t = Σ_k d[t][k] · f32(Σ_{e∈k} code·q − sum[t][k])` from 0
+/// over its sub-blocks in order, then `total_t += scale[b][r] · s_t`; `out[t] = total_t ·
+/// post`: the reference dot's operations, lane by lane. Token t's sub-block values sit at
+/// `d + k·tn + t` and `sum + k·tn + t` (laid out by [`super::vnni::interleave_blocks`];
+/// the pointers at the first of the T).
+///
+/// # Safety
+/// AVX2, F16C and the extension `dot` names; `w` points at `2 · subs · n_blocks` chunks,
+/// `scales` at `16 · n_blocks` F16 values, `q`, `d` and `sum` at the tile's values, `out`
+/// T token rows.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn sub_block_dots<const T: usize>(
+    dot: Dot,
+    w: *const Chunk,
+    scales: *const half::f16,
+    (n_blocks, subs): (usize, usize),
+    q: *const i8,
+    tn: usize,
+    (d, sum): (*const f32, *const i32),
+    post: f32,
+    out: &Dst,
+) {
+    let mut total = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..n_blocks {
+        let mut s = [[_mm256_setzero_ps(); 2]; T];
+        for k in b * subs..(b + 1) * subs {
+            let wide = sums::<T>(dot, w, q, tn, 2 * k..2 * k + 2);
+            for (t, (st, wt)) in s.iter_mut().zip(&wide).enumerate() {
+                let (dk, sk) = (_mm256_set1_ps(*d.add(k * tn + t)), *sum.add(k * tn + t));
+                for (sh, h) in st.iter_mut().zip(wt) {
+                    let sumi = _mm256_cvtepi32_ps(_mm256_sub_epi32(*h, _mm256_set1_epi32(sk)));
+                    *sh = _mm256_add_ps(*sh, _mm256_mul_ps(dk, sumi));
+                }
+            }
+        }
+        let dw = scales16(scales.add(16 * b));
+        for (tt, st) in total.iter_mut().zip(&s) {
+            for ((th, sh), dw) in tt.iter_mut().zip(st).zip(dw) {
+                *th = _mm256_add_ps(*th, _mm256_mul_ps(dw, *sh));
+            }
+        }
+    }
+    for (t, tt) in total.iter().enumerate() {
+        store(out, t, tt.map(|v| _mm256_mul_ps(v, _mm256_set1_ps(post))));
+    }
+}
+
+/// The 16 F16 scales at `p` as f32, rows 0..7 and 8..15 (exact).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn scales16(p: *const half::f16) -> [__m256; 2] {
+    let p = p.cast::<__m128i>();
+    [
+        _mm256_cvtph_ps(_mm_loadu_si128(p)),
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+    ]
 }
 
 /// Stores token t's 16 lanes (two halves of 8) into the masked columns of `out`.

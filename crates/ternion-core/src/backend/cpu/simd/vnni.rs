@@ -184,13 +184,13 @@ pub enum Dot {
 
 /// The kernels that read the interleaved layout on this CPU: the AVX-512 VNNI ones (every
 /// format of [`Codes`]), or where only AVX2 runs, the AVX2 ones of the 2-bit codes (I2_S
-/// against per-token activations, TQ2_0 / TQ1_0 against Q8_K ones; the other formats keep
-/// their row kernels there).
+/// against per-token activations, TQ2_0 / TQ1_0 against Q8_K ones, Q2_0 against Q8_0
+/// ones; the other formats keep their row kernels there).
 #[derive(Clone, Copy, Debug)]
 pub enum Tiles {
     /// AVX-512 F/BW/VNNI.
     Vnni(Vnni),
-    /// AVX2, I2_S, TQ2_0 and TQ1_0 only.
+    /// AVX2, the 2-bit I2_S, TQ2_0, TQ1_0 and Q2_0 only.
     Avx2(Avx2),
 }
 
@@ -363,19 +363,14 @@ impl Tiles {
     }
 
     /// Whether these kernels read weights of type `ty` (the AVX2 ones: the 2-bit I2_S,
-    /// TQ2_0 and TQ1_0 only).
+    /// TQ2_0, TQ1_0 and Q2_0 only).
     pub fn take(self, ty: GgmlType) -> bool {
         match self {
             Tiles::Vnni(_) => true,
-            Tiles::Avx2(_) => matches!(ty, GgmlType::I2_S | GgmlType::TQ2_0 | GgmlType::TQ1_0),
-        }
-    }
-
-    /// The AVX-512 kernels, if these are they.
-    pub fn vnni(self) -> Option<Vnni> {
-        match self {
-            Tiles::Vnni(v) => Some(v),
-            Tiles::Avx2(_) => None,
+            Tiles::Avx2(_) => matches!(
+                ty,
+                GgmlType::I2_S | GgmlType::TQ2_0 | GgmlType::TQ1_0 | GgmlType::Q2_0
+            ),
         }
     }
 
@@ -537,28 +532,6 @@ impl Tiles {
             }
         }
     }
-}
-
-/// The runs `(first token, length)` that the AVX2 kernels take the token tile `t0..t0 +
-/// tn` in: at most [`avx2_tile::RUN_TOKENS`] tokens each (their accumulators fill AVX2's
-/// registers), each a whole pass over the group.
-#[cfg(target_arch = "x86_64")]
-fn avx2_runs(t0: usize, tn: usize) -> impl Iterator<Item = (usize, usize)> {
-    let end = t0 + tn;
-    (t0..end)
-        .step_by(avx2_tile::RUN_TOKENS)
-        .map(move |t| (t, (end - t).min(avx2_tile::RUN_TOKENS)))
-}
-
-impl Vnni {
-    /// The token, when [`Level::detect`] chose the AVX-512 kernels.
-    pub fn get() -> Option<Vnni> {
-        #[cfg(target_arch = "x86_64")]
-        if Level::detect() == Level::Avx512 {
-            return Some(Vnni(Features));
-        }
-        None
-    }
 
     /// The dots of the group's rows against the Q8_0 activations `x` (one token per row of
     /// `out`, `x.q` laid out by [`interleave_tokens`] and `x.d`, `x.sum` by
@@ -603,7 +576,10 @@ impl Vnni {
         assert_eq!(d.len(), n * ns, "q8_0_dots: activation scales");
         assert_eq!(sum.len(), n * ns, "q8_0_dots: block sums");
         #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
+        match self {
+            Tiles::Vnni(v) => match v.0 {},
+            Tiles::Avx2(a) => match a.0 {},
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let w = avx512_bits::Shape {
@@ -615,35 +591,84 @@ impl Vnni {
             for (t0, tn) in token_tiles(n, codes.token_tile()) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, st) = (d[t0 * ns..].as_ptr(), sum[t0 * ns..].as_ptr());
-                let o = out.dst(t0);
-                // SAFETY: the token proves the features; every length was asserted above
-                // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
-                unsafe {
-                    use avx512_bits::sub_block_dots as f;
-                    use avx512_q8::block32_dots as g;
-                    use Codes::{Bytes, Nibbles, OneBit, TwoBit};
-                    let (ws, nb) = (w.scales, w.n_blocks);
-                    match (tn, codes) {
-                        (8, TwoBit) => f::<8, 2>(w, qt, dt, st, post, o),
-                        (4, TwoBit) => f::<4, 2>(w, qt, dt, st, post, o),
-                        (2, TwoBit) => f::<2, 2>(w, qt, dt, st, post, o),
-                        (_, TwoBit) => f::<1, 2>(w, qt, dt, st, post, o),
-                        (8, OneBit) => f::<8, 1>(w, qt, dt, st, post, o),
-                        (4, OneBit) => f::<4, 1>(w, qt, dt, st, post, o),
-                        (2, OneBit) => f::<2, 1>(w, qt, dt, st, post, o),
-                        (_, OneBit) => f::<1, 1>(w, qt, dt, st, post, o),
-                        (8, Bytes) => g::<8, false>(w.w, ws, nb, qt, dt, st, post, o),
-                        (4, Bytes) => g::<4, false>(w.w, ws, nb, qt, dt, st, post, o),
-                        (2, Bytes) => g::<2, false>(w.w, ws, nb, qt, dt, st, post, o),
-                        (_, Bytes) => g::<1, false>(w.w, ws, nb, qt, dt, st, post, o),
-                        (16, Nibbles) => g::<16, true>(w.w, ws, nb, qt, dt, st, post, o),
-                        (8, Nibbles) => g::<8, true>(w.w, ws, nb, qt, dt, st, post, o),
-                        (4, Nibbles) => g::<4, true>(w.w, ws, nb, qt, dt, st, post, o),
-                        (2, Nibbles) => g::<2, true>(w.w, ws, nb, qt, dt, st, post, o),
-                        (_, Nibbles) => g::<1, true>(w.w, ws, nb, qt, dt, st, post, o),
+                let dot = match self {
+                    Tiles::Vnni(_) => {
+                        let o = out.dst(t0);
+                        // SAFETY: the token proves the features; every length was asserted above
+                        // (`out`'s by its construction) and tokens t0..t0+tn are among the `n` rows.
+                        unsafe {
+                            use avx512_bits::sub_block_dots as f;
+                            use avx512_q8::block32_dots as g;
+                            use Codes::{Bytes, Nibbles, OneBit, TwoBit};
+                            let (ws, nb) = (w.scales, w.n_blocks);
+                            match (tn, codes) {
+                                (8, TwoBit) => f::<8, 2>(w, qt, dt, st, post, o),
+                                (4, TwoBit) => f::<4, 2>(w, qt, dt, st, post, o),
+                                (2, TwoBit) => f::<2, 2>(w, qt, dt, st, post, o),
+                                (_, TwoBit) => f::<1, 2>(w, qt, dt, st, post, o),
+                                (8, OneBit) => f::<8, 1>(w, qt, dt, st, post, o),
+                                (4, OneBit) => f::<4, 1>(w, qt, dt, st, post, o),
+                                (2, OneBit) => f::<2, 1>(w, qt, dt, st, post, o),
+                                (_, OneBit) => f::<1, 1>(w, qt, dt, st, post, o),
+                                (8, Bytes) => g::<8, false>(w.w, ws, nb, qt, dt, st, post, o),
+                                (4, Bytes) => g::<4, false>(w.w, ws, nb, qt, dt, st, post, o),
+                                (2, Bytes) => g::<2, false>(w.w, ws, nb, qt, dt, st, post, o),
+                                (_, Bytes) => g::<1, false>(w.w, ws, nb, qt, dt, st, post, o),
+                                (16, Nibbles) => g::<16, true>(w.w, ws, nb, qt, dt, st, post, o),
+                                (8, Nibbles) => g::<8, true>(w.w, ws, nb, qt, dt, st, post, o),
+                                (4, Nibbles) => g::<4, true>(w.w, ws, nb, qt, dt, st, post, o),
+                                (2, Nibbles) => g::<2, true>(w.w, ws, nb, qt, dt, st, post, o),
+                                (_, Nibbles) => g::<1, true>(w.w, ws, nb, qt, dt, st, post, o),
+                            }
+                        }
+                        continue;
+                    }
+                    Tiles::Avx2(Avx2(_, dot)) => dot,
+                };
+                // AVX2 takes 2-bit codes only (`take`).
+                assert_eq!(codes, Codes::TwoBit, "q8_0_dots: AVX2 reads 2-bit codes");
+                for (t, run) in avx2_runs(t0, tn) {
+                    let i = t - t0;
+                    let qr = qt.wrapping_add(16 * i);
+                    let ds = (dt.wrapping_add(i), st.wrapping_add(i));
+                    let o = out.dst(t);
+                    let (ws, nbs) = (w.scales, (w.n_blocks, w.subs));
+                    // SAFETY: the token proves AVX2, F16C and its dot's extension; as above,
+                    // and tokens t..t + run lie in the tile, whose activations hold 16·tn
+                    // bytes a chunk from `qt` and whose sub-block values tn a sub-block
+                    // from `dt` and `st`.
+                    unsafe {
+                        use avx2_tile::sub_block_dots as f;
+                        match run {
+                            4 => f::<4>(dot, w.w, ws, nbs, qr, tn, ds, post, &o),
+                            2 => f::<2>(dot, w.w, ws, nbs, qr, tn, ds, post, &o),
+                            _ => f::<1>(dot, w.w, ws, nbs, qr, tn, ds, post, &o),
+                        }
                     }
                 }
             }
         }
+    }
+}
+
+/// The runs `(first token, length)` that the AVX2 kernels take the token tile `t0..t0 +
+/// tn` in: at most [`avx2_tile::RUN_TOKENS`] tokens each (their accumulators fill AVX2's
+/// registers), each a whole pass over the group.
+#[cfg(target_arch = "x86_64")]
+fn avx2_runs(t0: usize, tn: usize) -> impl Iterator<Item = (usize, usize)> {
+    let end = t0 + tn;
+    (t0..end)
+        .step_by(avx2_tile::RUN_TOKENS)
+        .map(move |t| (t, (end - t).min(avx2_tile::RUN_TOKENS)))
+}
+
+impl Vnni {
+    /// The token, when [`Level::detect`] chose the AVX-512 kernels.
+    pub fn get() -> Option<Vnni> {
+        #[cfg(target_arch = "x86_64")]
+        if Level::detect() == Level::Avx512 {
+            return Some(Vnni(Features));
+        }
+        None
     }
 }

@@ -300,8 +300,20 @@ fn tq1_0_products_equal_the_reference() {
 /// Products against Q8_0 activations (Q1_0, Q2_0, Q8_0, Q4_0 weights) and the reference
 /// dot, bit for bit: Q1_0 random sign bits with quantized scales; the others random bytes
 /// (Q2_0 codes 3 included) with random F16 scales of both signs.
+/// The packed products of `ty` (Q8_0-paired) against `reference`, with every set of
+/// kernels that takes it.
 fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &[(usize, usize)]) {
-    let Some(v) = vnni() else { return };
+    for tiles in all_tiles().into_iter().filter(|t| t.take(ty)) {
+        check_q8_0_with(tiles, ty, reference, sizes);
+    }
+}
+
+fn check_q8_0_with(
+    v: Tiles,
+    ty: GgmlType,
+    reference: fn(&[u8], &[i8], &[f32]) -> f32,
+    sizes: &[(usize, usize)],
+) {
     let mut rng = StdRng::seed_from_u64(19);
     for &(k, m) in sizes {
         let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
@@ -323,8 +335,7 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
                 t
             }
         };
-        let pack = TernaryPack::new(Tiles::Vnni(v), ty, &data, (k, m), &|_| {})
-            .expect("1- and 2-bit formats pack");
+        let pack = TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("the format packs");
         let ns = k / 32;
         for rows in [1, 2, 3, 7, 8, 9, 19, 30, 40] {
             let x = random_x(&mut rng, rows * k);
@@ -348,7 +359,12 @@ fn check_q8_0(ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) -> f32, sizes: &
             let want = |t: usize, j: usize| {
                 reference(&data[j * rb..][..rb], &q[t * k..][..k], &d[t * ns..][..ns]) * 0.625
             };
-            assert_bits(&out, m, want, &format!("{ty} k={k} m={m} rows={rows}"));
+            assert_bits(
+                &out,
+                m,
+                want,
+                &format!("{v:?} {ty} k={k} m={m} rows={rows}"),
+            );
         }
     }
 }
@@ -391,26 +407,21 @@ fn other_formats_and_widths_are_not_packed() {
     assert!(TernaryPack::new(Tiles::Vnni(v), GgmlType::Q1_0, &[0; 18], (64, 1), &|_| {}).is_none());
 }
 
-/// The AVX2 kernels take the 2-bit I2_S, TQ2_0 and TQ1_0 only: the other formats keep
-/// their row kernels there.
+/// The AVX2 kernels take the 2-bit I2_S, TQ2_0, TQ1_0 and Q2_0 only: the other formats
+/// keep their row kernels there.
 #[test]
 fn avx2_tiles_take_two_bit_codes_only() {
     for v in Tiles::avx2_present() {
         let i2s = vec![0x55u8; 256 * 16 / 4 + quant::i2s::TAIL_BYTES];
         assert!(TernaryPack::new(v, GgmlType::I2_S, &i2s, (256, 16), &|_| {}).is_some());
-        for ty in [GgmlType::TQ2_0, GgmlType::TQ1_0] {
+        for ty in [GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::Q2_0] {
             let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
             assert!(
                 TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_some(),
                 "{ty:?}"
             );
         }
-        for ty in [
-            GgmlType::Q1_0,
-            GgmlType::Q2_0,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-        ] {
+        for ty in [GgmlType::Q1_0, GgmlType::Q8_0, GgmlType::Q4_0] {
             let data = vec![0u8; ty.row_bytes(256).expect("whole blocks") as usize * 16];
             assert!(
                 TernaryPack::new(v, ty, &data, (256, 16), &|_| {}).is_none(),
