@@ -248,16 +248,16 @@ pub unsafe fn block_dots<const T: usize>(
 /// over its sub-blocks in order, then `total_t += scale[b][r] · s_t`; `out[t] = total_t ·
 /// post`: the reference dot's operations, lane by lane. Token t's sub-block values sit at
 /// `d + k·tn + t` and `sum + k·tn + t` (laid out by [`super::vnni::interleave_blocks`];
-/// the pointers at the first of the T).
+/// the pointers at the first of the T). Always `vpmaddubsw`: a sub-block is two chunks,
+/// too short a run for a call into the `vpdpbusd` kernels, which cannot be inlined here
+/// (other target features; such calls read 36 against 92 tok/s in a Q2_0 prompt).
 ///
 /// # Safety
-/// AVX2, F16C and the extension `dot` names; `w` points at `2 · subs · n_blocks` chunks,
-/// `scales` at `16 · n_blocks` F16 values, `q`, `d` and `sum` at the tile's values, `out`
-/// T token rows.
+/// AVX2 and F16C; `w` points at `2 · subs · n_blocks` chunks, `scales` at `16 · n_blocks`
+/// F16 values, `q`, `d` and `sum` at the tile's values, `out` T token rows.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn sub_block_dots<const T: usize>(
-    dot: Dot,
     w: *const Chunk,
     scales: *const half::f16,
     (n_blocks, subs): (usize, usize),
@@ -271,7 +271,7 @@ pub unsafe fn sub_block_dots<const T: usize>(
     for b in 0..n_blocks {
         let mut s = [[_mm256_setzero_ps(); 2]; T];
         for k in b * subs..(b + 1) * subs {
-            let wide = sums::<T>(dot, w, q, tn, 2 * k..2 * k + 2);
+            let wide = run_sums::<T>(w, q, tn, 2 * k..2 * k + 2);
             for (t, (st, wt)) in s.iter_mut().zip(&wide).enumerate() {
                 let (dk, sk) = (_mm256_set1_ps(*d.add(k * tn + t)), *sum.add(k * tn + t));
                 for (sh, h) in st.iter_mut().zip(wt) {

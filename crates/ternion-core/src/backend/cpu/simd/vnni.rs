@@ -591,7 +591,7 @@ impl Tiles {
             for (t0, tn) in token_tiles(n, codes.token_tile()) {
                 let qt = q[t0 * k..].as_ptr();
                 let (dt, st) = (d[t0 * ns..].as_ptr(), sum[t0 * ns..].as_ptr());
-                let dot = match self {
+                match self {
                     Tiles::Vnni(_) => {
                         let o = out.dst(t0);
                         // SAFETY: the token proves the features; every length was asserted above
@@ -623,8 +623,8 @@ impl Tiles {
                         }
                         continue;
                     }
-                    Tiles::Avx2(Avx2(_, dot)) => dot,
-                };
+                    Tiles::Avx2(_) => {}
+                }
                 // AVX2 takes 2-bit codes only (`take`).
                 assert_eq!(codes, Codes::TwoBit, "q8_0_dots: AVX2 reads 2-bit codes");
                 for (t, run) in avx2_runs(t0, tn) {
@@ -633,16 +633,15 @@ impl Tiles {
                     let ds = (dt.wrapping_add(i), st.wrapping_add(i));
                     let o = out.dst(t);
                     let (ws, nbs) = (w.scales, (w.n_blocks, w.subs));
-                    // SAFETY: the token proves AVX2, F16C and its dot's extension; as above,
-                    // and tokens t..t + run lie in the tile, whose activations hold 16·tn
-                    // bytes a chunk from `qt` and whose sub-block values tn a sub-block
-                    // from `dt` and `st`.
+                    // SAFETY: the token proves AVX2 and F16C; as above, and tokens t..t + run
+                    // lie in the tile, whose activations hold 16·tn bytes a chunk from `qt`
+                    // and whose sub-block values tn a sub-block from `dt` and `st`.
                     unsafe {
                         use avx2_tile::sub_block_dots as f;
                         match run {
-                            4 => f::<4>(dot, w.w, ws, nbs, qr, tn, ds, post, &o),
-                            2 => f::<2>(dot, w.w, ws, nbs, qr, tn, ds, post, &o),
-                            _ => f::<1>(dot, w.w, ws, nbs, qr, tn, ds, post, &o),
+                            4 => f::<4>(w.w, ws, nbs, qr, tn, ds, post, &o),
+                            2 => f::<2>(w.w, ws, nbs, qr, tn, ds, post, &o),
+                            _ => f::<1>(w.w, ws, nbs, qr, tn, ds, post, &o),
                         }
                     }
                 }
