@@ -26,6 +26,8 @@ fn q_row(rng: &mut StdRng, k: usize) -> Vec<i8> {
         .collect()
 }
 
+/// The level's I2_S row kernel: NEON, or the scalar reference on x86, which repacks I2_S
+/// for the tile kernels below (counter: weight bytes).
 #[divan::bench(args = SIZES)]
 fn i2s_dot(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
@@ -36,6 +38,7 @@ fn i2s_dot(bencher: Bencher, k: usize) {
         .bench(|| simd::i2s_dot(level, black_box(&row), black_box(&q), 0));
 }
 
+/// The scalar reference dot (counter: weight bytes).
 #[divan::bench(args = SIZES)]
 fn i2s_dot_scalar(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
@@ -45,6 +48,7 @@ fn i2s_dot_scalar(bencher: Bencher, k: usize) {
         .bench(|| quant::i2s::dot(black_box(&row), black_box(&q)));
 }
 
+/// The level's four-token I2_S row kernel (NEON; scalar on x86, as above).
 #[divan::bench(args = SIZES)]
 fn i2s_dot4(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
@@ -61,6 +65,7 @@ fn i2s_dot4(bencher: Bencher, k: usize) {
     });
 }
 
+/// The level's TQ2_0 row kernel (NEON; scalar on x86, which repacks TQ2_0).
 #[divan::bench(args = SIZES)]
 fn tq2_dot_q8k(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
@@ -267,7 +272,7 @@ fn tiles_block_dots_16x16(bencher: Bencher, k: usize) {
         });
 }
 
-/// The same work (16 rows × 16 tokens) with the AVX2 / scalar `i2s_dot4`.
+/// The same work (16 rows × 16 tokens) with the level's row kernel `i2s_dot4` (NEON; scalar on x86).
 #[divan::bench(args = SIZES)]
 fn i2s_dot4_16x16(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);

@@ -395,7 +395,6 @@ impl Linear {
                 let nb = k / act::Q8_0_BLOCK;
                 let token = |t: usize| simd::Q80Rows {
                     q: &xr.q[t * k..(t + 1) * k],
-                    planes: &xr.planes[t * k..(t + 1) * k],
                     d: &xr.d[t * nb..(t + 1) * nb],
                     sum: &xr.sum[t * nb..(t + 1) * nb],
                 };

@@ -30,8 +30,6 @@ pub struct QuantInput {
     pub(super) q80_d: Vec<f32>,
     /// Per Q8_0 block: Σq.
     pub(super) q80_sum: Vec<i32>,
-    /// The Q8_0 values in Q2_0 plane order ([`simd::Q80Rows::planes`]).
-    pub(super) q80_planes: Vec<i8>,
     pub(super) q81: Vec<i8>,
     pub(super) q81_d: Vec<f32>,
     pub(super) q81_s: Vec<f32>,
@@ -144,8 +142,7 @@ impl QuantInput {
         act::quantize_q8_0(x, &mut self.q80, &mut self.q80_d);
     }
 
-    /// The Q8_0 form with the block sums and the Q2_0 plane order, for the Q1_0 / Q2_0
-    /// kernels.
+    /// The Q8_0 form with the block sums, for the Q1_0 / Q2_0 row kernels.
     pub(super) fn ensure_q8_0_rows(&mut self, x: &[f32], k: usize) -> simd::Q80Rows<'_> {
         self.ensure_q8_0(x, k);
         if !std::mem::replace(&mut self.fresh[6], true) {
@@ -155,12 +152,9 @@ impl QuantInput {
                     .chunks_exact(act::Q8_0_BLOCK)
                     .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
             );
-            self.q80_planes.resize(self.q80.len(), 0);
-            simd::q2_0_planes(&self.q80, &mut self.q80_planes);
         }
         simd::Q80Rows {
             q: &self.q80,
-            planes: &self.q80_planes,
             d: &self.q80_d,
             sum: &self.q80_sum,
         }
@@ -176,12 +170,7 @@ impl QuantInput {
             (k, act::Q8_0_BLOCK, tile),
             &mut self.fresh[9 + i],
         );
-        simd::Q80Rows {
-            q,
-            planes: &[],
-            d,
-            sum,
-        }
+        simd::Q80Rows { q, d, sum }
     }
 
     pub(super) fn ensure_q8_1(&mut self, x: &[f32], k: usize) {

@@ -263,7 +263,7 @@ pub enum PackInput<'a> {
     /// [`super::simd::TOKEN_TILE`].
     Q8K(Q8kRows<'a>),
     /// Q2_0 / Q1_0 / Q8_0 / Q4_0: Q8_0 rows, values, block scales and sums in token tiles
-    /// of the matrix's [`TernaryPack::token_tile`] (`planes` unused).
+    /// of the matrix's [`TernaryPack::token_tile`].
     Q8_0(Q80Rows<'a>),
 }
 

@@ -120,14 +120,11 @@ impl Level {
     }
 }
 
-/// Σ t_i·q_i over one I2_S row (t = code − 1); `q_sum` = Σ q_i.
+/// Σ t_i·q_i over one I2_S row (t = code − 1); `q_sum` = Σ q_i. x86 repacks I2_S for the
+/// tile kernels ([`Tiles`]): its row runs the reference here.
 #[inline]
 pub fn i2s_dot(level: Level, row: &[u8], q: &[i8], q_sum: i32) -> i32 {
     match level {
-        // SAFETY: Avx2 and Avx512 are only returned by `detect` when the CPU has AVX2, FMA
-        // and F16C; the kernel checks the slice lengths it reads.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 => unsafe { x86::i2s_dot(row, q, q_sum) },
         // SAFETY: Neon is only returned when the CPU has NEON.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon::i2s_dot(row, q, q_sum) },
@@ -143,10 +140,7 @@ pub fn i2s_dot(level: Level, row: &[u8], q: &[i8], q_sum: i32) -> i32 {
 #[inline]
 pub fn i2s_dot4(level: Level, row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i32; 4] {
     match level {
-        // SAFETY: as in `i2s_dot`.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 => unsafe { x86::i2s_dot4(row, q, q_sum) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon::i2s_dot4(row, q, q_sum) },
         _ => std::array::from_fn(|i| i2s_dot(level, row, q[i], q_sum[i])),
@@ -154,14 +148,11 @@ pub fn i2s_dot4(level: Level, row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i3
 }
 
 /// TQ2_0 row · Q8_K activations (`d`: per-block scales, `bsums`: per-block Σq), equal to
-/// [`quant::tq2_0::dot_q8k`].
+/// [`quant::tq2_0::dot_q8k`] (x86 repacks TQ2_0 for the tile kernels: the reference here).
 #[inline]
 pub fn tq2_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 => unsafe { x86::tq2_dot_q8k(row, q, d, bsums) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon::tq2_dot_q8k(row, q, d, bsums) },
         _ => {
@@ -177,7 +168,7 @@ pub fn tq2_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32])
 #[inline]
 pub fn tq1_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon::tq1_dot_q8k(row, q, d, bsums) },
         _ => {
@@ -192,10 +183,10 @@ pub fn tq1_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32], bsums: &[i32])
 #[inline]
 pub fn q8_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q8_0_dot(row, q, d) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_q80::q8_0_dot(row, q, d) },
         _ => quant::q8_0::dot_q8_0(row, q, d),
@@ -207,10 +198,10 @@ pub fn q8_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q4_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q4_0_dot(row, q, d) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_q80::q4_0_dot(row, q, d) },
         _ => quant::q4_0::dot_q8_0(row, q, d),
@@ -222,10 +213,10 @@ pub fn q4_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q5_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q5_0_dot(row, q, d) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_q80::q5_0_dot(row, q, d) },
         _ => quant::q5_0::dot_q8_0(row, q, d),
@@ -237,10 +228,10 @@ pub fn q5_0_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q4_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q4_k_dot_q8k(row, q, d) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_kq::q4_k_dot_q8k(row, q, d) },
         _ => quant::q4_k::dot_q8k(row, q, d),
@@ -252,7 +243,7 @@ pub fn q4_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q4_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_dot::run::<neon_q81::Q4_1>(row, neon_dot::Act { q, d, s }) },
         _ => quant::q4_1::dot_q8_1(row, q, d, s),
@@ -264,7 +255,7 @@ pub fn q4_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32
 #[inline]
 pub fn q5_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_dot::run::<neon_q81::Q5_1>(row, neon_dot::Act { q, d, s }) },
         _ => quant::q5_1::dot_q8_1(row, q, d, s),
@@ -276,7 +267,7 @@ pub fn q5_1_dot(level: Level, row: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32
 #[inline]
 pub fn iq4_nl_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe {
             neon_dot::run::<neon_q81::Iq4Nl>(row, neon_dot::Act { q, d, s: &[] })
@@ -290,7 +281,7 @@ pub fn iq4_nl_dot(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q2_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe {
             neon_dot::run::<neon_kq2::Q2K>(row, neon_dot::Act { q, d, s: &[] })
@@ -304,7 +295,7 @@ pub fn q2_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q3_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe {
             neon_dot::run::<neon_kq2::Q3K>(row, neon_dot::Act { q, d, s: &[] })
@@ -318,7 +309,7 @@ pub fn q3_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q5_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe {
             neon_dot::run::<neon_kq2::Q5K>(row, neon_dot::Act { q, d, s: &[] })
@@ -332,7 +323,7 @@ pub fn q5_k_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn iq4_xs_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe {
             neon_dot::run::<neon_kq2::Iq4Xs>(row, neon_dot::Act { q, d, s: &[] })
@@ -346,10 +337,10 @@ pub fn iq4_xs_dot_q8k(level: Level, row: &[u8], q: &[i8], d: &[f32]) -> f32 {
 #[inline]
 pub fn q8_0_dot4(level: Level, row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f32; 4] {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::q8_0_dot4(row, q, d) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_q80::q8_0_dot4(row, q, d) },
         _ => std::array::from_fn(|t| q8_0_dot(level, row, q[t], d[t])),
@@ -361,45 +352,26 @@ pub fn q8_0_dot4(level: Level, row: &[u8], q: [&[i8]; 4], d: [&[f32]; 4]) -> [f3
 #[inline]
 pub fn q1_0_dots<const T: usize>(level: Level, row: &[u8], x: [Q80Rows<'_>; T]) -> [f32; T] {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 => unsafe { x86_bits::bits_dots::<1, T>(row, x) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        Level::Avx2 | Level::Avx512 => unsafe { x86_bits::q1_0_dots::<T>(row, x) },
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_bits::bits_dots::<1, T>(row, x) },
         _ => x.map(|x| quant::q1_0::dot_q8_0(row, x.q, x.d)),
     }
 }
 
-/// Q2_0 row · T token rows of Q8_0 activations (one token each; the AVX2 kernel reads
-/// `planes`, the reference `q`), equal to [`quant::q2_0::dot_q8_0`] bit for bit.
+/// Q2_0 row · T token rows of Q8_0 activations (one token each), equal to
+/// [`quant::q2_0::dot_q8_0`] bit for bit (x86 repacks Q2_0 for the tile kernels: the
+/// reference here).
 #[inline]
 pub fn q2_0_dots<const T: usize>(level: Level, row: &[u8], x: [Q80Rows<'_>; T]) -> [f32; T] {
     match level {
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 | Level::Avx512 => unsafe { x86_bits::bits_dots::<2, T>(row, x) },
-        // SAFETY: as in `i2s_dot`; the kernel asserts the lengths it reads.
+        // SAFETY: as in `f16_dot`; the kernel asserts the lengths it reads.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_bits::bits_dots::<2, T>(row, x) },
         _ => x.map(|x| quant::q2_0::dot_q8_0(row, x.q, x.d)),
-    }
-}
-
-/// Writes `q` (whole 32-element blocks) to `out` in Q2_0 plane order: within each block,
-/// `out[8s + i] = q[4i + s]` ([`Q80Rows::planes`]).
-///
-/// # Panics
-/// If the lengths differ or are not a multiple of 32.
-pub fn q2_0_planes(q: &[i8], out: &mut [i8]) {
-    assert!(
-        q.len() == out.len() && q.len().is_multiple_of(32),
-        "q2_0_planes: lengths"
-    );
-    for (qb, ob) in q.chunks_exact(32).zip(out.chunks_exact_mut(32)) {
-        for (p, o) in ob.iter_mut().enumerate() {
-            *o = qb[4 * (p % 8) + p / 8];
-        }
     }
 }
 
@@ -410,10 +382,12 @@ pub fn f16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
     // check a short `w` would be read out of bounds (the scalar kernel checks the same).
     assert_eq!(w.len(), 2 * x.len(), "f16_dot: length mismatch");
     match level {
-        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
+        // SAFETY: Avx2 and Avx512 are only returned by `detect` when the CPU has AVX2, FMA
+        // and F16C; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(w.as_ptr(), x) },
-        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
+        // SAFETY: Neon is only returned when the CPU has NEON; `w` holds x.len() halves
+        // (asserted).
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 1>(w.as_ptr(), [x])[0] },
         _ => quant::float::dot_f16(w, x),
@@ -428,10 +402,10 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
         assert_eq!(w.len(), 2 * xt.len(), "f16_dot4: length mismatch");
     }
     match level {
-        // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
+        // SAFETY: as in `f16_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot4(w.as_ptr(), x) },
-        // SAFETY: as in `i2s_dot`; `w` holds n halves for every x[t] of n values (asserted).
+        // SAFETY: as in `f16_dot`; `w` holds n halves for every x[t] of n values (asserted).
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_float::float_dots::<neon_float::F16, 4>(w.as_ptr(), x) },
         _ => x.map(|xt| f16_dot(level, w, xt)),
@@ -444,7 +418,7 @@ pub fn f16_dot4(level: Level, w: &[u8], x: [&[f32]; 4]) -> [f32; 4] {
 pub fn bf16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
     assert_eq!(w.len(), 2 * x.len(), "bf16_dot: length mismatch");
     match level {
-        // SAFETY: as in `i2s_dot`; `w` holds x.len() halves (asserted).
+        // SAFETY: as in `f16_dot`; `w` holds x.len() halves (asserted).
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_float::float_dots::<neon_float::Bf16, 1>(w.as_ptr(), [x])[0] },
         _ => quant::float::dot_bf16(w, x),
@@ -457,7 +431,7 @@ pub fn bf16_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
 pub fn f32_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
     assert_eq!(w.len(), 4 * x.len(), "f32_dot: length mismatch");
     match level {
-        // SAFETY: as in `i2s_dot`; `w` holds x.len() f32 values (asserted).
+        // SAFETY: as in `f16_dot`; `w` holds x.len() f32 values (asserted).
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_float::float_dots::<neon_float::F32, 1>(w.as_ptr(), [x])[0] },
         _ => quant::float::dot_f32(w, x),
@@ -469,10 +443,10 @@ pub fn f32_dot(level: Level, w: &[u8], x: &[f32]) -> f32 {
 pub fn f16_dot_halves(level: Level, k: &[f16], q: &[f32]) -> f32 {
     assert_eq!(k.len(), q.len(), "f16_dot_halves: length mismatch");
     match level {
-        // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
+        // SAFETY: as in `f16_dot`; `k` holds q.len() halves (asserted).
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_dot(k.as_ptr().cast(), q) },
-        // SAFETY: as in `i2s_dot`; `k` holds q.len() halves (asserted).
+        // SAFETY: as in `f16_dot`; `k` holds q.len() halves (asserted).
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe {
             neon_float::float_dots::<neon_float::F16, 1>(k.as_ptr().cast(), [q])[0]
@@ -598,10 +572,10 @@ pub fn prefetch_all(data: &[f32]) {
 pub fn f16_axpy(level: Level, out: &mut [f32], w: f32, v: &[f16]) {
     assert_eq!(out.len(), v.len(), "f16_axpy: length mismatch");
     match level {
-        // SAFETY: as in `i2s_dot`; lengths asserted equal.
+        // SAFETY: as in `f16_dot`; lengths asserted equal.
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 | Level::Avx512 => unsafe { x86::f16_axpy(out, w, v.as_ptr().cast()) },
-        // SAFETY: as in `i2s_dot`; lengths asserted equal.
+        // SAFETY: as in `f16_dot`; lengths asserted equal.
         #[cfg(target_arch = "aarch64")]
         Level::Neon => unsafe { neon_float::f16_axpy(out, w, v.as_ptr().cast()) },
         _ => out

@@ -556,7 +556,7 @@ fn random_bits_row(rng: &mut StdRng, k: usize, block_elems: usize) -> Vec<u8> {
 
 /// Q8_0 activations of one token: quantized random floats, or raw int8 (−128 included)
 /// with random scales.
-fn random_q80(rng: &mut StdRng, k: usize, raw: bool) -> (Vec<i8>, Vec<f32>, Vec<i32>, Vec<i8>) {
+fn random_q80(rng: &mut StdRng, k: usize, raw: bool) -> (Vec<i8>, Vec<f32>, Vec<i32>) {
     let (mut q, mut d) = (vec![0i8; k], vec![0f32; k / 32]);
     if raw {
         q = random_q(rng, k);
@@ -569,9 +569,7 @@ fn random_q80(rng: &mut StdRng, k: usize, raw: bool) -> (Vec<i8>, Vec<f32>, Vec<
         .chunks(32)
         .map(|b| b.iter().map(|&v| i32::from(v)).sum())
         .collect();
-    let mut planes = vec![0i8; k];
-    q2_0_planes(&q, &mut planes);
-    (q, d, sum, planes)
+    (q, d, sum)
 }
 
 #[test]
@@ -591,7 +589,7 @@ fn q1_0_and_q2_0_dots_are_bit_identical_at_every_level() {
                     .collect();
                 let rows: Vec<Q80Rows> = acts
                     .iter()
-                    .map(|(q, d, sum, planes)| Q80Rows { q, planes, d, sum })
+                    .map(|(q, d, sum)| Q80Rows { q, d, sum })
                     .collect();
                 let x4: [Q80Rows; 4] = std::array::from_fn(|t| rows[t]);
                 let four = if block == 128 {
@@ -613,15 +611,6 @@ fn q1_0_and_q2_0_dots_are_bit_identical_at_every_level() {
             }
         }
     }
-}
-
-#[test]
-fn q2_0_planes_reorder_within_blocks() {
-    let q: Vec<i8> = (0..64).map(|v| v as i8).collect();
-    let mut out = vec![0i8; 64];
-    q2_0_planes(&q, &mut out);
-    assert_eq!(&out[..10], &[0, 4, 8, 12, 16, 20, 24, 28, 1, 5]);
-    assert_eq!((out[31], out[32], out[63]), (31, 32, 63));
 }
 
 #[cfg(target_arch = "aarch64")]

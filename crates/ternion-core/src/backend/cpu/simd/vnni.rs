@@ -81,14 +81,11 @@ impl Codes {
 
 /// Token rows of Q8_0 activations for the Q1_0 / Q2_0 products: `q` (rows of the
 /// product's width), per token and 32-element block the scale `d` and Σq `sum`
-/// (token-major), and `planes`, the values of `q` in Q2_0 plane order (within each block,
-/// byte 8s + i holds element 4i + s), which only the AVX2 Q2_0 kernel reads.
+/// (token-major).
 #[derive(Clone, Copy)]
 pub struct Q80Rows<'a> {
     /// Int8 values in element order.
     pub q: &'a [i8],
-    /// `q` in Q2_0 plane order (may be empty where no Q2_0 AVX2 kernel runs).
-    pub planes: &'a [i8],
     /// Block scales (for the AVX-512 prompt kernels laid out by [`interleave_blocks`]).
     pub d: &'a [f32],
     /// Block sums of `q` (likewise).

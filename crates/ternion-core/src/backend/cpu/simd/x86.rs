@@ -111,67 +111,6 @@ fn hsum_f32(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The four 32-code groups of one 32-byte I2_S block (shifts 6, 4, 2, 0), as bytes 0..=3.
-#[target_feature(enable = "avx2")]
-unsafe fn unpack(p: *const u8) -> [__m256i; 4] {
-    let mask = _mm256_set1_epi8(3);
-    let w = _mm256_loadu_si256(p.cast());
-    [
-        _mm256_and_si256(_mm256_srli_epi16::<6>(w), mask),
-        _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask),
-        _mm256_and_si256(_mm256_srli_epi16::<2>(w), mask),
-        _mm256_and_si256(w, mask),
-    ]
-}
-
-/// Σ code_i·q_i over one 128-element block as 16 i16 partial sums (|sum| ≤ 4·2·2·128).
-#[target_feature(enable = "avx2")]
-unsafe fn block_products(c: &[__m256i; 4], q: *const i8) -> __m256i {
-    let p0 = _mm256_maddubs_epi16(c[0], _mm256_loadu_si256(q.cast()));
-    let p1 = _mm256_maddubs_epi16(c[1], _mm256_loadu_si256(q.add(32).cast()));
-    let p2 = _mm256_maddubs_epi16(c[2], _mm256_loadu_si256(q.add(64).cast()));
-    let p3 = _mm256_maddubs_epi16(c[3], _mm256_loadu_si256(q.add(96).cast()));
-    _mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3))
-}
-
-/// Σ (code_i − 1)·q_i: `maddubs` multiplies the unsigned codes by the signed activations
-/// (exact: |code·q| ≤ 256), then Σq is subtracted.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn i2s_dot(row: &[u8], q: &[i8], q_sum: i32) -> i32 {
-    assert_eq!(
-        row.len() * 4,
-        q.len(),
-        "i2s_dot: row and activations differ in length"
-    );
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_si256();
-    for b in 0..row.len() / 32 {
-        prefetch_block(row.as_ptr().add(32 * b), b, 32);
-        let c = unpack(row.as_ptr().add(32 * b));
-        let s = block_products(&c, q.as_ptr().add(128 * b));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
-    }
-    hsum_i32(acc) - q_sum
-}
-
-/// [`i2s_dot`] against four activation rows, unpacking each block once.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn i2s_dot4(row: &[u8], q: [&[i8]; 4], q_sum: [i32; 4]) -> [i32; 4] {
-    for qt in &q {
-        assert_eq!(row.len() * 4, qt.len(), "i2s_dot4: length mismatch");
-    }
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_si256(); 4];
-    for b in 0..row.len() / 32 {
-        let c = unpack(row.as_ptr().add(32 * b));
-        for (a, qt) in acc.iter_mut().zip(&q) {
-            let s = block_products(&c, qt.as_ptr().add(128 * b));
-            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(s, ones));
-        }
-    }
-    std::array::from_fn(|i| hsum_i32(acc[i]) - q_sum[i])
-}
-
 /// Σ w_i·x_i for `x.len()` little-endian F16 values at `w`.
 ///
 /// # Safety
@@ -325,38 +264,6 @@ pub unsafe fn f16_axpy(out: &mut [f32], a: f32, v: *const u8) {
         out[i] += a * half::f16::from_bits(v.add(i).read_unaligned()).to_f32();
         i += 1;
     }
-}
-
-/// TQ2_0 row against Q8_K activations: per 256-block Σ (code_i − 1)·q_i exactly (codes of
-/// half h, shift 2n, pair with activations 128h + 32n ..), then `sumi · (d_act · d_w)`
-/// summed in block order, the reference's float order, so results are bit-identical.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tq2_dot_q8k(row: &[u8], q: &[i8], d: &[f32], bsums: &[i32]) -> f32 {
-    const BLOCK_BYTES: usize = 66;
-    let nb = row.len() / BLOCK_BYTES;
-    assert!(
-        q.len() == nb * 256 && d.len() == nb && bsums.len() == nb,
-        "tq2_dot_q8k: lengths"
-    );
-    let ones = _mm256_set1_epi16(1);
-    let mut sum = 0f32;
-    for b in 0..nb {
-        let blk = row.as_ptr().add(BLOCK_BYTES * b);
-        prefetch_block(blk, b, BLOCK_BYTES);
-        let qb = q.as_ptr().add(256 * b);
-        let mut acc = _mm256_setzero_si256();
-        for h in 0..2 {
-            // `unpack` yields shifts 6, 4, 2, 0: groups n = 3, 2, 1, 0.
-            let c = unpack(blk.add(32 * h));
-            let g = [c[3], c[2], c[1], c[0]];
-            let s = block_products(&g, qb.add(128 * h));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
-        }
-        let sumi = hsum_i32(acc) - bsums[b];
-        let dw = half::f16::from_bits(u16::from_le_bytes([*blk.add(64), *blk.add(65)])).to_f32();
-        sum += sumi as f32 * (d[b] * dw);
-    }
-    sum
 }
 
 /// Q8_0 row (34-byte blocks: F16 scale, 32 × i8) against Q8_0 activations: per block the

@@ -1,6 +1,6 @@
-//! AVX2 kernels of the 1- and 2-bit formats Q1_0 and Q2_0 (18-byte blocks: F16 scale, 16
-//! bytes of codes; 128 and 64 elements) against Q8_0 activations, on the file's rows.
-//! Callers guarantee the features (see `Level::detect`).
+//! AVX2 kernel of the 1-bit format Q1_0 (18-byte blocks: F16 scale, 16 bytes of codes, 128
+//! elements) against Q8_0 activations, on the file's rows (Q2_0 is repacked for the tile
+//! kernels of [`super::avx2_tile`]). Callers guarantee the features (see `Level::detect`).
 //!
 //! Every 32-element sub-block (one Q8_0 activation block) gives the exact integer
 //! Σ (code − 1)·q as `maddubs(code, q)` summed, minus Σq; the float combination then runs
@@ -13,32 +13,23 @@ use super::vnni::Q80Rows;
 /// Bytes per Q1_0 / Q2_0 block.
 const BLOCK_BYTES: usize = 18;
 
-/// The 32 codes (unsigned bytes) of sub-block `j` of a row: Q1_0 in element order (2 for a
-/// set bit, 0 otherwise), Q2_0 in plane order (byte 8s + i holds element 4i + s).
+/// The 32 codes (unsigned bytes) of sub-block `j` of a row, in element order: 2 for a set
+/// bit, 0 otherwise.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn codes<const BITS: usize>(row: *const u8, j: usize) -> __m256i {
-    if BITS == 1 {
-        // Byte e of the result takes byte e / 8 of the four, then tests bit e % 8.
-        let x = row.add(BLOCK_BYTES * (j / 4) + 2 + 4 * (j % 4));
-        let v = _mm256_set1_epi32(x.cast::<i32>().read_unaligned());
-        let spread = _mm256_setr_epi64x(
-            0,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        );
-        let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bits), bits);
-        _mm256_and_si256(set, _mm256_set1_epi8(2))
-    } else {
-        // Quadword s of the result is the eight bytes shifted right by 2s: its byte i holds
-        // the code of element 4i + s in its low two bits.
-        let x = row.add(BLOCK_BYTES * (j / 2) + 2 + 8 * (j % 2));
-        let v = _mm256_set1_epi64x(x.cast::<i64>().read_unaligned());
-        let v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 2, 4, 6));
-        _mm256_and_si256(v, _mm256_set1_epi8(3))
-    }
+unsafe fn codes(row: *const u8, j: usize) -> __m256i {
+    // Byte e of the result takes byte e / 8 of the four, then tests bit e % 8.
+    let x = row.add(BLOCK_BYTES * (j / 4) + 2 + 4 * (j % 4));
+    let v = _mm256_set1_epi32(x.cast::<i32>().read_unaligned());
+    let spread = _mm256_setr_epi64x(
+        0,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bits), bits);
+    _mm256_and_si256(set, _mm256_set1_epi8(2))
 }
 
 /// Σ code·q over 32 elements as eight i32 partial sums.
@@ -62,17 +53,11 @@ unsafe fn hsum4(p: &[__m256i; 4]) -> __m128i {
     )
 }
 
-/// d_k · f32(sums_k − qsum_k) for the `n` (2 or 4) sub-blocks at `qsum`, `d` (lanes past
-/// `n` are 0 and nothing past them is read).
+/// d_k · f32(sums_k − qsum_k) for the four sub-blocks at `qsum`, `d`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn scaled(sums: __m128i, qsum: *const i32, d: *const f32, n: usize) -> [f32; 4] {
-    let (qs, dv) = if n == 4 {
-        (_mm_loadu_si128(qsum.cast()), _mm_loadu_ps(d))
-    } else {
-        let dv = _mm_castpd_ps(_mm_load_sd(d.cast()));
-        (_mm_loadl_epi64(qsum.cast()), dv)
-    };
+unsafe fn scaled(sums: __m128i, qsum: *const i32, d: *const f32) -> [f32; 4] {
+    let (qs, dv) = (_mm_loadu_si128(qsum.cast()), _mm_loadu_ps(d));
     let v = _mm_mul_ps(dv, _mm_cvtepi32_ps(_mm_sub_epi32(sums, qs)));
     std::mem::transmute::<__m128, [f32; 4]>(v)
 }
@@ -84,55 +69,31 @@ unsafe fn scale(row: *const u8, b: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
 }
 
-/// Q1_0 (`BITS` = 1) or Q2_0 (`BITS` = 2) row against T token rows of Q8_0 activations
-/// (Q1_0 reads `q`, Q2_0 `planes`): per block, s = Σ over its sub-blocks, in order, of
-/// d·(Σ code·q − Σq) as f32, then Σ over blocks of d_w·s (`vec_dot_q1_0_q8_0` /
-/// `vec_dot_q2_0_q8_0`). The codes of four sub-blocks are unpacked once for all T tokens.
+/// Q1_0 row against T token rows of Q8_0 activations: per 128-element block, s = Σ over
+/// its four sub-blocks, in order, of d·(Σ code·q − Σq) as f32, then Σ over blocks of d_w·s
+/// (`vec_dot_q1_0_q8_0`). A block's codes are unpacked once for all T tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn bits_dots<const BITS: usize, const T: usize>(
-    row: &[u8],
-    x: [Q80Rows<'_>; T],
-) -> [f32; T] {
-    let per_block = if BITS == 1 { 4 } else { 2 };
-    let ns = row.len() / BLOCK_BYTES * per_block;
+pub unsafe fn q1_0_dots<const T: usize>(row: &[u8], x: [Q80Rows<'_>; T]) -> [f32; T] {
+    let ns = row.len() / BLOCK_BYTES * 4;
     for xt in &x {
-        let q = if BITS == 1 { xt.q } else { xt.planes };
         assert!(
             row.len().is_multiple_of(BLOCK_BYTES)
-                && q.len() == 32 * ns
+                && xt.q.len() == 32 * ns
                 && xt.d.len() == ns
                 && xt.sum.len() == ns,
-            "bits_dots: lengths"
+            "q1_0_dots: lengths"
         );
     }
     let w = row.as_ptr();
     let mut total = [0f32; T];
     for j0 in (0..ns).step_by(4) {
-        let n = (ns - j0).min(4);
-        let zero = _mm256_setzero_si256();
-        let c: [__m256i; 4] = std::array::from_fn(|i| {
-            if i < n {
-                codes::<BITS>(w, j0 + i)
-            } else {
-                zero
-            }
-        });
+        let c: [__m256i; 4] = std::array::from_fn(|i| codes(w, j0 + i));
         for (xt, tot) in x.iter().zip(total.iter_mut()) {
-            let q = if BITS == 1 { xt.q } else { xt.planes }
-                .as_ptr()
-                .add(32 * j0);
-            let p = std::array::from_fn(|i| {
-                if i < n {
-                    products(c[i], q.add(32 * i))
-                } else {
-                    zero
-                }
-            });
-            let v = scaled(hsum4(&p), xt.sum.as_ptr().add(j0), xt.d.as_ptr().add(j0), n);
-            for b0 in (0..n).step_by(per_block) {
-                let s = v[b0..b0 + per_block].iter().fold(0f32, |s, &vi| s + vi);
-                *tot += scale(w, (j0 + b0) / per_block) * s;
-            }
+            let q = xt.q.as_ptr().add(32 * j0);
+            let p = std::array::from_fn(|i| products(c[i], q.add(32 * i)));
+            let v = scaled(hsum4(&p), xt.sum.as_ptr().add(j0), xt.d.as_ptr().add(j0));
+            let s = v.iter().fold(0f32, |s, &vi| s + vi);
+            *tot += scale(w, j0 / 4) * s;
         }
     }
     total

@@ -351,7 +351,6 @@ fn check_q8_0_with(
             simd::interleave_blocks(&sum, ns, pack.token_tile(), &mut st);
             let x = Q80Rows {
                 q: &tiled(&q, k, pack.token_tile()),
-                planes: &[],
                 d: &dt,
                 sum: &st,
             };
