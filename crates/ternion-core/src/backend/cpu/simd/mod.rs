@@ -73,6 +73,13 @@ pub enum Level {
     Neon,
 }
 
+/// `TERNION_SIMD` as set (read once; empty when unset): the kernels the user asked for,
+/// which [`Level::detect`] and the AVX2 kernels' [`Dot`] both follow.
+fn simd_cap() -> &'static str {
+    static CAP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CAP.get_or_init(|| std::env::var("TERNION_SIMD").unwrap_or_default())
+}
+
 impl Level {
     /// The best level this CPU supports (detected once). `TERNION_SIMD=scalar` forces the
     /// portable kernels, `TERNION_SIMD=avx2` the AVX2 ones (without AVX-VNNI),
@@ -82,7 +89,7 @@ impl Level {
     pub fn detect() -> Level {
         static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
         *LEVEL.get_or_init(|| {
-            let cap = std::env::var("TERNION_SIMD").unwrap_or_default();
+            let cap = simd_cap();
             if cap == "scalar" {
                 return Level::Scalar;
             }

@@ -89,8 +89,7 @@ pub(super) trait RowDot {
 fn dotprod() -> bool {
     static SDOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SDOT.get_or_init(|| {
-        std::env::var("TERNION_SIMD").as_deref() != Ok("neon")
-            && std::arch::is_aarch64_feature_detected!("dotprod")
+        super::simd_cap() != "neon" && std::arch::is_aarch64_feature_detected!("dotprod")
     })
 }
 

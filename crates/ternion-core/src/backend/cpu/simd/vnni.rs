@@ -297,7 +297,7 @@ impl Dot {
     fn detect() -> Dot {
         static DOT: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
         *DOT.get_or_init(|| {
-            let cap = std::env::var("TERNION_SIMD").unwrap_or_default();
+            let cap = super::simd_cap();
             if cap == "avx2" {
                 Dot::Maddubs
             } else if is_x86_feature_detected!("avxvnni") {
