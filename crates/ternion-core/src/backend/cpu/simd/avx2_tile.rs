@@ -1,17 +1,22 @@
 //! AVX2 kernels of 2-bit weights in the interleaved ternary layout of [`super::vnni`]
 //! (16 rows a group), for CPUs without AVX-512: I2_S against per-token int8 activations,
-//! TQ2_0 / TQ1_0 against Q8_K ones, Q2_0 against Q8_0 ones. Callers guarantee the features and the lengths (see
-//! [`super::vnni::Tiles`]).
+//! TQ2_0 / TQ1_0 against Q8_K ones, Q2_0 against Q8_0 ones. Callers guarantee the
+//! features and the lengths (see [`super::vnni::Tiles`]).
 //!
 //! A chunk (16 elements of each of 16 rows) is two 32-byte halves, rows 0..7 and 8..15.
 //! Its four code planes (bits 2s..2s+1 of each byte: byte 4r + i of plane s is row r's code
-//! at element 4s + i) are unpacked once for up to [`RUN_TOKENS`] tokens; `vpmaddubsw`
-//! multiplies a plane by four activations of one token broadcast to every lane, giving
-//! each row two 16-bit sums of two products (it saturates, but |2 · 3 · 128| cannot).
-//! Those sums add up in 16 bits for [`RUN_CHUNKS`] chunks, then widen into one 32-bit lane
-//! a row (`vpmaddwd` by ones). Where the CPU has AVX-VNNI ([`Dot`]), `vpdpbusd` on 256-bit
-//! vectors does the same in one instruction, into 32-bit lanes. All sums are exact
-//! integers, so every output equals the reference dot's.
+//! at element 4s + i) are unpacked to one byte a code; `vpmaddubsw` multiplies a plane by
+//! four activations of one token broadcast to every lane, giving each row two 16-bit sums
+//! of two products (it saturates, but |2 · 3 · 128| cannot). Those sums add up in 16 bits
+//! for [`RUN_CHUNKS`] chunks, then widen into one 32-bit lane a row (`vpmaddwd` by ones).
+//! A pass over the group takes T ≤ 4 tokens (four tokens' accumulators fill AVX2's 16
+//! registers); a tile of more tokens takes several passes, so each run of
+//! [`BUF_CHUNKS`] chunks is unpacked once into a buffer in L1 and read by all of them
+//! (16-token tiles: 1.15–1.2× the kernel's rate when each pass unpacked its own planes).
+//! Where the CPU has AVX-VNNI ([`Dot`]), `vpdpbusd` on 256-bit vectors replaces the
+//! multiply, add and widening with one instruction into 32-bit lanes, and each pass
+//! unpacks in registers (on ports the dot leaves free). All sums are exact integers, so
+//! every output equals the reference dot's.
 
 use std::arch::x86_64::*;
 
@@ -19,14 +24,13 @@ use super::avx512::Dst;
 use super::vnni::{Chunk, Dot};
 use super::x86::prefetch_ahead;
 
-/// Tokens whose accumulators one pass over a group keeps in registers (AVX2 has 16
-/// vector registers: four tokens take eight 16-bit and eight 32-bit accumulators).
-pub(super) const RUN_TOKENS: usize = 4;
-
 /// Chunks whose products add up in 16 bits before they widen: a lane gains at most
 /// 4 planes · 2 products · 3 · 128 = 3,072 a chunk (codes ≤ 3: I2_S reads code 3 as +2;
 /// |q| ≤ 128), and 10 · 3,072 = 30,720 stays under 2^15.
 const RUN_CHUNKS: usize = 10;
+
+/// Chunks the tile kernels unpack at a time (one TQ2_0 block; 4 KiB, held in L1).
+const BUF_CHUNKS: usize = 16;
 
 /// Four activations at `q`, broadcast to every lane.
 #[inline]
@@ -56,12 +60,90 @@ unsafe fn planes(p: *const Chunk) -> [(__m256i, __m256i); 4] {
     ]
 }
 
-/// `acc[t][h] += plane_s(half h) · q_t[4s..4s+4]` over the four planes of the chunk at
-/// `p`, token t's 16 activations of the chunk at `q + t·16`.
+/// A chunk's four code planes unpacked, one byte a code (plane s's halves at 2s and
+/// 2s + 1), so that a group read for several runs of tokens is unpacked once.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Unpacked([[u8; 32]; 8]);
+
+/// Room for [`BUF_CHUNKS`] unpacked chunks, written by [`unpack`] before they are read
+/// (left uninitialized: zeroing 4 KiB a group cost a decode kernel 16 %).
+type Buf = [std::mem::MaybeUninit<Unpacked>; BUF_CHUNKS];
+
+/// Where a run of sums reads its planes from: the packed chunks, or chunks unpacked once.
+/// Its methods need AVX2 and a chunk `c` that the source holds.
+trait PlaneSrc: Copy {
+    /// The planes of chunk `c`.
+    unsafe fn planes(self, c: usize) -> [(__m256i, __m256i); 4];
+    /// Asks for what chunk `c` reads a little ahead (decode streams packed weights).
+    unsafe fn prefetch(self, _c: usize) {}
+}
+
+impl PlaneSrc for *const Chunk {
+    #[inline(always)]
+    unsafe fn planes(self, c: usize) -> [(__m256i, __m256i); 4] {
+        planes(self.add(c))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(self, c: usize) {
+        prefetch_ahead(self.add(c).cast());
+    }
+}
+
+/// Chunks `first..` unpacked at `p`.
+#[derive(Clone, Copy)]
+struct UnpackedRun {
+    p: *const Unpacked,
+    first: usize,
+}
+
+impl PlaneSrc for UnpackedRun {
+    #[inline(always)]
+    unsafe fn planes(self, c: usize) -> [(__m256i, __m256i); 4] {
+        let p = self.p.add(c - self.first).cast::<__m256i>();
+        [
+            (_mm256_load_si256(p), _mm256_load_si256(p.add(1))),
+            (_mm256_load_si256(p.add(2)), _mm256_load_si256(p.add(3))),
+            (_mm256_load_si256(p.add(4)), _mm256_load_si256(p.add(5))),
+            (_mm256_load_si256(p.add(6)), _mm256_load_si256(p.add(7))),
+        ]
+    }
+}
+
+/// Unpacks chunks `run` (at most [`BUF_CHUNKS`]) of the group at `w` into `buf`.
+///
+/// # Safety
+/// AVX2; `w` points at the group's chunks, `run` among them.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn chunk_sums<const T: usize>(p: *const Chunk, q: *const i8, acc: &mut [[__m256i; 2]; T]) {
-    for (s, (pl, ph)) in planes(p).into_iter().enumerate() {
+unsafe fn unpack(w: *const Chunk, run: std::ops::Range<usize>, buf: &mut Buf) -> UnpackedRun {
+    debug_assert!(
+        run.len() <= BUF_CHUNKS,
+        "unpack: a run longer than the buffer"
+    );
+    for (c, o) in run.clone().zip(buf.iter_mut()) {
+        let o = o.as_mut_ptr().cast::<__m256i>();
+        for (s, (l, h)) in planes(w.add(c)).into_iter().enumerate() {
+            _mm256_store_si256(o.add(2 * s), l);
+            _mm256_store_si256(o.add(2 * s + 1), h);
+        }
+    }
+    UnpackedRun {
+        p: buf.as_ptr().cast(),
+        first: run.start,
+    }
+}
+
+/// `acc[t][h] += plane_s(half h) · q_t[4s..4s+4]` over the four planes of a chunk,
+/// token t's 16 activations of the chunk at `q + t·16`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn chunk_sums<const T: usize>(
+    planes: [(__m256i, __m256i); 4],
+    q: *const i8,
+    acc: &mut [[__m256i; 2]; T],
+) {
+    for (s, (pl, ph)) in planes.into_iter().enumerate() {
         for (t, a) in acc.iter_mut().enumerate() {
             let x = quad(q.add(16 * t + 4 * s));
             a[0] = _mm256_add_epi16(a[0], _mm256_maddubs_epi16(pl, x));
@@ -70,61 +152,73 @@ unsafe fn chunk_sums<const T: usize>(p: *const Chunk, q: *const i8, acc: &mut [[
     }
 }
 
-/// `Σ code·q` over chunks `run` of the 16 rows at `w` for T tokens, by `dot` (see
-/// [`run_sums`]).
+/// `out[t] += Σ code·q_t` over chunks `run` of the 16 rows at `w` for the TN tokens of a
+/// tile (a multiple of T), T at a time, by `dot` (see [`run_sums`]).
 ///
 /// # Safety
 /// AVX2, and the extension `dot` names; the pointers as [`run_sums`].
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn sums<const T: usize>(
+unsafe fn sums<const T: usize, const TN: usize, W: PlaneSrc>(
     dot: Dot,
-    w: *const Chunk,
+    w: W,
     q: *const i8,
-    tn: usize,
     run: std::ops::Range<usize>,
-) -> [[__m256i; 2]; T] {
+    out: &mut TileSums<TN>,
+) {
     match dot {
-        Dot::Maddubs => run_sums(w, q, tn, run),
-        Dot::AvxVnni => vex_sums(w, q, tn, run),
-        Dot::Evex => evex_sums(w, q, tn, run),
+        Dot::Maddubs => {
+            for t0 in (0..TN).step_by(T) {
+                let s = run_sums::<T, W>(w, q.add(16 * t0), TN, run.clone());
+                add_sums(&mut out[t0..t0 + T], &s);
+            }
+        }
+        Dot::AvxVnni => vex_sums::<T, TN, W>(w, q, run, out),
+        Dot::Evex => evex_sums::<T, TN, W>(w, q, run, out),
     }
 }
 
-/// Defines a `vpdpbusd` variant of [`run_sums`]: per token and half, 4 / T accumulators
-/// taking the planes in turn (one token: four independent chains per half, which hide the
-/// instruction's latency, as the AVX-512 one-token kernel does), added up at the end.
+/// Defines a `vpdpbusd` variant of [`sums`] (exact 32-bit sums, nothing to widen), all
+/// the tile's passes in one call (a call cannot be inlined across target features): per
+/// token and half, 4 / T accumulators taking the planes in turn (one token: four
+/// independent chains per half, which hide the instruction's latency, as the AVX-512
+/// one-token kernel does), added up at the end.
 macro_rules! dpbusd_sums {
     ($name:ident, $features:literal, $dpbusd:ident) => {
-        /// [`run_sums`] with `vpdpbusd` (exact 32-bit sums, nothing to widen).
+        /// [`sums`] with `vpdpbusd`.
         #[target_feature(enable = $features)]
-        unsafe fn $name<const T: usize>(
-            w: *const Chunk,
+        unsafe fn $name<const T: usize, const TN: usize, W: PlaneSrc>(
+            w: W,
             q: *const i8,
-            tn: usize,
             run: std::ops::Range<usize>,
-        ) -> [[__m256i; 2]; T] {
+            out: &mut TileSums<TN>,
+        ) {
             let chains = 4 / T.clamp(1, 4);
-            let mut acc = [[[_mm256_setzero_si256(); 4]; 2]; T];
-            for c in run {
-                if T == 1 {
-                    prefetch_ahead(w.add(c).cast());
+            for t0 in (0..TN).step_by(T) {
+                let mut acc = [[[_mm256_setzero_si256(); 4]; 2]; T];
+                for c in run.clone() {
+                    if T == 1 {
+                        w.prefetch(c);
+                    }
+                    let qc = q.add(16 * (TN * c + t0));
+                    for (s, (pl, ph)) in w.planes(c).into_iter().enumerate() {
+                        for (t, a) in acc.iter_mut().enumerate() {
+                            let x = quad(qc.add(16 * t + 4 * s));
+                            let k = s % chains;
+                            a[0][k] = $dpbusd(a[0][k], pl, x);
+                            a[1][k] = $dpbusd(a[1][k], ph, x);
+                        }
+                    }
                 }
-                let qc = q.add(16 * tn * c);
-                for (s, (pl, ph)) in planes(w.add(c)).into_iter().enumerate() {
-                    for (t, a) in acc.iter_mut().enumerate() {
-                        let x = quad(qc.add(16 * t + 4 * s));
-                        let k = s % chains;
-                        a[0][k] = $dpbusd(a[0][k], pl, x);
-                        a[1][k] = $dpbusd(a[1][k], ph, x);
+                // Loops, not closures: a closure would not inherit the target features.
+                for (o, halves) in out[t0..t0 + T].iter_mut().zip(&acc) {
+                    for (o, [a, b, c, d]) in o.iter_mut().zip(halves) {
+                        let s =
+                            _mm256_add_epi32(_mm256_add_epi32(*a, *b), _mm256_add_epi32(*c, *d));
+                        *o = _mm256_add_epi32(*o, s);
                     }
                 }
             }
-            acc.map(|halves| {
-                halves.map(|[a, b, c, d]| {
-                    _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d))
-                })
-            })
         }
     };
 }
@@ -139,8 +233,8 @@ dpbusd_sums!(evex_sums, "avx2,avx512vl,avx512vnni", _mm256_dpbusd_epi32);
 /// ahead is asked for.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn run_sums<const T: usize>(
-    w: *const Chunk,
+unsafe fn run_sums<const T: usize, W: PlaneSrc>(
+    w: W,
     q: *const i8,
     tn: usize,
     run: std::ops::Range<usize>,
@@ -153,9 +247,9 @@ unsafe fn run_sums<const T: usize>(
         let mut narrow = [[_mm256_setzero_si256(); 2]; T];
         for c in c..end {
             if T == 1 {
-                prefetch_ahead(w.add(c).cast());
+                w.prefetch(c);
             }
-            chunk_sums(w.add(c), q.add(16 * tn * c), &mut narrow);
+            chunk_sums(w.planes(c), q.add(16 * tn * c), &mut narrow);
         }
         for (wt, nt) in wide.iter_mut().zip(&narrow) {
             for (a, n) in wt.iter_mut().zip(nt) {
@@ -167,70 +261,119 @@ unsafe fn run_sums<const T: usize>(
     wide
 }
 
-/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with T tokens (laid out as
-/// [`run_sums`] reads them), token t's Σq at `sum[t]` and scale at `scale[t]`:
-/// `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) · post`, the AVX-512
-/// kernel's operations.
+/// Sums of a tile of TN tokens: rows 0..7 and 8..15 of each.
+type TileSums<const TN: usize> = [[__m256i; 2]; TN];
+
+/// Whether a tile of TN tokens taken T at a time unpacks each run once for all its
+/// passes: with `vpmaddubsw` (where unpacking is a fifth of the work a token) and more
+/// than one pass. `vpdpbusd` leaves the unpacking to other ports and reads the chunks.
+fn unpacks<const T: usize, const TN: usize>(dot: Dot) -> bool {
+    dot == Dot::Maddubs && TN > T
+}
+
+/// `out[t] += Σ code·q_t` over chunks `run` of the group at `w` for the tile's TN tokens
+/// (a multiple of T), T at a time: from `buf`, unpacked once, where [`unpacks`] says so.
+///
+/// # Safety
+/// AVX2 and the extension `dot` names; `w` points at the group's chunks, `run` among
+/// them (at most [`BUF_CHUNKS`] when unpacking), `q` at the tile's activations.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn tile_sums<const T: usize, const TN: usize>(
+    dot: Dot,
+    w: *const Chunk,
+    run: std::ops::Range<usize>,
+    q: *const i8,
+    buf: &mut Buf,
+    out: &mut TileSums<TN>,
+) {
+    if unpacks::<T, TN>(dot) {
+        let u = unpack(w, run.clone(), buf);
+        sums::<T, TN, _>(Dot::Maddubs, u, q, run, out);
+    } else {
+        sums::<T, TN, _>(dot, w, q, run, out);
+    }
+}
+
+/// I2_S products of the 16 rows of `n_chunks` chunks at `w` with the TN tokens of a tile
+/// (a multiple of T; laid out as [`run_sums`] reads them), token t's Σq at `sum[t]` and
+/// scale at `scale[t]`: `out[t][r] = ((Σ_e (code(r, e) − 1)·q_t[e]) as f32 / scale[t]) ·
+/// post`, the AVX-512 kernel's operations. Unpacking, in runs of [`BUF_CHUNKS`] chunks;
+/// else in one run.
 ///
 /// # Safety
 /// AVX2 and the extension `dot` names; `w` points at `n_chunks` chunks, `q` at the tile's
-/// activations, `sum` and `scale` at T values, `out` T token rows.
+/// activations, `sum` and `scale` at TN values, `out` TN token rows.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
-pub unsafe fn per_token_dots<const T: usize>(
+pub unsafe fn per_token_dots<const T: usize, const TN: usize>(
     dot: Dot,
     w: *const Chunk,
     n_chunks: usize,
     q: *const i8,
-    tn: usize,
     sum: *const i32,
     scale: *const f32,
     post: f32,
     out: &Dst,
 ) {
-    let wide = sums::<T>(dot, w, q, tn, 0..n_chunks);
-    for (t, halves) in wide.iter().enumerate() {
+    let step = if unpacks::<T, TN>(dot) {
+        BUF_CHUNKS
+    } else {
+        n_chunks.max(1)
+    };
+    let mut wide = [[_mm256_setzero_si256(); 2]; TN];
+    let mut buf: Buf = [const { std::mem::MaybeUninit::uninit() }; BUF_CHUNKS];
+    for first in (0..n_chunks).step_by(step) {
+        let run = first..(first + step).min(n_chunks);
+        tile_sums::<T, TN>(dot, w, run, q, &mut buf, &mut wide);
+    }
+    let (p, mut v) = (_mm256_set1_ps(post), [_mm256_setzero_ps(); 2]);
+    for (t, h) in wide.iter().enumerate() {
         let (s, d) = (
             _mm256_set1_epi32(*sum.add(t)),
             _mm256_set1_ps(*scale.add(t)),
         );
-        let v = halves.map(|h| {
-            let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(h, s));
-            _mm256_mul_ps(_mm256_div_ps(v, d), _mm256_set1_ps(post))
-        });
+        for (v, h) in v.iter_mut().zip(h) {
+            *v = _mm256_mul_ps(
+                _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(*h, s)), d),
+                p,
+            );
+        }
         store(out, t, v);
     }
 }
 
-/// Per-block scaled dots against Q8_K activations (TQ2_0, TQ1_0): for every 256-element
-/// block b, `sum_t += ((Σ code·q − bsum[t][b]) as f32) · (d[t][b] · scale[b][r])`, block
-/// after block (a product, then a sum: the reference dots' roundings); `out[t] = sum_t ·
-/// post`. Token t's block values sit at `d + b·tn + t` and `bsum + b·tn + t` (laid out
-/// by [`super::vnni::interleave_blocks`]; the pointers at the first of the T).
+/// Per-block scaled dots against Q8_K activations (TQ2_0, TQ1_0) for the TN tokens of a
+/// tile (a multiple of T): for every 256-element block b, `sum_t += ((Σ code·q −
+/// bsum[t][b]) as f32) · (d[t][b] · scale[b][r])`, block after block (a product, then a
+/// sum: the reference dots' roundings); `out[t] = sum_t · post`. Token t's block values
+/// sit at `d + b·TN + t` and `bsum + b·TN + t` (laid out by
+/// [`super::vnni::interleave_blocks`]).
 ///
 /// # Safety
 /// AVX2, F16C and the extension `dot` names; `w` points at `16 · n_blocks` chunks,
 /// `scales` at `16 · n_blocks` F16 values, `q`, `d` and `bsum` at the tile's values, `out`
-/// T token rows.
+/// TN token rows.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn block_dots<const T: usize>(
+pub unsafe fn block_dots<const T: usize, const TN: usize>(
     dot: Dot,
     w: *const Chunk,
     scales: *const half::f16,
     n_blocks: usize,
     q: *const i8,
-    tn: usize,
     (d, bsum): (*const f32, *const i32),
     post: f32,
     out: &Dst,
 ) {
-    let mut sum = [[_mm256_setzero_ps(); 2]; T];
+    let mut sum = [[_mm256_setzero_ps(); 2]; TN];
+    let mut buf: Buf = [const { std::mem::MaybeUninit::uninit() }; BUF_CHUNKS];
     for b in 0..n_blocks {
-        let wide = sums::<T>(dot, w, q, tn, 16 * b..16 * (b + 1));
+        let mut wide = [[_mm256_setzero_si256(); 2]; TN];
+        tile_sums::<T, TN>(dot, w, 16 * b..16 * (b + 1), q, &mut buf, &mut wide);
         let dw = scales16(scales.add(16 * b));
         for (t, (st, wt)) in sum.iter_mut().zip(&wide).enumerate() {
-            let (db, bb) = (*d.add(b * tn + t), _mm256_set1_epi32(*bsum.add(b * tn + t)));
+            let (db, bb) = (*d.add(b * TN + t), _mm256_set1_epi32(*bsum.add(b * TN + t)));
             for ((s, h), dw) in st.iter_mut().zip(wt).zip(dw) {
                 let scale = _mm256_mul_ps(_mm256_set1_ps(db), dw);
                 let sumi = _mm256_cvtepi32_ps(_mm256_sub_epi32(*h, bb));
@@ -238,42 +381,41 @@ pub unsafe fn block_dots<const T: usize>(
             }
         }
     }
-    for (t, st) in sum.iter().enumerate() {
-        store(out, t, st.map(|s| _mm256_mul_ps(s, _mm256_set1_ps(post))));
-    }
+    store_scaled(out, &sum, post);
 }
 
-/// Q2_0 products against Q8_0 activations: per weight block b (`subs` 32-element
-/// sub-blocks of two chunks), `s_t = Σ_k d[t][k] · f32(Σ_{e∈k} code·q − sum[t][k])` from 0
-/// over its sub-blocks in order, then `total_t += scale[b][r] · s_t`; `out[t] = total_t ·
-/// post`: the reference dot's operations, lane by lane. Token t's sub-block values sit at
-/// `d + k·tn + t` and `sum + k·tn + t` (laid out by [`super::vnni::interleave_blocks`];
-/// the pointers at the first of the T). Always `vpmaddubsw`: a sub-block is two chunks,
+/// Q2_0 products against Q8_0 activations for the TN tokens of a tile (a multiple of T):
+/// per weight block b (`subs` 32-element sub-blocks of two chunks), `s_t = Σ_k d[t][k] ·
+/// f32(Σ_{e∈k} code·q − sum[t][k])` from 0 over its sub-blocks in order, then `total_t +=
+/// scale[b][r] · s_t`; `out[t] = total_t · post`: the reference dot's operations, lane by
+/// lane. Token t's sub-block values sit at `d + k·TN + t` and `sum + k·TN + t` (laid out
+/// by [`super::vnni::interleave_blocks`]). Always `vpmaddubsw`: a sub-block is two chunks,
 /// too short a run for a call into the `vpdpbusd` kernels, which cannot be inlined here
 /// (other target features; such calls read 36 against 92 tok/s in a Q2_0 prompt).
 ///
 /// # Safety
 /// AVX2 and F16C; `w` points at `2 · subs · n_blocks` chunks, `scales` at `16 · n_blocks`
-/// F16 values, `q`, `d` and `sum` at the tile's values, `out` T token rows.
+/// F16 values, `q`, `d` and `sum` at the tile's values, `out` TN token rows.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn sub_block_dots<const T: usize>(
+pub unsafe fn sub_block_dots<const T: usize, const TN: usize>(
     w: *const Chunk,
     scales: *const half::f16,
     (n_blocks, subs): (usize, usize),
     q: *const i8,
-    tn: usize,
     (d, sum): (*const f32, *const i32),
     post: f32,
     out: &Dst,
 ) {
-    let mut total = [[_mm256_setzero_ps(); 2]; T];
+    let mut total = [[_mm256_setzero_ps(); 2]; TN];
+    let mut buf: Buf = [const { std::mem::MaybeUninit::uninit() }; BUF_CHUNKS];
     for b in 0..n_blocks {
-        let mut s = [[_mm256_setzero_ps(); 2]; T];
+        let mut s = [[_mm256_setzero_ps(); 2]; TN];
         for k in b * subs..(b + 1) * subs {
-            let wide = run_sums::<T>(w, q, tn, 2 * k..2 * k + 2);
+            let mut wide = [[_mm256_setzero_si256(); 2]; TN];
+            tile_sums::<T, TN>(Dot::Maddubs, w, 2 * k..2 * k + 2, q, &mut buf, &mut wide);
             for (t, (st, wt)) in s.iter_mut().zip(&wide).enumerate() {
-                let (dk, sk) = (_mm256_set1_ps(*d.add(k * tn + t)), *sum.add(k * tn + t));
+                let (dk, sk) = (_mm256_set1_ps(*d.add(k * TN + t)), *sum.add(k * TN + t));
                 for (sh, h) in st.iter_mut().zip(wt) {
                     let sumi = _mm256_cvtepi32_ps(_mm256_sub_epi32(*h, _mm256_set1_epi32(sk)));
                     *sh = _mm256_add_ps(*sh, _mm256_mul_ps(dk, sumi));
@@ -287,8 +429,26 @@ pub unsafe fn sub_block_dots<const T: usize>(
             }
         }
     }
-    for (t, tt) in total.iter().enumerate() {
-        store(out, t, tt.map(|v| _mm256_mul_ps(v, _mm256_set1_ps(post))));
+    store_scaled(out, &total, post);
+}
+
+/// `out[t] += s[t]`, both halves.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn add_sums(out: &mut [[__m256i; 2]], s: &[[__m256i; 2]]) {
+    for (o, s) in out.iter_mut().zip(s) {
+        o[0] = _mm256_add_epi32(o[0], s[0]);
+        o[1] = _mm256_add_epi32(o[1], s[1]);
+    }
+}
+
+/// Stores `v[t] · post` as token t's row, for every token.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store_scaled(out: &Dst, v: &[[__m256; 2]], post: f32) {
+    let p = _mm256_set1_ps(post);
+    for (t, v) in v.iter().enumerate() {
+        store(out, t, [_mm256_mul_ps(v[0], p), _mm256_mul_ps(v[1], p)]);
     }
 }
 

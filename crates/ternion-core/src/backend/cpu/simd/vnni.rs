@@ -425,25 +425,20 @@ impl Tiles {
                     }
                     Tiles::Avx2(Avx2(_, dot)) => dot,
                 };
-                for (t, run) in avx2_runs(t0, tn) {
-                    let qr = qt.wrapping_add(16 * (t - t0));
-                    let (st, ct) = (sum[t..].as_ptr(), scale[t..].as_ptr());
-                    let o = out.dst(t);
-                    // SAFETY: the token proves AVX2 and its dot's extension (chosen where
-                    // detected); as above, and tokens t..t + run lie in the tile, whose
-                    // activations hold 16·tn bytes a chunk from `qt`.
-                    unsafe {
-                        match run {
-                            4 => {
-                                avx2_tile::per_token_dots::<4>(dot, w, nc, qr, tn, st, ct, post, &o)
-                            }
-                            2 => {
-                                avx2_tile::per_token_dots::<2>(dot, w, nc, qr, tn, st, ct, post, &o)
-                            }
-                            _ => {
-                                avx2_tile::per_token_dots::<1>(dot, w, nc, qr, tn, st, ct, post, &o)
-                            }
-                        }
+                let (st, ct) = (sum[t0..].as_ptr(), scale[t0..].as_ptr());
+                let o = out.dst(t0);
+                // SAFETY: the token proves AVX2 and its dot's extension (chosen where
+                // detected); `q`, `sum`, `scale` and `out` hold `n` tokens (asserted; `out`
+                // by its construction), tokens t0..t0+tn among them, and tn ≤ TOKEN_TILE.
+                unsafe {
+                    use avx2_tile::per_token_dots as f;
+                    match tn {
+                        16 => f::<4, 16>(dot, w, nc, qt, st, ct, post, &o),
+                        8 => f::<4, 8>(dot, w, nc, qt, st, ct, post, &o),
+                        4 => f::<4, 4>(dot, w, nc, qt, st, ct, post, &o),
+                        2 => f::<2, 2>(dot, w, nc, qt, st, ct, post, &o),
+                        1 => f::<1, 1>(dot, w, nc, qt, st, ct, post, &o),
+                        _ => unreachable!("token tiles are powers of two up to TOKEN_TILE"),
                     }
                 }
             }
@@ -507,23 +502,19 @@ impl Tiles {
                     }
                     Tiles::Avx2(Avx2(_, dot)) => dot,
                 };
-                for (t, run) in avx2_runs(t0, tn) {
-                    let i = t - t0;
-                    let (qr, db) = (
-                        qt.wrapping_add(16 * i),
-                        (dt.wrapping_add(i), bt.wrapping_add(i)),
-                    );
-                    let o = out.dst(t);
-                    // SAFETY: the token proves AVX2, F16C and its dot's extension; as above,
-                    // and tokens t..t + run lie in the tile, whose activations hold 16·tn
-                    // bytes a chunk from `qt` and whose block values tn a block from `dt`
-                    // and `bt`.
-                    unsafe {
-                        match run {
-                            4 => avx2_tile::block_dots::<4>(dot, w, s, nb, qr, tn, db, post, &o),
-                            2 => avx2_tile::block_dots::<2>(dot, w, s, nb, qr, tn, db, post, &o),
-                            _ => avx2_tile::block_dots::<1>(dot, w, s, nb, qr, tn, db, post, &o),
-                        }
+                let o = out.dst(t0);
+                // SAFETY: the token proves AVX2, F16C and its dot's extension; every length
+                // was asserted above (`out`'s by its construction), tokens t0..t0+tn are
+                // among the `n` rows, and tn ≤ TOKEN_TILE.
+                unsafe {
+                    use avx2_tile::block_dots as f;
+                    match tn {
+                        16 => f::<4, 16>(dot, w, s, nb, qt, (dt, bt), post, &o),
+                        8 => f::<4, 8>(dot, w, s, nb, qt, (dt, bt), post, &o),
+                        4 => f::<4, 4>(dot, w, s, nb, qt, (dt, bt), post, &o),
+                        2 => f::<2, 2>(dot, w, s, nb, qt, (dt, bt), post, &o),
+                        1 => f::<1, 1>(dot, w, s, nb, qt, (dt, bt), post, &o),
+                        _ => unreachable!("token tiles are powers of two up to TOKEN_TILE"),
                     }
                 }
             }
@@ -624,38 +615,24 @@ impl Tiles {
                 }
                 // AVX2 takes 2-bit codes only (`take`).
                 assert_eq!(codes, Codes::TwoBit, "q8_0_dots: AVX2 reads 2-bit codes");
-                for (t, run) in avx2_runs(t0, tn) {
-                    let i = t - t0;
-                    let qr = qt.wrapping_add(16 * i);
-                    let ds = (dt.wrapping_add(i), st.wrapping_add(i));
-                    let o = out.dst(t);
-                    let (ws, nbs) = (w.scales, (w.n_blocks, w.subs));
-                    // SAFETY: the token proves AVX2 and F16C; as above, and tokens t..t + run
-                    // lie in the tile, whose activations hold 16·tn bytes a chunk from `qt`
-                    // and whose sub-block values tn a sub-block from `dt` and `st`.
-                    unsafe {
-                        use avx2_tile::sub_block_dots as f;
-                        match run {
-                            4 => f::<4>(w.w, ws, nbs, qr, tn, ds, post, &o),
-                            2 => f::<2>(w.w, ws, nbs, qr, tn, ds, post, &o),
-                            _ => f::<1>(w.w, ws, nbs, qr, tn, ds, post, &o),
-                        }
+                let o = out.dst(t0);
+                let (ws, nbs) = (w.scales, (w.n_blocks, w.subs));
+                // SAFETY: the token proves AVX2 and F16C; every length was asserted above
+                // (`out`'s by its construction), tokens t0..t0+tn are among the `n` rows,
+                // and tn ≤ SUB_TILE.
+                unsafe {
+                    use avx2_tile::sub_block_dots as f;
+                    match tn {
+                        8 => f::<4, 8>(w.w, ws, nbs, qt, (dt, st), post, &o),
+                        4 => f::<4, 4>(w.w, ws, nbs, qt, (dt, st), post, &o),
+                        2 => f::<2, 2>(w.w, ws, nbs, qt, (dt, st), post, &o),
+                        1 => f::<1, 1>(w.w, ws, nbs, qt, (dt, st), post, &o),
+                        _ => unreachable!("token tiles are powers of two up to SUB_TILE"),
                     }
                 }
             }
         }
     }
-}
-
-/// The runs `(first token, length)` that the AVX2 kernels take the token tile `t0..t0 +
-/// tn` in: at most [`avx2_tile::RUN_TOKENS`] tokens each (their accumulators fill AVX2's
-/// registers), each a whole pass over the group.
-#[cfg(target_arch = "x86_64")]
-fn avx2_runs(t0: usize, tn: usize) -> impl Iterator<Item = (usize, usize)> {
-    let end = t0 + tn;
-    (t0..end)
-        .step_by(avx2_tile::RUN_TOKENS)
-        .map(move |t| (t, (end - t).min(avx2_tile::RUN_TOKENS)))
 }
 
 impl Vnni {
