@@ -152,11 +152,40 @@ unsafe fn chunk_sums<const T: usize>(
     }
 }
 
-/// `out[t] += Σ code·q_t` over chunks `run` of the 16 rows at `w` for the TN tokens of a
-/// tile (a multiple of T), T at a time, by `dot` (see [`run_sums`]).
+/// Where a tile's sums go: token t's two halves at `p + t`, written, or added to the
+/// sums there when `add` (which the first write of every token must precede).
+#[derive(Clone, Copy)]
+struct Out {
+    p: *mut [__m256i; 2],
+    add: bool,
+}
+
+impl Out {
+    /// Token t's sums `s`.
+    ///
+    /// # Safety
+    /// AVX2; token t's place is valid (and written, when adding).
+    #[inline(always)]
+    unsafe fn put(self, t: usize, s: [__m256i; 2]) {
+        let o = self.p.add(t);
+        if self.add {
+            let old = o.read();
+            o.write([
+                _mm256_add_epi32(old[0], s[0]),
+                _mm256_add_epi32(old[1], s[1]),
+            ]);
+        } else {
+            o.write(s);
+        }
+    }
+}
+
+/// Token t's `Σ code·q_t` over chunks `run` of the 16 rows at `w`, put into `out` for the
+/// TN tokens of a tile (a multiple of T), T at a time, by `dot` (see [`run_sums`]).
 ///
 /// # Safety
-/// AVX2, and the extension `dot` names; the pointers as [`run_sums`].
+/// AVX2, and the extension `dot` names; the pointers as [`run_sums`], `out` as
+/// [`Out::put`] for the TN tokens.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn sums<const T: usize, const TN: usize, W: PlaneSrc>(
@@ -164,13 +193,15 @@ unsafe fn sums<const T: usize, const TN: usize, W: PlaneSrc>(
     w: W,
     q: *const i8,
     run: std::ops::Range<usize>,
-    out: &mut TileSums<TN>,
+    out: Out,
 ) {
     match dot {
         Dot::Maddubs => {
             for t0 in (0..TN).step_by(T) {
                 let s = run_sums::<T, W>(w, q.add(16 * t0), TN, run.clone());
-                add_sums(&mut out[t0..t0 + T], &s);
+                for (t, s) in s.into_iter().enumerate() {
+                    out.put(t0 + t, s);
+                }
             }
         }
         Dot::AvxVnni => vex_sums::<T, TN, W>(w, q, run, out),
@@ -191,7 +222,7 @@ macro_rules! dpbusd_sums {
             w: W,
             q: *const i8,
             run: std::ops::Range<usize>,
-            out: &mut TileSums<TN>,
+            out: Out,
         ) {
             let chains = 4 / T.clamp(1, 4);
             for t0 in (0..TN).step_by(T) {
@@ -211,12 +242,12 @@ macro_rules! dpbusd_sums {
                     }
                 }
                 // Loops, not closures: a closure would not inherit the target features.
-                for (o, halves) in out[t0..t0 + T].iter_mut().zip(&acc) {
-                    for (o, [a, b, c, d]) in o.iter_mut().zip(halves) {
-                        let s =
-                            _mm256_add_epi32(_mm256_add_epi32(*a, *b), _mm256_add_epi32(*c, *d));
-                        *o = _mm256_add_epi32(*o, s);
+                for (t, halves) in acc.iter().enumerate() {
+                    let mut s = [_mm256_setzero_si256(); 2];
+                    for (s, [a, b, c, d]) in s.iter_mut().zip(halves) {
+                        *s = _mm256_add_epi32(_mm256_add_epi32(*a, *b), _mm256_add_epi32(*c, *d));
                     }
+                    out.put(t0 + t, s);
                 }
             }
         }
@@ -261,8 +292,9 @@ unsafe fn run_sums<const T: usize, W: PlaneSrc>(
     wide
 }
 
-/// Sums of a tile of TN tokens: rows 0..7 and 8..15 of each.
-type TileSums<const TN: usize> = [[__m256i; 2]; TN];
+/// Sums of a tile of TN tokens: rows 0..7 and 8..15 of each (filled in place, without
+/// zeroing first: a 1 KiB `memset` a group and tile read 1.7 % of a prompt).
+type TileSums<const TN: usize> = std::mem::MaybeUninit<[[__m256i; 2]; TN]>;
 
 /// Whether a tile of TN tokens taken T at a time unpacks each run once for all its
 /// passes: with `vpmaddubsw` (where unpacking is a fifth of the work a token) and more
@@ -271,8 +303,9 @@ fn unpacks<const T: usize, const TN: usize>(dot: Dot) -> bool {
     dot == Dot::Maddubs && TN > T
 }
 
-/// `out[t] += Σ code·q_t` over chunks `run` of the group at `w` for the tile's TN tokens
-/// (a multiple of T), T at a time: from `buf`, unpacked once, where [`unpacks`] says so.
+/// Token t's `Σ code·q_t` over chunks `run` of the group at `w`, put into `out` for the
+/// tile's TN tokens (a multiple of T), T at a time: from `buf`, unpacked once, where
+/// [`unpacks`] says so.
 ///
 /// # Safety
 /// AVX2 and the extension `dot` names; `w` points at the group's chunks, `run` among
@@ -285,7 +318,7 @@ unsafe fn tile_sums<const T: usize, const TN: usize>(
     run: std::ops::Range<usize>,
     q: *const i8,
     buf: &mut Buf,
-    out: &mut TileSums<TN>,
+    out: Out,
 ) {
     if unpacks::<T, TN>(dot) {
         let u = unpack(w, run.clone(), buf);
@@ -321,12 +354,18 @@ pub unsafe fn per_token_dots<const T: usize, const TN: usize>(
     } else {
         n_chunks.max(1)
     };
-    let mut wide = [[_mm256_setzero_si256(); 2]; TN];
+    let mut wide = TileSums::<TN>::uninit();
     let mut buf: Buf = [const { std::mem::MaybeUninit::uninit() }; BUF_CHUNKS];
-    for first in (0..n_chunks).step_by(step) {
+    for first in (0..n_chunks.max(1)).step_by(step) {
         let run = first..(first + step).min(n_chunks);
-        tile_sums::<T, TN>(dot, w, run, q, &mut buf, &mut wide);
+        let out = Out {
+            p: wide.as_mut_ptr().cast(),
+            add: first > 0,
+        };
+        tile_sums::<T, TN>(dot, w, run, q, &mut buf, out);
     }
+    // Every token's sums were written by the first run (an empty one for no chunks).
+    let wide = wide.assume_init_ref();
     let (p, mut v) = (_mm256_set1_ps(post), [_mm256_setzero_ps(); 2]);
     for (t, h) in wide.iter().enumerate() {
         let (s, d) = (
@@ -368,11 +407,16 @@ pub unsafe fn block_dots<const T: usize, const TN: usize>(
 ) {
     let mut sum = [[_mm256_setzero_ps(); 2]; TN];
     let mut buf: Buf = [const { std::mem::MaybeUninit::uninit() }; BUF_CHUNKS];
+    let mut wide = TileSums::<TN>::uninit();
     for b in 0..n_blocks {
-        let mut wide = [[_mm256_setzero_si256(); 2]; TN];
-        tile_sums::<T, TN>(dot, w, 16 * b..16 * (b + 1), q, &mut buf, &mut wide);
+        let out = Out {
+            p: wide.as_mut_ptr().cast(),
+            add: false,
+        };
+        tile_sums::<T, TN>(dot, w, 16 * b..16 * (b + 1), q, &mut buf, out);
+        let wide = wide.assume_init_ref();
         let dw = scales16(scales.add(16 * b));
-        for (t, (st, wt)) in sum.iter_mut().zip(&wide).enumerate() {
+        for (t, (st, wt)) in sum.iter_mut().zip(wide).enumerate() {
             let (db, bb) = (*d.add(b * TN + t), _mm256_set1_epi32(*bsum.add(b * TN + t)));
             for ((s, h), dw) in st.iter_mut().zip(wt).zip(dw) {
                 let scale = _mm256_mul_ps(_mm256_set1_ps(db), dw);
@@ -409,12 +453,17 @@ pub unsafe fn sub_block_dots<const T: usize, const TN: usize>(
 ) {
     let mut total = [[_mm256_setzero_ps(); 2]; TN];
     let mut buf: Buf = [const { std::mem::MaybeUninit::uninit() }; BUF_CHUNKS];
+    let mut wide = TileSums::<TN>::uninit();
     for b in 0..n_blocks {
         let mut s = [[_mm256_setzero_ps(); 2]; TN];
         for k in b * subs..(b + 1) * subs {
-            let mut wide = [[_mm256_setzero_si256(); 2]; TN];
-            tile_sums::<T, TN>(Dot::Maddubs, w, 2 * k..2 * k + 2, q, &mut buf, &mut wide);
-            for (t, (st, wt)) in s.iter_mut().zip(&wide).enumerate() {
+            let out = Out {
+                p: wide.as_mut_ptr().cast(),
+                add: false,
+            };
+            tile_sums::<T, TN>(Dot::Maddubs, w, 2 * k..2 * k + 2, q, &mut buf, out);
+            let wide = wide.assume_init_ref();
+            for (t, (st, wt)) in s.iter_mut().zip(wide).enumerate() {
                 let (dk, sk) = (_mm256_set1_ps(*d.add(k * TN + t)), *sum.add(k * TN + t));
                 for (sh, h) in st.iter_mut().zip(wt) {
                     let sumi = _mm256_cvtepi32_ps(_mm256_sub_epi32(*h, _mm256_set1_epi32(sk)));
@@ -430,16 +479,6 @@ pub unsafe fn sub_block_dots<const T: usize, const TN: usize>(
         }
     }
     store_scaled(out, &total, post);
-}
-
-/// `out[t] += s[t]`, both halves.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn add_sums(out: &mut [[__m256i; 2]], s: &[[__m256i; 2]]) {
-    for (o, s) in out.iter_mut().zip(s) {
-        o[0] = _mm256_add_epi32(o[0], s[0]);
-        o[1] = _mm256_add_epi32(o[1], s[1]);
-    }
 }
 
 /// Stores `v[t] · post` as token t's row, for every token.
