@@ -280,10 +280,12 @@ impl Linear {
     fn packed(&self) -> Option<(&TernaryPack, PackForm, f32)> {
         let p = self.pack()?;
         match quant::format(self.ty)?.dot {
-            RefDot::PerToken(_) => {
-                Some((p, PackForm::PerToken, self.tensor_scale * self.post_scale))
-            }
-            RefDot::Q8K(_) => Some((p, PackForm::Q8K, self.post_scale)),
+            RefDot::PerToken(_) => Some((
+                p,
+                PackForm::PerToken(p.token_tile()),
+                self.tensor_scale * self.post_scale,
+            )),
+            RefDot::Q8K(_) => Some((p, PackForm::Q8K(p.token_tile()), self.post_scale)),
             RefDot::Q8_0(_) => Some((p, PackForm::Q8_0(p.token_tile()), self.post_scale)),
             _ => None,
         }
@@ -495,22 +497,22 @@ impl Linear {
     }
 }
 
-/// The activation form a repacked matrix multiplies (Q8_0: with its token tile).
+/// The activation form a repacked matrix multiplies, with its token tile.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PackForm {
-    PerToken,
-    Q8K,
+    PerToken(usize),
+    Q8K(usize),
     Q8_0(usize),
 }
 
 /// `x` (rows of `k`) quantized into `qi` in `form`.
 fn pack_input<'q>(form: PackForm, x: &[f32], k: usize, qi: &'q mut QuantInput) -> PackInput<'q> {
     match form {
-        PackForm::PerToken => {
-            let (q, scale, sum) = qi.per_token_tiles(x, k);
+        PackForm::PerToken(tile) => {
+            let (q, scale, sum) = qi.per_token_tiles(x, k, tile);
             PackInput::PerToken { q, scale, sum }
         }
-        PackForm::Q8K => PackInput::Q8K(qi.q8k_tiles(x, k)),
+        PackForm::Q8K(tile) => PackInput::Q8K(qi.q8k_tiles(x, k, tile)),
         PackForm::Q8_0(tile) => PackInput::Q8_0(qi.q8_0_tiles(x, k, tile)),
     }
 }

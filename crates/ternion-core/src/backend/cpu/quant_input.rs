@@ -18,11 +18,13 @@ pub struct QuantInput {
     pub(super) q8k: Vec<i8>,
     pub(super) q8k_d: Vec<f32>,
     pub(super) q8k_bsum: Vec<i32>,
-    /// `q`, `q8k` and `q80` laid out in token tiles for the AVX-512 prompt kernels
+    /// `q`, `q8k` and `q80` laid out in token tiles for the prompt kernels
     /// ([`simd::interleave_tokens`]; filled only for inputs of several rows); `q80` in
     /// tiles of 8 and of 16, as the weights read it.
     q_tiles: Vec<i8>,
     q8k_tiles: BlockTiles,
+    /// The token tiles `q_tiles`, `q8k_tiles` and `q80_tiles` were laid out in.
+    tile_caps: [usize; 4],
     q80_tiles: [BlockTiles; 2],
     pub(super) x16: Vec<f32>,
     pub(super) xbf: Vec<f32>,
@@ -79,26 +81,32 @@ impl QuantInput {
         });
     }
 
-    /// The per-token values in the token tiles of the AVX-512 prompt kernels (the row
+    /// The per-token values in the prompt kernels' token tiles of at most `tile` (the row
     /// itself for a single row), with the tokens' scales and sums.
-    pub(super) fn per_token_tiles(&mut self, x: &[f32], k: usize) -> (&[i8], &[f32], &[i32]) {
+    pub(super) fn per_token_tiles(
+        &mut self,
+        x: &[f32],
+        k: usize,
+        tile: usize,
+    ) -> (&[i8], &[f32], &[i32]) {
         self.ensure_per_token(x, k);
-        let q = tiles(
-            &self.q,
-            (k, simd::TOKEN_TILE),
-            &mut self.q_tiles,
-            &mut self.fresh[7],
-        );
+        if std::mem::replace(&mut self.tile_caps[0], tile) != tile {
+            self.fresh[7] = false;
+        }
+        let q = tiles(&self.q, (k, tile), &mut self.q_tiles, &mut self.fresh[7]);
         (q, &self.token_scale, &self.token_sum)
     }
 
-    /// The Q8_K rows with their values in the token tiles of the AVX-512 prompt kernels
-    /// (the row itself for a single row).
-    pub(super) fn q8k_tiles(&mut self, x: &[f32], k: usize) -> simd::Q8kRows<'_> {
+    /// The Q8_K rows with their values in the prompt kernels' token tiles of at most
+    /// `tile` (the row itself for a single row).
+    pub(super) fn q8k_tiles(&mut self, x: &[f32], k: usize, tile: usize) -> simd::Q8kRows<'_> {
         self.ensure_q8k(x, k);
+        if std::mem::replace(&mut self.tile_caps[1], tile) != tile {
+            self.fresh[8] = false;
+        }
         let (q, d, bsum) = self.q8k_tiles.fill(
             (&self.q8k, &self.q8k_d, &self.q8k_bsum),
-            (k, act::Q8K_BLOCK, simd::TOKEN_TILE),
+            (k, act::Q8K_BLOCK, tile),
             &mut self.fresh[8],
         );
         simd::Q8kRows { q, d, bsum }
@@ -160,11 +168,14 @@ impl QuantInput {
         }
     }
 
-    /// The Q8_0 rows with their values in the AVX-512 prompt kernels' token tiles of at
-    /// most `tile` (8 or 16; the row itself for a single row; no plane order).
+    /// The Q8_0 rows with their values in the prompt kernels' token tiles of at
+    /// most `tile` (8, 16 or 32; the row itself for a single row; no plane order).
     pub(super) fn q8_0_tiles(&mut self, x: &[f32], k: usize, tile: usize) -> simd::Q80Rows<'_> {
         self.ensure_q8_0_rows(x, k);
         let i = usize::from(tile > simd::SUB_TILE);
+        if std::mem::replace(&mut self.tile_caps[2 + i], tile) != tile {
+            self.fresh[9 + i] = false;
+        }
         let (q, d, sum) = self.q80_tiles[i].fill(
             (&self.q80, &self.q80_d, &self.q80_sum),
             (k, act::Q8_0_BLOCK, tile),

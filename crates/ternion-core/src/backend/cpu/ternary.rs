@@ -34,6 +34,8 @@ pub struct TernaryPack {
     /// How the chunks hold the codes (Q1_0: one bit per weight; Q8_0: one byte; Q4_0: one
     /// nibble).
     layout: Codes,
+    /// The largest token tile of the prompt activations it reads ([`Self::token_tile`]).
+    token_tile: usize,
     k: usize,
     m: usize,
 }
@@ -74,6 +76,10 @@ impl TernaryPack {
             GgmlType::Q8_0 => Codes::Bytes,
             GgmlType::Q4_0 => Codes::Nibbles,
             _ => Codes::TwoBit,
+        };
+        let token_tile = match ty {
+            GgmlType::I2_S | GgmlType::TQ2_0 | GgmlType::TQ1_0 => tiles.token_tile(),
+            _ => tiles.q8_0_token_tile(layout),
         };
         let chunk_elems = layout.chunk_elems();
         if !k.is_multiple_of(chunk_elems) || (scale_block > 0 && !k.is_multiple_of(scale_block)) {
@@ -133,14 +139,17 @@ impl TernaryPack {
             // At most 256 (the match above).
             scale_block: scale_block as u32,
             layout,
+            token_tile,
             k,
             m,
         })
     }
 
-    /// The token tile of the Q8_0 activations this matrix reads ([`Codes::token_tile`]).
+    /// The token tile of the activations this matrix reads: for the per-token and Q8_K
+    /// forms its kernels' [`Tiles::token_tile`], for Q8_0 their
+    /// [`Tiles::q8_0_token_tile`] of its codes.
     pub fn token_tile(&self) -> usize {
-        self.layout.token_tile()
+        self.token_tile
     }
 
     /// Bytes read by one product (codes and scales).
@@ -249,8 +258,8 @@ fn groups_per_task(groups: usize, rows: usize, threads: usize) -> usize {
 /// The quantized activation rows a product reads, in the form its format pairs with.
 #[derive(Clone, Copy)]
 pub enum PackInput<'a> {
-    /// I2_S: per-token int8 values (rows of `k`, in token tiles of
-    /// [`super::simd::TOKEN_TILE`]), the tokens' scales and Σq.
+    /// I2_S: per-token int8 values (rows of `k`, in token tiles of the matrix's
+    /// [`TernaryPack::token_tile`]), the tokens' scales and Σq.
     PerToken {
         /// Int8 values.
         q: &'a [i8],
@@ -259,8 +268,8 @@ pub enum PackInput<'a> {
         /// Per-token sums of `q`.
         sum: &'a [i32],
     },
-    /// TQ2_0 / TQ1_0: Q8_K rows, values, block scales and sums in token tiles of
-    /// [`super::simd::TOKEN_TILE`].
+    /// TQ2_0 / TQ1_0: Q8_K rows, values, block scales and sums in token tiles of the
+    /// matrix's [`TernaryPack::token_tile`].
     Q8K(Q8kRows<'a>),
     /// Q2_0 / Q1_0 / Q8_0 / Q4_0: Q8_0 rows, values, block scales and sums in token tiles
     /// of the matrix's [`TernaryPack::token_tile`].

@@ -56,7 +56,7 @@ pub use q6_k::{q6_k_dot4_q8k, q6_k_dot_q8k, q6_k_interleave, QUAD_ROWS};
 pub use squares::{mean_squares, SQUARE_ROWS};
 pub use vnni::{
     interleave_blocks, interleave_tokens, Avx2, Chunk, Codes, Dot, OutCols, Q80Rows, Q8kRows,
-    Tiles, Vnni, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK, SUB_TILE, TOKEN_TILE,
+    Tiles, Vnni, AVX2_TOKEN_TILE, CHUNK_ELEMS, GROUP_ROWS, SCALE_BLOCK, SUB_TILE, TOKEN_TILE,
 };
 
 /// The instruction set the kernels use on this machine.

@@ -116,7 +116,7 @@ fn i2s_products(v: Tiles) {
             let post = 0.73f32;
             let mut out = vec![f32::NAN; rows * m];
             let x = PackInput::PerToken {
-                q: &tiled(&q, k, simd::TOKEN_TILE),
+                q: &tiled(&q, k, pack.token_tile()),
                 scale: &scale,
                 sum: &sum,
             };
@@ -145,7 +145,7 @@ fn i2s_extreme_sums_are_exact() {
             let scale = vec![1.0f32; rows];
             let mut out = vec![f32::NAN; rows * m];
             let x = PackInput::PerToken {
-                q: &tiled(&q, k, simd::TOKEN_TILE),
+                q: &tiled(&q, k, pack.token_tile()),
                 scale: &scale,
                 sum: &sum,
             };
@@ -191,7 +191,7 @@ fn fused_products(v: Tiles) {
     }
     for rows in [1, 5, 17] {
         let (q, scale, sum) = per_token(&random_x(&mut rng, rows * k), k);
-        let q = tiled(&q, k, simd::TOKEN_TILE);
+        let q = tiled(&q, k, v.token_tile());
         let x = PackInput::PerToken {
             q: &q,
             scale: &scale,
@@ -250,7 +250,7 @@ fn check_q8k_with(v: Tiles, ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) ->
         let rb = ty.row_bytes(k as u64).expect("whole blocks") as usize;
         let pack = TernaryPack::new(v, ty, &data, (k, m), &|_| {}).expect("ternary packs");
         let nb = k / 256;
-        for rows in [1, 2, 7, 8, 19] {
+        for rows in [1, 2, 7, 8, 19, 40] {
             let x = random_x(&mut rng, rows * k);
             let (mut q, mut d) = (vec![0i8; rows * k], vec![0f32; rows * nb]);
             for ((x, q), d) in x
@@ -266,10 +266,10 @@ fn check_q8k_with(v: Tiles, ty: GgmlType, reference: fn(&[u8], &[i8], &[f32]) ->
                 .collect();
             let mut out = vec![f32::NAN; rows * m];
             let (mut dt, mut bt) = (d.clone(), bsum.clone());
-            simd::interleave_blocks(&d, nb, simd::TOKEN_TILE, &mut dt);
-            simd::interleave_blocks(&bsum, nb, simd::TOKEN_TILE, &mut bt);
+            simd::interleave_blocks(&d, nb, pack.token_tile(), &mut dt);
+            simd::interleave_blocks(&bsum, nb, pack.token_tile(), &mut bt);
             let x = Q8kRows {
-                q: &tiled(&q, k, simd::TOKEN_TILE),
+                q: &tiled(&q, k, pack.token_tile()),
                 d: &dt,
                 bsum: &bt,
             };
@@ -491,7 +491,7 @@ fn token_tiles_sit_where_the_layout_says() {
     // runs of 16, 8 + 8 + 4 + 1 in runs of 8); within a tile of tn tokens starting at
     // `first`, element e of token first + t sits at first·k + ((e / 16)·tn + t)·16 + e % 16.
     let k = 64;
-    for cap in [simd::TOKEN_TILE, simd::SUB_TILE] {
+    for cap in [simd::AVX2_TOKEN_TILE, simd::TOKEN_TILE, simd::SUB_TILE] {
         for n in [1usize, 2, 3, 16, 21, 40] {
             let q: Vec<i8> = (0..n * k).map(|i| (i % 251) as i8).collect();
             let out = tiled(&q, k, cap);
@@ -525,7 +525,7 @@ fn block_values_sit_where_the_layout_says() {
     // The same tiles as token_tiles_sit_where_the_layout_says; within a tile of tn tokens
     // starting at `first`, block b's value of token first + t sits at first·nb + b·tn + t.
     let nb = 5;
-    for cap in [simd::TOKEN_TILE, simd::SUB_TILE] {
+    for cap in [simd::AVX2_TOKEN_TILE, simd::TOKEN_TILE, simd::SUB_TILE] {
         for n in [1usize, 2, 3, 16, 21, 40] {
             let v: Vec<i32> = (0..(n * nb) as i32).collect();
             let mut out = vec![-1; v.len()];
