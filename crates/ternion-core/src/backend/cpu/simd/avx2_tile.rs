@@ -241,7 +241,7 @@ macro_rules! dpbusd_sums {
                         }
                     }
                 }
-                // Loops, not closures: a closure would not inherit the target features.
+                // Loops, not `array::map`, whose closures were not inlined here (a call each).
                 for (t, halves) in acc.iter().enumerate() {
                     let mut s = [_mm256_setzero_si256(); 2];
                     for (s, [a, b, c, d]) in s.iter_mut().zip(halves) {
