@@ -189,12 +189,14 @@ fn q6_k_dot4_q8k_l2(bencher: Bencher, k: usize) {
         });
 }
 
+/// One activation row quantized per token (I2_S inputs) on the dispatched kernel.
 #[divan::bench(args = SIZES)]
 fn quantize_per_token(bencher: Bencher, k: usize) {
     let mut rng = StdRng::seed_from_u64(1);
     let x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0..3.0)).collect();
     let mut q = vec![0i8; k];
-    bencher.bench_local(|| quant::act::quantize_per_token(black_box(&x), &mut q));
+    let level = Level::detect();
+    bencher.bench_local(|| simd::quantize_per_token(level, black_box(&x), &mut q));
 }
 
 /// 16 weight rows of `k` codes in the CPU ternary layout (codes 0..=2) and 16 token rows.

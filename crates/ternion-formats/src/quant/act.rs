@@ -17,8 +17,9 @@ pub(crate) fn nearest_int(v: f32) -> i32 {
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
-/// `nearest_int(v)` clamped to the i8 range.
-fn round_clamp_i8(v: f32) -> i8 {
+/// `nearest_int(v)` clamped to the i8 range (the per-token quantizer's rounding, which
+/// the SIMD quantizers' tails share).
+pub fn round_clamp_i8(v: f32) -> i8 {
     nearest_int(v).clamp(-128, 127) as i8
 }
 

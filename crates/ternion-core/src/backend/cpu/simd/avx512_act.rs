@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::act::PerToken;
+use crate::quant::act::{self, PerToken};
 
 /// [`crate::quant::act::quantize_per_token`]: `m = max(1e-5, max |x|)` (in f64; the f32
 /// maximum of |x| converts exactly, and NaNs are skipped as `f64::max` skips them), `s =
@@ -47,8 +47,7 @@ pub unsafe fn quantize_per_token(x: &[f32], q: &mut [i8]) -> PerToken {
     }
     let mut total = _mm512_reduce_add_epi32(sum);
     for (qi, &xi) in q[n16..].iter_mut().zip(&x[n16..]) {
-        let val = xi * scale + 12_582_912.0;
-        *qi = ((val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000).clamp(-128, 127) as i8;
+        *qi = act::round_clamp_i8(xi * scale);
         total += i32::from(*qi);
     }
     PerToken { scale, sum: total }

@@ -11,6 +11,8 @@ use half::f16;
 use crate::quant;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2_act;
+#[cfg(target_arch = "x86_64")]
 mod avx2_tile;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -517,6 +519,11 @@ pub fn quantize_per_token(level: Level, x: &[f32], q: &mut [i8]) -> quant::act::
         // SAFETY: the level proves AVX-512 F/BW; the kernel asserts the lengths.
         return unsafe { avx512_act::quantize_per_token(x, q) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 {
+        // SAFETY: the level proves AVX2; the kernel asserts the lengths.
+        return unsafe { avx2_act::quantize_per_token(x, q) };
+    }
     quant::act::quantize_per_token(x, q)
 }
 
@@ -528,6 +535,11 @@ pub fn quantize_q8k(level: Level, x: &[f32], q: &mut [i8], d: &mut [f32], bsum: 
     if level == Level::Avx512 {
         // SAFETY: the level proves AVX-512 F/BW; the kernel asserts the lengths.
         return unsafe { avx512_act::quantize_q8k(x, q, d, bsum) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 {
+        // SAFETY: the level proves AVX2; the kernel asserts the lengths.
+        return unsafe { avx2_act::quantize_q8k(x, q, d, bsum) };
     }
     quant::act::quantize_q8k(x, q, d);
     for (b, qb) in bsum.iter_mut().zip(q.chunks_exact(quant::act::Q8K_BLOCK)) {
