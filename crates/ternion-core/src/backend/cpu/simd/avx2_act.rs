@@ -4,6 +4,7 @@
 
 use std::arch::x86_64::*;
 
+use super::x86::hsum_i32;
 use crate::quant::act::{self, PerToken};
 
 /// The largest of the eight lanes of `v` (none is NaN).
@@ -13,15 +14,6 @@ fn max8(v: __m256) -> f32 {
     let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)))
-}
-
-/// The sum of the eight lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn sum8(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
 }
 
 /// The low bytes of `r`'s eight lanes (`as i8`) stored at `q`; returns them widened back
@@ -80,7 +72,7 @@ pub unsafe fn quantize_per_token(x: &[f32], q: &mut [i8]) -> PerToken {
         let r = _mm256_min_epi32(_mm256_max_epi32(r, lo), hi);
         sum = _mm256_add_epi32(sum, store8(q.as_mut_ptr().add(i), r));
     }
-    let mut total = sum8(sum);
+    let mut total = hsum_i32(sum);
     for (qi, &xi) in q[n8..].iter_mut().zip(&x[n8..]) {
         *qi = act::round_clamp_i8(xi * scale);
         total += i32::from(*qi);
@@ -146,6 +138,6 @@ pub unsafe fn quantize_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], bsum: &mut [i
             let r = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(v), mant), half);
             sum = _mm256_add_epi32(sum, store8(qb.add(i), _mm256_min_epi32(r, top)));
         }
-        (*db, *sb) = (1.0 / iscale, sum8(sum));
+        (*db, *sb) = (1.0 / iscale, hsum_i32(sum));
     }
 }
